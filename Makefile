@@ -1,0 +1,39 @@
+# containerbench: `make run` measures, `make test` tests. Both set up first.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BENCH_VENV := .venv-bench
+PROFILE ?= profiles/local
+SNAKEMAKE_ARGS ?=
+
+.PHONY: setup run test dry-run report-only lock clean-results help
+
+help:
+	@echo "make run        set up, then run the benchmark workflow ($(PROFILE), config/config.yaml)"
+	@echo "make test       set up, then run the test suite"
+	@echo "make dry-run    show what the workflow would run"
+	@echo "make lock       re-resolve envs/*.lock.txt from envs/*.txt"
+
+setup: $(VENV)/.containerbench-ready $(BENCH_VENV)/.containerbench-ready
+
+$(VENV)/.containerbench-ready: envs/workflow.lock.txt pyproject.toml scripts/setup-venv.sh
+	PYTHON=$(PYTHON) scripts/setup-venv.sh workflow $(VENV)
+
+$(BENCH_VENV)/.containerbench-ready: envs/bench.lock.txt envs/bench.txt pyproject.toml scripts/setup-venv.sh
+	scripts/install-system-deps.sh
+	PYTHON=$(PYTHON) scripts/setup-venv.sh bench $(BENCH_VENV)
+
+run: setup
+	$(VENV)/bin/snakemake --profile $(PROFILE) $(SNAKEMAKE_ARGS)
+
+dry-run: $(VENV)/.containerbench-ready
+	$(VENV)/bin/snakemake --profile $(PROFILE) --dry-run $(SNAKEMAKE_ARGS)
+
+test: setup
+	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+
+lock:
+	scripts/lock-envs.sh
+
+clean-results:
+	rm -rf results .snakemake/log

@@ -1,0 +1,5 @@
+import sys
+
+from containerbench.cli import main
+
+sys.exit(main())

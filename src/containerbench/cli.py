@@ -1,0 +1,126 @@
+"""`containerbench` command line: what the workflow's rules call, and what a
+person runs to inspect a plan or re-parse a log by hand."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from containerbench import config as cb_config
+
+
+def load_config(paths: list[str]) -> dict:
+    """Merge YAML files in order, check them, fill the schema's defaults."""
+    import yaml
+    from snakemake.utils import update_config, validate
+
+    merged: dict = {}
+    for path in paths:
+        with open(path) as handle:
+            update_config(merged, yaml.safe_load(handle) or {})
+    cb_config.check(merged)
+    validate(merged, str(cb_config.SCHEMA_PATH))
+    return merged
+
+
+def cmd_plan(args) -> int:
+    from containerbench.launch import plan
+
+    config = load_config(args.config)
+    runs = cb_config.plan_runs(config)
+    cb_config.check_runs(config, runs)
+    for spec in runs:
+        if args.run_id and spec.run_id != args.run_id:
+            continue
+        run_plan = plan(spec, config)
+        if args.json:
+            print(json.dumps(run_plan, sort_keys=True))
+        else:
+            env = " ".join(f"{k}={v}" for k, v in sorted(run_plan["env"].items()))
+            print(f"{spec.run_id}\n  env:  {env}\n  argv: {' '.join(run_plan['argv'])}")
+    return 0
+
+
+def cmd_launch(args) -> int:
+    from containerbench.launch import execute
+
+    run_plan = json.loads(Path(args.plan[1:]).read_text()) if args.plan.startswith("@") else json.loads(args.plan)
+    returncode = execute(run_plan, Path(args.log))
+    if returncode != 0:
+        print(f"containerbench: {run_plan['run_id']} exited with {returncode}; kept as a failed run, "
+              f"see {args.log}", file=sys.stderr)
+    return 0  # a failed benchmark is a measured outcome, not a workflow error
+
+
+def cmd_parse(args) -> int:
+    from containerbench.results import parse_log
+
+    record = parse_log(args.log)
+    Path(args.out).write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+    if record["status"] != "ok":
+        print(f"containerbench: {record['run_id']} {record['status']}: {'; '.join(record['reasons'])}", file=sys.stderr)
+    return 0
+
+
+def cmd_tables(args) -> int:
+    from containerbench.results import write_tables
+
+    write_tables(args.records, args.out_dir)
+    return 0
+
+
+def cmd_report(args) -> int:
+    from containerbench.report import render
+
+    render(args.tables_dir, args.records, args.out)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="containerbench", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("plan", help="print every run of the sweep with its exact argv and environment")
+    p.add_argument("--config", action="append", default=None, help="YAML file(s), later ones override (default config/config.yaml)")
+    p.add_argument("--run-id", help="only this run")
+    p.add_argument("--json", action="store_true", help="one JSON plan per line")
+    p.set_defaults(func=cmd_plan)
+
+    p = sub.add_parser("launch", help="run one plan, writing its raw log")
+    p.add_argument("--plan", required=True, help="the plan as JSON, or @FILE")
+    p.add_argument("--log", required=True)
+    p.set_defaults(func=cmd_launch)
+
+    p = sub.add_parser("parse", help="turn a raw log into a run record")
+    p.add_argument("log")
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=cmd_parse)
+
+    p = sub.add_parser("tables", help="aggregate run records into CSV tables")
+    p.add_argument("records", nargs="*")
+    p.add_argument("--out-dir", required=True)
+    p.set_defaults(func=cmd_tables)
+
+    p = sub.add_parser("report", help="render the HTML report from the tables")
+    p.add_argument("records", nargs="*")
+    p.add_argument("--tables-dir", required=True)
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=cmd_report)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    if getattr(args, "config", "unset") is None:
+        args.config = ["config/config.yaml"]
+    try:
+        return args.func(args)
+    except cb_config.ConfigError as error:
+        print(error, file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,128 @@
+"""The workflow configuration: validation with one-line errors, and the sweep.
+
+`check` turns the first schema violation into a sentence naming the key, the
+bad value and what is allowed. `plan_runs` expands the sweep (runtimes x fabrics
+x nodes x ranks per node x batch sizes x repetitions) into RunSpecs, one per
+benchmark process, each with a stable, readable run id.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import jsonschema
+import yaml
+
+SCHEMA_PATH = Path(__file__).resolve().parents[2] / "workflow" / "schemas" / "config.schema.yaml"
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot be run; the message is one line for the user."""
+
+
+def load_schema(path: Path = SCHEMA_PATH) -> dict:
+    with open(path) as handle:
+        return yaml.safe_load(handle)
+
+
+def _key_path(error: jsonschema.ValidationError) -> str:
+    parts = [str(p) if not isinstance(p, int) else f"[{p}]" for p in error.absolute_path]
+    return ".".join(parts).replace(".[", "[") or "<top level>"
+
+
+def _allowed(error: jsonschema.ValidationError) -> str:
+    schema, validator = error.schema, error.validator
+    if validator == "enum":
+        return "one of " + ", ".join(map(str, schema["enum"]))
+    if validator == "additionalProperties":
+        known = sorted(schema.get("properties", {}))
+        return "known keys: " + ", ".join(known) if known else "no other keys"
+    if validator == "required":
+        return "required keys: " + ", ".join(schema["required"])
+    if validator in ("minimum", "maximum", "minItems", "minProperties", "type", "pattern", "uniqueItems"):
+        return f"{validator} {error.validator_value}"
+    return f"{validator}: {error.validator_value}"
+
+
+def describe(error: jsonschema.ValidationError) -> str:
+    """One line: where, what was found, what is allowed."""
+    where = _key_path(error)
+    if error.validator == "additionalProperties":
+        extra = sorted(set(error.instance) - set(error.schema.get("properties", {})))
+        place = f"'{where}'" if error.absolute_path else "the top level"
+        return f"unknown key {', '.join(repr(k) for k in extra)} in {place}; {_allowed(error)}"
+    if error.validator == "required":
+        return f"'{where}': {error.message}; {_allowed(error)}"
+    if error.validator == "propertyNames":
+        return f"'{where}': name {error.instance!r} is not allowed; names must match {error.validator_value}"
+    return f"'{where}' = {error.instance!r} is not allowed; allowed: {_allowed(error)}"
+
+
+def check(config: dict, schema: dict | None = None) -> None:
+    """Raise ConfigError naming the first violation (the most specific one)."""
+    schema = schema or load_schema()
+    validator = jsonschema.Draft202012Validator(schema)
+    error = jsonschema.exceptions.best_match(validator.iter_errors(config))
+    if error is not None:
+        raise ConfigError(f"config: {describe(error)}")
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One benchmark process: what to run, where, and which repetition."""
+
+    kind: str  # "train" or "netbench"
+    runtime: str
+    fabric: str
+    nodes: int
+    ranks_per_node: int
+    repetition: int
+    batch_size: int | None = None
+
+    @property
+    def ranks(self) -> int:
+        return self.nodes * self.ranks_per_node
+
+    @property
+    def run_id(self) -> str:
+        shape = f"{self.nodes}x{self.ranks_per_node}"
+        batch = f"_b{self.batch_size}" if self.batch_size else ""
+        return f"{self.kind}_{self.runtime}_{self.fabric}_{shape}{batch}_rep{self.repetition}"
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "ranks": self.ranks, "run_id": self.run_id}
+
+
+def plan_runs(config: dict) -> list[RunSpec]:
+    """Every run of the sweep, repetition-major, so repetitions interleave the points."""
+    bench, scaling = config["benchmark"], config["scaling"]
+    runs: list[RunSpec] = []
+    for repetition in range(1, bench["repetitions"] + 1):
+        for runtime, fabric, nodes, per_node, batch in itertools.product(
+            config["runtimes"], config["fabrics"], scaling["nodes"], scaling["ranks_per_node"], bench["batch_sizes"]
+        ):
+            runs.append(RunSpec("train", runtime, fabric, nodes, per_node, repetition, batch))
+    net = config.get("netbench", {})
+    if net.get("enabled", True):
+        # Point to point needs two ranks; across nodes when the sweep has them.
+        nodes = 2 if max(scaling["nodes"]) >= 2 else 1
+        for repetition in range(1, net.get("repetitions", 1) + 1):
+            for runtime, fabric in itertools.product(config["runtimes"], config["fabrics"]):
+                runs.append(RunSpec("netbench", runtime, fabric, nodes, 2 // nodes, repetition))
+    return runs
+
+
+def check_runs(config: dict, runs: list[RunSpec]) -> None:
+    """Constraints across keys that a schema cannot say."""
+    if config["launcher"]["kind"] == "none":
+        too_big = sorted({r.ranks for r in runs if r.ranks > 1})
+        if too_big:
+            raise ConfigError(
+                f"config: 'launcher.kind' = 'none' runs one rank, but the sweep asks for {too_big} ranks; "
+                "allowed: launcher.kind mpirun or srun, or scaling with one rank and netbench.enabled false"
+            )
+    ids = [r.run_id for r in runs]
+    if len(ids) != len(set(ids)):
+        raise ConfigError("config: two sweep points give the same run id; make fabric and runtime names distinct")

@@ -1,0 +1,183 @@
+"""MPI network microbenchmark: ping-pong (NetPIPE-style) and Allreduce (nccl-tests-style).
+
+Run with >= 2 ranks, e.g. ``mpirun -np 2 python -m containerbench.netbench``.
+Rank 0 prints a human line and a ``containerbench-netbench {json}`` line per
+measurement, then one ``containerbench-result {json}`` summary line.
+"""
+
+import argparse
+import json
+import socket
+import sys
+import time
+
+import mpi4py
+import numpy as np
+from mpi4py import MPI
+
+WARMUP_ITERATIONS = 3
+PINGPONG_TAG = 17
+
+
+def positive_int(text):
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(prog="netbench", description=__doc__.splitlines()[0])
+    parser.add_argument("--min-bytes", type=positive_int, default=1)
+    parser.add_argument("--max-bytes", type=positive_int, default=16 * 1024 * 1024)
+    parser.add_argument("--target-bytes", type=positive_int, default=256 * 1024 * 1024,
+                        help="bytes to move per size; sets iterations = target / size")
+    parser.add_argument("--min-iters", type=positive_int, default=20)
+    parser.add_argument("--max-iters", type=positive_int, default=1000)
+    parser.add_argument("--no-pingpong", action="store_true")
+    parser.add_argument("--no-allreduce", action="store_true")
+    return parser
+
+
+def parse_options(parser, argv):
+    options = parser.parse_args(argv)
+    if options.min_bytes > options.max_bytes:
+        parser.error("--min-bytes must not exceed --max-bytes")
+    if options.min_iters > options.max_iters:
+        parser.error("--min-iters must not exceed --max-iters")
+    return options
+
+
+def powers_of_two(lowest, highest):
+    size = 1
+    while size < lowest:
+        size *= 2
+    sizes = []
+    while size <= highest:
+        sizes.append(size)
+        size *= 2
+    return sizes
+
+
+def iterations_for(size, options):
+    # Move roughly the same volume per size: many iterations for small messages, few for big ones.
+    return max(options.min_iters, min(options.max_iters, options.target_bytes // size))
+
+
+def report(human_line, record):
+    print(human_line, flush=True)
+    print("containerbench-netbench " + json.dumps(record, sort_keys=True), flush=True)
+
+
+def measure_pingpong(comm, size, iterations):
+    """Round trips between ranks 0 and 1; returns the elapsed seconds on this rank."""
+    buffer = np.zeros(size, dtype=np.uint8)
+    is_initiator = comm.Get_rank() == 0
+    peer = 1 if is_initiator else 0
+
+    def round_trips(count):
+        for _ in range(count):
+            if is_initiator:
+                comm.Send(buffer, dest=peer, tag=PINGPONG_TAG)
+                comm.Recv(buffer, source=peer, tag=PINGPONG_TAG)
+            else:
+                comm.Recv(buffer, source=peer, tag=PINGPONG_TAG)
+                comm.Send(buffer, dest=peer, tag=PINGPONG_TAG)
+
+    round_trips(WARMUP_ITERATIONS)  # connection setup and cache warming stay out of the timing
+    start = MPI.Wtime()
+    round_trips(iterations)
+    return MPI.Wtime() - start
+
+
+def measure_allreduce(comm, size, iterations):
+    """Checks the sum once, then returns the slowest rank's elapsed seconds for the timed calls."""
+    ranks = comm.Get_size()
+    send = np.full(size // 4, comm.Get_rank() + 1, dtype=np.float32)
+    received = np.empty_like(send)
+
+    comm.Allreduce(send, received, op=MPI.SUM)
+    expected = ranks * (ranks + 1) / 2  # exact in float32 for any realistic rank count
+    if not np.all(received == expected):
+        raise RuntimeError(f"allreduce of {size} B gave wrong result, expected {expected} everywhere")
+
+    for _ in range(WARMUP_ITERATIONS):
+        comm.Allreduce(send, received, op=MPI.SUM)
+    comm.Barrier()  # start the clock together so early ranks don't wait inside the timing
+    start = MPI.Wtime()
+    for _ in range(iterations):
+        comm.Allreduce(send, received, op=MPI.SUM)
+    elapsed = np.array([MPI.Wtime() - start])
+    slowest = np.empty_like(elapsed)
+    comm.Allreduce(elapsed, slowest, op=MPI.MAX)
+    return float(slowest[0])
+
+
+def run_pingpong(comm, options):
+    results = []
+    if comm.Get_rank() <= 1:
+        for size in powers_of_two(options.min_bytes, options.max_bytes):
+            iterations = iterations_for(size, options)
+            elapsed = measure_pingpong(comm, size, iterations)
+            latency_us = elapsed / iterations / 2 * 1e6
+            record = {"test": "pingpong", "bytes": size, "iterations": iterations,
+                      "latency_us": latency_us, "bandwidth_MBps": size / latency_us}
+            results.append(record)
+            if comm.Get_rank() == 0:
+                report(f"pingpong  {size:8d} B   lat {latency_us:10.2f} us   "
+                       f"bw {record['bandwidth_MBps']:10.1f} MB/s   iters {iterations}", record)
+    comm.Barrier()  # ranks >= 2 wait here until the pair is done
+    return results
+
+
+def run_allreduce(comm, options):
+    ranks = comm.Get_size()
+    results = []
+    for size in powers_of_two(max(4, options.min_bytes), options.max_bytes):
+        iterations = iterations_for(size, options)
+        time_s = measure_allreduce(comm, size, iterations) / iterations
+        algbw = size / time_s / 1e9
+        busbw = algbw * 2 * (ranks - 1) / ranks  # nccl-tests: traffic per link of a ring allreduce
+        record = {"test": "allreduce", "bytes": size, "iterations": iterations,
+                  "time_us": time_s * 1e6, "algbw_GBps": algbw, "busbw_GBps": busbw, "ranks": ranks}
+        results.append(record)
+        if comm.Get_rank() == 0:
+            report(f"allreduce {size:8d} B   time {time_s * 1e6:10.2f} us   "
+                   f"algbw {algbw:.3f} GB/s   busbw {busbw:.3f} GB/s   iters {iterations}", record)
+    return results
+
+
+def run(options, comm):
+    """Runs the enabled benchmarks on every rank of comm and returns the result dict on all ranks."""
+    started = time.perf_counter()
+    hostnames = comm.allgather(socket.gethostname())
+    pingpong = [] if options.no_pingpong else run_pingpong(comm, options)
+    allreduce = [] if options.no_allreduce else run_allreduce(comm, options)
+    result = {
+        "kind": "netbench",
+        "ranks": comm.Get_size(),
+        "hostnames": hostnames,
+        # Open MPI pads the version string with a NUL terminator; keep the JSON clean.
+        "mpi_library": MPI.Get_library_version().replace("\0", "").splitlines()[0].strip(),
+        "mpi4py": mpi4py.__version__,
+        "pingpong": pingpong,
+        "allreduce": allreduce,
+        "wall_s": time.perf_counter() - started,
+    }
+    result = comm.bcast(result, root=0)  # rank 0 holds the ping-pong view everyone should share
+    if comm.Get_rank() == 0:
+        print("containerbench-result " + json.dumps(result, sort_keys=True), flush=True)
+    return result
+
+
+def main(argv=None):
+    options = parse_options(build_parser(), argv)
+    comm = MPI.COMM_WORLD
+    if comm.Get_size() < 2:
+        print(f"netbench needs at least 2 ranks, got {comm.Get_size()}", file=sys.stderr)
+        raise SystemExit(2)
+    run(options, comm)
+
+
+if __name__ == "__main__":
+    main()

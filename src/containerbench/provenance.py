@@ -1,0 +1,83 @@
+"""Provenance: one hash that proves two runs ran the same benchmark.
+
+The hash covers the benchmark's own source files, the Python minor version and
+the exact versions of every installed distribution the benchmark imports,
+directly or transitively. It is computed inside the process that trains, so a
+container that ships other versions than the bare-metal venv gets another hash,
+and the aggregation refuses to compare the two.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata as metadata
+import json
+import platform
+from pathlib import Path
+
+from packaging.markers import UndefinedEnvironmentName
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+# The modules a benchmark run executes; the report and workflow code may change
+# without making old measurements incomparable.
+BENCH_SOURCES = ("bench.py", "netbench.py", "provenance.py")
+
+# Whichever of these is installed roots the dependency walk (a GPU image holds
+# `tensorflow`, a CPU venv `tensorflow-cpu`).
+ROOT_DISTRIBUTIONS = ("tensorflow", "tensorflow-cpu", "horovod", "mpi4py", "numpy")
+
+
+def code_digest(package_dir: Path | None = None) -> str:
+    package_dir = package_dir or Path(__file__).resolve().parent
+    digest = hashlib.sha256()
+    for name in BENCH_SOURCES:
+        digest.update(name.encode() + b"\0")
+        digest.update((package_dir / name).read_bytes())
+    return digest.hexdigest()
+
+
+def _requirement_applies(requirement: Requirement) -> bool:
+    if requirement.marker is None:
+        return True
+    try:
+        return requirement.marker.evaluate({"extra": ""})
+    except UndefinedEnvironmentName:
+        return False
+
+
+def installed_closure(roots=ROOT_DISTRIBUTIONS) -> dict[str, str]:
+    """Map each installed distribution reachable from `roots` to its version."""
+    versions: dict[str, str] = {}
+    pending = [canonicalize_name(name) for name in roots]
+    while pending:
+        name = pending.pop()
+        if name in versions:
+            continue
+        try:
+            dist = metadata.distribution(name)
+        except metadata.PackageNotFoundError:
+            continue  # optional root, or a dependency for another platform
+        versions[name] = dist.version
+        for line in dist.requires or ():
+            requirement = Requirement(line)
+            if _requirement_applies(requirement):
+                pending.append(canonicalize_name(requirement.name))
+    return dict(sorted(versions.items()))
+
+
+def provenance() -> dict:
+    packages = installed_closure()
+    python = ".".join(platform.python_version_tuple()[:2])
+    code = code_digest()
+    identity = json.dumps({"code": code, "python": python, "packages": packages}, sort_keys=True)
+    return {
+        "hash": hashlib.sha256(identity.encode()).hexdigest()[:16],
+        "code_sha256": code,
+        "python": python,
+        "packages": packages,
+    }
+
+
+if __name__ == "__main__":
+    print(json.dumps(provenance(), indent=2))

@@ -1,0 +1,85 @@
+"""The benchmark really trains on 1 and 2 ranks, and its records carry every field."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from containerbench.results import parse_log
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_training_record_carries_every_field(tiny_runs, ranks):
+    record = tiny_runs[("train", ranks)]
+    assert record["status"] == "ok", record["reasons"]
+    result = record["result"]
+    assert result["ranks"] == ranks and result["launcher"] == "mpirun" and result["runtime"] == "bare-metal"
+    assert (result["model"], result["image_size"], result["batch_size"]) == ("resnet50", 32, 2)
+    assert (result["warmup_steps"], result["steps"], result["precision"], result["xla"]) == (1, 2, "fp32", False)
+    assert len(result["per_rank"]) == ranks and len(result["hostnames"]) == ranks
+    for rank, entry in enumerate(result["per_rank"]):
+        assert entry["rank"] == rank
+        assert len(entry["step_s"]) == 2 and all(t > 0 for t in entry["step_s"])  # warmup kept apart
+        assert len(entry["warmup_step_s"]) == 1
+        assert entry["images_per_sec"] == pytest.approx(2 * 2 / sum(entry["step_s"]))
+        assert entry["peak_host_memory_bytes"] > 100 * 2**20
+        assert entry["peak_gpu_memory_bytes"] is None  # no GPU here
+        assert entry["cpus"] == 1  # bound to one core each
+    # Total is the sum over ranks, not rank 0 times N.
+    assert result["images_per_sec"] == pytest.approx(sum(r["images_per_sec"] for r in result["per_rank"]))
+    assert result["weights_identical"] is True
+    versions = result["versions"]
+    assert versions["tensorflow"] == "2.15.1" and versions["horovod"] == "0.28.1"
+    assert versions["python"].startswith("3.") and "Open MPI" in versions["mpi"]
+    assert result["horovod"]["controller"] == "mpi" and result["horovod"]["mpi_built"] is True
+    provenance = result["provenance"]
+    assert len(provenance["hash"]) == 16
+    assert provenance["packages"]["tensorflow-cpu"] == "2.15.1" and provenance["packages"]["horovod"] == "0.28.1"
+    assert record["startup_s"] > 0 and record["wall_s"] > record["startup_s"]
+
+
+def test_both_rank_counts_ran_the_identical_benchmark(tiny_runs):
+    hashes = {record["result"]["provenance"]["hash"] for record in tiny_runs.values()
+              if record["kind"] == "train"}
+    assert len(hashes) == 1
+
+
+def test_rank_zero_prints_one_human_line_per_step(tiny_runs):
+    log = tiny_runs[("train", 2)]["log"]["path"]
+    lines = open(log).read().splitlines()
+    assert sum(line.startswith("  warmup ") for line in lines) == 1
+    assert sum(line.startswith("  step ") for line in lines) == 2
+    assert any(line.startswith("containerbench: total ") and "over 2 rank(s)" in line for line in lines)
+
+
+def test_one_rank_runs_without_any_launcher(bench_python, tmp_path):
+    completed = subprocess.run(
+        [str(bench_python), "-m", "containerbench.bench", "--image-size", "32", "--batch-size", "2",
+         "--warmup-steps", "1", "--steps", "1"],
+        capture_output=True, text=True, timeout=600, env={"PATH": "/usr/bin:/bin", "TF_CPP_MIN_LOG_LEVEL": "2"},
+    )
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    result = json.loads(completed.stdout.splitlines()[-1].removeprefix("containerbench-result "))
+    assert result["launcher"] == "none" and result["ranks"] == 1 and result["images_per_sec"] > 0
+
+
+def test_ranks_whose_weights_differ_are_marked_invalid(tiny_runs, tmp_path):
+    """If gradients were not averaged (the Keras 3 + Horovod trap), the run must not count."""
+    source = tiny_runs[("train", 2)]["log"]["path"]
+    lines = open(source).read().splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith("containerbench-result "):
+            result = json.loads(line.removeprefix("containerbench-result "))
+            result["per_rank"][1]["weights"]["sha256"] = "0" * 16
+            result["weights_identical"] = False
+            result["weights_max_relative_spread"] = 3.2e-2
+            lines[i] = "containerbench-result " + json.dumps(result)
+    diverged = tmp_path / "diverged.log"
+    diverged.write_text("\n".join(lines) + "\n")
+    record = parse_log(diverged)
+    assert record["status"] == "invalid"
+    assert "different weights" in record["reasons"][0] and "not data-parallel" in record["reasons"][0]

@@ -1,0 +1,96 @@
+"""Configuration: schema rejections give one line naming key, value and what is allowed."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import yaml
+
+from containerbench import config as cb_config
+from containerbench.cli import load_config
+
+
+@pytest.fixture(scope="module")
+def default_config(root):
+    with open(root / "config" / "config.yaml") as handle:
+        return yaml.safe_load(handle)
+
+
+def with_change(config: dict, path: str, value):
+    changed = copy.deepcopy(config)
+    *parents, last = path.split(".")
+    node = changed
+    for key in parents:
+        node = node[key]
+    if value is DELETE:
+        del node[last]
+    else:
+        node[last] = value
+    return changed
+
+
+DELETE = object()
+
+# (change, words the one-line message must contain)
+BAD_CONFIGS = [
+    ("runtimes", ["dockr"], ["'runtimes[0]'", "'dockr'", "bare-metal"]),
+    ("benchmark.model", "resnet51", ["'benchmark.model'", "'resnet51'", "resnet50", "vgg16"]),
+    ("benchmark.precision", "fp8", ["'benchmark.precision'", "'fp8'", "mixed_float16"]),
+    ("benchmark.stepz", 5, ["unknown key 'stepz'", "'benchmark'", "steps"]),
+    ("benchmark.batch_sizes", [0], ["'benchmark.batch_sizes[0]'", "0", "minimum 1"]),
+    ("benchmark.batch_sizes", [], ["'benchmark.batch_sizes'", "minItems 1"]),
+    ("benchmark.warmup_steps", 0, ["'benchmark.warmup_steps'", "minimum 1"]),
+    ("benchmark.image_size", "64", ["'benchmark.image_size'", "'64'", "integer"]),
+    ("scaling.ranks_per_node", [1, 1], ["'scaling.ranks_per_node'", "uniqueItems"]),
+    ("scaling.nodes", DELETE, ["'scaling'", "'nodes' is a required property"]),
+    ("launcher.kind", "mpiexec", ["'launcher.kind'", "'mpiexec'", "mpirun", "srun", "none"]),
+    ("fabrics.tcp-loopback.env", {"1BAD": "x"}, ["'fabrics.tcp-loopback.env'", "'1BAD'"]),
+    ("fabrics.tcp-loopback.enviroment", {}, ["unknown key 'enviroment'", "env"]),
+    ("colour", "blue", ["unknown key 'colour'", "the top level", "benchmark"]),
+    ("netbench.max_bytes", 2, ["'netbench.max_bytes'", "minimum 4"]),
+]
+
+
+@pytest.mark.parametrize("path,value,words", BAD_CONFIGS, ids=[b[0] for b in BAD_CONFIGS])
+def test_bad_config_is_rejected_in_one_line(default_config, path, value, words):
+    with pytest.raises(cb_config.ConfigError) as caught:
+        cb_config.check(with_change(default_config, path, value))
+    message = str(caught.value)
+    assert "\n" not in message
+    for word in words:
+        assert word in message, message
+
+
+def test_default_and_site_example_configs_are_valid(root):
+    for name in ("config.yaml", "site.example.yaml"):
+        config = load_config([str(root / "config" / name)])
+        assert config["benchmark"]["threads_per_rank"] == 0  # a schema default was filled in
+
+
+def test_sweep_is_repetition_major_with_readable_ids(root):
+    config = load_config([str(root / "config" / "config.yaml")])
+    runs = cb_config.plan_runs(config)
+    train = [r for r in runs if r.kind == "train"]
+    assert [r.run_id for r in train] == [
+        f"train_bare-metal_tcp-loopback_1x{n}_b8_rep{rep}" for rep in (1, 2, 3) for n in (1, 2)
+    ]
+    assert [r.run_id for r in runs if r.kind == "netbench"] == ["netbench_bare-metal_tcp-loopback_1x2_rep1"]
+
+
+def test_site_example_sweep_crosses_fabrics_nodes_and_batches(root):
+    config = load_config([str(root / "config" / "site.example.yaml")])
+    runs = cb_config.plan_runs(config)
+    train = [r for r in runs if r.kind == "train"]
+    assert len(train) == 2 * 4 * 1 * 2 * 5  # fabrics x nodes x ranks/node x batches x repetitions
+    assert {r.ranks for r in train} == {4, 8, 16, 32}
+    net = [r for r in runs if r.kind == "netbench"]
+    assert {(r.fabric, r.nodes, r.ranks_per_node) for r in net} == {("infiniband", 2, 1), ("ethernet", 2, 1)}
+
+
+def test_launcher_none_with_several_ranks_is_rejected(root, tmp_path):
+    override = tmp_path / "o.yaml"
+    override.write_text("launcher: {kind: none}\n")
+    config = load_config([str(root / "config" / "config.yaml"), str(override)])
+    with pytest.raises(cb_config.ConfigError, match=r"'launcher.kind' = 'none' runs one rank.*\[2\]"):
+        cb_config.check_runs(config, cb_config.plan_runs(config))

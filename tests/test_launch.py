@@ -1,0 +1,110 @@
+"""Plans (exact argv and environment per launcher) and the executor's raw log."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from conftest import BENCH_PYTHON, tiny_config
+
+from containerbench import config as cb_config
+from containerbench.launch import EXIT_PREFIX, LAUNCH_PREFIX, execute, plan
+from containerbench.results import parse_log
+
+BENCH_ARGS = ["--model", "resnet50", "--batch-size", "2", "--image-size", "32", "--warmup-steps", "1",
+              "--steps", "2", "--precision", "fp32", "--data-format", "channels_last", "--threads", "0",
+              "--runtime", "bare-metal"]
+FABRIC_ENV = {"OMPI_MCA_pml": "ob1", "OMPI_MCA_btl": "self,tcp", "OMPI_MCA_btl_tcp_if_include": "lo",
+              "HOROVOD_GLOO_IFACE": "lo", "NCCL_SOCKET_IFNAME": "lo"}
+
+
+def spec_for(config, kind="train", ranks_per_node=2):
+    return next(r for r in cb_config.plan_runs(config) if r.kind == kind and r.ranks_per_node == ranks_per_node)
+
+
+def test_mpirun_plan_binds_one_core_per_rank_and_forwards_every_variable(tmp_path):
+    config = tiny_config(tmp_path)
+    run_plan = plan(spec_for(config), config)
+    env = {"CONTAINERBENCH_RUNTIME": "bare-metal", "PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "1", **FABRIC_ENV}
+    assert run_plan["env"] == env
+    forwarded = [arg for name in sorted(env) for arg in ("-x", name)]
+    assert run_plan["argv"] == [
+        "mpirun", "-np", "2", "--map-by", "ppr:2:node", "--bind-to", "core", "--report-bindings", *forwarded,
+        str(BENCH_PYTHON), "-m", "containerbench.bench", *BENCH_ARGS,
+    ]
+    assert run_plan["spec"] == {"kind": "train", "runtime": "bare-metal", "fabric": "tcp-loopback", "nodes": 1,
+                                "ranks_per_node": 2, "ranks": 2, "repetition": 1, "batch_size": 2,
+                                "run_id": "train_bare-metal_tcp-loopback_1x2_b2_rep1", "system": "ci",
+                                "launcher": "mpirun"}
+
+
+def test_srun_plan_uses_the_configured_mpi_plugin(tmp_path):
+    config = tiny_config(tmp_path, launcher={"kind": "srun", "srun_mpi": "pmi2", "bind": "socket",
+                                             "extra_args": ["--gpus-per-task=1"]},
+                         scaling={"nodes": [2], "ranks_per_node": [4]})
+    run_plan = plan(spec_for(config, ranks_per_node=4), config)
+    assert run_plan["argv"][:9] == ["srun", "--mpi=pmi2", "--nodes=2", "--ntasks=8", "--ntasks-per-node=4",
+                                    "--cpu-bind=sockets", "--export=ALL", "--gpus-per-task=1", str(BENCH_PYTHON)]
+
+
+def test_netbench_plan_runs_the_netbench_module_on_two_ranks(tmp_path):
+    config = tiny_config(tmp_path)
+    run_plan = plan(spec_for(config, kind="netbench"), config)
+    assert run_plan["argv"][-5:] == [str(BENCH_PYTHON), "-m", "containerbench.netbench", "--max-bytes", "65536"]
+    assert run_plan["argv"][:3] == ["mpirun", "-np", "2"]
+
+
+def run_python(tmp_path, code: str, timeout_s=60):
+    run_plan = {"run_id": "probe", "spec": {"kind": "train", "ranks": 1}, "argv": [sys.executable, "-c", code],
+                "env": {"PROBE": "yes"}, "timeout_s": timeout_s}
+    log = tmp_path / "probe.log"
+    returncode = execute(run_plan, log, echo=None)
+    return returncode, log.read_text().splitlines()
+
+
+def test_log_holds_the_launch_line_the_output_and_the_exit_line(tmp_path):
+    returncode, lines = run_python(tmp_path, "import os; print('hello', os.environ['PROBE'])")
+    assert returncode == 0
+    header = json.loads(lines[0][len(LAUNCH_PREFIX):])
+    assert header["argv"][1:] == ["-c", "import os; print('hello', os.environ['PROBE'])"]
+    assert header["env"] == {"PROBE": "yes"} and header["started_unix"] > 0
+    assert lines[1] == "hello yes"
+    footer = json.loads(lines[-1][len(EXIT_PREFIX):])
+    assert footer["returncode"] == 0 and footer["timed_out"] is False
+
+
+def test_a_run_past_its_timeout_is_killed_and_recorded_failed(tmp_path):
+    returncode, lines = run_python(tmp_path, "import time; print('started', flush=True); time.sleep(60)", timeout_s=1)
+    assert returncode != 0
+    record = parse_log(tmp_path / "probe.log")
+    assert record["status"] == "failed"
+    assert record["reasons"][0] == "timed out after 1 s"
+
+
+def test_a_missing_launcher_is_a_failed_run_not_a_crash(tmp_path):
+    run_plan = {"run_id": "nompi", "spec": {"kind": "train", "ranks": 2}, "argv": ["no-such-mpirun", "-np", "2"],
+                "env": {}, "timeout_s": 10}
+    assert execute(run_plan, tmp_path / "nompi.log", echo=None) == 127
+    record = parse_log(tmp_path / "nompi.log")
+    assert record["status"] == "failed" and "exit code 127" in record["reasons"]
+    assert "cannot start 'no-such-mpirun'" in record["evidence"]
+
+
+def test_mpirun_as_root_gets_allow_run_as_root(tmp_path):
+    run_plan = {"run_id": "root", "spec": {}, "argv": ["mpirun", "-np", "1", "true"], "env": {}, "timeout_s": 60}
+    execute(run_plan, tmp_path / "root.log", echo=None)
+    argv = json.loads((tmp_path / "root.log").read_text().splitlines()[0][len(LAUNCH_PREFIX):])["argv"]
+    assert ("--allow-run-as-root" in argv) == (os.geteuid() == 0)
+
+
+def test_a_benchmark_that_crashes_leaves_its_log_and_a_failed_record(tmp_path, bench_python):
+    # Real benchmark, bad argument: it exits non-zero before training.
+    run_plan = {"run_id": "crash", "spec": {"kind": "train", "ranks": 1},
+                "argv": [str(bench_python), "-m", "containerbench.bench", "--model", "resnet51"],
+                "env": {}, "timeout_s": 120}
+    assert execute(run_plan, tmp_path / "crash.log", echo=None) == 2
+    record = parse_log(tmp_path / "crash.log")
+    assert record["status"] == "failed"
+    assert record["reasons"] == ["exit code 2", "no result line"]
+    assert "invalid choice: 'resnet51'" in record["evidence"]

@@ -1,0 +1,93 @@
+"""Records -> tables: real records from tiny runs, plus hand-made edge cases."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from containerbench.results import load_records, netbench_table, runs_table, summary_table, write_tables
+
+
+def variant(record: dict, run_id: str, rate: float | None = None, repetition: int | None = None, status=None) -> dict:
+    """A copy of a real record as another repetition, with its rate scaled to `rate`."""
+    copied = copy.deepcopy(record)
+    copied["run_id"] = run_id
+    if repetition is not None:
+        copied["spec"]["repetition"] = repetition
+    if rate is not None:
+        copied["result"]["images_per_sec"] = rate
+    if status is not None:
+        copied["status"], copied["reasons"] = status, ["exit code 1"]
+    return copied
+
+
+@pytest.fixture
+def five_runs(tiny_runs):
+    one, two = tiny_runs[("train", 1)], tiny_runs[("train", 2)]
+    return [
+        variant(one, "one-rep1", 10.0, 1), variant(one, "one-rep2", 12.0, 2), variant(one, "one-rep3", 11.0, 3),
+        variant(two, "two-rep1", 18.0, 1), variant(two, "two-rep2", 99.0, 2, status="failed"),
+    ]
+
+
+def test_summary_has_median_spread_and_scaling_per_point(five_runs):
+    summary = summary_table(runs_table(five_runs)).set_index("ranks")
+    one, two = summary.loc[1], summary.loc[2]
+    assert one["repetitions"] == 3 and one["failed_or_invalid"] == 0
+    assert one["images_per_sec_median"] == 11.0
+    assert one["images_per_sec_std"] == pytest.approx(1.0)
+    assert one["cv_percent"] == pytest.approx(100 / 11)
+    # 95% CI with Student's t, 2 degrees of freedom: 4.303 * 1 / sqrt(3)
+    assert one["ci95_low"] == pytest.approx(11 - 4.302653 / np.sqrt(3), rel=1e-5)
+    assert one["speedup"] == 1.0 and one["scaling_efficiency_percent"] == 100.0
+    # Rank 2: the failed repetition is counted but kept out of every statistic.
+    assert two["repetitions"] == 1 and two["failed_or_invalid"] == 1
+    assert two["images_per_sec_median"] == 18.0
+    assert np.isnan(two["images_per_sec_std"]) and np.isnan(two["ci95_low"])  # one repetition: no spread
+    assert two["speedup"] == pytest.approx(18 / 11)
+    assert two["scaling_efficiency_percent"] == pytest.approx(100 * 18 / 11 / 2)
+
+
+def test_a_point_whose_runs_all_failed_still_shows_up(tiny_runs):
+    failed = variant(tiny_runs[("train", 2)], "two-failed", status="failed")
+    summary = summary_table(runs_table([failed]))
+    assert len(summary) == 1
+    assert summary.loc[0, "repetitions"] == 0 and summary.loc[0, "failed_or_invalid"] == 1
+    assert np.isnan(summary.loc[0, "images_per_sec_median"]) and np.isnan(summary.loc[0, "scaling_efficiency_percent"])
+
+
+def test_runs_table_traces_every_row_to_its_log(tiny_runs):
+    runs = runs_table([tiny_runs[("train", 1)], tiny_runs[("train", 2)]])
+    assert list(runs["ranks"]) == [1, 2]
+    for _, row in runs.iterrows():
+        assert row["log"].endswith(f"{row['run_id']}.log")
+        assert row["rank_images_per_sec_min"] <= row["images_per_sec"]
+        assert row["peak_host_memory_gib"] > 0.1
+
+
+def test_netbench_table_is_the_long_form_of_the_curves(tiny_runs):
+    table = netbench_table([tiny_runs[("netbench", 2)]])
+    pingpong = table[table["test"] == "pingpong"]
+    assert list(pingpong["bytes"]) == [2**k for k in range(17)]
+    assert (pingpong["latency_us"] > 0).all()
+    assert table[table["test"] == "allreduce"]["busbw_GBps"].gt(0).all()
+
+
+def test_corrupt_and_truncated_records_are_reported_and_skipped(tiny_runs, tmp_path):
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps(tiny_runs[("train", 1)]))
+    truncated = tmp_path / "truncated.json"
+    truncated.write_text(good.read_text()[:200])
+    foreign = tmp_path / "foreign.json"
+    foreign.write_text('{"hello": 1}')
+    records, problems = load_records([good, truncated, foreign])
+    assert [r["run_id"] for r in records] == [tiny_runs[("train", 1)]["run_id"]]
+    assert {p for p, _ in problems} == {str(truncated), str(foreign)}
+    tables = write_tables([good, truncated, foreign], tmp_path)
+    failures = pd.read_csv(tmp_path / "failures.csv")
+    assert set(failures["status"]) == {"unreadable"} and len(failures) == 2
+    assert len(tables["summary"]) == 1

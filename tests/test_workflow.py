@@ -1,0 +1,91 @@
+"""The Snakemake workflow: its DAG, its refusal of bad configs, and a real end-to-end run."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+from conftest import ROOT, TINY
+
+SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
+
+
+def snakemake(workdir: Path, *args: str, timeout=900) -> subprocess.CompletedProcess:
+    argv = [SNAKEMAKE, "--snakefile", str(ROOT / "Snakefile"), "--directory", str(workdir),
+            "--profile", str(ROOT / "profiles" / "local"), *args]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+
+
+def job_counts(output: str) -> dict[str, int]:
+    table = output.split("Job stats:", 1)[1]
+    return {m[1]: int(m[2]) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.M) if m[1] != "total"}
+
+
+def test_dry_run_of_the_default_config(tmp_path):
+    done = snakemake(tmp_path, "--configfile", str(ROOT / "config" / "config.yaml"), "--dry-run")
+    assert done.returncode == 0, done.stderr
+    assert job_counts(done.stdout) == {"measure": 7, "parse_run": 7, "tables": 1, "report": 1, "all": 1}
+    for ranks in (1, 2):
+        for rep in (1, 2, 3):
+            assert f"results/runs/train_bare-metal_tcp-loopback_1x{ranks}_b8_rep{rep}.log" in done.stdout
+    assert "results/runs/netbench_bare-metal_tcp-loopback_1x2_rep1.log" in done.stdout
+
+
+def test_dry_run_of_the_example_site_config(tmp_path):
+    done = snakemake(tmp_path, "--configfile", str(ROOT / "config" / "site.example.yaml"), "--dry-run")
+    assert done.returncode == 0, done.stderr
+    # 2 fabrics x 4 node counts x 2 batch sizes x 5 repetitions, plus 2 fabrics x 3 netbench repetitions
+    assert job_counts(done.stdout) == {"measure": 86, "parse_run": 86, "tables": 1, "report": 1, "all": 1}
+    assert "results/runs/train_bare-metal_infiniband_8x4_b128_rep5.log" in done.stdout
+    assert "results/runs/netbench_bare-metal_ethernet_2x1_rep3.log" in done.stdout
+
+
+@pytest.mark.parametrize("override,expected", [
+    ({"runtimes": ["dockr"]}, "containerbench: config: 'runtimes[0]' = 'dockr' is not allowed; allowed: one of bare-metal"),
+    ({"benchmark": {"stepz": 3}}, "containerbench: config: unknown key 'stepz' in 'benchmark'; known keys: batch_sizes,"),
+])
+def test_bad_config_stops_before_any_job_with_one_line(tmp_path, override, expected):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(override))
+    done = snakemake(tmp_path, "--configfile", str(ROOT / "config" / "config.yaml"), str(bad))
+    assert done.returncode == 1
+    assert "Traceback" not in done.stderr and 'File "' not in done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("containerbench:")]
+    assert len(errors) == 1 and errors[0].startswith(expected)
+    assert not (tmp_path / "results").exists()  # nothing ran
+
+
+@pytest.mark.slow
+def test_the_workflow_runs_end_to_end_and_then_has_nothing_to_do(tmp_path):
+    tiny = tmp_path / "tiny.yaml"
+    tiny.write_text(yaml.safe_dump(TINY))
+    configs = ["--configfile", str(ROOT / "config" / "config.yaml"), str(tiny)]
+    done = snakemake(tmp_path, *configs)
+    assert done.returncode == 0, done.stderr[-4000:]
+
+    results = tmp_path / "results"
+    logs, records = sorted((results / "runs").glob("*.log")), sorted((results / "runs").glob("*.json"))
+    assert len(logs) == len(records) == 5  # 2 rank counts x 2 repetitions + netbench
+    for path in records:
+        record = json.loads(path.read_text())
+        assert record["status"] == "ok", record["reasons"]
+        assert record["log"]["path"] == f"results/runs/{path.stem}.log"
+
+    summary = pd.read_csv(results / "summary.csv")
+    assert list(summary["ranks"]) == [1, 2] and list(summary["repetitions"]) == [2, 2]
+    assert (summary["images_per_sec_median"] > 0).all()
+    assert summary.loc[0, "scaling_efficiency_percent"] == 100.0
+
+    report = (results / "report.html").read_text()
+    assert report.count('src="data:image/png;base64,') == 2  # throughput/scaling, network curves
+    assert "img/s median" in report and "scaling eff. %" in report and "Ping-pong" in report
+    assert "0 failed" in report
+
+    again = snakemake(tmp_path, *configs, "--dry-run")
+    assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr
