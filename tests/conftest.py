@@ -28,7 +28,7 @@ BENCH_PYTHON = Path(os.environ.get("CONTAINERBENCH_BENCH_PYTHON", ROOT / ".venv-
 TINY = {
     "system": "ci",
     "benchmark": {"image_size": 32, "batch_sizes": [2], "warmup_steps": 1, "steps": 2, "repetitions": 2,
-                  "timeout_s": 600},
+                  "node_probe_steps": 1, "timeout_s": 600},
     "bare_metal": {"python": str(BENCH_PYTHON)},
     "netbench": {"max_bytes": 65536},
 }

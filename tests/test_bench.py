@@ -29,6 +29,7 @@ def test_training_record_carries_every_field(tiny_runs, ranks):
         assert entry["peak_host_memory_bytes"] > 100 * 2**20
         assert entry["peak_gpu_memory_bytes"] is None  # no GPU here
         assert entry["cpus"] == 1  # bound to one core each
+        assert entry["probe_images_per_sec"] > 0  # the local compute probe ran
     # Total is the sum over ranks, not rank 0 times N.
     assert result["images_per_sec"] == pytest.approx(sum(r["images_per_sec"] for r in result["per_rank"]))
     assert result["weights_identical"] is True

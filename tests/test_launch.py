@@ -14,7 +14,7 @@ from containerbench.results import parse_log
 
 BENCH_ARGS = ["--model", "resnet50", "--batch-size", "2", "--image-size", "32", "--warmup-steps", "1",
               "--steps", "2", "--precision", "fp32", "--data-format", "channels_last", "--threads", "0",
-              "--runtime", "bare-metal"]
+              "--probe-steps", "1", "--runtime", "bare-metal"]
 FABRIC_ENV = {"OMPI_MCA_pml": "ob1", "OMPI_MCA_btl": "self,tcp", "OMPI_MCA_btl_tcp_if_include": "lo",
               "HOROVOD_GLOO_IFACE": "lo", "NCCL_SOCKET_IFNAME": "lo"}
 
@@ -36,7 +36,9 @@ def test_mpirun_plan_binds_one_core_per_rank_and_forwards_every_variable(tmp_pat
     assert run_plan["spec"] == {"kind": "train", "runtime": "bare-metal", "fabric": "tcp-loopback", "nodes": 1,
                                 "ranks_per_node": 2, "ranks": 2, "repetition": 1, "batch_size": 2,
                                 "run_id": "train_bare-metal_tcp-loopback_1x2_b2_rep1", "system": "ci",
-                                "launcher": "mpirun"}
+                                "launcher": "mpirun", "model": "resnet50", "image_size": 32, "precision": "fp32",
+                                "xla": False, "data_format": "channels_last", "warmup_steps": 1, "steps": 2,
+                                "mode": "horovod", "data": "synthetic"}
 
 
 def test_srun_plan_uses_the_configured_mpi_plugin(tmp_path):
@@ -108,3 +110,28 @@ def test_a_benchmark_that_crashes_leaves_its_log_and_a_failed_record(tmp_path, b
     assert record["status"] == "failed"
     assert record["reasons"] == ["exit code 2", "no result line"]
     assert "invalid choice: 'resnet51'" in record["evidence"]
+
+
+def test_plan_command_prints_every_run_with_its_argv(root, capsys, monkeypatch):
+    from containerbench.cli import main
+
+    monkeypatch.chdir(root)
+    assert main(["plan", "--config", "config/site.example.yaml",
+                 "--run-id", "train_bare-metal_infiniband_2x4_b64_rep1"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "train_bare-metal_infiniband_2x4_b64_rep1"
+    assert "NCCL_NET=IB" in out[1] and "NCCL_IB_HCA=mlx5_0,mlx5_1" in out[1]
+    assert out[2].startswith("  argv: srun --mpi=pmix --nodes=2 --ntasks=8 --ntasks-per-node=4 --cpu-bind=sockets")
+    assert out[2].endswith("--precision mixed_float16 --data-format channels_last --threads 0 --probe-steps 5 "
+                           "--runtime bare-metal")
+
+
+def test_plan_command_rejects_a_bad_config_in_one_line(tmp_path, capsys):
+    from containerbench.cli import main
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("system: x\nscaling: {nodes: [1], ranks_per_node: [1]}\nruntimes: [bare-metal]\n"
+                   "fabrics: {tcp: {env: {}}}\nlauncher: {kind: mpirun, bind: hwthread}\n")
+    assert main(["plan", "--config", str(bad)]) == 2
+    assert capsys.readouterr().err == ("config: 'launcher.bind' = 'hwthread' is not allowed; "
+                                       "allowed: one of core, socket, none\n")

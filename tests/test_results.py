@@ -4,18 +4,22 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from containerbench.results import load_records, netbench_table, runs_table, summary_table, write_tables
+from containerbench.results import (build_tables, load_records, markdown_summary, netbench_table, parse_log,
+                                    runs_table, summary_table, write_tables)
 
 
-def variant(record: dict, run_id: str, rate: float | None = None, repetition: int | None = None, status=None) -> dict:
-    """A copy of a real record as another repetition, with its rate scaled to `rate`."""
+def variant(record: dict, run_id: str, rate: float | None = None, repetition: int | None = None, status=None,
+            **spec) -> dict:
+    """A copy of a real record as another repetition or point (spec keys), with its rate set to `rate`."""
     copied = copy.deepcopy(record)
     copied["run_id"] = run_id
+    copied["spec"].update(spec)
     if repetition is not None:
         copied["spec"]["repetition"] = repetition
     if rate is not None:
@@ -91,3 +95,69 @@ def test_corrupt_and_truncated_records_are_reported_and_skipped(tiny_runs, tmp_p
     failures = pd.read_csv(tmp_path / "failures.csv")
     assert set(failures["status"]) == {"unreadable"} and len(failures) == 2
     assert len(tables["summary"]) == 1
+
+
+def test_container_overhead_with_interval_and_significance(tiny_runs):
+    one = tiny_runs[("train", 1)]
+    records = [variant(one, f"bare{i}", rate, i) for i, rate in enumerate([100.0, 102.0, 98.0], 1)]
+    records += [variant(one, f"pod{i}", rate, i, runtime="podman") for i, rate in enumerate([90.0, 91.0, 89.0], 1)]
+    records += [variant(one, f"ch{i}", rate, i, runtime="charliecloud") for i, rate in enumerate([99.0, 103.0, 98.0], 1)]
+    overhead = build_tables(records)["overhead"].set_index("runtime")
+    podman, charliecloud = overhead.loc["podman"], overhead.loc["charliecloud"]
+    assert podman["overhead_percent"] == pytest.approx(10.0)  # (100 - 90) / 100
+    assert podman["overhead_ci95_low"] > 0 and podman["significance"] == "significant"
+    assert charliecloud["overhead_percent"] == pytest.approx(0.0)
+    assert charliecloud["overhead_ci95_low"] < 0 < charliecloud["overhead_ci95_high"]
+    assert charliecloud["significance"] == "not significant"
+
+
+def test_overhead_is_refused_between_different_benchmarks(tiny_runs):
+    one = tiny_runs[("train", 1)]
+    other = variant(one, "pod1", 90.0, 1, runtime="podman")
+    other["result"]["provenance"] = dict(other["result"]["provenance"], hash="different0000000",
+                                         packages={**other["result"]["provenance"]["packages"], "tensorflow-cpu": "2.16.2"})
+    overhead = build_tables([variant(one, "bare1", 100.0, 1), other])["overhead"]
+    assert overhead.loc[0, "note"] == "not comparable: packages differ: tensorflow-cpu 2.15.1 vs 2.16.2"
+    assert np.isnan(overhead.loc[0, "overhead_percent"])
+
+
+def test_overhead_without_a_bare_metal_baseline_says_so(tiny_runs):
+    overhead = build_tables([variant(tiny_runs[("train", 1)], "pod1", 90.0, 1, runtime="podman")])["overhead"]
+    assert overhead.loc[0, "note"] == "no bare-metal baseline at this point"
+
+
+def test_fabric_ratio_and_input_overhead_at_the_same_point(tiny_runs):
+    two = tiny_runs[("train", 2)]
+    records = [variant(two, "ib", 130.0, 1, fabric="infiniband"), variant(two, "eth", 100.0, 1, fabric="ethernet"),
+               variant(two, "ib-real", 104.0, 1, fabric="infiniband", data="real")]
+    tables = build_tables(records)
+    fabrics = tables["fabrics"]
+    synthetic = fabrics[fabrics["data"] == "synthetic"].iloc[0]
+    assert (synthetic["faster_fabric"], synthetic["slower_fabric"]) == ("infiniband", "ethernet")
+    assert synthetic["ratio"] == pytest.approx(1.3)
+    inputs = tables["input"]
+    assert len(inputs) == 1 and inputs.loc[0, "fabric"] == "infiniband"
+    assert inputs.loc[0, "input_overhead_percent"] == pytest.approx(20.0)  # (130 - 104) / 130
+
+
+def test_memory_per_batch_and_the_study_table(tiny_runs):
+    tables = build_tables([tiny_runs[("train", 1)], tiny_runs[("train", 2)]])
+    memory = tables["memory"]
+    assert list(memory["batch_size"]) == [2] and memory.loc[0, "runs"] == 2
+    assert 0.1 < memory.loc[0, "peak_host_memory_gib"] < 16
+    table1 = tables["table1"]
+    assert list(table1.columns) == ["ranks", "mode", "data", "runtime", "fabric", "batch/rank", "img/s", "std"]
+    assert list(table1["ranks"]) == [1, 2] and set(table1["mode"]) == {"horovod"}
+    markdown = markdown_summary(tables)
+    assert re.search(r"^\|\s+ranks \| mode\s+\| data\s+\|", markdown, re.M)
+    assert "### Container overhead vs bare metal (%)" in markdown and "_none_" in markdown
+
+
+def test_a_run_that_did_not_run_what_was_planned_is_invalid(tiny_runs, tmp_path):
+    lines = open(tiny_runs[("train", 1)]["log"]["path"]).read().splitlines()
+    header = json.loads(lines[0].removeprefix("containerbench-launch "))
+    header["spec"]["image_size"] = 224
+    lines[0] = "containerbench-launch " + json.dumps(header)
+    (tmp_path / "other.log").write_text("\n".join(lines) + "\n")
+    record = parse_log(tmp_path / "other.log")
+    assert record["status"] == "invalid" and record["reasons"] == ["ran image_size=32, the plan asked for 224"]

@@ -41,11 +41,14 @@ def parse_args(argv=None):
     parser.add_argument("--precision", choices=PRECISIONS, default="fp32")
     parser.add_argument("--xla", action="store_true", help="compile the training step with XLA")
     parser.add_argument("--data-format", choices=("channels_last", "channels_first"), default="channels_last")
+    parser.add_argument("--probe-steps", type=int, default=0,
+                        help="after the measured steps, time this many local steps with no communication, "
+                             "per rank: finds a slow node that synchronous training hides")
     parser.add_argument("--threads", type=int, default=0, help="TF intra-op threads; 0 = the CPUs this rank may use")
     parser.add_argument("--runtime", default=os.environ.get("CONTAINERBENCH_RUNTIME", "bare-metal"))
     args = parser.parse_args(argv)
-    for name in ("batch_size", "image_size", "steps", "warmup_steps"):
-        if getattr(args, name) < (0 if name == "warmup_steps" else 1):
+    for name in ("batch_size", "image_size", "steps", "warmup_steps", "probe_steps"):
+        if getattr(args, name) < (0 if name in ("warmup_steps", "probe_steps") else 1):
             parser.error(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
     return args
 
@@ -115,6 +118,28 @@ def weights_checksum(np, variables) -> dict:
     return {"sha256": digest.hexdigest()[:16], "sum": float(np.sum(sums)), "abs_sum": float(np.sum(np.abs(sums)))}
 
 
+def local_compute_rate(tf, model, images, labels, args) -> float:
+    """Images/s of forward + backward on this rank alone, no allreduce, no update.
+
+    In synchronous training every rank waits in the allreduce for the slowest,
+    so per-rank step times converge; this probe shows each node's own speed.
+    """
+
+    @tf.function(jit_compile=args.xla)
+    def local_step():
+        with tf.GradientTape() as tape:
+            logits = tf.cast(model(images, training=True), tf.float32)
+            loss = tf.reduce_mean(tf.keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True))
+        gradients = tape.gradient(loss, model.trainable_variables)
+        return tf.add_n([tf.reduce_sum(tf.cast(g, tf.float32)) for g in gradients])  # waits for every gradient
+
+    float(local_step())  # tracing, not measured
+    started = time.perf_counter()
+    for _ in range(args.probe_steps):
+        float(local_step())
+    return args.batch_size * args.probe_steps / (time.perf_counter() - started)
+
+
 def run(args) -> dict | None:
     import numpy as np
     import tensorflow as tf
@@ -170,6 +195,7 @@ def run(args) -> dict | None:
             label = f"step {step - args.warmup_steps + 1}/{args.steps}" if measured else f"warmup {step + 1}/{args.warmup_steps}"
             print(f"  {label}: {elapsed:.3f} s  {args.batch_size / elapsed:8.2f} img/s (rank 0)  loss {loss:.3f}", flush=True)
 
+    probe_rate = local_compute_rate(tf, model, images, labels, args) if args.probe_steps else None
     gpu_peak = None
     if gpu_names:
         gpu_peak = tf.config.experimental.get_memory_info("GPU:0")["peak"]
@@ -182,6 +208,7 @@ def run(args) -> dict | None:
         "warmup_step_s": warmup_times,
         "step_s": step_times,
         "images_per_sec": args.batch_size * args.steps / sum(step_times),
+        "probe_images_per_sec": probe_rate,
         "peak_host_memory_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "peak_gpu_memory_bytes": gpu_peak,
         "cpus": len(os.sched_getaffinity(0)),

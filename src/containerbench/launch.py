@@ -30,6 +30,10 @@ EXIT_PREFIX = "containerbench-exit "
 # TensorFlow's INFO chatter would bury the lines that matter.
 RANK_ENV = {"PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "1"}
 
+# Benchmark settings copied into every train plan's spec: a failed run still
+# belongs to its sweep point, and the parser checks that what ran is what was asked.
+PLANNED_SETTINGS = ("model", "image_size", "precision", "xla", "data_format", "warmup_steps", "steps")
+
 
 class NoLauncher:
     name = "none"
@@ -89,6 +93,7 @@ def benchmark_args(spec: RunSpec, config: dict) -> list[str]:
             "--image-size", str(bench["image_size"]), "--warmup-steps", str(bench["warmup_steps"]),
             "--steps", str(bench["steps"]), "--precision", bench["precision"],
             "--data-format", bench["data_format"], "--threads", str(bench["threads_per_rank"]),
+            "--probe-steps", str(bench["node_probe_steps"]),
             "--runtime", spec.runtime]
     return args + (["--xla"] if bench["xla"] else [])
 
@@ -102,9 +107,13 @@ def plan(spec: RunSpec, config: dict) -> dict:
     env = runtime.environment(request)
     argv = launcher_for(config).wrap(runtime.rank_argv(request), spec, sorted(env))
     timeout = config["netbench" if spec.kind == "netbench" else "benchmark"]["timeout_s"]
+    settings = {}
+    if spec.kind == "train":
+        bench = config["benchmark"]
+        settings = {key: bench[key] for key in PLANNED_SETTINGS} | {"mode": "horovod", "data": "synthetic"}
     return {
         "run_id": spec.run_id,
-        "spec": {**spec.as_dict(), "system": config["system"], "launcher": config["launcher"]["kind"]},
+        "spec": {**spec.as_dict(), "system": config["system"], "launcher": config["launcher"]["kind"], **settings},
         "argv": argv,
         "env": env,
         "timeout_s": timeout,

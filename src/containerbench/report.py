@@ -86,6 +86,40 @@ def network_plot(netbench: pd.DataFrame) -> str | None:
     return _png(figure)
 
 
+def overhead_plot(overhead: pd.DataFrame) -> str | None:
+    measured = overhead.dropna(subset=["overhead_percent"]) if not overhead.empty else overhead
+    if measured.empty:
+        return None
+    labels = [f"{r.runtime}\n{r.fabric}, {r.ranks} rank(s), b{r.batch_size}" for r in measured.itertuples()]
+    low = (measured["overhead_percent"] - measured["overhead_ci95_low"]).fillna(0)
+    high = (measured["overhead_ci95_high"] - measured["overhead_percent"]).fillna(0)
+    figure, axis = plt.subplots(figsize=(max(6, 1.1 * len(measured)), 4))
+    axis.bar(range(len(measured)), measured["overhead_percent"], yerr=[low, high], capsize=5, color="#7986cb")
+    axis.axhline(0, color="black", linewidth=0.8)
+    axis.set_xticks(range(len(measured)), labels, fontsize=8)
+    axis.set(ylabel="overhead vs bare metal (%)\n(bars: 95% CI; > 0 = slower)", title="Container overhead")
+    axis.grid(alpha=0.3, axis="y")
+    return _png(figure)
+
+
+def fabric_plot(summary: pd.DataFrame) -> str | None:
+    if summary.empty or summary["fabric"].nunique() < 2:
+        return None
+    figure, axis = plt.subplots(figsize=(9, 4))
+    fabrics = sorted(summary["fabric"].unique())
+    points = summary.groupby(["runtime", "ranks", "batch_size"], sort=True)
+    width = 0.8 / len(fabrics)
+    for i, fabric in enumerate(fabrics):
+        heights = [group.loc[group["fabric"] == fabric, "images_per_sec_median"].median() for _, group in points]
+        axis.bar([j + i * width for j in range(len(points))], heights, width, label=fabric)
+    axis.set_xticks([j + width * (len(fabrics) - 1) / 2 for j in range(len(points))],
+                    [f"{runtime}\n{ranks} ranks, b{batch}" for (runtime, ranks, batch), _ in points], fontsize=8)
+    axis.set(ylabel="images/s (median)", title="Throughput by interconnect")
+    axis.legend()
+    axis.grid(alpha=0.3, axis="y")
+    return _png(figure)
+
+
 def _table(frame: pd.DataFrame, columns: dict | None = None) -> str:
     if frame.empty:
         return "<p class='empty'>none</p>"
@@ -113,23 +147,63 @@ def environment_rows(records: list[dict]) -> list[tuple[str, str]]:
         ("model / image size / precision", distinct(f"{x['model']} / {x['image_size']} px / {x['precision']}" for x in results)),
         ("steps (warmup + measured)", distinct(f"{x['warmup_steps']} + {x['steps']}" for x in results)),
     ]
+    # How each fabric was chosen, and one complete command line: enough to rerun a point by hand.
+    fabric_env = {}
+    for record in records:
+        env = {k: v for k, v in (record.get("env") or {}).items() if not k.startswith(("PYTHON", "TF_", "CONTAINERBENCH"))}
+        fabric_env.setdefault(record["spec"].get("fabric"), env)
+    rows += [(f"fabric {name}", " ".join(f"{k}={v}" for k, v in sorted(env.items())) or "(no variables)")
+             for name, env in sorted(fabric_env.items(), key=lambda item: str(item[0]))]
+    example = next((r for r in records if r.get("kind") == "train" and r.get("argv")), None)
+    if example:
+        rows.append((f"command of {example['run_id']}", " ".join(example["argv"])))
     return rows
+
+
+OVERHEAD_COLUMNS = {
+    "runtime": "runtime", "fabric": "fabric", "ranks": "ranks", "batch_size": "batch/rank",
+    "bare_metal_median": "bare metal img/s", "runtime_median": "runtime img/s", "overhead_percent": "overhead %",
+    "overhead_ci95_low": "95% CI low", "overhead_ci95_high": "95% CI high", "significance": "significance",
+    "startup_overhead_s": "start-up +s", "note": "note",
+}
+FABRIC_COLUMNS = {"runtime": "runtime", "ranks": "ranks", "batch_size": "batch/rank", "faster_fabric": "faster",
+                  "slower_fabric": "slower", "ratio": "ratio"}
+INPUT_COLUMNS = {"runtime": "runtime", "fabric": "fabric", "ranks": "ranks", "batch_size": "batch/rank",
+                 "synthetic_median": "synthetic img/s", "real_median": "real img/s",
+                 "input_overhead_percent": "input overhead %"}
+MEMORY_COLUMNS = {"runtime": "runtime", "model": "model", "image_size": "image px", "precision": "precision",
+                  "batch_size": "batch/rank", "peak_host_memory_gib": "peak host GiB/rank",
+                  "peak_gpu_memory_gib": "peak GPU GiB/rank", "runs": "runs"}
+
+
+def _read(tables_dir: Path, name: str) -> pd.DataFrame:
+    path = tables_dir / f"{name}.csv"
+    try:
+        return pd.read_csv(path)
+    except pd.errors.EmptyDataError:  # a table with no columns at all
+        return pd.DataFrame()
 
 
 def render(tables_dir: str | Path, record_paths, out_path: str | Path) -> None:
     tables_dir = Path(tables_dir)
-    summary = pd.read_csv(tables_dir / "summary.csv") if (tables_dir / "summary.csv").stat().st_size > 1 else pd.DataFrame()
-    netbench = pd.read_csv(tables_dir / "netbench.csv") if (tables_dir / "netbench.csv").stat().st_size > 1 else pd.DataFrame()
-    failures = pd.read_csv(tables_dir / "failures.csv")
+    tables = {name: _read(tables_dir, name) for name in
+              ("summary", "overhead", "fabrics", "input", "memory", "table1", "netbench", "failures")}
     records, _ = load_records(record_paths)
     environment = Environment(loader=PackageLoader("containerbench"), autoescape=select_autoescape())
     page = environment.get_template("report.html.j2").render(
         generated=time.strftime("%Y-%m-%d %H:%M %Z"),
         counts={status: sum(r["status"] == status for r in records) for status in ("ok", "failed", "invalid")},
         environment=environment_rows(records),
-        summary_table=_table(summary, SUMMARY_COLUMNS),
-        throughput_plot=throughput_plot(summary) if not summary.empty else None,
-        network_plot=network_plot(netbench),
-        failures_table=_table(failures),
+        summary_table=_table(tables["summary"], SUMMARY_COLUMNS),
+        throughput_plot=throughput_plot(tables["summary"]) if not tables["summary"].empty else None,
+        overhead_table=_table(tables["overhead"], OVERHEAD_COLUMNS),
+        overhead_plot=overhead_plot(tables["overhead"]),
+        fabric_table=_table(tables["fabrics"], FABRIC_COLUMNS),
+        fabric_plot=fabric_plot(tables["summary"]),
+        input_table=_table(tables["input"], INPUT_COLUMNS),
+        memory_table=_table(tables["memory"], MEMORY_COLUMNS),
+        study_table=_table(tables["table1"]),
+        network_plot=network_plot(tables["netbench"]),
+        failures_table=_table(tables["failures"]),
     )
     Path(out_path).write_text(page)

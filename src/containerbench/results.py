@@ -26,13 +26,14 @@ RECORD_FORMAT = "containerbench.record/1"
 WEIGHT_SPREAD_TOLERANCE = 1e-6
 
 # A sweep point: runs that differ only in repetition.
-POINT = ["model", "image_size", "precision", "runtime", "fabric", "nodes", "ranks", "batch_size"]
+POINT = ["model", "image_size", "precision", "mode", "data", "runtime", "fabric", "nodes", "ranks", "batch_size"]
 # Runs whose scaling is compared: a point without its rank count.
-SERIES = ["model", "image_size", "precision", "runtime", "fabric", "batch_size"]
+SERIES = [c for c in POINT if c not in ("nodes", "ranks")]
 
 RUN_COLUMNS = ["run_id", "status", "reason", "evidence", "system", *POINT, "repetition", "images_per_sec",
-               "rank_images_per_sec_min", "rank_images_per_sec_max", "step_s_median", "peak_host_memory_gib",
-               "startup_s", "wall_s", "provenance", "hosts", "log"]
+               "rank_images_per_sec_min", "rank_images_per_sec_max", "rank_spread_percent", "step_s_median",
+               "peak_host_memory_gib", "peak_gpu_memory_gib", "startup_s", "wall_s", "provenance", "hosts", "log"]
+BASELINE_RUNTIME = "bare-metal"
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +91,11 @@ def parse_log(log_path: str | Path) -> dict:
         status = "invalid"
         reasons.append(f"ran on {result.get('ranks')} rank(s), the plan asked for {spec.get('ranks')}")
     if status == "ok" and result.get("kind") == "train":
+        for key in ("model", "image_size", "precision", "batch_size", "warmup_steps", "steps"):
+            if key in spec and result.get(key) != spec[key]:
+                status = "invalid"
+                reasons.append(f"ran {key}={result.get(key)!r}, the plan asked for {spec[key]!r}")
+    if status == "ok" and result.get("kind") == "train":
         spread = result.get("weights_max_relative_spread", 0.0)
         if not result.get("weights_identical") and spread > WEIGHT_SPREAD_TOLERANCE:
             status = "invalid"
@@ -136,29 +142,29 @@ def load_records(paths) -> tuple[list[dict], list[tuple[str, str]]]:
 
 def _train_row(record: dict) -> dict:
     spec, result = record["spec"], record.get("result") or {}
+    ok = record["status"] == "ok"
     per_rank = result.get("per_rank") or []
     rank_rates = [r["images_per_sec"] for r in per_rank]
-    steps = [t for r in per_rank for t in r["step_s"]]
+    steps = sorted(t for r in per_rank for t in r["step_s"])
+    gpu_peaks = [r["peak_gpu_memory_bytes"] for r in per_rank if r.get("peak_gpu_memory_bytes") is not None]
+    rate = result.get("images_per_sec", np.nan) if ok else np.nan
     return {
         "run_id": record["run_id"],
         "status": record["status"],
         "reason": "; ".join(record["reasons"]),
         "evidence": record.get("evidence"),
         "system": spec.get("system"),
-        "model": result.get("model"),
-        "image_size": result.get("image_size"),
-        "precision": result.get("precision"),
-        "runtime": spec.get("runtime"),
-        "fabric": spec.get("fabric"),
-        "nodes": spec.get("nodes"),
-        "ranks": spec.get("ranks"),
-        "batch_size": spec.get("batch_size"),
+        # The point comes from the plan, so a failed run still belongs to it.
+        **{key: spec.get(key, result.get(key)) for key in POINT},
         "repetition": spec.get("repetition"),
-        "images_per_sec": result.get("images_per_sec", np.nan) if record["status"] == "ok" else np.nan,
+        "images_per_sec": rate,
         "rank_images_per_sec_min": min(rank_rates, default=np.nan),
         "rank_images_per_sec_max": max(rank_rates, default=np.nan),
-        "step_s_median": float(np.median(steps)) if steps else np.nan,
+        "rank_spread_percent": 100 * (max(rank_rates) - min(rank_rates)) * len(rank_rates) / sum(rank_rates)
+        if rank_rates else np.nan,
+        "step_s_median": steps[len(steps) // 2] if steps else np.nan,
         "peak_host_memory_gib": max((r["peak_host_memory_bytes"] for r in per_rank), default=np.nan) / 2**30,
+        "peak_gpu_memory_gib": max(gpu_peaks) / 2**30 if gpu_peaks else np.nan,
         "startup_s": record.get("startup_s"),
         "wall_s": record.get("wall_s"),
         "provenance": (result.get("provenance") or {}).get("hash"),
@@ -171,7 +177,12 @@ def runs_table(records: list[dict]) -> pd.DataFrame:
     rows = [_train_row(r) for r in records if r.get("kind") == "train"]
     if not rows:
         return pd.DataFrame(columns=RUN_COLUMNS)
-    return pd.DataFrame(rows).sort_values(["runtime", "fabric", "ranks", "batch_size", "repetition"], ignore_index=True)
+    return pd.DataFrame(rows, columns=RUN_COLUMNS).sort_values(
+        ["runtime", "fabric", "ranks", "batch_size", "repetition"], ignore_index=True)
+
+
+def _ok_runs(runs: pd.DataFrame) -> pd.DataFrame:
+    return runs[runs["status"] == "ok"]
 
 
 def _ci95(values: pd.Series) -> tuple[float, float]:
@@ -186,10 +197,11 @@ def summary_table(runs: pd.DataFrame) -> pd.DataFrame:
     """One row per sweep point: repetitions, spread, and scaling vs the fewest ranks."""
     if runs.empty:
         return pd.DataFrame()
-    ok = runs[runs["status"] == "ok"]
+    ok = _ok_runs(runs)
     rows = []
     for point, group in runs.groupby(POINT, dropna=False, sort=True):
-        rates = ok.loc[ok.index.intersection(group.index), "images_per_sec"]
+        good = ok.loc[ok.index.intersection(group.index)]
+        rates = good["images_per_sec"]
         low, high = _ci95(rates)
         rows.append({
             **dict(zip(POINT, point)),
@@ -204,6 +216,8 @@ def summary_table(runs: pd.DataFrame) -> pd.DataFrame:
             "ci95_low": low,
             "ci95_high": high,
             "per_rank_median": rates.median() / point[POINT.index("ranks")],
+            "rank_spread_percent_median": good["rank_spread_percent"].median(),
+            "startup_s_median": good["startup_s"].median(),
         })
     summary = pd.DataFrame(rows)
     summary["speedup"] = np.nan
@@ -217,6 +231,117 @@ def summary_table(runs: pd.DataFrame) -> pd.DataFrame:
         summary.loc[series.index, "speedup"] = speedup
         summary.loc[series.index, "scaling_efficiency_percent"] = 100 * speedup * base["ranks"] / series["ranks"]
     return summary
+
+
+def provenance_difference(a: dict | None, b: dict | None) -> str | None:
+    """Name what differs between two provenance blocks, or None if they match."""
+    if not a or not b:
+        return "provenance missing"
+    if a.get("hash") == b.get("hash"):
+        return None
+    if a.get("code_sha256") != b.get("code_sha256"):
+        return "benchmark code differs"
+    if a.get("python") != b.get("python"):
+        return f"python {a.get('python')} vs {b.get('python')}"
+    packages_a, packages_b = a.get("packages", {}), b.get("packages", {})
+    differing = [f"{name} {packages_a.get(name, 'absent')} vs {packages_b.get(name, 'absent')}"
+                 for name in sorted(set(packages_a) | set(packages_b)) if packages_a.get(name) != packages_b.get(name)]
+    return "packages differ: " + ", ".join(differing) if differing else "provenance hash differs"
+
+
+def overhead_table(runs: pd.DataFrame, provenance: dict[str, dict]) -> pd.DataFrame:
+    """Each runtime's cost relative to bare metal at the same point, with a Welch 95% interval.
+
+    (bare - runtime) / bare in percent: positive means the container is slower.
+    Refused, with the differing field named, when the two did not run the same
+    benchmark (provenance hashes differ).
+    """
+    columns = [*[c for c in POINT if c != "runtime"], "runtime", "bare_metal_median", "runtime_median",
+               "overhead_percent", "overhead_ci95_low", "overhead_ci95_high", "significance",
+               "startup_overhead_s", "note"]
+    ok = _ok_runs(runs)
+    rows = []
+    others = [c for c in POINT if c != "runtime"]
+    for point, group in ok.groupby(others, dropna=False, sort=True):
+        bare = group[group["runtime"] == BASELINE_RUNTIME]
+        for runtime, contained in group[group["runtime"] != BASELINE_RUNTIME].groupby("runtime"):
+            row = {**dict(zip(others, point)), "runtime": runtime, "runtime_median": contained["images_per_sec"].median()}
+            if bare.empty:
+                rows.append({**row, "note": "no bare-metal baseline at this point"})
+                continue
+            row["bare_metal_median"] = bare["images_per_sec"].median()
+            mismatch = next((provenance_difference(provenance.get(a), provenance.get(b))
+                             for a in bare["provenance"].unique() for b in contained["provenance"].unique()
+                             if provenance_difference(provenance.get(a), provenance.get(b))), None)
+            if mismatch:
+                rows.append({**row, "note": f"not comparable: {mismatch}"})
+                continue
+            b, r = bare["images_per_sec"], contained["images_per_sec"]
+            difference = b.mean() - r.mean()
+            row["overhead_percent"] = 100 * difference / b.mean()
+            row["startup_overhead_s"] = contained["startup_s"].median() - bare["startup_s"].median()
+            if b.count() >= 2 and r.count() >= 2:
+                var_b, var_r = b.var(ddof=1) / b.count(), r.var(ddof=1) / r.count()
+                dof = (var_b + var_r) ** 2 / (var_b**2 / (b.count() - 1) + var_r**2 / (r.count() - 1)) if var_b + var_r else 1
+                half = stats.t.ppf(0.975, dof) * np.sqrt(var_b + var_r)
+                row["overhead_ci95_low"] = 100 * (difference - half) / b.mean()
+                row["overhead_ci95_high"] = 100 * (difference + half) / b.mean()
+                row["significance"] = ("not significant" if row["overhead_ci95_low"] <= 0 <= row["overhead_ci95_high"]
+                                       else "significant")
+            else:
+                row["significance"] = "n/a: needs 2+ repetitions each"
+            rows.append(row)
+    return pd.DataFrame(rows, columns=columns)
+
+
+def fabric_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """Throughput ratio of each pair of fabrics at the same point, faster over slower."""
+    others = [c for c in POINT if c != "fabric"]
+    columns = [*others, "faster_fabric", "slower_fabric", "faster_median", "slower_median", "ratio"]
+    medians = _ok_runs(runs).groupby([*others, "fabric"], dropna=False)["images_per_sec"].median().reset_index()
+    rows = []
+    for point, group in medians.groupby(others, dropna=False, sort=True):
+        ranked = group.sort_values("images_per_sec", ascending=False).to_dict("records")
+        for i, fast in enumerate(ranked):
+            for slow in ranked[i + 1:]:
+                rows.append({**dict(zip(others, point)), "faster_fabric": fast["fabric"], "slower_fabric": slow["fabric"],
+                             "faster_median": fast["images_per_sec"], "slower_median": slow["images_per_sec"],
+                             "ratio": fast["images_per_sec"] / slow["images_per_sec"]})
+    return pd.DataFrame(rows, columns=columns)
+
+
+def input_overhead_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """(synthetic - real) / synthetic in percent at the same point: the cost of reading real data."""
+    others = [c for c in POINT if c != "data"]
+    medians = _ok_runs(runs).pivot_table(index=others, columns="data", values="images_per_sec", aggfunc="median")
+    if not {"synthetic", "real"} <= set(medians.columns):
+        return pd.DataFrame(columns=[*others, "synthetic_median", "real_median", "input_overhead_percent"])
+    paired = medians.dropna(subset=["synthetic", "real"]).reset_index()
+    paired = paired.rename(columns={"synthetic": "synthetic_median", "real": "real_median"})
+    paired["input_overhead_percent"] = 100 * (paired["synthetic_median"] - paired["real_median"]) / paired["synthetic_median"]
+    return paired[[*others, "synthetic_median", "real_median", "input_overhead_percent"]]
+
+
+def memory_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """Peak memory per rank (largest rank of a run, median over runs) for each batch size."""
+    keys = ["runtime", "model", "image_size", "precision", "batch_size"]
+    ok = _ok_runs(runs)
+    if ok.empty:
+        return pd.DataFrame(columns=[*keys, "peak_host_memory_gib", "peak_gpu_memory_gib", "runs"])
+    return ok.groupby(keys, dropna=False).agg(
+        peak_host_memory_gib=("peak_host_memory_gib", "median"),
+        peak_gpu_memory_gib=("peak_gpu_memory_gib", "median"),
+        runs=("run_id", "count")).reset_index()
+
+
+def study_table(summary: pd.DataFrame) -> pd.DataFrame:
+    """The CSCS report's Table 1 shape: ranks, mode, data, images/s (with runtime and fabric)."""
+    if summary.empty:
+        return pd.DataFrame(columns=["ranks", "mode", "data", "runtime", "fabric", "batch/rank", "img/s", "std"])
+    table = summary[["ranks", "mode", "data", "runtime", "fabric", "batch_size", "images_per_sec_median",
+                     "images_per_sec_std"]].rename(columns={"batch_size": "batch/rank", "images_per_sec_median": "img/s",
+                                                            "images_per_sec_std": "std"})
+    return table.sort_values(["runtime", "fabric", "mode", "data", "ranks"], ignore_index=True)
 
 
 def netbench_table(records: list[dict]) -> pd.DataFrame:
@@ -234,24 +359,61 @@ def netbench_table(records: list[dict]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def failures_table(records: list[dict]) -> pd.DataFrame:
+def failures_table(records: list[dict], problems=()) -> pd.DataFrame:
     rows = [{"run_id": r["run_id"], "kind": r.get("kind"), "status": r["status"], "reason": "; ".join(r["reasons"]),
              "evidence": r.get("evidence"), "log": r["log"]["path"]} for r in records if r["status"] != "ok"]
+    rows += [{"run_id": Path(path).stem, "kind": None, "status": "unreadable", "reason": why, "evidence": None,
+              "log": path} for path, why in problems]
     return pd.DataFrame(rows, columns=["run_id", "kind", "status", "reason", "evidence", "log"])
 
 
-def write_tables(record_paths, out_dir: str | Path) -> dict[str, pd.DataFrame]:
-    out_dir = Path(out_dir)
-    records, problems = load_records(record_paths)
-    tables = {
-        "runs": runs_table(records),
-        "summary": summary_table(runs_table(records)),
+def _markdown(frame: pd.DataFrame) -> str:
+    return frame.to_markdown(index=False, floatfmt=".4g") if not frame.empty else "_none_"
+
+
+def markdown_summary(tables: dict[str, pd.DataFrame]) -> str:
+    """The headline tables as Markdown, for pasting into a ticket."""
+    summary = tables["summary"]
+    headline = summary[[c for c in ("runtime", "fabric", "nodes", "ranks", "batch_size", "repetitions",
+                                    "images_per_sec_median", "cv_percent", "scaling_efficiency_percent")
+                        if c in summary]] if not summary.empty else summary
+    sections = [
+        ("Throughput (images/s, median over repetitions)", headline),
+        ("Container overhead vs bare metal (%)", tables["overhead"]),
+        ("Interconnects (throughput ratio)", tables["fabrics"]),
+        ("Input overhead (%)", tables["input"]),
+        ("Table 1 (ranks, mode, data, images/s)", tables["table1"]),
+        ("Failed, invalid and unreadable runs", tables["failures"]),
+    ]
+    return "\n\n".join(f"### {title}\n\n{_markdown(frame)}" for title, frame in sections) + "\n"
+
+
+def build_tables(records: list[dict], problems=()) -> dict[str, pd.DataFrame]:
+    runs = runs_table(records)
+    summary = summary_table(runs)
+    provenance = {(r["result"].get("provenance") or {}).get("hash"): r["result"].get("provenance")
+                  for r in records if r.get("kind") == "train" and r.get("result")}
+    return {
+        "runs": runs,
+        "summary": summary,
+        "overhead": overhead_table(runs, provenance),
+        "fabrics": fabric_table(runs),
+        "input": input_overhead_table(runs),
+        "memory": memory_table(runs),
+        "table1": study_table(summary),
         "netbench": netbench_table(records),
-        "failures": pd.concat([failures_table(records),
-                               pd.DataFrame([{"run_id": Path(p).stem, "kind": None, "status": "unreadable",
-                                              "reason": why, "evidence": None, "log": p} for p, why in problems])],
-                              ignore_index=True),
+        "failures": failures_table(records, problems),
     }
+
+
+def write_tables(record_paths, out_dir: str | Path) -> dict[str, pd.DataFrame]:
+    """Every table as results/<name>.csv, plus table1.md and summary.md."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    records, problems = load_records(record_paths)
+    tables = build_tables(records, problems)
     for name, table in tables.items():
         table.to_csv(out_dir / f"{name}.csv", index=False, float_format="%.6g")
+    (out_dir / "table1.md").write_text(_markdown(tables["table1"]) + "\n")
+    (out_dir / "summary.md").write_text(markdown_summary(tables))
     return tables
