@@ -89,3 +89,12 @@ def test_the_workflow_runs_end_to_end_and_then_has_nothing_to_do(tmp_path):
 
     again = snakemake(tmp_path, *configs, "--dry-run")
     assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr
+
+    # A site baselines its healthy nodes, then validates against that baseline.
+    assert snakemake(tmp_path, "baseline", *configs).returncode == 0
+    assert "systems:\n  ci:\n" in (results / "references.yaml").read_text()
+    overlay = tmp_path / "validate.yaml"
+    overlay.write_text(yaml.safe_dump({"validation": {"references": "results/references.yaml"}}))
+    judged = snakemake(tmp_path, "validate", *configs, str(overlay))
+    assert judged.returncode == 0, judged.stderr[-3000:]
+    assert (results / "validation.txt").read_text().splitlines()[-1] == "VERDICT: PASS"

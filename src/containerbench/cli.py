@@ -78,6 +78,49 @@ def cmd_report(args) -> int:
     return 0
 
 
+def _system_of(record_paths, given: str | None) -> str:
+    """The system named on the command line, else the one every record names."""
+    from containerbench.results import load_records
+
+    if given:
+        return given
+    systems = {r["spec"].get("system") for r in load_records(record_paths)[0]} - {None}
+    if len(systems) != 1:
+        raise cb_config.ConfigError(f"--system is needed: the records name {sorted(systems) or 'no system'}")
+    return systems.pop()
+
+
+def cmd_validate(args) -> int:
+    from containerbench.validate import ReferencesError, format_outcome, validate
+
+    try:
+        outcome = validate(args.records, args.references, _system_of(args.records, args.system),
+                           strict=args.strict, slow_fraction=args.slow_node_fraction)
+    except ReferencesError as error:
+        print(f"containerbench: {error}", file=sys.stderr)
+        return 2
+    text = format_outcome(outcome)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    return 0 if outcome.passed or args.report_only else 1
+
+
+def cmd_baseline(args) -> int:
+    from containerbench.results import load_records
+    from containerbench.validate import performance_variables, write_baseline
+
+    records, _ = load_records(args.records)
+    measured = performance_variables(records)
+    if measured.empty:
+        print("containerbench: no successful runs to take a baseline from", file=sys.stderr)
+        return 1
+    write_baseline(measured, _system_of(args.records, args.system), args.out, lower=args.lower, upper=args.upper,
+                   source=f"{len(records)} run records")
+    print(f"containerbench: wrote {len(measured)} references to {args.out}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="containerbench", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -108,6 +151,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tables-dir", required=True)
     p.add_argument("--out", required=True)
     p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("validate", help="judge a run against reference values: exit 0 only if all pass")
+    p.add_argument("records", nargs="+")
+    p.add_argument("--references", required=True, help="YAML references file (containerbench baseline writes one)")
+    p.add_argument("--system", help="which system's references (default: the system the records name)")
+    p.add_argument("--strict", action="store_true", help="a measured figure with no reference fails")
+    p.add_argument("--slow-node-fraction", type=float, default=0.10,
+                   help="a node this fraction below the median of its peers is named slow (default 0.10)")
+    p.add_argument("--out", help="also write the verdict to this file")
+    p.add_argument("--report-only", action="store_true", help="print the verdict but exit 0")
+    p.set_defaults(func=cmd_validate)
+
+    p = sub.add_parser("baseline", help="write a references file from a good run")
+    p.add_argument("records", nargs="+")
+    p.add_argument("--out", required=True)
+    p.add_argument("--system")
+    p.add_argument("--lower", type=float, default=-0.10, help="tolerance below the reference (default -0.10)")
+    p.add_argument("--upper", type=float, default=None, help="tolerance above the reference (default: none)")
+    p.set_defaults(func=cmd_baseline)
     return parser
 
 

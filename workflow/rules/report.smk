@@ -23,3 +23,32 @@ rule report:
     localrule: True
     shell:
         "{CB} report {input.records} --tables-dir {RESULTS} --out {output}"
+
+
+rule baseline:
+    """Write a references file from this run: `snakemake baseline` on healthy nodes."""
+    input:
+        rules.tables.input,
+    output:
+        f"{RESULTS}/references.yaml",
+    localrule: True
+    shell:
+        "{CB} baseline {input} --out {output}"
+
+
+rule validate:
+    """The node-validation verdict: `snakemake validate` (set validation.references)."""
+    input:
+        records=rules.tables.input,
+        references=lambda wildcards: config["validation"]["references"]
+        or sys.exit("containerbench: config: 'validation.references' is not set; "
+                    "allowed: the path of a references file (snakemake baseline writes one)"),
+    output:
+        f"{RESULTS}/validation.txt",
+    params:
+        strict="--strict" if config["validation"]["strict"] else "",
+        fraction=config["validation"]["slow_node_fraction"],
+    localrule: True
+    shell:
+        "{CB} validate {input.records} --references {input.references} {params.strict} "
+        "--slow-node-fraction {params.fraction} --out {output} --report-only"
