@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from itertools import chain
 from pathlib import Path
 
 import numpy as np
@@ -145,7 +146,7 @@ def _train_row(record: dict) -> dict:
     ok = record["status"] == "ok"
     per_rank = result.get("per_rank") or []
     rank_rates = [r["images_per_sec"] for r in per_rank]
-    steps = sorted(t for r in per_rank for t in r["step_s"])
+    steps = sorted(chain.from_iterable(r["step_s"] for r in per_rank))
     gpu_peaks = [r["peak_gpu_memory_bytes"] for r in per_rank if r.get("peak_gpu_memory_bytes") is not None]
     rate = result.get("images_per_sec", np.nan) if ok else np.nan
     return {
