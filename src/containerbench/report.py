@@ -90,13 +90,13 @@ def overhead_plot(overhead: pd.DataFrame) -> str | None:
     measured = overhead.dropna(subset=["overhead_percent"]) if not overhead.empty else overhead
     if measured.empty:
         return None
-    labels = [f"{r.runtime}\n{r.fabric}, {r.ranks} rank(s), b{r.batch_size}" for r in measured.itertuples()]
+    labels = [f"{r.runtime} / {r.fabric}\n{r.ranks} rank(s), b{r.batch_size}" for r in measured.itertuples()]
     low = (measured["overhead_percent"] - measured["overhead_ci95_low"]).fillna(0)
     high = (measured["overhead_ci95_high"] - measured["overhead_percent"]).fillna(0)
-    figure, axis = plt.subplots(figsize=(max(6, 1.1 * len(measured)), 4))
+    figure, axis = plt.subplots(figsize=(max(6, 1.6 * len(measured)), 4.5))
     axis.bar(range(len(measured)), measured["overhead_percent"], yerr=[low, high], capsize=5, color="#7986cb")
     axis.axhline(0, color="black", linewidth=0.8)
-    axis.set_xticks(range(len(measured)), labels, fontsize=8)
+    axis.set_xticks(range(len(measured)), labels, fontsize=8, rotation=20, ha="right")
     axis.set(ylabel="overhead vs bare metal (%)\n(bars: 95% CI; > 0 = slower)", title="Container overhead")
     axis.grid(alpha=0.3, axis="y")
     return _png(figure)
