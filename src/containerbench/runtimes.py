@@ -2,13 +2,44 @@
 
 One small class per runtime (the shape of ReFrame's containers.py). A runtime
 only knows how to start ONE rank; the launcher (launch.py) puts mpirun or srun
-in front, so `srun --mpi=pmix <runtime argv> python -m containerbench.bench`
-composes for every runtime the same way.
+in front, so `srun --mpi=pmix <runtime argv> python3 -m containerbench.bench`
+composes for every runtime the same way. The MPI model is the hybrid one: the
+MPI library lives in the image and is wired up by the host's srun (PMIx/PMI2)
+or mpirun, so every runtime shares the host's network, PIDs and shared memory.
+
+Hooks a launcher uses:
+  rank_argv(request)        the words that start one rank
+  environment(request)      variables the launcher sets on the host and forwards (mpirun -x)
+  launcher_options(request) options the launcher inserts before rank_argv (Enroot: srun's Pyxis options)
+  requires_launcher         "srun" for Enroot (Pyxis is a Slurm plugin); check_launcher(kind) raises
+  describe(request)         the whole command as one shell-quoted line
+
+Each container runtime passes into the image only what the run needs: the
+variables the launcher sets for the rank (RANK_PREFIXES), the benchmark's own
+(request.env), PYTHONNOUSERSITE (a ~/.local site-packages on a bound home must
+not shadow the image's) and PMIX_MCA_gds=hash (the PMIx server's shared-memory
+datastore lives in a host directory the container does not see; hash needs only
+the server's socket: apptainer/singularity#5195; Enroot's 50-slurm-pmix hook
+binds that directory instead). Rank variable names are only known when the rank
+starts; where a runtime cannot pass them by prefix, rankexec.py does it on the node.
 """
 
 from __future__ import annotations
 
+import getpass
+import inspect
+import os
+import shlex
+import shutil
+import subprocess
+import sys
 from dataclasses import dataclass, field
+
+# Set by mpirun (Open MPI, MPICH Hydra) or srun for each rank; the MPI/PMI library in the image needs them.
+RANK_PREFIXES = ("OMPI_", "PMIX_", "PMI_", "SLURM_", "HYDRA_", "MPI_LOCALRANKID", "MPI_LOCALNRANKS")
+# Slurm's per-task GPU binding, for runtimes whose ranks stay in the task's device cgroup.
+SLURM_GPU_VARS = ("CUDA_VISIBLE_DEVICES",)
+RANKEXEC = "containerbench.rankexec"
 
 
 @dataclass(frozen=True)
@@ -18,20 +49,58 @@ class RunRequest:
     module: str  # e.g. "containerbench.bench"
     args: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict)  # fabric and benchmark variables for the rank
-    workdir: str = "."
-    gpus: bool = False
+    workdir: str = "."  # bound at the same path in containers, and the rank starts there
+    gpus: bool = False  # give the rank the node's NVIDIA GPUs
+    binds: tuple[str, ...] = ()  # further host paths bound at the same path (data sets)
+    infiniband: bool = False  # give the rank the RDMA devices and unlimited locked memory
+
+
+def host_environment() -> dict[str, str]:
+    """This process's environment, with USER set: ch-run refuses to start without it (CI may not set it)."""
+    return {**os.environ, "USER": os.environ.get("USER") or getpass.getuser()}
 
 
 class Runtime:
     """Base class: the argv that starts one rank, and the variables it needs."""
 
     name = ""
+    requires_launcher: str | None = None  # the only launcher kind this runtime works under, if any
 
     def rank_argv(self, request: RunRequest) -> list[str]:
         raise NotImplementedError
 
     def environment(self, request: RunRequest) -> dict[str, str]:
         return {"CONTAINERBENCH_RUNTIME": self.name, **request.env}
+
+    def launcher_options(self, request: RunRequest) -> list[str]:
+        return []
+
+    def check_launcher(self, kind: str) -> None:
+        if self.requires_launcher and kind != self.requires_launcher:
+            raise ValueError(f"runtime {self.name!r} needs launcher {self.requires_launcher!r}, not {kind!r}")
+
+    probe: tuple[str, ...] = ()  # a quick command that succeeds only where the runtime can run here
+
+    def usable(self) -> tuple[bool, str]:
+        """Can this runtime start a container on this machine? (ok, one-line reason if not)"""
+        if not self.probe:
+            return True, ""
+        if shutil.which(self.probe[0]) is None:
+            return False, f"{self.probe[0]} is not installed (not on PATH)"
+        if len(self.probe) == 1:
+            return True, ""
+        try:
+            done = subprocess.run(self.probe, capture_output=True, text=True, timeout=20, env=host_environment())
+        except subprocess.TimeoutExpired:
+            return False, f"`{shlex.join(self.probe)}` did not answer within 20 s"
+        if done.returncode != 0:
+            last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            return False, f"`{shlex.join(self.probe)}` failed: {last[:200]}"
+        return True, ""
+
+    def describe(self, request: RunRequest) -> str:
+        launcher = [self.requires_launcher] if self.requires_launcher else []
+        return shlex.join([*launcher, *self.launcher_options(request), *self.rank_argv(request)])
 
 
 class BareMetal(Runtime):
@@ -46,7 +115,336 @@ class BareMetal(Runtime):
         return [self.python, "-m", request.module, *request.args]
 
 
+def _pass_flags(prefixes) -> list[str]:
+    return [word for prefix in prefixes for word in ("--pass-prefix", prefix)]
+
+
+class ContainerRuntime(Runtime):
+    """Runs the benchmark with the image's Python; `image` is the runtime's own image reference."""
+
+    pmix_gds_hash = True
+
+    def __init__(self, image: str, python: str = "python3", extra_args=()):
+        self.image, self.python, self.extra_args = image, python, list(extra_args)
+
+    def command(self, request: RunRequest) -> list[str]:
+        return [self.python, "-m", request.module, *request.args]
+
+    def environment(self, request: RunRequest) -> dict[str, str]:
+        extra = {"PMIX_MCA_gds": "hash"} if self.pmix_gds_hash else {}
+        return {**super().environment(request), "PYTHONNOUSERSITE": "1", **extra}
+
+    @staticmethod
+    def workdir(request: RunRequest) -> str:
+        return os.path.abspath(request.workdir)
+
+    def mounts(self, request: RunRequest) -> list[str]:
+        return list(dict.fromkeys([self.workdir(request), *map(os.path.abspath, request.binds)]))
+
+
+class OciEngine(ContainerRuntime):
+    """Docker-style engines: the container is a fresh namespace set, so the run opts back into the host's."""
+
+    binary = ""
+    shared_paths: tuple[str, ...] = ("/tmp",)  # Open MPI/PMIx session directories live under /tmp
+
+    def __init__(self, image: str, python: str = "python3", extra_args=(), uid: int | None = None,
+                 gid: int | None = None):
+        super().__init__(image, python, extra_args)
+        # Numeric ids fixed at plan time: outputs on bound paths belong to the user, not root.
+        self.uid = os.getuid() if uid is None else uid
+        self.gid = os.getgid() if gid is None else gid
+
+    def engine_args(self) -> list[str]:
+        return [self.binary, "run"]
+
+    def user_args(self) -> list[str]:
+        return ["--user", f"{self.uid}:{self.gid}"]
+
+    def gpu_args(self) -> list[str]:
+        raise NotImplementedError
+
+    def env_args(self, request: RunRequest) -> list[str]:
+        """`--env NAME` (value copied from the engine's environment) for what no rank prefix covers."""
+        names = sorted(name for name in self.environment(request) if not name.startswith(RANK_PREFIXES))
+        return [word for name in names for word in ("--env", name)]
+
+    def run_argv(self, request: RunRequest) -> list[str]:
+        # Host network/IPC/PIDs: NCCL and MPI reach peers and share memory as on bare metal. With
+        # --ipc host Docker mounts the host's /dev/shm (moby daemon setupIpcDirs), which NCCL needs to
+        # use SHM/P2P between containers (NVIDIA/nccl#248); --pid host keeps peer PIDs valid for
+        # cross-memory attach (Sarus user guide, "PID namespace"). No name: ranks run in parallel.
+        argv = [*self.engine_args(), "--rm", "--network", "host", "--ipc", "host", "--pid", "host",
+                *self.user_args(),
+                # `run` attaches to the container's streams, not to the engine's log store
+                # (docker/compose-cli#1615; conmon "none", containers/conmon#172): no second copy.
+                "--log-driver", "none"]
+        # NVIDIA Container Toolkit: NVIDIA_VISIBLE_DEVICES=void behaves as runc, no GPU even where the
+        # image says "all" and nvidia is the default runtime (toolkit docs, "GPU Enumeration").
+        argv += self.gpu_args() if request.gpus else ["--env", "NVIDIA_VISIBLE_DEVICES=void"]
+        if request.infiniband:
+            # A --device directory adds every device node under it (moby and podman DevicesFromPath);
+            # verbs memory registration needs locked memory: unlimited, with CAP_IPC_LOCK; never --privileged.
+            argv += ["--device", "/dev/infiniband", "--cap-add", "IPC_LOCK", "--ulimit", "memlock=-1:-1"]
+        for path in dict.fromkeys([*self.shared_paths, *self.mounts(request)]):
+            argv += ["--volume", f"{path}:{path}"]
+        argv += ["--workdir", self.workdir(request), *self.env_args(request)]
+        return [*argv, *self.extra_args, self.image, *self.command(request)]
+
+    def rank_argv(self, request: RunRequest) -> list[str]:
+        return self.run_argv(request)
+
+
+class Docker(OciEngine):
+    """docker run. The client passes no environment, and names must be explicit (no wildcard), so the
+    rank variables are added on the node by the rankexec shim, run with the workflow's own Python."""
+
+    name = binary = "docker"
+    probe = ("docker", "info", "--format", "{{.ServerVersion}}")  # the daemon must answer
+
+    def __init__(self, image: str, python: str = "python3", extra_args=(), uid: int | None = None,
+                 gid: int | None = None, host_python: str = sys.executable):
+        super().__init__(image, python, extra_args, uid, gid)
+        self.host_python = host_python
+
+    def gpu_args(self) -> list[str]:
+        # The daemon creates the container outside the Slurm task's device cgroup: it sees every GPU,
+        # and Slurm's CUDA_VISIBLE_DEVICES (renumbered under ConstrainDevices) would point elsewhere, so
+        # it is not passed; each rank pins GPU local_rank (bench.configure_devices).
+        return ["--gpus", "all"]  # NVIDIA Container Toolkit, "docker run --gpus" (Docker >= 19.03)
+
+    def rank_argv(self, request: RunRequest) -> list[str]:
+        return [self.host_python, "-m", RANKEXEC, *_pass_flags(RANK_PREFIXES), "--", *self.run_argv(request)]
+
+
+class Podman(OciEngine):
+    """podman run. `--env 'PREFIX*'` copies every host variable with that prefix (podman-run(1)
+    --env), so no shim. oci_runtime picks the OCI runtime (e.g. "runc" where crun fails on hybrid
+    cgroups); None keeps the site's default."""
+
+    name = binary = "podman"
+    probe = ("podman", "info", "--format", "{{.Host.OCIRuntime.Name}}")
+    shared_paths = ("/tmp", "/dev/shm")  # podman-hpc's MPI modules bind /dev/shm besides --ipc=host
+
+    def __init__(self, image: str, python: str = "python3", extra_args=(), uid: int | None = None,
+                 gid: int | None = None, oci_runtime: str | None = None):
+        super().__init__(image, python, extra_args, uid, gid)
+        self.oci_runtime = oci_runtime
+
+    def engine_args(self) -> list[str]:
+        return [self.binary, *(["--runtime", self.oci_runtime] if self.oci_runtime else []), "run"]
+
+    def user_args(self) -> list[str]:
+        # Rootless podman maps the user to root by default; keep-id maps UID:GID to themselves
+        # (podman-run(1) --userns; not allowed for root, who needs no mapping).
+        keep_id = ["--userns", "keep-id"] if self.uid != 0 else []
+        return [*keep_id, *super().user_args()]
+
+    def gpu_args(self) -> list[str]:
+        return ["--device", "nvidia.com/gpu=all"]  # CDI spec from `nvidia-ctk cdi generate` (toolkit docs)
+
+    def env_args(self, request: RunRequest) -> list[str]:
+        patterns = [prefix + "*" if prefix.endswith("_") else prefix for prefix in RANK_PREFIXES]
+        return [*(word for pattern in patterns for word in ("--env", pattern)), *super().env_args(request)]
+
+
+class PodmanHPC(Podman):
+    """NERSC's podman-hpc wrapper (rootless podman, squashed images). Its own --mpi/--openmpi-pmix
+    modules add --privileged (etc/modules.d/*.yaml), so this class passes the host namespaces and
+    rank variables itself, as they do, and uses only the --gpu module."""
+
+    name = binary = "podman-hpc"
+    probe = ("podman-hpc", "info")
+
+    # No oci_runtime: podman-hpc picks crun or runc itself (podman_hpc/siteconfig.py).
+    def __init__(self, image: str, python: str = "python3", extra_args=(), uid: int | None = None,
+                 gid: int | None = None):
+        super().__init__(image, python, extra_args, uid, gid)
+
+    def gpu_args(self) -> list[str]:
+        return ["--gpu"]  # module gpu.yaml: driver libraries, /dev/nvidia*, NVIDIA_VISIBLE_DEVICES
+
+
+class Apptainer(ContainerRuntime):
+    """apptainer (or singularity) exec of a .sif. The host environment passes by default; --cleanenv
+    drops it, and APPTAINERENV_NAME on the host still sets NAME inside (user guide, "Environment and
+    Metadata"), also for values with commas that --env would split. The launcher sets the benchmark's
+    variables in that form; the rankexec shim exports the rank variables so on the node."""
+
+    def __init__(self, image: str, python: str = "python3", extra_args=(), binary: str = "apptainer",
+                 host_python: str = sys.executable):
+        if binary not in ("apptainer", "singularity"):
+            raise ValueError(f"runtime 'apptainer': binary {binary!r} is not allowed; allowed: apptainer, singularity")
+        super().__init__(image, python, extra_args)
+        self.name, self.host_python = binary, host_python
+        self.probe = (binary, "--version")
+        self.env_prefix = f"{binary.upper()}ENV_"
+
+    def environment(self, request: RunRequest) -> dict[str, str]:
+        return {self.env_prefix + name: value for name, value in super().environment(request).items()}
+
+    def rank_argv(self, request: RunRequest) -> list[str]:
+        shim = [self.host_python, "-m", RANKEXEC, "--env-prefix", self.env_prefix,
+                *_pass_flags(RANK_PREFIXES + SLURM_GPU_VARS), "--"]
+        # Host /dev (so /dev/infiniband and /dev/shm), /tmp and the network are shared by default;
+        # --nv binds the host's NVIDIA driver libraries (user guide, "GPU Support").
+        argv = [self.name, "exec", "--cleanenv", *(["--nv"] if request.gpus else [])]
+        for path in self.mounts(request):
+            argv += ["--bind", path]
+        return [*shim, *argv, "--pwd", self.workdir(request), *self.extra_args, self.image, *self.command(request)]
+
+
+class Shifter(ContainerRuntime):
+    """shifter --image=docker:name:tag (or id:...). Shifter passes the whole host environment, the
+    image's ENV overriding it, and has no option to clean it (shifter(1) usage, "Environmental
+    Transfer"); it shares the host's network, /dev and memlock limit. --volume mount points must exist
+    in the image and may not lie under /dev, /etc, /opt/udiImage, /proc or /var."""
+
+    name = "shifter"
+    probe = ("shifter",)
+
+    def __init__(self, image: str, python: str = "python3", extra_args=(), mpi_hook: bool = False):
+        super().__init__(image, python, extra_args)
+        self.mpi_hook = mpi_hook
+
+    def rank_argv(self, request: RunRequest) -> list[str]:
+        # Modules (udiRoot.conf): gpu injects the driver, mpich swaps the site's MPICH-ABI libmpi in.
+        # Naming modules replaces the site's defaultModules, so with none we say "none": nothing is
+        # swapped in behind the benchmark's back.
+        modules = [*(["gpu"] if request.gpus else []), *(["mpich"] if self.mpi_hook else [])]
+        argv = ["shifter", f"--image={self.image}", f"--module={','.join(modules) or 'none'}"]
+        argv += [f"--volume={path}:{path}" for path in self.mounts(request)]
+        return [*argv, f"--workdir={self.workdir(request)}", *self.extra_args, "--", *self.command(request)]
+
+
+class Charliecloud(ContainerRuntime):
+    """ch-run on an image directory or SquashFS. Host network, /dev, /sys, /tmp are shared; the host
+    environment passes unless unset (ch-run(1), "Environment variables"); the image's ENV, loaded
+    after the unset, wins over a host value of the same name. GPU libraries are injected
+    into the image beforehand (ch-fromhost --nvidia), so nothing is needed at run time. write_fake
+    overlays a tmpfs so bind mount points can be created (kernel >= 5.11); without it they must exist."""
+
+    name = "charliecloud"
+    probe = ("ch-run", "--version")
+
+    def __init__(self, image: str, python: str = "python3", extra_args=(), write_fake: bool = True):
+        super().__init__(image, python, extra_args)
+        self.write_fake = write_fake
+
+    def keep_glob(self, request: RunRequest) -> str:
+        """Extended glob of the variables to keep (`ch-run --feature=extglob` must succeed)."""
+        keep = [prefix + "*" if prefix.endswith("_") else prefix for prefix in RANK_PREFIXES]
+        own = sorted(name for name in self.environment(request) if not name.startswith(RANK_PREFIXES))
+        return "!(" + "|".join([*keep, *SLURM_GPU_VARS, "HOME", *own]) + ")"
+
+    def rank_argv(self, request: RunRequest) -> list[str]:
+        # --join: ranks of a node share one container, else cross-memory attach between them fails.
+        # --unset-env and --set-env apply in command-line order: drop all but what is kept, then load
+        # the image's ENV from /ch/environment (written by ch-image).
+        argv = ["ch-run", "--join", f"--unset-env={self.keep_glob(request)}", "--set-env",
+                *(["--write-fake"] if self.write_fake else [])]
+        argv += [f"--bind={path}" for path in self.mounts(request)]
+        return [*argv, f"--cd={self.workdir(request)}", *self.extra_args, self.image, "--", *self.command(request)]
+
+
+class Enroot(ContainerRuntime):
+    """Enroot images run through Pyxis: `srun --container-image=IMAGE ... python3 -m ...`, so the
+    runtime contributes srun options (launcher_options) and requires launcher srun. Pyxis sets the
+    task's whole environment in the container, the image's values winning except for names given to
+    --container-env (pyxis args.c). Enroot hooks do the rest from variables: 98-nvidia.sh exposes
+    NVIDIA_VISIBLE_DEVICES (void: none), 99-mellanox.sh the HCAs in MELLANOX_VISIBLE_DEVICES, and
+    50-slurm-pmix.sh binds the PMIx server directories."""
+
+    name = "enroot"
+    probe = ("enroot", "version")
+    requires_launcher = "srun"
+    pmix_gds_hash = False
+
+    def environment(self, request: RunRequest) -> dict[str, str]:
+        env = super().environment(request)
+        if request.gpus:  # the hook's default capability is utility only: compute brings libcuda
+            env |= {"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_DRIVER_CAPABILITIES": "compute,utility"}
+        else:
+            env["NVIDIA_VISIBLE_DEVICES"] = "void"
+        if request.infiniband:
+            env["MELLANOX_VISIBLE_DEVICES"] = "all"
+        return env
+
+    def launcher_options(self, request: RunRequest) -> list[str]:
+        mounts = ",".join(f"{path}:{path}" for path in self.mounts(request))
+        return [f"--container-image={self.image}", f"--container-mounts={mounts}",
+                f"--container-workdir={self.workdir(request)}",
+                f"--container-env={','.join(sorted(self.environment(request)))}", *self.extra_args]
+
+    def rank_argv(self, request: RunRequest) -> list[str]:
+        return self.command(request)
+
+
+class Sarus(ContainerRuntime):
+    """sarus run. The host environment passes, the image's ENV overrides it, and `--env NAME` without
+    a value takes the host's value back (user guide, "Environment"); GPUs follow CUDA_VISIBLE_DEVICES
+    through the NVIDIA hook, set by Slurm. mpi_hook adds --mpi: the site's MPICH-ABI MPI is swapped
+    in. Devices are denied unless given one by one with --device, so the rankexec shim adds the
+    node's RDMA devices (those Enroot's 99-mellanox.sh mounts) at rank start."""
+
+    name = "sarus"
+    probe = ("sarus", "--version")
+    rdma_devices = ("/dev/infiniband/rdma_cm", "/dev/infiniband/uverbs*")
+
+    def __init__(self, image: str, python: str = "python3", extra_args=(), mpi_hook: bool = False,
+                 host_python: str = sys.executable):
+        super().__init__(image, python, extra_args)
+        self.mpi_hook, self.host_python = mpi_hook, host_python
+
+    def rank_argv(self, request: RunRequest) -> list[str]:
+        # --pid host is Sarus's default; --mount destinations and --workdir are created if missing.
+        argv = ["sarus", "run", *(["--mpi"] if self.mpi_hook else [])]
+        argv += [f"--mount=type=bind,source={path},destination={path}" for path in self.mounts(request)]
+        argv += [f"--workdir={self.workdir(request)}"]
+        argv += [word for name in sorted(self.environment(request)) for word in ("--env", name)]
+        argv += [*self.extra_args, self.image, *self.command(request)]
+        if not request.infiniband:
+            return argv
+        devices = [word for pattern in self.rdma_devices for word in ("--device-glob", pattern)]
+        return [self.host_python, "-m", RANKEXEC, *devices, "--", *argv]
+
+
+CONTAINER_RUNTIMES = {"docker": Docker, "podman": Podman, "apptainer": Apptainer, "singularity": Apptainer,
+                      "shifter": Shifter, "charliecloud": Charliecloud, "enroot": Enroot, "sarus": Sarus,
+                      "podman-hpc": PodmanHPC}
+RUNTIME_NAMES = ("bare-metal", *CONTAINER_RUNTIMES)
+
+
 def runtime_for(name: str, config: dict) -> Runtime:
+    """The runtime called `name`; container runtimes read config["images"][name] = {image: ..., options}."""
     if name == "bare-metal":
         return BareMetal(config["bare_metal"]["python"])
-    raise ValueError(f"runtime {name!r} is not supported; allowed: bare-metal")
+    if name not in CONTAINER_RUNTIMES:
+        raise ValueError(f"runtime {name!r} is not supported; allowed: {', '.join(RUNTIME_NAMES)}")
+    options = dict((config.get("images") or {}).get(name) or {})
+    image = options.pop("image", None)
+    if not isinstance(image, str) or not image:
+        raise ValueError(f"runtime {name!r} needs an image reference: set images.{name}.image in the config")
+    cls = CONTAINER_RUNTIMES[name]
+    allowed = sorted(set(inspect.signature(cls.__init__).parameters) - {"self", "image", "binary"})
+    unknown = sorted(set(options) - set(allowed))
+    if unknown:
+        raise ValueError(f"runtime {name!r}: unknown option {', '.join(map(repr, unknown))} in images.{name}; "
+                         f"allowed: image, {', '.join(allowed)}")
+    if cls is Apptainer:
+        options["binary"] = name
+    return cls(image, **options)
+
+
+def example_request(gpus: bool = True, infiniband: bool = True) -> RunRequest:
+    """A rank of the example site (config/site.example.yaml), to print every runtime's argv."""
+    env = {"PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "1"}
+    if infiniband:
+        env |= {"NCCL_IB_DISABLE": "0", "NCCL_NET": "IB", "NCCL_IB_HCA": "mlx5_0,mlx5_1", "NCCL_NET_GDR_LEVEL": "PHB",
+                "UCX_NET_DEVICES": "mlx5_0:1", "UCX_TLS": "rc,sm,self", "OMPI_MCA_pml": "ucx"}
+    else:
+        env |= {"NCCL_IB_DISABLE": "1", "NCCL_NET": "Socket", "NCCL_SOCKET_IFNAME": "eth0",
+                "OMPI_MCA_pml": "ob1", "OMPI_MCA_btl": "self,vader,tcp", "OMPI_MCA_btl_tcp_if_include": "eth0"}
+    args = ("--model", "resnet50", "--batch-size", "64", "--image-size", "224", "--precision", "mixed_float16")
+    return RunRequest(module="containerbench.bench", args=args, env=env, workdir="/scratch/proj/containerbench",
+                      gpus=gpus, binds=("/datasets/imagenet",), infiniband=infiniband)

@@ -1,0 +1,54 @@
+"""Host-side shim that finishes a container command when the rank starts, then execs it.
+
+Some arguments of a rank's container command are only known on the node, when
+the rank starts: the names of the variables mpirun/srun set for it (OMPI_*,
+PMIX_*, SLURM_*...) and the node's device files. The plan (runtimes.py) puts
+
+    <host python> -m containerbench.rankexec [--pass-prefix P]... [--env-prefix X]
+        [--device-glob G]... -- <command>
+
+in front of the command. At rank start the shim inserts, right after the first
+`run` word of the command (docker/podman/sarus run), `--env NAME` for every
+variable whose name starts with a --pass-prefix (the engine copies the value
+from this environment) and `--device=PATH` for every path matching a
+--device-glob. With --env-prefix X it instead exports X+NAME=value for those
+variables and leaves the command alone (Apptainer's APPTAINERENV_ mechanism,
+which also works under --cleanenv). Then it replaces itself with the command
+(os.execvp): no process is left behind and the exit status is the command's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import sys
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(prog="python -m containerbench.rankexec", description=__doc__.splitlines()[0])
+    parser.add_argument("--pass-prefix", action="append", default=[], metavar="PREFIX")
+    parser.add_argument("--env-prefix", metavar="PREFIX", help="export PREFIX+NAME instead of inserting --env NAME")
+    parser.add_argument("--device-glob", action="append", default=[], metavar="PATTERN")
+    at = argv.index("--") if "--" in argv else len(argv)
+    args, command = parser.parse_args(argv[:at]), argv[at + 1:]
+    if not command:
+        parser.error("give the command after --")
+    names = sorted(name for name in os.environ if args.pass_prefix and name.startswith(tuple(args.pass_prefix)))
+    if args.env_prefix:
+        os.environ.update({args.env_prefix + name: os.environ[name] for name in names})
+        inserted = []
+    else:
+        inserted = [word for name in names for word in ("--env", name)]
+    inserted += [f"--device={path}" for pattern in args.device_glob for path in sorted(glob.glob(pattern))]
+    if inserted:
+        if "run" not in command[1:]:
+            parser.error(f"no 'run' word in the command to insert {inserted[0]!r} after")
+        at = command.index("run", 1) + 1
+        command = command[:at] + inserted + command[at:]
+    os.execvp(command[0], command)
+
+
+if __name__ == "__main__":
+    main()

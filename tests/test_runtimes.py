@@ -1,0 +1,360 @@
+"""Container runtimes: the exact argv and environment of one rank, the rankexec shim, the factory.
+
+No container binary is needed: argv lists are compared word for word, and the
+shim is run for real with a harmless program in place of docker.
+"""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+from containerbench.config import RunSpec
+from containerbench.launch import Mpirun, Srun
+from containerbench.runtimes import (
+    Apptainer, BareMetal, Charliecloud, Docker, Enroot, Podman, PodmanHPC, RunRequest, Sarus, Shifter,
+    example_request, runtime_for,
+)
+
+HOST_PY = "/venv/bin/python"  # the workflow's interpreter, which runs the rankexec shim on the node
+BENCH_ARGS = ("--model", "resnet50", "--batch-size", "64")
+IN_IMAGE = ["python3", "-m", "containerbench.bench", *BENCH_ARGS]
+
+# (a) a GPU + InfiniBand rank of the example site, (b) a CPU rank on one machine.
+SITE_ENV = {"PYTHONUNBUFFERED": "1", "NCCL_IB_HCA": "mlx5_0,mlx5_1", "UCX_TLS": "rc,sm,self", "OMPI_MCA_pml": "ucx"}
+SITE = RunRequest(module="containerbench.bench", args=BENCH_ARGS, env=SITE_ENV, workdir="/scratch/proj/containerbench",
+                  gpus=True, binds=("/datasets/imagenet",), infiniband=True)
+CPU_ENV = {"OMPI_MCA_btl": "self,tcp", "NCCL_SOCKET_IFNAME": "lo"}
+CPU = RunRequest(module="containerbench.bench", args=BENCH_ARGS, env=CPU_ENV, workdir="/work/x")
+
+WD = "/scratch/proj/containerbench"
+PASS_RANK_VARS = ["--pass-prefix", "OMPI_", "--pass-prefix", "PMIX_", "--pass-prefix", "PMI_", "--pass-prefix", "SLURM_",
+                  "--pass-prefix", "HYDRA_", "--pass-prefix", "MPI_LOCALRANKID", "--pass-prefix", "MPI_LOCALNRANKS"]
+PODMAN_RANK_VARS = ["--env", "OMPI_*", "--env", "PMIX_*", "--env", "PMI_*", "--env", "SLURM_*", "--env", "HYDRA_*",
+                    "--env", "MPI_LOCALRANKID", "--env", "MPI_LOCALNRANKS"]
+HOST_NS = ["--rm", "--network", "host", "--ipc", "host", "--pid", "host"]
+RDMA = ["--device", "/dev/infiniband", "--cap-add", "IPC_LOCK", "--ulimit", "memlock=-1:-1"]
+SITE_VOLUMES = ["--volume", f"{WD}:{WD}", "--volume", "/datasets/imagenet:/datasets/imagenet"]
+SITE_OWN_ENV = ["--env", "CONTAINERBENCH_RUNTIME", "--env", "NCCL_IB_HCA", "--env", "PYTHONNOUSERSITE",
+                "--env", "PYTHONUNBUFFERED", "--env", "UCX_TLS"]
+CPU_OWN_ENV = ["--env", "CONTAINERBENCH_RUNTIME", "--env", "NCCL_SOCKET_IFNAME", "--env", "PYTHONNOUSERSITE"]
+NO_GPU = ["--env", "NVIDIA_VISIBLE_DEVICES=void"]
+
+
+def container_env(name: str, base: dict, gds: bool = True) -> dict:
+    return {"CONTAINERBENCH_RUNTIME": name, **base, "PYTHONNOUSERSITE": "1", **({"PMIX_MCA_gds": "hash"} if gds else {})}
+
+
+RUNTIMES = {
+    "docker": lambda: Docker("containerbench:latest", uid=1000, gid=1000, host_python=HOST_PY),
+    "podman": lambda: Podman("containerbench:latest", uid=1000, gid=1000, oci_runtime="runc"),
+    "podman-hpc": lambda: PodmanHPC("containerbench:latest", uid=1000, gid=1000),
+    "apptainer": lambda: Apptainer("/images/containerbench.sif", host_python=HOST_PY),
+    "singularity": lambda: Apptainer("/images/containerbench.sif", binary="singularity", host_python=HOST_PY),
+    "shifter": lambda: Shifter("docker:containerbench:latest", mpi_hook=True),
+    "charliecloud": lambda: Charliecloud("/images/containerbench.sqfs"),
+    "enroot": lambda: Enroot("/images/containerbench.sqsh"),
+    "sarus": lambda: Sarus("containerbench:latest", mpi_hook=True, host_python=HOST_PY),
+}
+
+CASES = {
+    # --- docker: the shim adds the rank variables after `run` at rank start ---
+    ("docker", "site"): (
+        [HOST_PY, "-m", "containerbench.rankexec", *PASS_RANK_VARS, "--",
+         "docker", "run", *HOST_NS, "--user", "1000:1000", "--log-driver", "none", "--gpus", "all", *RDMA,
+         "--volume", "/tmp:/tmp", *SITE_VOLUMES, "--workdir", WD, *SITE_OWN_ENV, "containerbench:latest", *IN_IMAGE],
+        container_env("docker", SITE_ENV)),
+    ("docker", "cpu"): (
+        [HOST_PY, "-m", "containerbench.rankexec", *PASS_RANK_VARS, "--",
+         "docker", "run", *HOST_NS, "--user", "1000:1000", "--log-driver", "none", *NO_GPU,
+         "--volume", "/tmp:/tmp", "--volume", "/work/x:/work/x", "--workdir", "/work/x", *CPU_OWN_ENV,
+         "containerbench:latest", *IN_IMAGE],
+        container_env("docker", CPU_ENV)),
+    # --- podman: wildcards instead of a shim; rootless keep-id; CDI GPUs ---
+    ("podman", "site"): (
+        ["podman", "--runtime", "runc", "run", *HOST_NS, "--userns", "keep-id", "--user", "1000:1000",
+         "--log-driver", "none", "--device", "nvidia.com/gpu=all", *RDMA,
+         "--volume", "/tmp:/tmp", "--volume", "/dev/shm:/dev/shm", *SITE_VOLUMES, "--workdir", WD,
+         *PODMAN_RANK_VARS, *SITE_OWN_ENV, "containerbench:latest", *IN_IMAGE],
+        container_env("podman", SITE_ENV)),
+    ("podman", "cpu"): (
+        ["podman", "--runtime", "runc", "run", *HOST_NS, "--userns", "keep-id", "--user", "1000:1000",
+         "--log-driver", "none", *NO_GPU, "--volume", "/tmp:/tmp", "--volume", "/dev/shm:/dev/shm",
+         "--volume", "/work/x:/work/x", "--workdir", "/work/x", *PODMAN_RANK_VARS, *CPU_OWN_ENV,
+         "containerbench:latest", *IN_IMAGE],
+        container_env("podman", CPU_ENV)),
+    ("podman-hpc", "site"): (
+        ["podman-hpc", "run", *HOST_NS, "--userns", "keep-id", "--user", "1000:1000", "--log-driver", "none",
+         "--gpu", *RDMA, "--volume", "/tmp:/tmp", "--volume", "/dev/shm:/dev/shm", *SITE_VOLUMES, "--workdir", WD,
+         *PODMAN_RANK_VARS, *SITE_OWN_ENV, "containerbench:latest", *IN_IMAGE],
+        container_env("podman-hpc", SITE_ENV)),
+    ("podman-hpc", "cpu"): (
+        ["podman-hpc", "run", *HOST_NS, "--userns", "keep-id", "--user", "1000:1000", "--log-driver", "none",
+         *NO_GPU, "--volume", "/tmp:/tmp", "--volume", "/dev/shm:/dev/shm", "--volume", "/work/x:/work/x",
+         "--workdir", "/work/x", *PODMAN_RANK_VARS, *CPU_OWN_ENV, "containerbench:latest", *IN_IMAGE],
+        container_env("podman-hpc", CPU_ENV)),
+    # --- apptainer/singularity: --cleanenv, variables through APPTAINERENV_/SINGULARITYENV_ ---
+    ("apptainer", "site"): (
+        [HOST_PY, "-m", "containerbench.rankexec", "--env-prefix", "APPTAINERENV_", *PASS_RANK_VARS,
+         "--pass-prefix", "CUDA_VISIBLE_DEVICES", "--",
+         "apptainer", "exec", "--cleanenv", "--nv", "--bind", WD, "--bind", "/datasets/imagenet", "--pwd", WD,
+         "/images/containerbench.sif", *IN_IMAGE],
+        {"APPTAINERENV_" + k: v for k, v in container_env("apptainer", SITE_ENV).items()}),
+    ("apptainer", "cpu"): (
+        [HOST_PY, "-m", "containerbench.rankexec", "--env-prefix", "APPTAINERENV_", *PASS_RANK_VARS,
+         "--pass-prefix", "CUDA_VISIBLE_DEVICES", "--",
+         "apptainer", "exec", "--cleanenv", "--bind", "/work/x", "--pwd", "/work/x",
+         "/images/containerbench.sif", *IN_IMAGE],
+        {"APPTAINERENV_" + k: v for k, v in container_env("apptainer", CPU_ENV).items()}),
+    ("singularity", "site"): (
+        [HOST_PY, "-m", "containerbench.rankexec", "--env-prefix", "SINGULARITYENV_", *PASS_RANK_VARS,
+         "--pass-prefix", "CUDA_VISIBLE_DEVICES", "--",
+         "singularity", "exec", "--cleanenv", "--nv", "--bind", WD, "--bind", "/datasets/imagenet", "--pwd", WD,
+         "/images/containerbench.sif", *IN_IMAGE],
+        {"SINGULARITYENV_" + k: v for k, v in container_env("singularity", SITE_ENV).items()}),
+    ("singularity", "cpu"): (
+        [HOST_PY, "-m", "containerbench.rankexec", "--env-prefix", "SINGULARITYENV_", *PASS_RANK_VARS,
+         "--pass-prefix", "CUDA_VISIBLE_DEVICES", "--",
+         "singularity", "exec", "--cleanenv", "--bind", "/work/x", "--pwd", "/work/x",
+         "/images/containerbench.sif", *IN_IMAGE],
+        {"SINGULARITYENV_" + k: v for k, v in container_env("singularity", CPU_ENV).items()}),
+    # --- shifter: modules named explicitly (none replaces the site's defaults) ---
+    ("shifter", "site"): (
+        ["shifter", "--image=docker:containerbench:latest", "--module=gpu,mpich", f"--volume={WD}:{WD}",
+         "--volume=/datasets/imagenet:/datasets/imagenet", f"--workdir={WD}", "--", *IN_IMAGE],
+        container_env("shifter", SITE_ENV)),
+    ("shifter", "cpu"): (
+        ["shifter", "--image=docker:containerbench:latest", "--module=mpich", "--volume=/work/x:/work/x",
+         "--workdir=/work/x", "--", *IN_IMAGE],
+        container_env("shifter", CPU_ENV)),
+    # --- charliecloud: keep only what is needed, then the image's ENV ---
+    ("charliecloud", "site"): (
+        ["ch-run", "--join",
+         "--unset-env=!(OMPI_*|PMIX_*|PMI_*|SLURM_*|HYDRA_*|MPI_LOCALRANKID|MPI_LOCALNRANKS|CUDA_VISIBLE_DEVICES|HOME"
+         "|CONTAINERBENCH_RUNTIME|NCCL_IB_HCA|PYTHONNOUSERSITE|PYTHONUNBUFFERED|UCX_TLS)",
+         "--set-env", "--write-fake", f"--bind={WD}", "--bind=/datasets/imagenet", f"--cd={WD}",
+         "/images/containerbench.sqfs", "--", *IN_IMAGE],
+        container_env("charliecloud", SITE_ENV)),
+    ("charliecloud", "cpu"): (
+        ["ch-run", "--join",
+         "--unset-env=!(OMPI_*|PMIX_*|PMI_*|SLURM_*|HYDRA_*|MPI_LOCALRANKID|MPI_LOCALNRANKS|CUDA_VISIBLE_DEVICES|HOME"
+         "|CONTAINERBENCH_RUNTIME|NCCL_SOCKET_IFNAME|PYTHONNOUSERSITE)",
+         "--set-env", "--write-fake", "--bind=/work/x", "--cd=/work/x", "/images/containerbench.sqfs", "--", *IN_IMAGE],
+        container_env("charliecloud", CPU_ENV)),
+    # --- enroot: the image's Python is the rank argv; Pyxis options go to srun ---
+    ("enroot", "site"): (
+        IN_IMAGE,
+        {**container_env("enroot", SITE_ENV, gds=False), "NVIDIA_VISIBLE_DEVICES": "all",
+         "NVIDIA_DRIVER_CAPABILITIES": "compute,utility", "MELLANOX_VISIBLE_DEVICES": "all"}),
+    ("enroot", "cpu"): (IN_IMAGE, {**container_env("enroot", CPU_ENV, gds=False), "NVIDIA_VISIBLE_DEVICES": "void"}),
+    # --- sarus: --env NAME so the benchmark's values win; RDMA devices added on the node ---
+    ("sarus", "site"): (
+        [HOST_PY, "-m", "containerbench.rankexec", "--device-glob", "/dev/infiniband/rdma_cm",
+         "--device-glob", "/dev/infiniband/uverbs*", "--",
+         "sarus", "run", "--mpi", f"--mount=type=bind,source={WD},destination={WD}",
+         "--mount=type=bind,source=/datasets/imagenet,destination=/datasets/imagenet", f"--workdir={WD}",
+         "--env", "CONTAINERBENCH_RUNTIME", "--env", "NCCL_IB_HCA", "--env", "OMPI_MCA_pml", "--env", "PMIX_MCA_gds",
+         "--env", "PYTHONNOUSERSITE", "--env", "PYTHONUNBUFFERED", "--env", "UCX_TLS", "containerbench:latest", *IN_IMAGE],
+        container_env("sarus", SITE_ENV)),
+    ("sarus", "cpu"): (
+        ["sarus", "run", "--mpi", "--mount=type=bind,source=/work/x,destination=/work/x", "--workdir=/work/x",
+         "--env", "CONTAINERBENCH_RUNTIME", "--env", "NCCL_SOCKET_IFNAME", "--env", "OMPI_MCA_btl",
+         "--env", "PMIX_MCA_gds", "--env", "PYTHONNOUSERSITE", "containerbench:latest", *IN_IMAGE],
+        container_env("sarus", CPU_ENV)),
+}
+REQUESTS = {"site": SITE, "cpu": CPU}
+
+
+@pytest.mark.parametrize("name, kind", sorted(CASES), ids=[f"{n}-{k}" for n, k in sorted(CASES)])
+def test_rank_argv_and_environment_are_exact(name, kind):
+    runtime, (argv, env) = RUNTIMES[name](), CASES[(name, kind)]
+    assert runtime.rank_argv(REQUESTS[kind]) == argv
+    assert runtime.environment(REQUESTS[kind]) == env
+
+
+def test_every_runtime_has_both_cases():
+    assert {name for name, _ in CASES} == set(RUNTIMES)
+
+
+def test_enroot_contributes_the_pyxis_options_and_requires_srun():
+    enroot = RUNTIMES["enroot"]()
+    assert enroot.requires_launcher == "srun"
+    assert enroot.launcher_options(SITE) == [
+        "--container-image=/images/containerbench.sqsh",
+        f"--container-mounts={WD}:{WD},/datasets/imagenet:/datasets/imagenet",
+        f"--container-workdir={WD}",
+        "--container-env=CONTAINERBENCH_RUNTIME,MELLANOX_VISIBLE_DEVICES,NCCL_IB_HCA,NVIDIA_DRIVER_CAPABILITIES,"
+        "NVIDIA_VISIBLE_DEVICES,OMPI_MCA_pml,PYTHONNOUSERSITE,PYTHONUNBUFFERED,UCX_TLS",
+    ]
+    enroot.check_launcher("srun")
+    with pytest.raises(ValueError) as error:
+        enroot.check_launcher("mpirun")
+    assert str(error.value) == "runtime 'enroot' needs launcher 'srun', not 'mpirun'"
+    # The srun launcher inserts its extra args right before the rank argv: that is where they belong.
+    spec = RunSpec("train", "enroot", "infiniband", 2, 4, 1, 64)
+    argv = Srun("pmix", "socket", enroot.launcher_options(SITE)).wrap(enroot.rank_argv(SITE), spec, [])
+    assert argv == ["srun", "--mpi=pmix", "--nodes=2", "--ntasks=8", "--ntasks-per-node=4", "--cpus-per-task=1",
+                    "--cpu-bind=sockets",
+                    "--export=ALL", *enroot.launcher_options(SITE), *IN_IMAGE]
+
+
+@pytest.mark.parametrize("name", sorted(set(RUNTIMES) - {"enroot"}))
+def test_other_runtimes_compose_under_any_launcher(name):
+    runtime = RUNTIMES[name]()
+    assert runtime.requires_launcher is None and runtime.launcher_options(SITE) == []
+    for kind in ("mpirun", "srun", "none"):
+        runtime.check_launcher(kind)
+    spec = RunSpec("train", name, "infiniband", 2, 4, 1, 64)
+    env = runtime.environment(SITE)
+    argv = Mpirun("core").wrap(runtime.rank_argv(SITE), spec, sorted(env))
+    assert argv[-len(runtime.rank_argv(SITE)):] == runtime.rank_argv(SITE)
+    assert [argv[i + 1] for i, word in enumerate(argv) if word == "-x"] == sorted(env)
+
+
+def test_privileged_never_appears():
+    for make in RUNTIMES.values():
+        runtime = make()
+        for request in (SITE, CPU, example_request(), example_request(gpus=False, infiniband=False)):
+            words = [*runtime.launcher_options(request), *runtime.rank_argv(request)]
+            assert not any("privileged" in word for word in words), runtime.name
+
+
+@pytest.mark.parametrize("name", sorted(RUNTIMES))
+def test_describe_is_one_shell_line_that_splits_back_into_the_argv(name):
+    runtime = RUNTIMES[name]()
+    line = runtime.describe(example_request())
+    launcher = ["srun"] if name == "enroot" else []
+    assert shlex.split(line) == [*launcher, *runtime.launcher_options(example_request()),
+                                 *runtime.rank_argv(example_request())]
+    assert "\n" not in line and "containerbench.bench" in line
+
+
+def test_example_request_is_the_example_site():
+    request = example_request()
+    assert request.workdir == WD and request.binds == ("/datasets/imagenet",)
+    assert request.gpus and request.infiniband and request.env["NCCL_IB_HCA"] == "mlx5_0,mlx5_1"
+    cpu = example_request(gpus=False, infiniband=False)
+    assert not cpu.gpus and not cpu.infiniband and cpu.env["NCCL_NET"] == "Socket"
+
+
+def test_podman_as_root_needs_no_userns_and_keeps_the_sites_oci_runtime():
+    argv = Podman("img", uid=0, gid=0).rank_argv(CPU)
+    assert argv[:13] == ["podman", "run", *HOST_NS, "--user", "0:0", "--log-driver", "none"]
+    assert "--runtime" not in argv and "--userns" not in argv
+
+
+def test_docker_ids_default_to_the_planning_user():
+    import os
+
+    argv = Docker("img", host_python=HOST_PY).rank_argv(CPU)
+    assert argv[argv.index("--user") + 1] == f"{os.getuid()}:{os.getgid()}"
+
+
+def test_relative_workdir_and_duplicate_binds_are_resolved_once(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    request = RunRequest(module="m", workdir=".", binds=(str(tmp_path), "/data", "/data"))
+    assert Shifter("docker:img").rank_argv(request) == [
+        "shifter", "--image=docker:img", "--module=none", f"--volume={tmp_path}:{tmp_path}",
+        "--volume=/data:/data", f"--workdir={tmp_path}", "--", "python3", "-m", "m"]
+
+
+def test_charliecloud_without_write_fake_and_with_extra_args():
+    argv = Charliecloud("/img", python="/usr/bin/python3", extra_args=["-v"], write_fake=False).rank_argv(CPU)
+    assert "--write-fake" not in argv
+    assert argv[-10:] == ["-v", "/img", "--", "/usr/bin/python3", "-m", "containerbench.bench", *BENCH_ARGS]
+
+
+def test_apptainer_binary_must_be_apptainer_or_singularity():
+    with pytest.raises(ValueError, match="^runtime 'apptainer': binary 'docker' is not allowed; allowed: apptainer"):
+        Apptainer("/img.sif", binary="docker")
+
+
+# --- the rankexec shim, really run (a harmless program stands in for docker) ---
+
+def run_shim(*args: str, env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "containerbench.rankexec", *args], env=env,
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_shim_inserts_env_names_after_run_and_execs_the_command():
+    env = {"PATH": "/usr/bin:/bin", "OMPI_COMM_WORLD_RANK": "3", "PMIX_RANK": "3", "OTHER": "x"}
+    result = run_shim("--pass-prefix", "OMPI_", "--pass-prefix", "PMIX_", "--",
+                      "/bin/sh", "-c", 'echo "$@"', "sh", "run", "--rm", "img", env=env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "run --env OMPI_COMM_WORLD_RANK --env PMIX_RANK --rm img\n"
+
+
+def test_shim_exports_prefixed_names_for_apptainer():
+    env = {"PATH": "/usr/bin:/bin", "OMPI_COMM_WORLD_RANK": "3", "SLURM_PROCID": "5"}
+    result = run_shim("--env-prefix", "APPTAINERENV_", "--pass-prefix", "OMPI_", "--pass-prefix", "SLURM_", "--",
+                      "/bin/sh", "-c", 'echo "$APPTAINERENV_OMPI_COMM_WORLD_RANK $APPTAINERENV_SLURM_PROCID $*"',
+                      "sh", "exec", "img", env=env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "3 5 exec img\n"
+
+
+def test_shim_adds_the_devices_present_on_the_node(tmp_path):
+    for name in ("rdma_cm", "uverbs1", "uverbs0", "umad0"):
+        (tmp_path / name).touch()
+    result = run_shim("--device-glob", str(tmp_path / "rdma_cm"), "--device-glob", str(tmp_path / "uverbs*"),
+                      "--device-glob", str(tmp_path / "missing*"), "--",
+                      "/bin/sh", "-c", 'echo "$@"', "sh", "run", "img", env={"PATH": "/usr/bin:/bin"})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"run --device={tmp_path}/rdma_cm --device={tmp_path}/uverbs0 --device={tmp_path}/uverbs1 img\n"
+
+
+def test_shim_passes_the_exit_status_and_refuses_a_missing_command():
+    assert run_shim("--", "/bin/sh", "-c", "exit 7", env={"PATH": "/usr/bin:/bin"}).returncode == 7
+    result = run_shim("--pass-prefix", "OMPI_", env={"PATH": "/usr/bin:/bin"})
+    assert result.returncode == 2 and "give the command after --" in result.stderr
+    result = run_shim("--pass-prefix", "OMPI_", "--", "/bin/true", "exec", env={"PATH": "/bin", "OMPI_X": "1"})
+    assert result.returncode == 2 and "no 'run' word" in result.stderr
+
+
+# --- the factory ---
+
+IMAGES = {"docker": {"image": "containerbench:latest"}, "podman": {"image": "containerbench:latest", "oci_runtime": "runc"},
+          "podman-hpc": {"image": "containerbench:latest"}, "apptainer": {"image": "/images/cb.sif"},
+          "singularity": {"image": "/images/cb.sif"}, "shifter": {"image": "docker:containerbench:latest",
+                                                                 "mpi_hook": True},
+          "charliecloud": {"image": "/images/cb.sqfs", "write_fake": False}, "enroot": {"image": "/images/cb.sqsh"},
+          "sarus": {"image": "containerbench:latest", "python": "/opt/venv/bin/python"}}
+CLASSES = {"docker": Docker, "podman": Podman, "podman-hpc": PodmanHPC, "apptainer": Apptainer,
+           "singularity": Apptainer, "shifter": Shifter, "charliecloud": Charliecloud, "enroot": Enroot, "sarus": Sarus}
+
+
+@pytest.mark.parametrize("name", sorted(CLASSES))
+def test_runtime_for_builds_each_runtime_from_its_images_section(name):
+    runtime = runtime_for(name, {"images": IMAGES, "bare_metal": {"python": "py"}})
+    assert type(runtime) is CLASSES[name] and runtime.name == name and runtime.image == IMAGES[name]["image"]
+    for option, value in IMAGES[name].items():
+        if option != "image":
+            assert getattr(runtime, option) == value
+
+
+def test_runtime_for_keeps_bare_metal_as_it_was():
+    runtime = runtime_for("bare-metal", {"bare_metal": {"python": "/venv-bench/bin/python"}})
+    assert type(runtime) is BareMetal and runtime.rank_argv(CPU) == ["/venv-bench/bin/python", "-m",
+                                                                     "containerbench.bench", *BENCH_ARGS]
+    assert runtime.environment(CPU) == {"CONTAINERBENCH_RUNTIME": "bare-metal", **CPU_ENV}
+
+
+@pytest.mark.parametrize("name, config, message", [
+    ("lxc", {}, "runtime 'lxc' is not supported; allowed: bare-metal, docker, podman, apptainer, singularity, "
+                "shifter, charliecloud, enroot, sarus, podman-hpc"),
+    ("docker", {}, "runtime 'docker' needs an image reference: set images.docker.image in the config"),
+    ("sarus", {"images": {"docker": {"image": "x"}}},
+     "runtime 'sarus' needs an image reference: set images.sarus.image in the config"),
+    ("enroot", {"images": {"enroot": {"python": "python3"}}},
+     "runtime 'enroot' needs an image reference: set images.enroot.image in the config"),
+    ("podman-hpc", {"images": {"podman-hpc": {"image": "x", "oci_runtime": "runc"}}},
+     "runtime 'podman-hpc': unknown option 'oci_runtime' in images.podman-hpc; allowed: image, extra_args, gid, "
+     "python, uid"),
+])
+def test_runtime_for_rejects_in_one_line(name, config, message):
+    with pytest.raises(ValueError) as error:
+        runtime_for(name, config)
+    assert str(error.value) == message and "\n" not in message
