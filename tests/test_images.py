@@ -1,0 +1,296 @@
+"""The container-image pipeline: exact commands and the Apptainer definition (fast), and the
+real offline build of containers/Dockerfile with podman and docker, run under mpirun and as a
+Charliecloud directory, each reporting the bare-metal venv's provenance hash (slow)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from containerbench import images
+from containerbench.images import ImageSpec
+
+ROOT = Path(__file__).resolve().parents[1]
+ENGINES_SCRIPT = ROOT / "scripts" / "container-engines.sh"
+TAG = "localhost/containerbench:0123456789abcdef"
+CUDA = "nvcr.io/nvidia/cuda:12.2.2-cudnn8-devel-ubuntu22.04"
+MPIRUN = ["mpirun", "--allow-run-as-root", "-np", "2", "--mca", "btl", "self,tcp",
+          "--mca", "btl_tcp_if_include", "lo", "--mca", "pml", "ob1"]
+
+
+def definition(**kwargs) -> str:
+    return images.singularity_definition(ROOT / "containers" / "Dockerfile", **kwargs)
+
+
+def section(text: str, name: str) -> list[str]:
+    body = text.split(f"\n{name}\n", 1)[1]
+    return body.split("\n%", 1)[0].strip().splitlines()
+
+
+# -- Apptainer definition ----------------------------------------------------------------------
+
+def test_definition_from_local_daemon_base():
+    text = definition(build_args={"PROVENANCE": "0123456789abcdef"})
+    assert text.splitlines()[:2] == ["Bootstrap: docker-daemon", "From: localhost/containerbench-base:bookworm"]
+    assert "${" not in text and "$PROVENANCE" not in text
+    assert not re.search(r"^su - ", text, re.M)
+    assert "Stage:" not in text
+    assert section(text, "%environment") == ["export VIRTUAL_ENV=/opt/containerbench/venv",
+                                             "export PATH=/opt/containerbench/venv/bin:$PATH",
+                                             "export PYTHONUNBUFFERED=1"]
+    post = section(text, "%post")
+    assert "export PATH=/opt/containerbench/venv/bin:$PATH" in post  # ENV also holds for later steps
+    assert "HOROVOD_GPU_OPERATIONS=''" in post and "--no-binary" not in text
+    assert any(line.strip() == "--no-build-isolation horovod==0.28.1" for line in post)
+    assert section(text, "%labels") == ["org.containerbench.provenance 0123456789abcdef"]
+    assert "envs/bench.lock.txt /opt/containerbench/bench.lock.txt" in section(text, "%files")
+
+
+def test_definition_from_archive():
+    text = definition(bootstrap="docker-archive")
+    assert text.splitlines()[:2] == ["Bootstrap: docker-archive", "From: build/images/containerbench-base.tar"]
+    text = definition(bootstrap="docker-archive", source="/scratch/base.tar")
+    assert text.splitlines()[:2] == ["Bootstrap: docker-archive", "From: /scratch/base.tar"]
+
+
+def test_definition_from_registry_with_site_arguments():
+    text = definition(build_args={"BASE_IMAGE": CUDA, "APT_PACKAGES": "python3 python3-venv openmpi-bin",
+                                  "HOROVOD_GPU_OPERATIONS": "NCCL", "LOCK": "envs/gpu.lock.txt"})
+    assert text.splitlines()[:2] == ["Bootstrap: docker", f"From: {CUDA}"]
+    post = section(text, "%post")
+    assert "APT_PACKAGES='python3 python3-venv openmpi-bin'" in post
+    assert "HOROVOD_GPU_OPERATIONS=NCCL \\" in post
+    assert "--no-binary=horovod --no-build-isolation horovod==0.28.1" in post  # GPU: compile the sdist
+    assert "envs/gpu.lock.txt /opt/containerbench/bench.lock.txt" in section(text, "%files")
+    assert "${" not in text
+
+
+def test_definition_fixes_user_args_and_context(tmp_path):
+    dockerfile = tmp_path / "Dockerfile"
+    dockerfile.write_text('ARG BASE=debian:12\nFROM ${BASE}\nARG WHO=1000\nARG DIR="/opt/x"\n'
+                          'ENV APP=$DIR/bin\nCOPY data ${DIR}/data\nUSER ${WHO}\nRUN echo "$APP" > $DIR/app\n'
+                          'LABEL a.b=$WHO\n')
+    text = images.singularity_definition(dockerfile, {"WHO": "1001"}, context="ctx")
+    assert text.splitlines()[:2] == ["Bootstrap: docker", "From: debian:12"]
+    assert "${" not in text and "$WHO" not in text and "$DIR" not in text
+    assert not re.search(r"^su - ", text, re.M)
+    assert "ctx/data /opt/x/data" in section(text, "%files")
+    assert section(text, "%labels") == ["a.b 1001"]
+    post = section(text, "%post")
+    assert "WHO=1001" in post and "export APP=/opt/x/bin" in post and 'echo "$APP" > /opt/x/app' in post
+    assert section(text, "%environment") == ["export APP=/opt/x/bin"]
+
+
+def test_expand_args_forms():
+    values = {"A": "x", "E": ""}
+    assert images.expand_args("$A ${A} ${A:-d} ${E:-d} ${A:+w$A} ${E:+w} $AB $PATH", values) == "x x x d wx  $AB $PATH"
+    assert images.dockerfile_args(ROOT / "containers" / "Dockerfile")["APT_PACKAGES"] == ""
+    assert images.bootstrap_for("localhost/x:1") == "docker-daemon"
+    assert images.bootstrap_for("build/images/base.tar") == "docker-archive"
+    assert images.bootstrap_for(CUDA) == "docker"
+
+
+# -- exact commands ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("engine", ["docker", "podman"])
+def test_build_argv(engine):
+    spec = ImageSpec(engine, TAG, build_args={"PROVENANCE": "0123456789abcdef"})
+    assert images.build_argv(spec) == [
+        engine, "build", "--network", "none", "-f", "containers/Dockerfile", "-t", TAG,
+        "--build-arg", "BASE_IMAGE=localhost/containerbench-base:bookworm",
+        "--build-arg", "PROVENANCE=0123456789abcdef",
+        "--label", "org.containerbench.provenance=0123456789abcdef", "."]
+    assert images.engine_env(engine).get("DOCKER_BUILDKIT") == ("0" if engine == "docker" else os.environ.get("DOCKER_BUILDKIT"))
+
+
+def test_export_and_runtime_argvs():
+    archive, sif = Path("build/images/containerbench.tar"), Path("build/images/containerbench.sif")
+    assert images.save_argv("docker", TAG, archive) == ["docker", "save", "-o", str(archive), TAG]
+    assert images.save_argv("podman", TAG, archive) == ["podman", "save", "--format", "docker-archive",
+                                                        "-o", str(archive), TAG]
+    assert images.load_argv("podman", archive) == ["podman", "load", "-i", str(archive)]
+    assert images.ch_convert_argv("podman", TAG, Path("build/images/containerbench.ch")) == [
+        "ch-convert", "-i", "podman", "-o", "dir", TAG, "build/images/containerbench.ch"]
+    assert images.ch_run_argv(Path("img.ch"), ["python3", "-V"]) == ["ch-run", "--set-env", "img.ch", "--",
+                                                                    "python3", "-V"]
+    assert images.apptainer_build_argv(sif, archive) == [
+        "apptainer", "build", "--fakeroot", str(sif), "docker-archive://build/images/containerbench.tar"]
+    assert images.apptainer_build_argv(sif, archive, "singularity")[0] == "singularity"
+    assert images.enroot_import_argv("docker", TAG) == [
+        "enroot", "import", "-o", "build/images/containerbench.sqsh", f"dockerd://{TAG}"]
+    assert images.enroot_import_argv("podman", TAG)[-1] == f"podman://{TAG}"
+    assert images.sarus_load_argv(TAG) == ["sarus", "load", "build/images/containerbench.tar",
+                                           "containerbench:0123456789abcdef"]
+    assert images.podman_hpc_argvs(TAG) == [["podman-hpc", "load", "-i", "build/images/containerbench.tar"],
+                                           ["podman-hpc", "migrate", TAG]]
+    assert images.shifter_pull_argv("registry.example.org/containerbench:1") == [
+        "shifterimg", "pull", "docker:registry.example.org/containerbench:1"]
+    remote = "registry.example.org/containerbench:0123456789abcdef"
+    assert images.runtime_commands("podman", TAG, "registry.example.org")["shifter"] == [
+        ["podman", "push", TAG, remote], ["shifterimg", "pull", f"docker:{remote}"]]
+    assert images.runtime_commands("docker", TAG, "registry.example.org")["shifter"][:2] == [
+        ["docker", "tag", TAG, remote], ["docker", "push", remote]]
+
+
+def test_base_and_wheelhouse_argvs(tmp_path):
+    assert images.debootstrap_argv(Path("root"), "http://deb.debian.org/debian") == [
+        "debootstrap", "--variant=minbase", "--include=python3,python3-venv,openmpi-bin,libopenmpi3,ca-certificates",
+        "bookworm", "root", "http://deb.debian.org/debian"]
+    assert images.rootfs_tar_argv(Path("root")) == ["tar", "-C", "root", "--exclude=./dev/*", "-c", "."]
+    assert images.import_argv("podman") == [
+        "podman", "import", "--change", f"ENV PATH={images.DEFAULT_PATH}", "-", images.BASE_IMAGE]
+    args = images.platform_args("3.11")
+    assert args[:10] == ["--only-binary=:all:", "--python-version", "3.11", "--implementation", "cp",
+                         "--abi", "cp311", "--abi", "abi3", "--abi"]
+    assert "manylinux_2_36_x86_64" in args and "manylinux_2_5_x86_64" in args and "manylinux_2_37_x86_64" not in args
+    assert images.horovod_wheel_argv(Path("py"), Path("w/horovod-0.28.1.tar.gz"), Path("w")) == [
+        "py", "-m", "pip", "wheel", "--disable-pip-version-check", "--no-deps", "--no-build-isolation",
+        "--wheel-dir", "w", "w/horovod-0.28.1.tar.gz"]
+    assert images.horovod_version(ROOT) == "0.28.1"
+    (tmp_path / "debian.sources").write_text("Types: deb\nURIs: http://mirror.example/debian\n"
+                                             "Suites: bookworm bookworm-updates\nComponents: main\n")
+    assert images.apt_mirror("bookworm", [tmp_path]) == "http://mirror.example/debian"
+    (tmp_path / "debian.sources").write_text("deb [arch=amd64] http://one.example/debian bookworm main\n")
+    assert images.apt_mirror("bookworm", [tmp_path / "debian.sources"]) == "http://one.example/debian"
+
+
+def test_engine_usable_reports_missing_binary(monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert images.engine_usable("docker") == (False, "docker is not on PATH")
+    assert images.engine_usable("charliecloud") == (False, "ch-run is not on PATH")
+
+
+def test_failing_step_names_itself():
+    with pytest.raises(images.ImageStepError, match=r"^export \(podman save\) failed \(exit 1\): false x$"):
+        images.run_step("export (podman save)", ["false", "x"])
+    with pytest.raises(images.ImageStepError, match="not installed"):
+        images.run_step("charliecloud", ["/nonexistent/ch-convert"])
+
+
+def test_dockerfile_and_context_rules():
+    dockerfile = (ROOT / "containers" / "Dockerfile").read_text()
+    assert "ARG BASE_IMAGE=localhost/containerbench-base:bookworm" in dockerfile
+    assert "LABEL org.containerbench.provenance=$PROVENANCE" in dockerfile
+    assert not re.search(r"^\s*(ENTRYPOINT|CMD)\b", dockerfile, re.M)
+    ignore = (ROOT / ".dockerignore").read_text().split()
+    assert {".git", ".venv*", "results", ".snakemake", "build/*", "!build/wheelhouse"} <= set(ignore)
+
+
+def test_podman_conf_script(tmp_path):
+    out = subprocess.run(["bash", str(ENGINES_SCRIPT), "podman-conf", str(tmp_path)],
+                         capture_output=True, text=True, check=True).stdout
+    assert out.splitlines()[-1] == f"CONTAINERS_CONF={tmp_path}/containers.conf"
+    conf = (tmp_path / "containers.conf").read_text()
+    assert 'runtime = "runc"' in conf and 'cgroup_manager = "cgroupfs"' in conf
+
+
+# -- real builds (slow) ------------------------------------------------------------------------
+
+def _engines_script(*args) -> str:
+    done = subprocess.run(["bash", str(ENGINES_SCRIPT), *args], capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
+
+
+def _built_image(engine: str, bench_python: Path) -> dict:
+    """Base and wheelhouse (reused from build/ when there), then the image and its stamp."""
+    images.make_base(engine)
+    images.make_wheelhouse(bench_python)
+    tag = images.default_tag(bench_python)
+    stamp = images.build_image(ImageSpec(engine, tag), bench_python)
+    return {"tag": tag, "stamp": stamp, "host": images.host_provenance(bench_python)}
+
+
+@pytest.fixture(scope="session")
+def containers_root():
+    if os.geteuid() != 0:
+        pytest.fail("the container tests install engines and build images as root")
+    _engines_script("install")
+    previous = os.getcwd()
+    os.chdir(ROOT)  # images.py paths (build/, containers/Dockerfile) are relative to the project
+    yield ROOT
+    os.chdir(previous)
+
+
+@pytest.fixture(scope="session")
+def podman_image(containers_root, bench_python):
+    conf = _engines_script("podman-conf", str(ROOT / "build" / "engines" / "podman"))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(*conf.split("=", 1))
+        ok, why = images.engine_usable("podman")
+        assert ok, why
+        yield _built_image("podman", bench_python)
+
+
+@pytest.fixture(scope="session")
+def docker_image(containers_root, bench_python):
+    state = ROOT / "build" / "engines" / "docker"
+    host = _engines_script("start-dockerd", str(state))
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setenv(*host.split("=", 1))
+            ok, why = images.engine_usable("docker")
+            assert ok, why
+            yield _built_image("docker", bench_python)
+    finally:
+        _engines_script("stop-dockerd", str(state))
+
+
+def _result(stdout: str) -> dict:
+    lines = [line for line in stdout.splitlines() if line.startswith("containerbench-result ")]
+    assert len(lines) == 1, stdout
+    return json.loads(lines[0].split(" ", 1)[1])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("image", ["podman_image", "docker_image"])
+def test_image_reports_host_provenance(image, request):
+    built = request.getfixturevalue(image)
+    stamp = built["stamp"]
+    assert built["tag"] == f"{images.IMAGE_REPO}:{built['host']['hash']}"
+    assert stamp["measured_provenance"] == stamp["label_provenance"] == built["host"]["hash"]
+    assert stamp["image_id"].startswith("sha256:") and stamp["python"] == built["host"]["python"]
+    assert json.loads(images.stamp_path(stamp["engine"]).read_text()) == stamp
+
+
+@pytest.mark.slow
+def test_podman_ranks_under_mpirun(podman_image):
+    command = [*MPIRUN, "podman", "run", "--rm", "--network", "host", "--pid", "host", "--ipc", "host",
+               "-v", "/tmp:/tmp", "--env", "OMPI_*", "--env", "PMIX_*", podman_image["tag"],
+               "python3", "-m", "containerbench.netbench", "--max-bytes", "4096"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert _result(done.stdout)["ranks"] == 2
+
+
+@pytest.mark.slow
+def test_docker_ranks_under_mpirun(docker_image):
+    # docker has no --env 'OMPI_*': the rank shim names each variable mpirun set
+    command = [*MPIRUN, sys.executable, "-m", "containerbench.rankexec", "--pass-prefix", "OMPI_",
+               "--pass-prefix", "PMIX_", "--", "docker", "run", "--rm", "--network", "host", "--pid", "host",
+               "--ipc", "host", "-v", "/tmp:/tmp", docker_image["tag"],
+               "python3", "-m", "containerbench.netbench", "--max-bytes", "4096"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert _result(done.stdout)["ranks"] == 2
+
+
+@pytest.mark.slow
+def test_charliecloud_ranks_report_host_provenance(podman_image):
+    env = images.engine_env("charliecloud")
+    ok, why = images.engine_usable("charliecloud")
+    assert ok, why
+    image_dir = images.charliecloud_image("podman", podman_image["tag"])
+    assert not [p for p in (image_dir / "dev").iterdir() if not p.is_dir()]  # no device nodes kept
+    command = [*MPIRUN, "--tag-output", *images.ch_run_argv(image_dir, ["python3", "-m", "containerbench.provenance"])]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    # --tag-output prefixes each rank's lines with [job,rank]; the two JSON documents interleave
+    hashes = dict(re.findall(r'\[\d+,(\d+)\]<stdout>:\s*"hash": "(\w+)"', done.stdout))
+    assert hashes == {"0": podman_image["host"]["hash"], "1": podman_image["host"]["hash"]}
