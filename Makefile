@@ -14,7 +14,14 @@ help:
 	@echo "make dry-run    show what the workflow would run"
 	@echo "make lock       re-resolve envs/*.lock.txt from envs/*.txt"
 
-setup: $(VENV)/.containerbench-ready $(BENCH_VENV)/.containerbench-ready
+setup: $(VENV)/.containerbench-ready $(BENCH_VENV)/.containerbench-ready build/engines/containers.conf
+
+# Container engines for the runtimes the default config measures (podman,
+# Charliecloud; docker when its daemon runs), and podman settings that work
+# without systemd (runc, cgroupfs). Installed when running as root.
+build/engines/containers.conf: scripts/container-engines.sh
+	if [ "$$(id -u)" -eq 0 ]; then scripts/container-engines.sh install; fi
+	scripts/container-engines.sh podman-conf build/engines >/dev/null
 
 $(VENV)/.containerbench-ready: envs/workflow.lock.txt pyproject.toml scripts/setup-venv.sh
 	PYTHON=$(PYTHON) scripts/setup-venv.sh workflow $(VENV)
@@ -22,6 +29,9 @@ $(VENV)/.containerbench-ready: envs/workflow.lock.txt pyproject.toml scripts/set
 $(BENCH_VENV)/.containerbench-ready: envs/bench.lock.txt envs/bench.txt pyproject.toml scripts/setup-venv.sh
 	scripts/install-system-deps.sh
 	PYTHON=$(PYTHON) scripts/setup-venv.sh bench $(BENCH_VENV)
+
+# A CONTAINERS_CONF of the user's own wins over ours.
+export CONTAINERS_CONF ?= $(CURDIR)/build/engines/containers.conf
 
 run: setup
 	$(VENV)/bin/snakemake --profile $(PROFILE) $(SNAKEMAKE_ARGS)

@@ -24,11 +24,19 @@ case "$side" in
     pip_install -r "$root/envs/bench.lock.txt"
     # Horovod compiles against the TensorFlow just installed, hence no build
     # isolation; MPI support needs an MPI compiler wrapper (scripts/install-system-deps.sh).
+    # The wheel goes to the wheelhouse the container build installs from, so the
+    # image gets the very same Horovod build without compiling it again.
+    wheelhouse="$root/build/wheelhouse"
     if ! "$venv/bin/python" -c "import horovod.tensorflow" 2>/dev/null; then
-      echo "setup-venv: building horovod $horovod_version against TensorFlow (2-5 minutes)" >&2
-      HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 \
-      HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=${HOROVOD_WITH_MPI:-1} MAKEFLAGS=${MAKEFLAGS:--j$(nproc)} \
-        pip_install --no-cache-dir --no-build-isolation "horovod==$horovod_version"
+      if ! ls "$wheelhouse"/horovod-"$horovod_version"-*.whl >/dev/null 2>&1; then
+        echo "setup-venv: building horovod $horovod_version against TensorFlow (2-5 minutes)" >&2
+        mkdir -p "$wheelhouse"
+        HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 \
+        HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=${HOROVOD_WITH_MPI:-1} MAKEFLAGS=${MAKEFLAGS:--j$(nproc)} \
+          "$venv/bin/python" -m pip wheel --quiet --no-cache-dir --no-deps --no-build-isolation \
+            "horovod==$horovod_version" -w "$wheelhouse"
+      fi
+      pip_install --no-deps "$wheelhouse"/horovod-"$horovod_version"-*.whl
     fi
     ;;
   *) echo "setup-venv: unknown side '$side' (allowed: workflow, bench)" >&2; exit 2 ;;

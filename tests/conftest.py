@@ -27,6 +27,7 @@ BENCH_PYTHON = Path(os.environ.get("CONTAINERBENCH_BENCH_PYTHON", ROOT / ".venv-
 # minimum input size, two images per rank, one warmup and two measured steps.
 TINY = {
     "system": "ci",
+    "runtimes": ["bare-metal"],  # container runtimes: tests/test_containers.py
     "benchmark": {"image_size": 32, "batch_sizes": [2], "warmup_steps": 1, "steps": 2, "repetitions": 2,
                   "node_probe_steps": 1, "timeout_s": 600},
     "bare_metal": {"python": str(BENCH_PYTHON)},

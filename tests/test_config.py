@@ -82,10 +82,12 @@ def test_site_example_sweep_crosses_fabrics_nodes_and_batches(root):
     config = load_config([str(root / "config" / "site.example.yaml")])
     runs = cb_config.plan_runs(config)
     train = [r for r in runs if r.kind == "train"]
-    assert len(train) == 2 * 4 * 1 * 2 * 5  # fabrics x nodes x ranks/node x batches x repetitions
+    assert len(train) == 3 * 2 * 4 * 1 * 2 * 5  # runtimes x fabrics x nodes x ranks/node x batches x repetitions
     assert {r.ranks for r in train} == {4, 8, 16, 32}
+    assert {r.runtime for r in train} == {"bare-metal", "apptainer", "enroot"}
     net = [r for r in runs if r.kind == "netbench"]
     assert {(r.fabric, r.nodes, r.ranks_per_node) for r in net} == {("infiniband", 2, 1), ("ethernet", 2, 1)}
+    assert len(net) == 3 * 2 * 3
 
 
 def test_launcher_none_with_several_ranks_is_rejected(root, tmp_path):

@@ -17,6 +17,10 @@ BENCH_ARGS = ["--model", "resnet50", "--batch-size", "2", "--image-size", "32", 
               "--probe-steps", "1", "--runtime", "bare-metal"]
 FABRIC_ENV = {"OMPI_MCA_pml": "ob1", "OMPI_MCA_btl": "self,tcp", "OMPI_MCA_btl_tcp_if_include": "lo",
               "HOROVOD_GLOO_IFACE": "lo", "NCCL_SOCKET_IFNAME": "lo"}
+# Added to every run so each layer logs the network it chose (fabrics.debug_environment).
+DEBUG_ENV = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET,ENV", "UCX_LOG_LEVEL": "info",
+             "HOROVOD_LOG_LEVEL": "debug", "OMPI_MCA_btl_base_verbose": "20",
+             "OMPI_MCA_mpi_show_mca_params": "enviro,file"}
 
 
 def spec_for(config, kind="train", ranks_per_node=2):
@@ -26,7 +30,8 @@ def spec_for(config, kind="train", ranks_per_node=2):
 def test_mpirun_plan_binds_one_core_per_rank_and_forwards_every_variable(tmp_path):
     config = tiny_config(tmp_path)
     run_plan = plan(spec_for(config), config)
-    env = {"CONTAINERBENCH_RUNTIME": "bare-metal", "PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "1", **FABRIC_ENV}
+    env = {"CONTAINERBENCH_RUNTIME": "bare-metal", "PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "1",
+           **DEBUG_ENV, **FABRIC_ENV}
     assert run_plan["env"] == env
     forwarded = [arg for name in sorted(env) for arg in ("-x", name)]
     assert run_plan["argv"] == [
@@ -46,8 +51,9 @@ def test_srun_plan_uses_the_configured_mpi_plugin(tmp_path):
                                              "extra_args": ["--gpus-per-task=1"]},
                          scaling={"nodes": [2], "ranks_per_node": [4]})
     run_plan = plan(spec_for(config, ranks_per_node=4), config)
-    assert run_plan["argv"][:9] == ["srun", "--mpi=pmi2", "--nodes=2", "--ntasks=8", "--ntasks-per-node=4",
-                                    "--cpu-bind=sockets", "--export=ALL", "--gpus-per-task=1", str(BENCH_PYTHON)]
+    assert run_plan["argv"][:10] == ["srun", "--mpi=pmi2", "--nodes=2", "--ntasks=8", "--ntasks-per-node=4",
+                                     "--cpus-per-task=1", "--cpu-bind=sockets", "--export=ALL", "--gpus-per-task=1",
+                                     str(BENCH_PYTHON)]
 
 
 def test_netbench_plan_runs_the_netbench_module_on_two_ranks(tmp_path):
@@ -120,8 +126,9 @@ def test_plan_command_prints_every_run_with_its_argv(root, capsys, monkeypatch):
                  "--run-id", "train_bare-metal_infiniband_2x4_b64_rep1"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "train_bare-metal_infiniband_2x4_b64_rep1"
-    assert "NCCL_NET=IB" in out[1] and "NCCL_IB_HCA=mlx5_0,mlx5_1" in out[1]
-    assert out[2].startswith("  argv: srun --mpi=pmix --nodes=2 --ntasks=8 --ntasks-per-node=4 --cpu-bind=sockets")
+    assert "NCCL_NET=IB" in out[1] and "NCCL_IB_HCA==mlx5_0,mlx5_1" in out[1]
+    assert out[2].startswith("  argv: srun --mpi=pmix --nodes=2 --ntasks=8 --ntasks-per-node=4 --cpus-per-task=8 "
+                             "--gres=gpu:4 --cpu-bind=sockets --export=ALL")
     assert out[2].endswith("--precision mixed_float16 --data-format channels_last --threads 0 --probe-steps 5 "
                            "--runtime bare-metal")
 

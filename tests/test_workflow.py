@@ -13,6 +13,9 @@ import pytest
 import yaml
 from conftest import ROOT, TINY
 
+from containerbench import config as cb_config
+from containerbench.cli import load_config
+
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 
 
@@ -30,20 +33,48 @@ def job_counts(output: str) -> dict[str, int]:
 def test_dry_run_of_the_default_config(tmp_path):
     done = snakemake(tmp_path, "--configfile", str(ROOT / "config" / "config.yaml"), "--dry-run")
     assert done.returncode == 0, done.stderr
-    assert job_counts(done.stdout) == {"measure": 7, "parse_run": 7, "tables": 1, "report": 1, "all": 1}
-    for ranks in (1, 2):
-        for rep in (1, 2, 3):
-            assert f"results/runs/train_bare-metal_tcp-loopback_1x{ranks}_b8_rep{rep}.log" in done.stdout
-    assert "results/runs/netbench_bare-metal_tcp-loopback_1x2_rep1.log" in done.stdout
+    # Bare metal and every container runtime usable on this machine, each: 2 rank counts x 3
+    # repetitions + 1 netbench, interleaved by repetition; the others are skipped.
+    config = load_config([str(ROOT / "config" / "config.yaml")])
+    skipped = cb_config.select_runtimes(config, cb_config.resolve_images(config))
+    runtimes = config["runtimes"]
+    assert "bare-metal" in runtimes and set(runtimes) | set(skipped) == {"bare-metal", "podman", "charliecloud", "docker"}
+    counts = job_counts(done.stdout)
+    n = len(runtimes)
+    assert {k: v for k, v in counts.items() if not k.startswith("image")} == {
+        "measure_rep1": 3 * n, "measure_rep2": 2 * n, "measure_rep3": 2 * n, "parse_run": 7 * n,
+        "tables": 1, "report": 1, "all": 1}
+    assert ("image_build" in counts) == (n > 1)
+    for runtime in runtimes:
+        for ranks in (1, 2):
+            for rep in (1, 2, 3):
+                assert f"results/runs/train_{runtime}_tcp-loopback_1x{ranks}_b8_rep{rep}.log" in done.stdout
+        assert f"results/runs/netbench_{runtime}_tcp-loopback_1x2_rep1.log" in done.stdout
 
 
 def test_dry_run_of_the_example_site_config(tmp_path):
-    done = snakemake(tmp_path, "--configfile", str(ROOT / "config" / "site.example.yaml"), "--dry-run")
+    # Apptainer and Enroot are not installable here: skipped (a site keeps `require`).
+    relaxed = tmp_path / "relaxed.yaml"
+    relaxed.write_text("runtime_policy: skip-unusable\n")
+    done = snakemake(tmp_path, "--configfile", str(ROOT / "config" / "site.example.yaml"), str(relaxed), "--dry-run")
     assert done.returncode == 0, done.stderr
-    # 2 fabrics x 4 node counts x 2 batch sizes x 5 repetitions, plus 2 fabrics x 3 netbench repetitions
-    assert job_counts(done.stdout) == {"measure": 86, "parse_run": 86, "tables": 1, "report": 1, "all": 1}
+    # Bare metal: 2 fabrics x 4 node counts x 2 batch sizes = 16 runs per repetition (5),
+    # plus 2 fabrics of netbench in each of the first 3 repetitions.
+    assert job_counts(done.stdout) == {"measure_rep1": 18, "measure_rep2": 18, "measure_rep3": 18,
+                                       "measure_rep4": 16, "measure_rep5": 16, "parse_run": 86,
+                                       "tables": 1, "report": 1, "all": 1}
     assert "results/runs/train_bare-metal_infiniband_8x4_b128_rep5.log" in done.stdout
     assert "results/runs/netbench_bare-metal_ethernet_2x1_rep3.log" in done.stdout
+    assert "train_apptainer_" not in done.stdout
+
+
+def test_a_site_runtime_missing_here_stops_the_workflow(tmp_path):
+    done = snakemake(tmp_path, "--configfile", str(ROOT / "config" / "site.example.yaml"), "--dry-run")
+    assert done.returncode == 1
+    errors = [line for line in done.stderr.splitlines() if line.startswith("containerbench:")]
+    assert errors == ["containerbench: config: runtime 'apptainer' cannot run here: apptainer is not installed "
+                      "(not on PATH); allowed: install it, give images.<runtime>.image, or set "
+                      "runtime_policy: skip-unusable"]
 
 
 @pytest.mark.parametrize("override,expected", [

@@ -73,7 +73,8 @@ def mpi_library() -> str | None:
         mpi4py.rc.initialize = False  # Horovod initialises MPI itself
         from mpi4py import MPI
 
-        return MPI.Get_library_version().splitlines()[0].strip()
+        # Open MPI ends the string with a NUL; keep the record clean.
+        return MPI.Get_library_version().replace("\0", "").splitlines()[0].strip()
     except ImportError:
         return None
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from pathlib import Path
 
@@ -29,6 +30,7 @@ def cmd_plan(args) -> int:
     from containerbench.launch import plan
 
     config = load_config(args.config)
+    cb_config.resolve_images(config)  # what each runtime would run; nothing is probed here
     runs = cb_config.plan_runs(config)
     cb_config.check_runs(config, runs)
     for spec in runs:
@@ -39,7 +41,7 @@ def cmd_plan(args) -> int:
             print(json.dumps(run_plan, sort_keys=True))
         else:
             env = " ".join(f"{k}={v}" for k, v in sorted(run_plan["env"].items()))
-            print(f"{spec.run_id}\n  env:  {env}\n  argv: {' '.join(run_plan['argv'])}")
+            print(f"{spec.run_id}\n  env:  {env}\n  argv: {shlex.join(run_plan['argv'])}")
     return 0
 
 
@@ -74,7 +76,7 @@ def cmd_tables(args) -> int:
 def cmd_report(args) -> int:
     from containerbench.report import render
 
-    render(args.tables_dir, args.records, args.out)
+    render(args.tables_dir, args.records, args.out, skipped=json.loads(args.skipped))
     return 0
 
 
@@ -150,6 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("records", nargs="*")
     p.add_argument("--tables-dir", required=True)
     p.add_argument("--out", required=True)
+    p.add_argument("--skipped", default="{}", help="JSON {runtime: why it was not run here}")
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("validate", help="judge a run against reference values: exit 0 only if all pass")

@@ -123,6 +123,76 @@ def check_runs(config: dict, runs: list[RunSpec]) -> None:
                 f"config: 'launcher.kind' = 'none' runs one rank, but the sweep asks for {too_big} ranks; "
                 "allowed: launcher.kind mpirun or srun, or scaling with one rank and netbench.enabled false"
             )
+    from containerbench.runtimes import runtime_for
+
+    for name in config["runtimes"]:
+        try:
+            runtime_for(name, config).check_launcher(config["launcher"]["kind"])
+        except ValueError as error:
+            raise ConfigError(f"config: {error}") from None
     ids = [r.run_id for r in runs]
     if len(ids) != len(set(ids)):
         raise ConfigError("config: two sweep points give the same run id; make fabric and runtime names distinct")
+
+
+# Where the workflow puts the images it builds, and what each runtime runs from
+# them: runtime -> (image reference, the file the run depends on). A runtime
+# given an explicit images.<name>.image runs that and depends on nothing built.
+BUILD_DIR = "build/images"
+
+
+def built_image(runtime: str, tag: str, build_dir: str = BUILD_DIR) -> tuple[str, str] | None:
+    stamps = {"docker": "containerbench.docker.json", "podman": "containerbench.podman.json",
+              "podman-hpc": "podman-hpc.json", "sarus": "sarus.json"}
+    if runtime in stamps:
+        return tag, f"{build_dir}/{stamps[runtime]}"
+    files = {"charliecloud": "containerbench.ch", "apptainer": "containerbench.sif",
+             "singularity": "containerbench.sif", "enroot": "containerbench.sqsh"}
+    if runtime in files:
+        return f"{build_dir}/{files[runtime]}", f"{build_dir}/{files[runtime]}"
+    return None  # bare metal, and Shifter (its gateway serves images; it cannot take a local build)
+
+
+def resolve_images(config: dict, build_dir: str = BUILD_DIR) -> dict[str, str]:
+    """Fill in images.<runtime>.image for runtimes that run the built image; return runtime -> artifact."""
+    images = config.setdefault("images", {})
+    artifacts = {}
+    for runtime in config["runtimes"]:
+        if runtime == "bare-metal":
+            continue
+        settings = images.setdefault(runtime, {})
+        if settings.get("image"):
+            continue
+        built = built_image(runtime, images["build"]["tag"], build_dir)
+        if built is None:
+            raise ConfigError(f"config: 'images.{runtime}.image' is missing; allowed: the image reference "
+                              f"{runtime} runs (the workflow cannot build a {runtime} image locally)")
+        settings["image"], artifacts[runtime] = built
+    return artifacts
+
+
+def select_runtimes(config: dict, artifacts: dict[str, str]) -> dict[str, str]:
+    """Probe each container runtime; apply runtime_policy. Return {skipped runtime: reason}.
+
+    Under `require` an unusable runtime is a ConfigError; under `skip-unusable` it
+    is removed from config["runtimes"] and its reason returned for the report.
+    """
+    from containerbench.runtimes import runtime_for
+
+    builder = runtime_for(config["images"]["build"]["engine"], {"images": {config["images"]["build"]["engine"]: {"image": "-"}}})
+    build_ok, build_reason = builder.usable() if artifacts else (True, "")
+    unusable = {}
+    for name in config["runtimes"]:
+        if name == "bare-metal":
+            continue
+        ok, reason = runtime_for(name, config).usable()
+        if ok and name in artifacts and not build_ok:
+            ok, reason = False, f"the image cannot be built here: {build_reason}"
+        if not ok:
+            unusable[name] = reason
+    if unusable and config.get("runtime_policy", "require") == "require":
+        name, reason = next(iter(unusable.items()))
+        raise ConfigError(f"config: runtime {name!r} cannot run here: {reason}; allowed: install it, give "
+                          "images.<runtime>.image, or set runtime_policy: skip-unusable")
+    config["runtimes"] = [name for name in config["runtimes"] if name not in unusable]
+    return unusable

@@ -21,7 +21,8 @@ import time
 from pathlib import Path
 
 from containerbench.config import RunSpec
-from containerbench.runtimes import RunRequest, runtime_for
+from containerbench.fabrics import debug_environment, expected_transport
+from containerbench.runtimes import RunRequest, host_environment, runtime_for
 
 LAUNCH_PREFIX = "containerbench-launch "
 EXIT_PREFIX = "containerbench-exit "
@@ -38,7 +39,7 @@ PLANNED_SETTINGS = ("model", "image_size", "precision", "xla", "data_format", "w
 class NoLauncher:
     name = "none"
 
-    def wrap(self, rank_argv: list[str], spec: RunSpec, env_names: list[str]) -> list[str]:
+    def wrap(self, rank_argv: list[str], spec: RunSpec, env_names: list[str], runtime_options=()) -> list[str]:
         if spec.ranks != 1:
             raise ValueError(f"launcher 'none' starts one rank, {spec.run_id} needs {spec.ranks}")
         return rank_argv
@@ -52,7 +53,7 @@ class Mpirun:
     def __init__(self, bind: str = "core", extra_args=()):
         self.bind, self.extra_args = bind, list(extra_args)
 
-    def wrap(self, rank_argv, spec, env_names):
+    def wrap(self, rank_argv, spec, env_names, runtime_options=()):
         argv = ["mpirun", "-np", str(spec.ranks), "--map-by", f"ppr:{spec.ranks_per_node}:node",
                 "--bind-to", self.bind, "--report-bindings"]
         for name in env_names:  # -x forwards each variable to remote ranks too
@@ -65,14 +66,21 @@ class Srun:
 
     name = "srun"
 
-    def __init__(self, mpi: str = "pmix", bind: str = "core", extra_args=()):
+    def __init__(self, mpi: str = "pmix", bind: str = "core", extra_args=(), cpus_per_rank: int = 1,
+                 gpus_per_node: int = 0):
         self.mpi, self.bind, self.extra_args = mpi, bind, list(extra_args)
+        self.cpus_per_rank, self.gpus_per_node = cpus_per_rank, gpus_per_node
 
-    def wrap(self, rank_argv, spec, env_names):
+    def wrap(self, rank_argv, spec, env_names, runtime_options=()):
         cpu_bind = {"core": "cores", "socket": "sockets", "none": "none"}[self.bind]
+        # Explicit sizes: Snakemake's job-step plugin strips the allocation's SLURM_* defaults.
+        # Every GPU of a node is visible to its ranks; the benchmark pins one per local rank
+        # (no --ntasks-per-gpu: it clashes with SLURM_TRES_PER_TASK, a known plugin trap).
+        gpus = [f"--gres=gpu:{self.gpus_per_node}"] if self.gpus_per_node else []
+        # runtime_options: what a runtime contributes to srun itself (Pyxis: --container-image, ...)
         return ["srun", f"--mpi={self.mpi}", f"--nodes={spec.nodes}", f"--ntasks={spec.ranks}",
-                f"--ntasks-per-node={spec.ranks_per_node}", f"--cpu-bind={cpu_bind}", "--export=ALL",
-                *self.extra_args, *rank_argv]
+                f"--ntasks-per-node={spec.ranks_per_node}", f"--cpus-per-task={self.cpus_per_rank}", *gpus,
+                f"--cpu-bind={cpu_bind}", "--export=ALL", *self.extra_args, *runtime_options, *rank_argv]
 
 
 def launcher_for(config: dict):
@@ -81,7 +89,8 @@ def launcher_for(config: dict):
     if kind == "mpirun":
         return Mpirun(bind, extra)
     if kind == "srun":
-        return Srun(settings.get("srun_mpi", "pmix"), bind, extra)
+        slurm = config["slurm"]
+        return Srun(settings.get("srun_mpi", "pmix"), bind, extra, slurm["cpus_per_rank"], slurm["gpus_per_node"])
     return NoLauncher()
 
 
@@ -98,14 +107,24 @@ def benchmark_args(spec: RunSpec, config: dict) -> list[str]:
     return args + (["--xla"] if bench["xla"] else [])
 
 
+def rdma_fabric(fabric: dict) -> bool:
+    """Does this fabric ask for InfiniBand/RoCE? Then containers get the RDMA devices and memlock."""
+    return expected_transport(fabric).transport == "ib"
+
+
 def plan(spec: RunSpec, config: dict) -> dict:
     """Everything needed to start the run, as plain JSON-able data."""
     module = "containerbench.netbench" if spec.kind == "netbench" else "containerbench.bench"
-    fabric_env = {k: str(v) for k, v in config["fabrics"][spec.fabric]["env"].items()}
-    request = RunRequest(module=module, args=tuple(benchmark_args(spec, config)), env={**RANK_ENV, **fabric_env})
+    fabric = config["fabrics"][spec.fabric]
+    fabric_env = {k: str(v) for k, v in fabric["env"].items()}
+    # Every layer logs which network it chose, so the parser can verify the fabric.
+    rank_env = {**RANK_ENV, **debug_environment(fabric_env), **fabric_env}
+    request = RunRequest(module=module, args=tuple(benchmark_args(spec, config)), env=rank_env,
+                         workdir=os.getcwd(), binds=tuple(config["images"]["binds"]),
+                         gpus=config["slurm"]["gpus_per_node"] > 0, infiniband=rdma_fabric(fabric))
     runtime = runtime_for(spec.runtime, config)
     env = runtime.environment(request)
-    argv = launcher_for(config).wrap(runtime.rank_argv(request), spec, sorted(env))
+    argv = launcher_for(config).wrap(runtime.rank_argv(request), spec, sorted(env), runtime.launcher_options(request))
     timeout = config["netbench" if spec.kind == "netbench" else "benchmark"]["timeout_s"]
     settings = {}
     if spec.kind == "train":
@@ -117,13 +136,20 @@ def plan(spec: RunSpec, config: dict) -> dict:
         "argv": argv,
         "env": env,
         "timeout_s": timeout,
+        "image": getattr(runtime, "image", None),
+        "fabric": {"name": spec.fabric, "env": fabric_env, "expect": fabric.get("expect")},
     }
 
 
 def _final_argv(argv: list[str]) -> list[str]:
+    """Adjustments that depend on where the plan runs, decided there (and logged)."""
     # Open MPI refuses root unless told; containers and CI commonly run as root.
     if argv and Path(argv[0]).name == "mpirun" and os.geteuid() == 0 and "--allow-run-as-root" not in argv:
         return [argv[0], "--allow-run-as-root", *argv[1:]]
+    # Inside a job step already (a one-rank Snakemake job runs in `srun -n1`), a
+    # nested srun would wait forever for CPUs that step holds.
+    if argv and Path(argv[0]).name == "srun" and "SLURM_STEP_ID" in os.environ and "--overlap" not in argv:
+        return [argv[0], "--overlap", *argv[1:]]
     return argv
 
 
@@ -145,7 +171,7 @@ def execute(run_plan: dict, log_path: Path, echo=sys.stdout) -> int:
         try:
             process = subprocess.Popen(
                 argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
-                env={**os.environ, **run_plan["env"]}, start_new_session=True,
+                env={**host_environment(), **run_plan["env"]}, start_new_session=True,
             )
         except OSError as error:
             log.write(f"containerbench: cannot start {argv[0]!r}: {error}\n")
@@ -171,3 +197,41 @@ def execute(run_plan: dict, log_path: Path, echo=sys.stdout) -> int:
                   "timed_out": timed_out.is_set(), "ended_unix": time.time()}
         log.write(EXIT_PREFIX + json.dumps(footer, sort_keys=True) + "\n")
     return returncode
+
+
+def check_slurm_request(config: dict, runs: list[RunSpec], sinfo=("sinfo",)) -> None:
+    """Refuse, before anything is submitted, what this Slurm cluster cannot give (from sinfo).
+
+    Raises ValueError with one line; does nothing where sinfo is not available.
+    """
+    slurm, runs = config["slurm"], [r for r in runs]
+    limit = max(config["benchmark"]["timeout_s"], config["netbench"]["timeout_s"])
+    if limit >= slurm["runtime_minutes"] * 60:
+        raise ValueError(f"config: 'slurm.runtime_minutes' = {slurm['runtime_minutes']} ends before the benchmark's own "
+                         f"timeout ({limit} s); allowed: more than {limit // 60} minutes, so a hung run is "
+                         "recorded as failed instead of killed by Slurm")
+    try:
+        listing = subprocess.run([*sinfo, "-h", "-o", "%R|%D|%G"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return
+    if listing.returncode != 0:
+        return
+    partitions = {}
+    for line in listing.stdout.split():
+        name, nodes, gres = line.split("|")
+        gpus = max((int(g.split(":")[-1].split("(")[0]) for g in gres.split(",") if g.startswith("gpu")), default=0)
+        known = partitions.get(name, (0, 0))
+        partitions[name] = (known[0] + int(nodes), max(known[1], gpus))
+    name = slurm["partition"] or next(iter(partitions), None)
+    if slurm["partition"] and name not in partitions:
+        raise ValueError(f"config: 'slurm.partition' = {name!r} is not a partition of this cluster; "
+                         f"allowed: {', '.join(sorted(partitions))}")
+    if name is None:
+        return
+    nodes, gpus = partitions[name]
+    most = max(r.nodes for r in runs) if runs else 0
+    if most > nodes:
+        raise ValueError(f"config: 'scaling.nodes' asks for {most} nodes, partition {name!r} has {nodes}; allowed: at most {nodes}")
+    if slurm["gpus_per_node"] > gpus:
+        raise ValueError(f"config: 'slurm.gpus_per_node' = {slurm['gpus_per_node']}, nodes of partition {name!r} have "
+                         f"{gpus} GPU(s); allowed: at most {gpus}")

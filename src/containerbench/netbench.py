@@ -7,6 +7,7 @@ measurement, then one ``containerbench-result {json}`` summary line.
 
 import argparse
 import json
+import os
 import socket
 import sys
 import time
@@ -15,7 +16,9 @@ import mpi4py
 import numpy as np
 from mpi4py import MPI
 
-WARMUP_ITERATIONS = 3
+from containerbench.provenance import provenance
+
+WARMUP_ITERATIONS = 2
 PINGPONG_TAG = 17
 
 
@@ -32,8 +35,10 @@ def build_parser():
     parser.add_argument("--max-bytes", type=positive_int, default=16 * 1024 * 1024)
     parser.add_argument("--target-bytes", type=positive_int, default=256 * 1024 * 1024,
                         help="bytes to move per size; sets iterations = target / size")
-    parser.add_argument("--min-iters", type=positive_int, default=20)
+    parser.add_argument("--min-iters", type=positive_int, default=5)
     parser.add_argument("--max-iters", type=positive_int, default=1000)
+    parser.add_argument("--seconds-per-size", type=float, default=0.5,
+                        help="time budget per message size, estimated from the warmup")
     parser.add_argument("--no-pingpong", action="store_true")
     parser.add_argument("--no-allreduce", action="store_true")
     return parser
@@ -59,9 +64,13 @@ def powers_of_two(lowest, highest):
     return sizes
 
 
-def iterations_for(size, options):
-    # Move roughly the same volume per size: many iterations for small messages, few for big ones.
-    return max(options.min_iters, min(options.max_iters, options.target_bytes // size))
+def iterations_for(size, options, warmup_seconds_per_iteration):
+    # Move roughly the same volume per size (many iterations for small messages,
+    # few for big ones), but never spend much more than --seconds-per-size on one
+    # size: a shaped or broken link must not stall the whole run.
+    by_volume = options.target_bytes // size
+    by_time = int(options.seconds_per_size / max(warmup_seconds_per_iteration, 1e-9))
+    return max(options.min_iters, min(options.max_iters, by_volume, by_time))
 
 
 def report(human_line, record):
@@ -69,8 +78,8 @@ def report(human_line, record):
     print("containerbench-netbench " + json.dumps(record, sort_keys=True), flush=True)
 
 
-def measure_pingpong(comm, size, iterations):
-    """Round trips between ranks 0 and 1; returns the elapsed seconds on this rank."""
+def measure_pingpong(comm, size, options):
+    """Round trips between ranks 0 and 1; returns (iterations, elapsed seconds on this rank)."""
     buffer = np.zeros(size, dtype=np.uint8)
     is_initiator = comm.Get_rank() == 0
     peer = 1 if is_initiator else 0
@@ -84,14 +93,22 @@ def measure_pingpong(comm, size, iterations):
                 comm.Recv(buffer, source=peer, tag=PINGPONG_TAG)
                 comm.Send(buffer, dest=peer, tag=PINGPONG_TAG)
 
+    start = MPI.Wtime()
     round_trips(WARMUP_ITERATIONS)  # connection setup and cache warming stay out of the timing
+    warmup = (MPI.Wtime() - start) / WARMUP_ITERATIONS
+    # Rank 0 decides the count and tells its peer: both must run the same number.
+    if is_initiator:
+        iterations = iterations_for(size, options, warmup)
+        comm.send(iterations, dest=peer, tag=PINGPONG_TAG)
+    else:
+        iterations = comm.recv(source=peer, tag=PINGPONG_TAG)
     start = MPI.Wtime()
     round_trips(iterations)
-    return MPI.Wtime() - start
+    return iterations, MPI.Wtime() - start
 
 
-def measure_allreduce(comm, size, iterations):
-    """Checks the sum once, then returns the slowest rank's elapsed seconds for the timed calls."""
+def measure_allreduce(comm, size, options):
+    """Checks the sum once, then returns (iterations, the slowest rank's elapsed seconds)."""
     ranks = comm.Get_size()
     send = np.full(size // 4, comm.Get_rank() + 1, dtype=np.float32)
     received = np.empty_like(send)
@@ -101,24 +118,23 @@ def measure_allreduce(comm, size, iterations):
     if not np.all(received == expected):
         raise RuntimeError(f"allreduce of {size} B gave wrong result, expected {expected} everywhere")
 
-    for _ in range(WARMUP_ITERATIONS):
-        comm.Allreduce(send, received, op=MPI.SUM)
-    comm.Barrier()  # start the clock together so early ranks don't wait inside the timing
-    start = MPI.Wtime()
-    for _ in range(iterations):
-        comm.Allreduce(send, received, op=MPI.SUM)
-    elapsed = np.array([MPI.Wtime() - start])
-    slowest = np.empty_like(elapsed)
-    comm.Allreduce(elapsed, slowest, op=MPI.MAX)
-    return float(slowest[0])
+    def timed_calls(count):
+        comm.Barrier()  # start the clock together so early ranks don't wait inside the timing
+        start = MPI.Wtime()
+        for _ in range(count):
+            comm.Allreduce(send, received, op=MPI.SUM)
+        # The slowest rank's time, identical on every rank.
+        return comm.allreduce(MPI.Wtime() - start, op=MPI.MAX)
+
+    iterations = iterations_for(size, options, timed_calls(WARMUP_ITERATIONS) / WARMUP_ITERATIONS)
+    return iterations, timed_calls(iterations)
 
 
 def run_pingpong(comm, options):
     results = []
     if comm.Get_rank() <= 1:
         for size in powers_of_two(options.min_bytes, options.max_bytes):
-            iterations = iterations_for(size, options)
-            elapsed = measure_pingpong(comm, size, iterations)
+            iterations, elapsed = measure_pingpong(comm, size, options)
             latency_us = elapsed / iterations / 2 * 1e6
             record = {"test": "pingpong", "bytes": size, "iterations": iterations,
                       "latency_us": latency_us, "bandwidth_MBps": size / latency_us}
@@ -134,8 +150,8 @@ def run_allreduce(comm, options):
     ranks = comm.Get_size()
     results = []
     for size in powers_of_two(max(4, options.min_bytes), options.max_bytes):
-        iterations = iterations_for(size, options)
-        time_s = measure_allreduce(comm, size, iterations) / iterations
+        iterations, elapsed = measure_allreduce(comm, size, options)
+        time_s = elapsed / iterations
         algbw = size / time_s / 1e9
         busbw = algbw * 2 * (ranks - 1) / ranks  # nccl-tests: traffic per link of a ring allreduce
         record = {"test": "allreduce", "bytes": size, "iterations": iterations,
@@ -160,6 +176,8 @@ def run(options, comm):
         # Open MPI pads the version string with a NUL terminator; keep the JSON clean.
         "mpi_library": MPI.Get_library_version().replace("\0", "").splitlines()[0].strip(),
         "mpi4py": mpi4py.__version__,
+        "runtime": os.environ.get("CONTAINERBENCH_RUNTIME", "bare-metal"),
+        "provenance": provenance(),
         "pingpong": pingpong,
         "allreduce": allreduce,
         "wall_s": time.perf_counter() - started,

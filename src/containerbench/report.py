@@ -184,7 +184,7 @@ def _read(tables_dir: Path, name: str) -> pd.DataFrame:
         return pd.DataFrame()
 
 
-def render(tables_dir: str | Path, record_paths, out_path: str | Path) -> None:
+def render(tables_dir: str | Path, record_paths, out_path: str | Path, skipped: dict | None = None) -> None:
     tables_dir = Path(tables_dir)
     tables = {name: _read(tables_dir, name) for name in
               ("summary", "overhead", "fabrics", "input", "memory", "table1", "netbench", "failures")}
@@ -205,5 +205,6 @@ def render(tables_dir: str | Path, record_paths, out_path: str | Path) -> None:
         study_table=_table(tables["table1"]),
         network_plot=network_plot(tables["netbench"]),
         failures_table=_table(tables["failures"]),
+        skipped=sorted((skipped or {}).items()),
     )
     Path(out_path).write_text(page)

@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from containerbench.fabrics import verify
 from containerbench.launch import EXIT_PREFIX, LAUNCH_PREFIX
 
 RESULT_PREFIX = "containerbench-result "  # printed by bench.py and netbench.py
@@ -33,7 +34,8 @@ SERIES = [c for c in POINT if c not in ("nodes", "ranks")]
 
 RUN_COLUMNS = ["run_id", "status", "reason", "evidence", "system", *POINT, "repetition", "images_per_sec",
                "rank_images_per_sec_min", "rank_images_per_sec_max", "rank_spread_percent", "step_s_median",
-               "peak_host_memory_gib", "peak_gpu_memory_gib", "startup_s", "wall_s", "provenance", "hosts", "log"]
+               "peak_host_memory_gib", "peak_gpu_memory_gib", "startup_s", "wall_s", "provenance", "image",
+               "fabric_check", "transport", "hosts", "log"]
 BASELINE_RUNTIME = "bare-metal"
 
 log = logging.getLogger(__name__)
@@ -103,6 +105,17 @@ def parse_log(log_path: str | Path) -> dict:
             reasons.append(f"ranks ended with different weights (relative spread {spread:.2e}): "
                            "gradients were not averaged, this was not data-parallel training")
 
+    # Which network each layer really used, from its own log lines.
+    fabric = launch.get("fabric") or {"env": launch.get("env") or {}}
+    check = verify(lines, fabric, layers=("nccl",) if (result or {}).get("gpus") else ("mpi",))
+    fabric_check = check.as_dict()
+    if spec.get("ranks") == 1:  # one rank never touches the network
+        fabric_check = {"status": "not applicable", "reason": "one rank: no traffic between ranks",
+                        "evidence": [], "expected": fabric_check["expected"], "observed": {}}
+    elif status == "ok" and check.status == "mismatch":
+        status = "invalid"
+        reasons.append(f"fabric: {check.reason}")
+
     started = launch.get("started_unix")
     per_rank = (result or {}).get("per_rank") or []
     startup = min(r["entry_unix_time"] for r in per_rank) - started if per_rank and started else None
@@ -112,7 +125,8 @@ def parse_log(log_path: str | Path) -> dict:
         "kind": spec.get("kind", (result or {}).get("kind")),
         "status": status,
         "reasons": reasons,
-        "evidence": _evidence(lines) if status == "failed" else None,
+        "evidence": _evidence(lines) if status == "failed" else (
+            (check.evidence or [None])[0] if status == "invalid" and check.status == "mismatch" else None),
         "spec": spec,
         "argv": launch.get("argv"),
         "env": launch.get("env"),
@@ -121,6 +135,8 @@ def parse_log(log_path: str | Path) -> dict:
         "wall_s": (exit_ or {}).get("wall_s"),
         "startup_s": startup,
         "result": result,
+        "image": launch.get("image"),
+        "fabric_check": fabric_check,
         "log": {"path": str(log_path), "sha256": hashlib.sha256(raw).hexdigest(), "result_line": result_line},
     }
 
@@ -169,6 +185,9 @@ def _train_row(record: dict) -> dict:
         "startup_s": record.get("startup_s"),
         "wall_s": record.get("wall_s"),
         "provenance": (result.get("provenance") or {}).get("hash"),
+        "image": (record.get("image") or None),
+        "fabric_check": (record.get("fabric_check") or {}).get("status"),
+        "transport": (record.get("fabric_check") or {}).get("reason"),
         "hosts": ",".join(sorted(set(result.get("hostnames") or []))),
         "log": record["log"]["path"],
     }

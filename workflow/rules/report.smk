@@ -20,9 +20,11 @@ rule report:
         records=rules.tables.input,
     output:
         f"{RESULTS}/report.html",
+    params:
+        skipped=lambda wildcards: json.dumps(SKIPPED_RUNTIMES, sort_keys=True),
     localrule: True
     shell:
-        "{CB} report {input.records} --tables-dir {RESULTS} --out {output}"
+        "{CB} report {input.records} --tables-dir {RESULTS} --out {output} --skipped {params.skipped:q}"
 
 
 rule baseline:

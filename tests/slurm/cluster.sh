@@ -1,0 +1,204 @@
+#!/usr/bin/env bash
+# A real two-node Slurm 22.05 cluster on one machine, for the tests.
+#
+#   tests/slurm/cluster.sh install          apt packages (idempotent)
+#   tests/slurm/cluster.sh start DIR        network, munge, MariaDB, slurmdbd, slurmctld, 2 x slurmd
+#   tests/slurm/cluster.sh stop DIR         everything it started, by PID; namespaces removed
+#   tests/slurm/cluster.sh exec DIR CMD...  run a client command (sbatch, snakemake) on the controller host
+#
+# Each host is a network namespace of its own (cbctl, cbn1, cbn2) with its own
+# hostname (UTS namespace), so records see distinct hosts and distinct
+# interfaces. Two networks connect the nodes, as on a cluster with two fabrics:
+#   fast0 (10.77.1.0/24)  stands for InfiniBand: unshaped
+#   slow0 (10.77.2.0/24)  stands for Ethernet: rate-limited with tc; also carries Slurm's own traffic
+# All traffic stays inside these namespaces. slurm.conf goes to /etc/slurm
+# (the job-step plugin drops SLURM_CONF inside jobs); what was there is restored on stop.
+set -euo pipefail
+
+SLOW_RATE=${CB_SLOW_RATE:-1gbit}
+CLUSTER=cbtest
+NODES=(n1 n2)
+NS_CTL=cbctl
+
+die() { echo "cluster.sh: $*" >&2; exit 1; }
+in_ns() { local ns=$1; shift; nsenter --net=/run/netns/"$ns" "$@"; }
+
+install_packages() {
+  local missing=()
+  for pair in slurmctld:slurm-wlm slurmd:slurmd slurmdbd:slurmdbd munged:munge mariadbd:mariadb-server \
+              mpirun:openmpi-bin ip:iproute2 tc:iproute2; do
+    command -v "${pair%%:*}" >/dev/null || missing+=("${pair#*:}")
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  [ "$(id -u)" -eq 0 ] || die "missing ${missing[*]}; run as root to install them"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get -o DPkg::Lock::Timeout=300 update -qq
+  apt-get -o DPkg::Lock::Timeout=300 install -y -qq "${missing[@]}" >/dev/null
+}
+
+make_network() {
+  for ns in "$NS_CTL" "${NODES[@]/#/cb}"; do
+    ip netns add "$ns"
+    ip -n "$ns" link set lo up
+  done
+  ip -n "$NS_CTL" link add brfast type bridge
+  ip -n "$NS_CTL" link add brslow type bridge
+  ip -n "$NS_CTL" addr add 10.77.1.1/24 dev brfast
+  ip -n "$NS_CTL" addr add 10.77.2.1/24 dev brslow
+  ip -n "$NS_CTL" link set brfast up
+  ip -n "$NS_CTL" link set brslow up
+  local i=0
+  for node in "${NODES[@]}"; do
+    i=$((i + 1))
+    for net in fast slow; do
+      local subnet=$([ "$net" = fast ] && echo 1 || echo 2)
+      ip link add "${net}0" netns "cb$node" type veth peer name "${net}$node" netns "$NS_CTL"
+      ip -n "$NS_CTL" link set "${net}$node" master "br$net" up
+      ip -n "cb$node" addr add "10.77.$subnet.1$i/24" dev "${net}0"
+      ip -n "cb$node" link set "${net}0" up
+    done
+    # Both directions of the slow network are shaped: the node side and the bridge port.
+    ip netns exec "cb$node" tc qdisc add dev slow0 root tbf rate "$SLOW_RATE" burst 64kb latency 20ms
+    ip netns exec "$NS_CTL" tc qdisc add dev "slow$node" root tbf rate "$SLOW_RATE" burst 64kb latency 20ms
+  done
+}
+
+write_configs() {
+  local dir=$1 cpus memory
+  cpus=$(nproc)
+  memory=$(( $(awk '/MemTotal/ {print int($2 / 1024)}' /proc/meminfo) / 4 ))
+  mkdir -p /etc/slurm "$dir"/{state,log,spool,tmp}
+  for file in slurm.conf slurmdbd.conf; do
+    [ -e "/etc/slurm/$file" ] && [ ! -e "$dir/saved-$file" ] && cp -p "/etc/slurm/$file" "$dir/saved-$file"
+  done
+  cat > /etc/slurm/slurm.conf <<EOF
+# written by containerbench tests/slurm/cluster.sh for $dir
+ClusterName=$CLUSTER
+SlurmctldHost=ctl(10.77.2.1)
+AuthType=auth/munge
+SlurmUser=root
+SlurmdUser=root
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+MpiDefault=pmix
+MailProg=/bin/true
+ReturnToService=2
+MinJobAge=600
+StateSaveLocation=$dir/state
+SlurmdSpoolDir=$dir/spool/%n
+TmpFS=$dir/tmp/%n
+SlurmctldPidFile=$dir/slurmctld.pid
+SlurmdPidFile=$dir/slurmd-%n.pid
+SlurmctldLogFile=$dir/log/slurmctld.log
+SlurmdLogFile=$dir/log/slurmd-%n.log
+AccountingStorageType=accounting_storage/slurmdbd
+AccountingStorageHost=127.0.0.1
+JobAcctGatherType=jobacct_gather/none
+JobCompType=jobcomp/none
+NodeName=n1 NodeHostname=n1 NodeAddr=10.77.2.11 CPUs=$cpus RealMemory=$memory State=UNKNOWN
+NodeName=n2 NodeHostname=n2 NodeAddr=10.77.2.12 CPUs=$cpus RealMemory=$memory State=UNKNOWN
+PartitionName=cpu Nodes=n1,n2 Default=YES MaxTime=120 State=UP OverSubscribe=NO
+EOF
+  cat > /etc/slurm/slurmdbd.conf <<EOF
+AuthType=auth/munge
+DbdHost=ctl
+DbdAddr=127.0.0.1
+SlurmUser=root
+StorageType=accounting_storage/mysql
+StorageHost=127.0.0.1
+StoragePort=3306
+StorageUser=slurm
+StoragePass=containerbench
+StorageLoc=slurm_acct_db
+PidFile=$dir/slurmdbd.pid
+LogFile=$dir/log/slurmdbd.log
+EOF
+  chmod 600 /etc/slurm/slurmdbd.conf
+  for node in "${NODES[@]}"; do mkdir -p "$dir/spool/$node" "$dir/tmp/$node"; done
+}
+
+wait_for() {  # wait_for SECONDS DESCRIPTION CMD...
+  local seconds=$1 what=$2; shift 2
+  for _ in $(seq $((seconds * 4))); do "$@" >/dev/null 2>&1 && return 0; sleep 0.25; done
+  die "$what did not come up within ${seconds}s"
+}
+
+start_database() {
+  local dir=$1
+  # As root: the state directory may sit where the mysql user cannot reach (pytest's are 0700).
+  mkdir -p "$dir/mysql" "$dir/mysql-run"
+  mariadb-install-db --user=root --datadir="$dir/mysql" --auth-root-authentication-method=normal >/dev/null
+  in_ns "$NS_CTL" setsid mariadbd --user=root --datadir="$dir/mysql" --socket="$dir/mysql-run/mysql.sock" \
+    --pid-file="$dir/mysql-run/mysqld.pid" --bind-address=127.0.0.1 --port=3306 --skip-name-resolve \
+    --log-error="$dir/log/mariadb.log" </dev/null >/dev/null 2>&1 &
+  wait_for 60 MariaDB mariadb --socket="$dir/mysql-run/mysql.sock" -e "select 1"
+  mariadb --socket="$dir/mysql-run/mysql.sock" <<'EOF'
+CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1' IDENTIFIED BY 'containerbench';
+GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1';
+EOF
+}
+
+start() {
+  local dir=$1
+  [ -e /run/netns/$NS_CTL ] && die "a test cluster is already running (namespace $NS_CTL); stop it first"
+  mkdir -p "$dir"
+  install_packages
+  make_network
+  write_configs "$dir"
+  if ! pgrep -x munged >/dev/null; then
+    install -d -o munge -g munge /run/munge
+    runuser -u munge -- /usr/sbin/munged
+    cp /run/munge/munged.pid "$dir/munged.pid"  # ours to stop
+  fi
+  start_database "$dir"
+  in_ns "$NS_CTL" unshare --uts sh -c 'hostname ctl && exec slurmdbd'
+  wait_for 60 slurmdbd in_ns "$NS_CTL" sacctmgr -n list cluster
+  in_ns "$NS_CTL" sacctmgr -i add cluster "$CLUSTER" >/dev/null
+  # An account, as sites have, for the executor plugin's slurm_account.
+  in_ns "$NS_CTL" sacctmgr -i add account cbtest-account Cluster="$CLUSTER" >/dev/null
+  in_ns "$NS_CTL" sacctmgr -i add user root Account=cbtest-account Cluster="$CLUSTER" >/dev/null
+  in_ns "$NS_CTL" unshare --uts sh -c 'hostname ctl && exec slurmctld -i'
+  for node in "${NODES[@]}"; do
+    nsenter --net=/run/netns/"cb$node" unshare --uts sh -c "hostname $node && exec slurmd -N $node"
+  done
+  wait_for 60 "2 idle nodes" sh -c "nsenter --net=/run/netns/$NS_CTL sinfo -h -t idle -o %D | grep -qx 2"
+  echo "cluster.sh: $CLUSTER up: nodes ${NODES[*]}, fast0 10.77.1.0/24, slow0 10.77.2.0/24 ($SLOW_RATE)" >&2
+}
+
+stop_pidfile() {
+  local file=$1
+  [ -s "$file" ] || return 0
+  local pid; pid=$(cat "$file")
+  if kill "$pid" 2>/dev/null; then
+    for _ in $(seq 40); do kill -0 "$pid" 2>/dev/null || break; sleep 0.25; done
+    kill -9 "$pid" 2>/dev/null || true
+  fi
+  rm -f "$file"
+}
+
+stop() {
+  local dir=$1
+  for node in "${NODES[@]}"; do stop_pidfile "$dir/slurmd-$node.pid"; done
+  stop_pidfile "$dir/slurmctld.pid"
+  stop_pidfile "$dir/slurmdbd.pid"
+  stop_pidfile "$dir/mysql-run/mysqld.pid"
+  stop_pidfile "$dir/munged.pid"
+  for ns in "$NS_CTL" "${NODES[@]/#/cb}"; do
+    # A rank that outlived its job must not keep a namespace alive.
+    for pid in $(ip netns pids "$ns" 2>/dev/null); do kill -9 "$pid" 2>/dev/null || true; done
+    ip netns del "$ns" 2>/dev/null || true
+  done
+  for file in slurm.conf slurmdbd.conf; do
+    if [ -e "$dir/saved-$file" ]; then mv "$dir/saved-$file" "/etc/slurm/$file"; else rm -f "/etc/slurm/$file"; fi
+  done
+}
+
+case "${1:-}" in
+  install) install_packages ;;
+  start) start "${2:?usage: cluster.sh start DIR}" ;;
+  stop) stop "${2:?usage: cluster.sh stop DIR}" ;;
+  exec) shift 2; exec nsenter --net=/run/netns/$NS_CTL "$@" ;;
+  *) die "usage: cluster.sh install | start DIR | stop DIR | exec DIR CMD..." ;;
+esac

@@ -1,0 +1,85 @@
+"""The identical benchmark inside every runtime that runs here: the workflow builds the
+image from containers/Dockerfile (offline, on a base made here), runs ResNet-50 and
+netbench on 2 ranks in podman, docker and Charliecloud beside bare metal, and the
+records prove it was the same benchmark."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+from conftest import ROOT, TINY
+
+pytestmark = pytest.mark.slow
+ENGINES = ROOT / "scripts" / "container-engines.sh"
+SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
+RUNTIMES = ["bare-metal", "podman", "docker", "charliecloud"]
+
+
+@pytest.fixture(scope="module")
+def engines(tmp_path_factory):
+    """Podman settings for this host, and a dockerd of our own, stopped by its PID afterwards."""
+    subprocess.run([str(ENGINES), "install"], check=True, timeout=900)
+    state = tmp_path_factory.mktemp("engines")
+    conf = subprocess.run([str(ENGINES), "podman-conf", str(state)], capture_output=True, text=True, check=True)
+    dockerd = subprocess.run([str(ENGINES), "start-dockerd", str(state / "docker")], capture_output=True,
+                             text=True, timeout=120)
+    try:
+        assert dockerd.returncode == 0, dockerd.stderr
+        env = dict(os.environ)
+        for line in (conf.stdout.splitlines()[-1], dockerd.stdout.splitlines()[-1]):
+            name, value = line.split("=", 1)
+            env[name] = value
+        yield env
+    finally:
+        subprocess.run([str(ENGINES), "stop-dockerd", str(state / "docker")], timeout=120)
+
+
+@pytest.fixture(scope="module")
+def container_run(engines, tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("containers")
+    # The image is the repository's (its build context and build/ cache live there);
+    # the results of this run go to the temporary directory.
+    config = {**TINY, "runtimes": RUNTIMES, "runtime_policy": "require", "results_dir": str(workdir / "results"),
+              "benchmark": {**TINY["benchmark"], "repetitions": 2}}
+    (workdir / "tiny.yaml").write_text(yaml.safe_dump(config))
+    done = subprocess.run(
+        [SNAKEMAKE, "--snakefile", str(ROOT / "Snakefile"), "--directory", str(ROOT), "--profile",
+         str(ROOT / "profiles" / "local"), "--configfile", str(ROOT / "config" / "config.yaml"),
+         str(workdir / "tiny.yaml")],
+        capture_output=True, text=True, timeout=2400, env=engines)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    return workdir
+
+
+def test_every_runtime_ran_the_identical_benchmark(container_run):
+    records = [json.loads(p.read_text()) for p in (container_run / "results" / "runs").glob("*.json")]
+    assert {r["spec"]["runtime"] for r in records} == set(RUNTIMES)
+    assert len(records) == len(RUNTIMES) * (2 * 2 + 1)  # 2 rank counts x 2 repetitions + netbench
+    for record in records:
+        assert record["status"] == "ok", (record["run_id"], record["reasons"], record.get("evidence"))
+        assert record["result"]["runtime"] == record["spec"]["runtime"]
+    hashes = {r["result"]["provenance"]["hash"] for r in records}
+    assert len(hashes) == 1, hashes  # bare metal, podman, docker and Charliecloud: one benchmark
+    for record in records:
+        if record["spec"]["runtime"] != "bare-metal":
+            assert record["image"]  # what ran: tag or image directory
+        if record["kind"] == "train" and record["spec"]["ranks"] == 2:
+            assert record["result"]["weights_identical"] is True
+
+
+def test_the_report_has_an_overhead_row_per_runtime(container_run):
+    results = container_run / "results"
+    overhead = pd.read_csv(results / "overhead.csv")
+    assert set(overhead["runtime"]) == {"podman", "docker", "charliecloud"}
+    assert overhead["overhead_percent"].notna().all() and overhead["note"].isna().all()
+    assert overhead["significance"].isin(["significant", "not significant"]).all()
+    assert overhead["startup_overhead_s"].notna().all()
+    report = (results / "report.html").read_text()
+    assert "Container overhead" in report and 'alt="container overhead with 95% intervals"' in report

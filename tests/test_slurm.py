@@ -1,0 +1,123 @@
+"""The workflow on a real two-node Slurm cluster (tests/slurm/cluster.sh): profiles/slurm,
+the executor plugin, srun with PMIx, two fabrics, and the transport check from the logs."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+from conftest import BENCH_PYTHON, ROOT
+
+from containerbench.launch import execute, plan
+from containerbench.results import parse_log
+
+pytestmark = pytest.mark.slow
+CLUSTER = ROOT / "tests" / "slurm" / "cluster.sh"
+SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    state = tmp_path_factory.mktemp("slurm-state")
+    subprocess.run([str(CLUSTER), "install"], check=True, timeout=600)
+    started = subprocess.run([str(CLUSTER), "start", str(state)], capture_output=True, text=True, timeout=300)
+    try:
+        assert started.returncode == 0, started.stderr
+        yield state
+    finally:
+        subprocess.run([str(CLUSTER), "stop", str(state)], timeout=300)
+
+
+def on_controller(state: Path, *argv: str, timeout=1800, cwd=None) -> subprocess.CompletedProcess:
+    return subprocess.run([str(CLUSTER), "exec", str(state), *argv], capture_output=True, text=True,
+                          timeout=timeout, cwd=cwd)
+
+
+def workflow(state: Path, workdir: Path, *args: str) -> subprocess.CompletedProcess:
+    extra = workdir / "extra.yaml"
+    extra.write_text(yaml.safe_dump({"bare_metal": {"python": str(BENCH_PYTHON)}}))
+    return on_controller(
+        state, "timeout", "-s", "INT", "1500", SNAKEMAKE, "--snakefile", str(ROOT / "Snakefile"),
+        "--directory", str(workdir), "--profile", str(ROOT / "profiles" / "slurm"),
+        "--configfile", str(ROOT / "tests" / "slurm" / "config.yaml"), str(extra),
+        "--slurm-init-seconds-before-status-checks", "2", *args)
+
+
+@pytest.fixture(scope="module")
+def slurm_run(cluster, tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("slurm-workflow")
+    done = workflow(cluster, workdir)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    return workdir
+
+
+def test_every_run_used_slurm_and_the_fabric_it_asked_for(slurm_run):
+    records = [json.loads(p.read_text()) for p in sorted((slurm_run / "results" / "runs").glob("*.json"))]
+    assert len(records) == 2 * 2 + 2  # fabrics x node counts, plus netbench per fabric
+    for record in records:
+        assert record["status"] == "ok", (record["run_id"], record["reasons"])
+        assert record["result"]["hostnames"] == (["n1", "n2"] if record["spec"]["nodes"] == 2 else
+                                                 record["result"]["hostnames"])
+        if record["spec"]["ranks"] > 1:
+            check = record["fabric_check"]
+            interface = {"fast": "fast0", "slow": "slow0"}[record["spec"]["fabric"]]
+            assert check["status"] == "ok", check["reason"]
+            assert interface in check["reason"]
+            assert any(interface in line for line in check["evidence"])
+    assert {r["result"]["launcher"] for r in records if r["kind"] == "train"} == {"srun"}
+
+
+def test_the_report_shows_scaling_across_nodes_and_the_fabric_difference(slurm_run):
+    results = slurm_run / "results"
+    summary = pd.read_csv(results / "summary.csv").set_index(["fabric", "nodes"])
+    assert summary.loc[("fast", 2), "images_per_sec_median"] > summary.loc[("slow", 2), "images_per_sec_median"]
+    fabrics = pd.read_csv(results / "fabrics.csv")
+    two_nodes = fabrics[fabrics["nodes"] == 2].iloc[0]
+    assert (two_nodes["faster_fabric"], two_nodes["slower_fabric"]) == ("fast", "slow") and two_nodes["ratio"] > 1.2
+    net = pd.read_csv(results / "netbench.csv")
+    busbw = net[net["test"] == "allreduce"].groupby("fabric")["busbw_GBps"].max()
+    assert busbw["fast"] > busbw["slow"]
+    report = (results / "report.html").read_text()
+    assert "<h2>Interconnects</h2>" in report and "fast" in report and "slow" in report
+
+
+def test_a_killed_workflow_resubmits_only_what_is_missing(cluster, slurm_run):
+    # What a workflow killed mid-run leaves: one run never measured (no log, no record).
+    for suffix in (".log", ".json"):
+        (slurm_run / "results" / "runs" / f"train_bare-metal_slow_1x1_b2_rep1{suffix}").unlink()
+    done = workflow(cluster, slurm_run)
+    assert done.returncode == 0, done.stderr[-3000:]
+    submitted = re.findall(r"submitted with SLURM jobid \d+ \(log: [^)]*rule_(\w+)/([^/]+)/", done.stdout + done.stderr)
+    assert submitted == [("measure_rep1", "train_bare-metal_slow_1x1_b2_rep1")]
+
+
+def test_a_run_on_the_wrong_interface_is_caught(cluster, slurm_run, tmp_path):
+    """Netbench asked for the fast network, but its MPI was pointed at the slow one."""
+    with open(ROOT / "tests" / "slurm" / "config.yaml") as handle:
+        config = yaml.safe_load(handle)
+    config["fabrics"]["fast"]["env"]["OMPI_MCA_btl_tcp_if_include"] = "slow0"  # the mistake
+    config["fabrics"]["fast"]["expect"] = {"transport": "tcp", "interface": "fast0"}
+    path = tmp_path / "wrong.yaml"
+    path.write_text(yaml.safe_dump({**config, "bare_metal": {"python": str(BENCH_PYTHON)}}))
+    from containerbench.cli import load_config
+    from containerbench.config import plan_runs
+
+    loaded = load_config([str(path)])
+    spec = next(r for r in plan_runs(loaded) if r.kind == "netbench" and r.fabric == "fast")
+    run_plan = plan(spec, loaded)
+    plan_file = tmp_path / "plan.json"
+    plan_file.write_text(json.dumps(run_plan))
+    log = tmp_path / "wrong.log"
+    done = on_controller(cluster, "salloc", "-N2", "--ntasks-per-node=1", "-p", "cpu", sys.executable, "-m",
+                         "containerbench", "launch", "--plan", f"@{plan_file}", "--log", str(log), timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    record = parse_log(log)
+    assert record["status"] == "invalid"
+    assert record["reasons"][0].startswith("fabric: ")
+    assert "slow0" in record["evidence"]

@@ -1,0 +1,155 @@
+# The one image, from containers/Dockerfile, and what each runtime runs made from it.
+# Only the artifacts some selected runtime needs are built (IMAGE_ARTIFACTS).
+# Every command is an argv list from containerbench.images, never a glued shell string.
+from containerbench import images as cb_images
+
+BUILD = config["images"]["build"]
+ENGINE = BUILD["engine"]
+TAG = BUILD["tag"]
+# The image belongs to the repository (its build context, its build/ cache), not to
+# the working directory of a run: every path here is anchored at the repository.
+REPO = Path(workflow.basedir)
+IMAGES_DIR = REPO / cb_config.BUILD_DIR
+WHEELHOUSE = REPO / cb_images.WHEELHOUSE
+BENCH_PYTHON = Path(config["bare_metal"]["python"])
+if not BENCH_PYTHON.is_absolute() and (REPO / BENCH_PYTHON).exists():
+    BENCH_PYTHON = REPO / BENCH_PYTHON
+PACKAGE_SOURCES = sorted(str(p) for p in (REPO / "src" / "containerbench").rglob("*.py"))
+
+
+rule image_base:
+    """A minimal Debian with Python and Open MPI, made here: no registry is needed."""
+    output:
+        IMAGES_DIR / f"base.{ENGINE}.done",
+    localrule: True
+    run:
+        cb_images.make_base(ENGINE, rootfs=REPO / "build" / "base" / "rootfs")
+        Path(output[0]).write_text(cb_images.BASE_IMAGE + "\n")
+
+
+rule image_wheelhouse:
+    """The pinned benchmark packages as wheels, so the image builds with its network off."""
+    input:
+        REPO / "envs" / "bench.lock.txt",
+        REPO / "envs" / "bench.txt",
+    output:
+        IMAGES_DIR / "wheelhouse.done",
+    localrule: True
+    run:
+        names = cb_images.make_wheelhouse(BENCH_PYTHON, WHEELHOUSE, REPO)
+        Path(output[0]).write_text("\n".join(names) + "\n")
+
+
+rule image_build:
+    """Build with the configured engine; the stamp records the image id and the provenance
+    hash measured inside the image next to the bare-metal one."""
+    input:
+        base=[] if BUILD["base_image"] else rules.image_base.output,
+        wheelhouse=rules.image_wheelhouse.output,
+        definition=REPO / "containers" / "Dockerfile",
+        lock=REPO / "envs" / "bench.lock.txt",
+        sources=PACKAGE_SOURCES,
+    output:
+        IMAGES_DIR / f"containerbench.{ENGINE}.json",
+    localrule: True
+    run:
+        # apt packages at build time need the network; the default base needs nothing from outside.
+        build_args = {"APT_PACKAGES": BUILD["apt_packages"]} if BUILD["apt_packages"] else {}
+        spec = cb_images.ImageSpec(ENGINE, TAG, BUILD["base_image"] or cb_images.BASE_IMAGE, build_args,
+                                   dockerfile=Path(input.definition), context=REPO,
+                                   network="host" if BUILD["apt_packages"] else "none")
+        # Refused inside when the provenance measured in the image is not bare metal's.
+        cb_images.build_image(spec, BENCH_PYTHON, Path(output[0]))
+
+
+rule image_archive:
+    input:
+        rules.image_build.output,
+    output:
+        REPO / cb_images.ARCHIVE,
+    localrule: True
+    run:
+        cb_images.export_image(ENGINE, TAG, Path(output[0]))
+
+
+for other in set(cb_images.ENGINES) - {ENGINE}:
+
+    rule:
+        name:
+            f"image_into_{other}"
+        input:
+            rules.image_archive.output,
+        output:
+            IMAGES_DIR / f"containerbench.{other}.json",
+        localrule: True
+        run:
+            cb_images.run_step(f"load into {other}", cb_images.load_argv(other, Path(input[0])),
+                               env=cb_images.engine_env(other))
+            Path(output[0]).write_text(json.dumps(cb_images.build_stamp(other, TAG), indent=2) + "\n")
+
+
+rule image_charliecloud:
+    input:
+        rules.image_build.output,
+    output:
+        directory(REPO / cb_images.CHARLIECLOUD_DIR),
+    localrule: True
+    run:
+        cb_images.charliecloud_image(ENGINE, TAG, Path(output[0]), force=True)
+
+
+rule singularity_definition:
+    """containers/Dockerfile as a Singularity definition (spython, corrected)."""
+    input:
+        REPO / "containers" / "Dockerfile",
+    output:
+        REPO / cb_images.DEFINITION,
+    localrule: True
+    run:
+        cb_images.write_singularity_definition(Path(output[0]), dockerfile=Path(input[0]), bootstrap="docker-archive",
+                                               source=str(REPO / cb_images.ARCHIVE))
+
+
+rule image_apptainer:
+    input:
+        archive=rules.image_archive.output,
+        definition=rules.singularity_definition.output,
+    output:
+        REPO / cb_images.SIF,
+    localrule: True
+    run:
+        program = "singularity" if "singularity" in config["runtimes"] else "apptainer"
+        cb_images.run_step("apptainer build", cb_images.apptainer_build_argv(Path(output[0]), Path(input.archive), program))
+
+
+rule image_enroot:
+    input:
+        rules.image_build.output,
+    output:
+        REPO / cb_images.SQUASHFS,
+    localrule: True
+    run:
+        cb_images.run_step("enroot import", cb_images.enroot_import_argv(ENGINE, TAG, Path(output[0])))
+
+
+rule image_sarus:
+    input:
+        rules.image_archive.output,
+    output:
+        IMAGES_DIR / "sarus.json",
+    localrule: True
+    run:
+        cb_images.run_step("sarus load", cb_images.sarus_load_argv(TAG, Path(input[0])))
+        Path(output[0]).write_text(json.dumps({"image": cb_images.sarus_name(TAG)}) + "\n")
+
+
+rule image_podman_hpc:
+    input:
+        rules.image_archive.output,
+    output:
+        IMAGES_DIR / "podman-hpc.json",
+    localrule: True
+    run:
+        for argv in cb_images.podman_hpc_argvs(TAG, Path(input[0])):
+            cb_images.run_step("podman-hpc", argv)
+        Path(output[0]).write_text(json.dumps({"image": TAG}) + "\n")
