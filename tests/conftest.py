@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import os
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -71,3 +72,24 @@ def tiny_runs(tmp_path_factory, bench_python) -> dict:
         execute(plan(spec, config), log, echo=None)
         records[(spec.kind, spec.ranks)] = parse_log(log)
     return records
+
+
+@pytest.fixture(scope="session")
+def container_engines(tmp_path_factory) -> dict:
+    """Podman settings for this host and a dockerd of our own (stopped by its PID afterwards);
+    returns the environment that reaches both."""
+    engines = ROOT / "scripts" / "container-engines.sh"
+    subprocess.run([str(engines), "install"], check=True, timeout=900)
+    state = tmp_path_factory.mktemp("engines")
+    conf = subprocess.run([str(engines), "podman-conf", str(state)], capture_output=True, text=True, check=True)
+    dockerd = subprocess.run([str(engines), "start-dockerd", str(state / "docker")], capture_output=True,
+                             text=True, timeout=120)
+    try:
+        assert dockerd.returncode == 0, dockerd.stderr
+        env = dict(os.environ)
+        for line in (conf.stdout.splitlines()[-1], dockerd.stdout.splitlines()[-1]):
+            name, value = line.split("=", 1)
+            env[name] = value
+        yield env
+    finally:
+        subprocess.run([str(engines), "stop-dockerd", str(state / "docker")], timeout=120)

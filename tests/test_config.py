@@ -72,10 +72,13 @@ def test_sweep_is_repetition_major_with_readable_ids(root):
     config = load_config([str(root / "config" / "config.yaml")])
     runs = cb_config.plan_runs(config)
     train = [r for r in runs if r.kind == "train"]
+    runtimes = ["bare-metal", "podman", "charliecloud", "docker"]
+    # Every runtime's repetition 1 comes before any repetition 2: container and bare-metal runs interleave.
     assert [r.run_id for r in train] == [
-        f"train_bare-metal_tcp-loopback_1x{n}_b8_rep{rep}" for rep in (1, 2, 3) for n in (1, 2)
+        f"train_{runtime}_tcp-loopback_1x{n}_b8_rep{rep}" for rep in (1, 2, 3) for runtime in runtimes for n in (1, 2)
     ]
-    assert [r.run_id for r in runs if r.kind == "netbench"] == ["netbench_bare-metal_tcp-loopback_1x2_rep1"]
+    assert [r.run_id for r in runs if r.kind == "netbench"] == [
+        f"netbench_{runtime}_tcp-loopback_1x2_rep1" for runtime in runtimes]
 
 
 def test_site_example_sweep_crosses_fabrics_nodes_and_batches(root):

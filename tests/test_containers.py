@@ -6,7 +6,6 @@ records prove it was the same benchmark."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,32 +16,12 @@ import yaml
 from conftest import ROOT, TINY
 
 pytestmark = pytest.mark.slow
-ENGINES = ROOT / "scripts" / "container-engines.sh"
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 RUNTIMES = ["bare-metal", "podman", "docker", "charliecloud"]
 
 
 @pytest.fixture(scope="module")
-def engines(tmp_path_factory):
-    """Podman settings for this host, and a dockerd of our own, stopped by its PID afterwards."""
-    subprocess.run([str(ENGINES), "install"], check=True, timeout=900)
-    state = tmp_path_factory.mktemp("engines")
-    conf = subprocess.run([str(ENGINES), "podman-conf", str(state)], capture_output=True, text=True, check=True)
-    dockerd = subprocess.run([str(ENGINES), "start-dockerd", str(state / "docker")], capture_output=True,
-                             text=True, timeout=120)
-    try:
-        assert dockerd.returncode == 0, dockerd.stderr
-        env = dict(os.environ)
-        for line in (conf.stdout.splitlines()[-1], dockerd.stdout.splitlines()[-1]):
-            name, value = line.split("=", 1)
-            env[name] = value
-        yield env
-    finally:
-        subprocess.run([str(ENGINES), "stop-dockerd", str(state / "docker")], timeout=120)
-
-
-@pytest.fixture(scope="module")
-def container_run(engines, tmp_path_factory):
+def container_run(container_engines, tmp_path_factory):
     workdir = tmp_path_factory.mktemp("containers")
     # The image is the repository's (its build context and build/ cache live there);
     # the results of this run go to the temporary directory.
@@ -53,7 +32,7 @@ def container_run(engines, tmp_path_factory):
         [SNAKEMAKE, "--snakefile", str(ROOT / "Snakefile"), "--directory", str(ROOT), "--profile",
          str(ROOT / "profiles" / "local"), "--configfile", str(ROOT / "config" / "config.yaml"),
          str(workdir / "tiny.yaml")],
-        capture_output=True, text=True, timeout=2400, env=engines)
+        capture_output=True, text=True, timeout=2400, env=container_engines)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
     return workdir
 

@@ -244,7 +244,7 @@ def test_expectations_derived_from_the_example_configs():
     ib = expected_transport(INFINIBAND)
     assert (ib.transport, ib.declared) == ("ib", False)
     assert {layer: e.transport for layer, e in ib.layers.items()} == {"nccl": "ib", "ucx": "ib", "mpi": "ib"}
-    assert ib.layers["nccl"].interfaces == {"ib": ("mlx5_0", "mlx5_1")}
+    assert ib.layers["nccl"].interfaces == {"ib": ("=mlx5_0", "=mlx5_1")}  # the example says exact names
     assert ib.layers["ucx"].interfaces == {"ib": ("=mlx5_0:1",)}
     eth = expected_transport(ETHERNET)
     assert {layer: e.transport for layer, e in eth.layers.items()} == {"nccl": "tcp", "ucx": "tcp", "mpi": "tcp",

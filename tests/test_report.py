@@ -31,9 +31,10 @@ def test_report_shows_throughput_scaling_network_and_failures(tiny_runs, tmp_pat
     assert len(re.findall(r'<img alt="[^"]+" src="data:image/png;base64,[A-Za-z0-9+/=]{1000,}">', page)) == 2
     assert "http://" not in page and "https://" not in page  # nothing fetched: readable offline
     for section in ("Environment", "Training throughput", "Container overhead", "Interconnects", "Input pipeline",
-                    "Memory", "Table 1", "Network", "Failed and invalid runs"):
+                    "Memory", "Table 1", "Network", "Every training run", "Failed and invalid runs"):
         assert f"<h2>{section}</h2>" in page
-    assert page.count("<table") == 5  # environment, summary, memory, table 1, failures (the rest have no rows here)
+    assert page.count("<table") == 6  # environment, summary, memory, table 1, runs, failures (the rest: no rows here)
+    assert "transport check" in page and "not applicable" in page  # one rank: no traffic to check
     assert "scaling eff. %" in page and "img/s median" in page and "peak host GiB/rank" in page
     assert "fabric tcp-loopback" in page and "OMPI_MCA_btl=self,tcp" in page
     assert "command of train_" in page and "containerbench.bench" in page

@@ -14,7 +14,8 @@ import pytest
 import yaml
 from conftest import BENCH_PYTHON, ROOT
 
-from containerbench.launch import execute, plan
+from containerbench.config import BUILD_DIR, built_image
+from containerbench.launch import plan
 from containerbench.results import parse_log
 
 pytestmark = pytest.mark.slow
@@ -39,9 +40,9 @@ def on_controller(state: Path, *argv: str, timeout=1800, cwd=None) -> subprocess
                           timeout=timeout, cwd=cwd)
 
 
-def workflow(state: Path, workdir: Path, *args: str) -> subprocess.CompletedProcess:
+def workflow(state: Path, workdir: Path, *args: str, overrides: dict | None = None) -> subprocess.CompletedProcess:
     extra = workdir / "extra.yaml"
-    extra.write_text(yaml.safe_dump({"bare_metal": {"python": str(BENCH_PYTHON)}}))
+    extra.write_text(yaml.safe_dump({"bare_metal": {"python": str(BENCH_PYTHON)}, **(overrides or {})}))
     return on_controller(
         state, "timeout", "-s", "INT", "1500", SNAKEMAKE, "--snakefile", str(ROOT / "Snakefile"),
         "--directory", str(workdir), "--profile", str(ROOT / "profiles" / "slurm"),
@@ -50,8 +51,18 @@ def workflow(state: Path, workdir: Path, *args: str) -> subprocess.CompletedProc
 
 
 @pytest.fixture(scope="module")
-def slurm_run(cluster, tmp_path_factory):
+def slurm_run(cluster, container_engines, tmp_path_factory):
     workdir = tmp_path_factory.mktemp("slurm-workflow")
+    # The login node builds the image (the controller's namespace has no route to package
+    # registries); the jobs on the nodes only run it.
+    extra = workdir / "extra.yaml"
+    extra.write_text(yaml.safe_dump({"bare_metal": {"python": str(BENCH_PYTHON)}}))
+    image = built_image("charliecloud", "localhost/containerbench:latest", str(ROOT / BUILD_DIR))[1]
+    built = subprocess.run([SNAKEMAKE, "--snakefile", str(ROOT / "Snakefile"), "--directory", str(workdir),
+                            "--profile", str(ROOT / "profiles" / "local"), "--configfile",
+                            str(ROOT / "tests" / "slurm" / "config.yaml"), str(extra), image],
+                           capture_output=True, text=True, timeout=2400, env=container_engines)
+    assert built.returncode == 0, built.stderr[-3000:]
     done = workflow(cluster, workdir)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
     return workdir
@@ -59,7 +70,9 @@ def slurm_run(cluster, tmp_path_factory):
 
 def test_every_run_used_slurm_and_the_fabric_it_asked_for(slurm_run):
     records = [json.loads(p.read_text()) for p in sorted((slurm_run / "results" / "runs").glob("*.json"))]
-    assert len(records) == 2 * 2 + 2  # fabrics x node counts, plus netbench per fabric
+    assert len(records) == 2 * (2 * 2 + 2)  # runtimes x (fabrics x node counts + netbench per fabric)
+    assert {r["spec"]["runtime"] for r in records} == {"bare-metal", "charliecloud"}
+    assert len({r["result"]["provenance"]["hash"] for r in records}) == 1  # the same benchmark in both
     for record in records:
         assert record["status"] == "ok", (record["run_id"], record["reasons"])
         assert record["result"]["hostnames"] == (["n1", "n2"] if record["spec"]["nodes"] == 2 else
@@ -87,14 +100,28 @@ def test_the_report_shows_scaling_across_nodes_and_the_fabric_difference(slurm_r
     assert "<h2>Interconnects</h2>" in report and "fast" in report and "slow" in report
 
 
+def test_what_slurm_cannot_give_is_refused_before_submission(cluster, tmp_path):
+    done = workflow(cluster, tmp_path, "--dry-run", overrides={"slurm": {"partition": "gpu"}})
+    assert done.returncode == 1
+    errors = [line for line in done.stderr.splitlines() if line.startswith("containerbench:")]
+    assert errors == ["containerbench: config: 'slurm.partition' = 'gpu' is not a partition of this cluster; "
+                      "allowed: cpu"]
+
+
 def test_a_killed_workflow_resubmits_only_what_is_missing(cluster, slurm_run):
-    # What a workflow killed mid-run leaves: one run never measured (no log, no record).
-    for suffix in (".log", ".json"):
-        (slurm_run / "results" / "runs" / f"train_bare-metal_slow_1x1_b2_rep1{suffix}").unlink()
+    # What a workflow killed mid-run leaves: one run never measured (no log, no record),
+    # and no tables or report yet.
+    results = slurm_run / "results"
+    for path in [results / "runs" / f"train_bare-metal_slow_1x1_b2_rep1{suffix}" for suffix in (".log", ".json")]:
+        path.unlink()
+    for path in results.glob("*.*"):
+        path.unlink()
     done = workflow(cluster, slurm_run)
     assert done.returncode == 0, done.stderr[-3000:]
-    submitted = re.findall(r"submitted with SLURM jobid \d+ \(log: [^)]*rule_(\w+)/([^/]+)/", done.stdout + done.stderr)
-    assert submitted == [("measure_rep1", "train_bare-metal_slow_1x1_b2_rep1")]
+    output = done.stdout + done.stderr
+    submitted = re.findall(r"submitted with SLURM jobid \d+ \(log: [^)]*rule_(\w+)/([^/]+)/", output)
+    assert submitted == [("measure_rep1", "train_bare-metal_slow_1x1_b2_rep1")], output[-3000:]
+    assert (results / "report.html").exists()
 
 
 def test_a_run_on_the_wrong_interface_is_caught(cluster, slurm_run, tmp_path):
@@ -119,5 +146,6 @@ def test_a_run_on_the_wrong_interface_is_caught(cluster, slurm_run, tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     record = parse_log(log)
     assert record["status"] == "invalid"
-    assert record["reasons"][0].startswith("fabric: ")
-    assert "slow0" in record["evidence"]
+    assert record["reasons"][0].startswith("fabric: ") and "slow0" in record["reasons"][0]
+    assert any("slow0" in line for line in record["fabric_check"]["evidence"])
+    assert record["evidence"] == record["fabric_check"]["evidence"][0]

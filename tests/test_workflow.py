@@ -44,7 +44,6 @@ def test_dry_run_of_the_default_config(tmp_path):
     assert {k: v for k, v in counts.items() if not k.startswith("image")} == {
         "measure_rep1": 3 * n, "measure_rep2": 2 * n, "measure_rep3": 2 * n, "parse_run": 7 * n,
         "tables": 1, "report": 1, "all": 1}
-    assert ("image_build" in counts) == (n > 1)
     for runtime in runtimes:
         for ranks in (1, 2):
             for rep in (1, 2, 3):

@@ -9,6 +9,7 @@ benchmark process, each with a stable, readable run id.
 from __future__ import annotations
 
 import itertools
+import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -141,15 +142,24 @@ def check_runs(config: dict, runs: list[RunSpec]) -> None:
 BUILD_DIR = "build/images"
 
 
+def image_files(tag: str, build_dir: str = BUILD_DIR) -> dict[str, str]:
+    """What the workflow makes from the image `tag`, named after it: a stale file made
+    from another image (or by hand) is never taken for this one."""
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", tag.rsplit("/", 1)[-1])
+    return {"docker": f"{build_dir}/docker-{slug}.json", "podman": f"{build_dir}/podman-{slug}.json",
+            "podman-hpc": f"{build_dir}/podman-hpc-{slug}.json", "sarus": f"{build_dir}/sarus-{slug}.json",
+            "archive": f"{build_dir}/{slug}.tar", "charliecloud": f"{build_dir}/{slug}.ch",
+            "definition": f"{build_dir}/{slug}.def", "apptainer": f"{build_dir}/{slug}.sif",
+            "singularity": f"{build_dir}/{slug}.sif", "enroot": f"{build_dir}/{slug}.sqsh"}
+
+
 def built_image(runtime: str, tag: str, build_dir: str = BUILD_DIR) -> tuple[str, str] | None:
-    stamps = {"docker": "containerbench.docker.json", "podman": "containerbench.podman.json",
-              "podman-hpc": "podman-hpc.json", "sarus": "sarus.json"}
-    if runtime in stamps:
-        return tag, f"{build_dir}/{stamps[runtime]}"
-    files = {"charliecloud": "containerbench.ch", "apptainer": "containerbench.sif",
-             "singularity": "containerbench.sif", "enroot": "containerbench.sqsh"}
-    if runtime in files:
-        return f"{build_dir}/{files[runtime]}", f"{build_dir}/{files[runtime]}"
+    """(the image reference `runtime` runs, the file its runs depend on), or None if not buildable here."""
+    files = image_files(tag, build_dir)
+    if runtime in ("docker", "podman", "podman-hpc", "sarus"):
+        return tag, files[runtime]
+    if runtime in ("charliecloud", "apptainer", "singularity", "enroot"):
+        return files[runtime], files[runtime]
     return None  # bare metal, and Shifter (its gateway serves images; it cannot take a local build)
 
 

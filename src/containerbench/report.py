@@ -160,6 +160,11 @@ def environment_rows(records: list[dict]) -> list[tuple[str, str]]:
     return rows
 
 
+RUN_COLUMNS = {
+    "run_id": "run", "runtime": "runtime", "fabric": "fabric", "nodes": "nodes", "ranks": "ranks",
+    "status": "status", "images_per_sec": "img/s", "startup_s": "start-up s", "fabric_check": "transport check",
+    "transport": "what the logs show", "hosts": "hosts",
+}
 OVERHEAD_COLUMNS = {
     "runtime": "runtime", "fabric": "fabric", "ranks": "ranks", "batch_size": "batch/rank",
     "bare_metal_median": "bare metal img/s", "runtime_median": "runtime img/s", "overhead_percent": "overhead %",
@@ -187,7 +192,7 @@ def _read(tables_dir: Path, name: str) -> pd.DataFrame:
 def render(tables_dir: str | Path, record_paths, out_path: str | Path, skipped: dict | None = None) -> None:
     tables_dir = Path(tables_dir)
     tables = {name: _read(tables_dir, name) for name in
-              ("summary", "overhead", "fabrics", "input", "memory", "table1", "netbench", "failures")}
+              ("runs", "summary", "overhead", "fabrics", "input", "memory", "table1", "netbench", "failures")}
     records, _ = load_records(record_paths)
     environment = Environment(loader=PackageLoader("containerbench"), autoescape=select_autoescape())
     page = environment.get_template("report.html.j2").render(
@@ -205,6 +210,7 @@ def render(tables_dir: str | Path, record_paths, out_path: str | Path, skipped: 
         study_table=_table(tables["table1"]),
         network_plot=network_plot(tables["netbench"]),
         failures_table=_table(tables["failures"]),
+        runs_table=_table(tables["runs"], RUN_COLUMNS),
         skipped=sorted((skipped or {}).items()),
     )
     Path(out_path).write_text(page)

@@ -15,6 +15,7 @@ BENCH_PYTHON = Path(config["bare_metal"]["python"])
 if not BENCH_PYTHON.is_absolute() and (REPO / BENCH_PYTHON).exists():
     BENCH_PYTHON = REPO / BENCH_PYTHON
 PACKAGE_SOURCES = sorted(str(p) for p in (REPO / "src" / "containerbench").rglob("*.py"))
+FILES = cb_config.image_files(TAG, str(IMAGES_DIR))
 
 
 rule image_base:
@@ -50,7 +51,7 @@ rule image_build:
         lock=REPO / "envs" / "bench.lock.txt",
         sources=PACKAGE_SOURCES,
     output:
-        IMAGES_DIR / f"containerbench.{ENGINE}.json",
+        FILES[ENGINE],
     localrule: True
     run:
         # apt packages at build time need the network; the default base needs nothing from outside.
@@ -66,7 +67,7 @@ rule image_archive:
     input:
         rules.image_build.output,
     output:
-        REPO / cb_images.ARCHIVE,
+        FILES["archive"],
     localrule: True
     run:
         cb_images.export_image(ENGINE, TAG, Path(output[0]))
@@ -80,7 +81,7 @@ for other in set(cb_images.ENGINES) - {ENGINE}:
         input:
             rules.image_archive.output,
         output:
-            IMAGES_DIR / f"containerbench.{other}.json",
+            FILES[other],
         localrule: True
         run:
             cb_images.run_step(f"load into {other}", cb_images.load_argv(other, Path(input[0])),
@@ -92,7 +93,7 @@ rule image_charliecloud:
     input:
         rules.image_build.output,
     output:
-        directory(REPO / cb_images.CHARLIECLOUD_DIR),
+        directory(FILES["charliecloud"]),
     localrule: True
     run:
         cb_images.charliecloud_image(ENGINE, TAG, Path(output[0]), force=True)
@@ -103,11 +104,14 @@ rule singularity_definition:
     input:
         REPO / "containers" / "Dockerfile",
     output:
-        REPO / cb_images.DEFINITION,
+        FILES["definition"],
     localrule: True
     run:
-        cb_images.write_singularity_definition(Path(output[0]), dockerfile=Path(input[0]), bootstrap="docker-archive",
-                                               source=str(REPO / cb_images.ARCHIVE))
+        # From the base, like the Dockerfile: a site without Docker builds the same image with Apptainer.
+        # (The .sif below is made from the built image's archive instead.)
+        base = BUILD["base_image"] or cb_images.BASE_IMAGE
+        cb_images.write_singularity_definition(Path(output[0]), dockerfile=Path(input[0]),
+                                               build_args={"BASE_IMAGE": base})
 
 
 rule image_apptainer:
@@ -115,7 +119,7 @@ rule image_apptainer:
         archive=rules.image_archive.output,
         definition=rules.singularity_definition.output,
     output:
-        REPO / cb_images.SIF,
+        FILES["apptainer"],
     localrule: True
     run:
         program = "singularity" if "singularity" in config["runtimes"] else "apptainer"
@@ -126,7 +130,7 @@ rule image_enroot:
     input:
         rules.image_build.output,
     output:
-        REPO / cb_images.SQUASHFS,
+        FILES["enroot"],
     localrule: True
     run:
         cb_images.run_step("enroot import", cb_images.enroot_import_argv(ENGINE, TAG, Path(output[0])))
@@ -136,7 +140,7 @@ rule image_sarus:
     input:
         rules.image_archive.output,
     output:
-        IMAGES_DIR / "sarus.json",
+        FILES["sarus"],
     localrule: True
     run:
         cb_images.run_step("sarus load", cb_images.sarus_load_argv(TAG, Path(input[0])))
@@ -147,7 +151,7 @@ rule image_podman_hpc:
     input:
         rules.image_archive.output,
     output:
-        IMAGES_DIR / "podman-hpc.json",
+        FILES["podman-hpc"],
     localrule: True
     run:
         for argv in cb_images.podman_hpc_argvs(TAG, Path(input[0])):
