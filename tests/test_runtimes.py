@@ -55,7 +55,7 @@ RUNTIMES = {
     "apptainer": lambda: Apptainer("/images/containerbench.sif", host_python=HOST_PY),
     "singularity": lambda: Apptainer("/images/containerbench.sif", binary="singularity", host_python=HOST_PY),
     "shifter": lambda: Shifter("docker:containerbench:latest", mpi_hook=True),
-    "charliecloud": lambda: Charliecloud("/images/containerbench.sqfs"),
+    "charliecloud": lambda: Charliecloud("/images/containerbench.sqfs", write_fake=True),
     "enroot": lambda: Enroot("/images/containerbench.sqsh"),
     "sarus": lambda: Sarus("containerbench:latest", mpi_hook=True, host_python=HOST_PY),
 }
@@ -358,3 +358,10 @@ def test_runtime_for_rejects_in_one_line(name, config, message):
     with pytest.raises(ValueError) as error:
         runtime_for(name, config)
     assert str(error.value) == message and "\n" not in message
+
+
+def test_charliecloud_without_write_fake_binds_no_work_directory():
+    """ch-run < 0.32 cannot create mount points: only dataset binds, started in /."""
+    argv = Charliecloud("/img", write_fake=False).rank_argv(SITE)
+    assert "--bind=/datasets/imagenet" in argv and not any(a.startswith("--bind=/scratch") for a in argv)
+    assert "--cd=/" in argv

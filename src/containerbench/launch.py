@@ -204,7 +204,7 @@ def check_slurm_request(config: dict, runs: list[RunSpec], sinfo=("sinfo",)) -> 
 
     Raises ValueError with one line; does nothing where sinfo is not available.
     """
-    slurm, runs = config["slurm"], [r for r in runs]
+    slurm = config["slurm"]
     limit = max(config["benchmark"]["timeout_s"], config["netbench"]["timeout_s"])
     if limit >= slurm["runtime_minutes"] * 60:
         raise ValueError(f"config: 'slurm.runtime_minutes' = {slurm['runtime_minutes']} ends before the benchmark's own "

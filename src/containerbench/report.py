@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import base64
 import io
-import json
 import time
 from pathlib import Path
 

@@ -26,6 +26,7 @@ starts; where a runtime cannot pass them by prefix, rankexec.py does it on the n
 
 from __future__ import annotations
 
+import functools
 import getpass
 import inspect
 import os
@@ -317,6 +318,15 @@ class Shifter(ContainerRuntime):
         return [*argv, f"--workdir={self.workdir(request)}", *self.extra_args, "--", *self.command(request)]
 
 
+@functools.cache
+def ch_run_has_write_fake() -> bool:
+    try:
+        shown = subprocess.run(["ch-run", "--help"], capture_output=True, text=True, timeout=20, env=host_environment())
+    except (OSError, subprocess.TimeoutExpired):
+        return True  # not installed here: print what current Charliecloud takes
+    return "--write-fake" in shown.stdout + shown.stderr
+
+
 class Charliecloud(ContainerRuntime):
     """ch-run on an image directory or SquashFS. Host network, /dev, /sys, /tmp are shared; the host
     environment passes unless unset (ch-run(1), "Environment variables"); the image's ENV, loaded
@@ -327,9 +337,10 @@ class Charliecloud(ContainerRuntime):
     name = "charliecloud"
     probe = ("ch-run", "--version")
 
-    def __init__(self, image: str, python: str = "python3", extra_args=(), write_fake: bool = True):
+    def __init__(self, image: str, python: str = "python3", extra_args=(), write_fake: bool | None = None):
         super().__init__(image, python, extra_args)
-        self.write_fake = write_fake
+        # None: use it where this ch-run has it (0.32 and later; Debian 12 ships 0.31).
+        self.write_fake = ch_run_has_write_fake() if write_fake is None else write_fake
 
     def keep_glob(self, request: RunRequest) -> str:
         """Extended glob of the variables to keep (`ch-run --feature=extglob` must succeed)."""
@@ -343,8 +354,13 @@ class Charliecloud(ContainerRuntime):
         # the image's ENV from /ch/environment (written by ch-image).
         argv = ["ch-run", "--join", f"--unset-env={self.keep_glob(request)}", "--set-env",
                 *(["--write-fake"] if self.write_fake else [])]
-        argv += [f"--bind={path}" for path in self.mounts(request)]
-        return [*argv, f"--cd={self.workdir(request)}", *self.extra_args, self.image, "--", *self.command(request)]
+        if self.write_fake:
+            argv += [f"--bind={path}" for path in self.mounts(request)]
+            return [*argv, f"--cd={self.workdir(request)}", *self.extra_args, self.image, "--", *self.command(request)]
+        # Without --write-fake (ch-run < 0.32) a bind needs its mount point in the image: the
+        # benchmark needs nothing from the work directory, so only dataset binds are made.
+        argv += [f"--bind={path}" for path in map(os.path.abspath, request.binds)]
+        return [*argv, "--cd=/", *self.extra_args, self.image, "--", *self.command(request)]
 
 
 class Enroot(ContainerRuntime):
