@@ -58,9 +58,9 @@ def slurm_run(cluster, container_engines, tmp_path_factory):
     extra = workdir / "extra.yaml"
     extra.write_text(yaml.safe_dump({"bare_metal": {"python": str(BENCH_PYTHON)}}))
     image = built_image("charliecloud", "localhost/containerbench:latest", str(ROOT / BUILD_DIR))[1]
-    built = subprocess.run([SNAKEMAKE, "--snakefile", str(ROOT / "Snakefile"), "--directory", str(workdir),
+    built = subprocess.run([SNAKEMAKE, image, "--snakefile", str(ROOT / "Snakefile"), "--directory", str(workdir),
                             "--profile", str(ROOT / "profiles" / "local"), "--configfile",
-                            str(ROOT / "tests" / "slurm" / "config.yaml"), str(extra), image],
+                            str(ROOT / "tests" / "slurm" / "config.yaml"), str(extra)],
                            capture_output=True, text=True, timeout=2400, env=container_engines)
     assert built.returncode == 0, built.stderr[-3000:]
     done = workflow(cluster, workdir)
