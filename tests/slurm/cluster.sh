@@ -19,6 +19,10 @@ SLOW_RATE=${CB_SLOW_RATE:-1gbit}
 CLUSTER=cbtest
 NODES=(n1 n2)
 NS_CTL=cbctl
+# Every slurmd sees its own spool at this one path, and its own /dev/shm, as a real node
+# would (a mount namespace each): Slurm's PMIx plugin builds its socket paths from
+# SlurmdSpoolDir without expanding %n, and ch-run --join keeps its state in /dev/shm.
+SPOOL=/var/spool/containerbench-slurmd
 
 die() { echo "cluster.sh: $*" >&2; exit 1; }
 in_ns() { local ns=$1; shift; nsenter --net=/run/netns/"$ns" "$@"; }
@@ -87,7 +91,7 @@ MailProg=/bin/true
 ReturnToService=2
 MinJobAge=600
 StateSaveLocation=$dir/state
-SlurmdSpoolDir=$dir/spool/%n
+SlurmdSpoolDir=$SPOOL
 TmpFS=$dir/tmp/%n
 SlurmctldPidFile=$dir/slurmctld.pid
 SlurmdPidFile=$dir/slurmd-%n.pid
@@ -160,8 +164,11 @@ start() {
   in_ns "$NS_CTL" sacctmgr -i add account cbtest-account Cluster="$CLUSTER" >/dev/null
   in_ns "$NS_CTL" sacctmgr -i add user root Account=cbtest-account Cluster="$CLUSTER" >/dev/null
   in_ns "$NS_CTL" unshare --uts sh -c 'hostname ctl && exec slurmctld -i'
+  mkdir -p "$SPOOL"
   for node in "${NODES[@]}"; do
-    nsenter --net=/run/netns/"cb$node" unshare --uts sh -c "hostname $node && exec slurmd -N $node"
+    nsenter --net=/run/netns/"cb$node" unshare --uts --mount --propagation private \
+      sh -c "mount --bind '$dir/spool/$node' '$SPOOL' && mount -t tmpfs -o mode=1777 shm /dev/shm \
+             && hostname $node && exec slurmd -N $node"
   done
   wait_for 60 "2 idle nodes" sh -c "nsenter --net=/run/netns/$NS_CTL sinfo -h -t idle -o %D | grep -qx 2"
   echo "cluster.sh: $CLUSTER up: nodes ${NODES[*]}, fast0 10.77.1.0/24, slow0 10.77.2.0/24 ($SLOW_RATE)" >&2
