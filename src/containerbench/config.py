@@ -187,10 +187,11 @@ def select_runtimes(config: dict, artifacts: dict[str, str]) -> dict[str, str]:
     Under `require` an unusable runtime is a ConfigError; under `skip-unusable` it
     is removed from config["runtimes"] and its reason returned for the report.
     """
+    from containerbench.images import engine_usable
     from containerbench.runtimes import runtime_for
 
-    builder = runtime_for(config["images"]["build"]["engine"], {"images": {config["images"]["build"]["engine"]: {"image": "-"}}})
-    build_ok, build_reason = builder.usable() if artifacts else (True, "")
+    # Building is the images module's business: it says whether its engine answers here.
+    build_ok, build_reason = engine_usable(config["images"]["build"]["engine"]) if artifacts else (True, "")
     unusable = {}
     for name in config["runtimes"]:
         if name == "bare-metal":
