@@ -23,6 +23,8 @@ rule image_base:
     output:
         IMAGES_DIR / f"base.{ENGINE}.done",
     localrule: True
+    resources:
+        exclusive_machine=1,  # never beside a benchmark: it would be measured too
     run:
         cb_images.make_base(ENGINE, rootfs=REPO / "build" / "base" / "rootfs")
         Path(output[0]).write_text(cb_images.BASE_IMAGE + "\n")
@@ -36,6 +38,8 @@ rule image_wheelhouse:
     output:
         IMAGES_DIR / "wheelhouse.done",
     localrule: True
+    resources:
+        exclusive_machine=1,  # never beside a benchmark: it would be measured too
     run:
         names = cb_images.make_wheelhouse(BENCH_PYTHON, WHEELHOUSE, REPO)
         Path(output[0]).write_text("\n".join(names) + "\n")
@@ -53,6 +57,8 @@ rule image_build:
     output:
         FILES[ENGINE],
     localrule: True
+    resources:
+        exclusive_machine=1,  # never beside a benchmark: it would be measured too
     run:
         # apt packages at build time need the network; the default base needs nothing from outside.
         build_args = {"APT_PACKAGES": BUILD["apt_packages"]} if BUILD["apt_packages"] else {}
@@ -69,6 +75,8 @@ rule image_archive:
     output:
         FILES["archive"],
     localrule: True
+    resources:
+        exclusive_machine=1,  # never beside a benchmark: it would be measured too
     run:
         cb_images.export_image(ENGINE, TAG, Path(output[0]))
 
@@ -83,6 +91,8 @@ for other in set(cb_images.ENGINES) - {ENGINE}:
         output:
             FILES[other],
         localrule: True
+        resources:
+            exclusive_machine=1,  # never beside a benchmark: it would be measured too
         run:
             cb_images.run_step(f"load into {other}", cb_images.load_argv(other, Path(input[0])),
                                env=cb_images.engine_env(other))
@@ -95,6 +105,8 @@ rule image_charliecloud:
     output:
         directory(FILES["charliecloud"]),
     localrule: True
+    resources:
+        exclusive_machine=1,  # never beside a benchmark: it would be measured too
     run:
         cb_images.charliecloud_image(ENGINE, TAG, Path(output[0]), force=True)
 
@@ -106,6 +118,8 @@ rule singularity_definition:
     output:
         FILES["definition"],
     localrule: True
+    resources:
+        exclusive_machine=1,  # never beside a benchmark: it would be measured too
     run:
         # From the base, like the Dockerfile: a site without Docker builds the same image with Apptainer.
         # (The .sif below is made from the built image's archive instead.)
@@ -121,6 +135,8 @@ rule image_apptainer:
     output:
         FILES["apptainer"],
     localrule: True
+    resources:
+        exclusive_machine=1,  # never beside a benchmark: it would be measured too
     run:
         program = "singularity" if "singularity" in config["runtimes"] else "apptainer"
         cb_images.run_step("apptainer build", cb_images.apptainer_build_argv(Path(output[0]), Path(input.archive), program))
@@ -132,6 +148,8 @@ rule image_enroot:
     output:
         FILES["enroot"],
     localrule: True
+    resources:
+        exclusive_machine=1,  # never beside a benchmark: it would be measured too
     run:
         cb_images.run_step("enroot import", cb_images.enroot_import_argv(ENGINE, TAG, Path(output[0])))
 
@@ -142,6 +160,8 @@ rule image_sarus:
     output:
         FILES["sarus"],
     localrule: True
+    resources:
+        exclusive_machine=1,  # never beside a benchmark: it would be measured too
     run:
         cb_images.run_step("sarus load", cb_images.sarus_load_argv(TAG, Path(input[0])))
         Path(output[0]).write_text(json.dumps({"image": cb_images.sarus_name(TAG)}) + "\n")
@@ -153,6 +173,8 @@ rule image_podman_hpc:
     output:
         FILES["podman-hpc"],
     localrule: True
+    resources:
+        exclusive_machine=1,  # never beside a benchmark: it would be measured too
     run:
         for argv in cb_images.podman_hpc_argvs(TAG, Path(input[0])):
             cb_images.run_step("podman-hpc", argv)
