@@ -1,12 +1,14 @@
-"""Synthetic data-parallel training benchmark (TensorFlow + Horovod).
+"""Data-parallel training benchmark (TensorFlow; Horovod, collective or parameter-server).
 
 In the spirit of Horovod's tensorflow2_synthetic_benchmark.py, with what a
 reviewer needs on top: every step timed on every rank after warmup, a result
 gathered from all ranks (total = sum of the ranks' rates), and a checksum of the
 trained weights from every rank that proves gradients really were averaged.
+How ranks cooperate is the mode (distribution.py); what they train on is
+synthetic tensors or ImageNet TFRecords (datasets.py).
 
     python -m containerbench.bench --batch-size 8 --image-size 64 --steps 10
-    mpirun -np 2 python -m containerbench.bench ...   (or srun, or horovodrun)
+    mpirun -np 2 python -m containerbench.bench --mode collective --data-dir DIR ...
 
 Rank 0 prints one human line per measured step and, at the end, one line
 `containerbench-result {json}` that the workflow parses into the run record.
@@ -24,11 +26,14 @@ import socket
 import sys
 import time
 
+from containerbench.distribution import MODES  # no TensorFlow import: parsing stays instant
+
 ENTRY_UNIX_TIME = time.time()  # before TensorFlow's import: start-up cost counts
 
 MODELS = ("resnet50", "resnet101", "resnet152", "inception_v3", "vgg16")
 PRECISIONS = ("fp32", "mixed_float16", "mixed_bfloat16")
 RESULT_PREFIX = "containerbench-result "
+FAILURE_PREFIX = "containerbench-failure "
 
 
 def parse_args(argv=None):
@@ -41,13 +46,20 @@ def parse_args(argv=None):
     parser.add_argument("--precision", choices=PRECISIONS, default="fp32")
     parser.add_argument("--xla", action="store_true", help="compile the training step with XLA")
     parser.add_argument("--data-format", choices=("channels_last", "channels_first"), default="channels_last")
+    parser.add_argument("--mode", choices=MODES, default="horovod", help="how ranks combine gradients")
+    parser.add_argument("--collective", choices=("auto", "ring", "nccl"), default="auto",
+                        help="collective mode: TensorFlow's all-reduce implementation")
+    parser.add_argument("--pack-bytes", type=int, default=64 * 2**20,
+                        help="collective mode: gradients per all-reduce (Horovod's fusion buffer is 64 MiB)")
+    parser.add_argument("--parameter-servers", type=int, default=1, help="parameter_server mode: how many")
+    parser.add_argument("--data-dir", help="ImageNet TFRecords (train-*-of-*); default: synthetic data")
     parser.add_argument("--probe-steps", type=int, default=0,
                         help="after the measured steps, time this many local steps with no communication, "
                              "per rank: finds a slow node that synchronous training hides")
     parser.add_argument("--threads", type=int, default=0, help="TF intra-op threads; 0 = the CPUs this rank may use")
     parser.add_argument("--runtime", default=os.environ.get("CONTAINERBENCH_RUNTIME", "bare-metal"))
     args = parser.parse_args(argv)
-    for name in ("batch_size", "image_size", "steps", "warmup_steps", "probe_steps"):
+    for name in ("batch_size", "image_size", "steps", "warmup_steps", "probe_steps", "parameter_servers"):
         if getattr(args, name) < (0 if name in ("warmup_steps", "probe_steps") else 1):
             parser.error(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
     return args
@@ -70,7 +82,7 @@ def mpi_library() -> str | None:
     try:
         import mpi4py
 
-        mpi4py.rc.initialize = False  # Horovod initialises MPI itself
+        mpi4py.rc.initialize = False  # the mode initialises MPI (Horovod itself, or mpi4py)
         from mpi4py import MPI
 
         # Open MPI ends the string with a NUL; keep the record clean.
@@ -79,17 +91,24 @@ def mpi_library() -> str | None:
         return None
 
 
-def configure_devices(tf, hvd, threads: int) -> list[str]:
+def configure_devices(tf, local_rank: int, threads: int) -> list[str]:
     """Pin one GPU per local rank; size TF's thread pool to this rank's CPUs."""
     gpus = tf.config.list_physical_devices("GPU")
     for gpu in gpus:
         tf.config.experimental.set_memory_growth(gpu, True)
     if gpus:
-        tf.config.set_visible_devices(gpus[hvd.local_rank() % len(gpus)], "GPU")
-    cpus = threads or len(os.sched_getaffinity(0))
-    tf.config.threading.set_intra_op_parallelism_threads(cpus)
+        tf.config.set_visible_devices(gpus[local_rank % len(gpus)], "GPU")
+    tf.config.threading.set_intra_op_parallelism_threads(threads or len(os.sched_getaffinity(0)))
     tf.config.threading.set_inter_op_parallelism_threads(2)
     return [gpu.name for gpu in gpus]
+
+
+def local_rank_hint() -> int:
+    """The launcher's local rank, known before any mode starts (GPUs are pinned first)."""
+    for name in ("OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MPI_LOCALRANKID", "PMIX_LOCAL_RANK"):
+        if name in os.environ:
+            return int(os.environ[name])
+    return 0
 
 
 def build_model(tf, args):
@@ -106,7 +125,35 @@ def build_model(tf, args):
         "vgg16": tf.keras.applications.VGG16,
     }[args.model]
     # Logits out, loss in float32: the softmax must not run in float16.
-    return constructor(weights=None, input_shape=shape, classes=1000, classifier_activation=None), shape
+    model = constructor(weights=None, input_shape=shape, classes=1000, classifier_activation=None)
+    # Plain SGD, as Horovod's synthetic benchmark and tf_cnn_benchmarks (its default): momentum
+    # would add a pass over all weights per step (measured: about 3% at 64 px on a CPU).
+    optimizer = tf.keras.optimizers.SGD(learning_rate=0.01)
+    if args.precision == "mixed_float16":
+        optimizer = tf.keras.mixed_precision.LossScaleOptimizer(optimizer)
+    return model, optimizer, shape
+
+
+def input_source(tf, mode, args, shape):
+    """(next_batch, step arguments): next_batch runs inside the compiled step, so input costs are in it."""
+    from containerbench import datasets
+
+    channels_first = args.data_format == "channels_first"
+    if args.mode == "parameter_server":  # each worker makes its own batches
+        if args.data_dir:
+            iterator = mode.per_worker(lambda: datasets.imagenet_pipeline(
+                tf, args.data_dir, args.batch_size, args.image_size, 0, 1, channels_first))
+        else:
+            iterator = mode.per_worker(lambda: tf.data.Dataset.from_tensors(
+                datasets.synthetic_batch(tf, args.batch_size, shape, seed=1234)).repeat())
+        return next, (iterator,)
+    if args.data_dir:
+        iterator = iter(datasets.imagenet_pipeline(tf, args.data_dir, args.batch_size, args.image_size,
+                                                   mode.rank, mode.size, channels_first))
+        return next, (iterator,)
+    # Each rank its own random batch: had gradients not been averaged, weights would drift apart.
+    batch = datasets.synthetic_batch(tf, args.batch_size, shape, seed=1234 + mode.rank)
+    return (lambda: batch), ()
 
 
 def weights_checksum(np, variables) -> dict:
@@ -141,86 +188,72 @@ def local_compute_rate(tf, model, images, labels, args) -> float:
     return args.batch_size * args.probe_steps / (time.perf_counter() - started)
 
 
-def run(args) -> dict | None:
-    import numpy as np
-    import tensorflow as tf
-    import horovod
-    import horovod.tensorflow as hvd
-
-    mpi_version = mpi_library()
-    hvd.init()
-    gpu_names = configure_devices(tf, hvd, args.threads)
-    model, shape = build_model(tf, args)
-    optimizer = tf.keras.optimizers.SGD(learning_rate=0.01, momentum=0.9)
-    if args.precision == "mixed_float16":
-        optimizer = tf.keras.mixed_precision.LossScaleOptimizer(optimizer)
-    optimizer.build(model.trainable_variables)
-
-    # Each rank trains on its own random batch: if gradients were not averaged,
-    # the ranks' weights would drift apart and the checksum would show it.
-    tf.random.set_seed(1234 + hvd.rank())
-    images = tf.random.uniform((args.batch_size, *shape))
-    labels = tf.random.uniform((args.batch_size,), maxval=1000, dtype=tf.int64)
-    hvd.broadcast_variables(model.variables + optimizer.variables, root_rank=0)
-
-    @tf.function(jit_compile=args.xla)
-    def train_step():
-        with tf.GradientTape() as tape:
-            logits = tf.cast(model(images, training=True), tf.float32)
-            loss = tf.reduce_mean(tf.keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True))
-            scaled = optimizer.get_scaled_loss(loss) if args.precision == "mixed_float16" else loss
-        tape = hvd.DistributedGradientTape(tape)
-        gradients = tape.gradient(scaled, model.trainable_variables)
-        if args.precision == "mixed_float16":
-            gradients = optimizer.get_unscaled_gradients(gradients)
-        update = optimizer.apply_gradients(zip(gradients, model.trainable_variables))
-        # Returning a value ordered after the update makes the host wait for
-        # the whole step, so the wall time covers it (GPU streams included).
-        with tf.control_dependencies([update]):
-            return tf.identity(loss)
-
-    rank, size = hvd.rank(), hvd.size()
-    setup_s = time.time() - ENTRY_UNIX_TIME
-    if rank == 0:
-        print(f"containerbench: {args.model} {args.image_size}px batch {args.batch_size}/rank, "
-              f"{size} rank(s), {args.precision}{', XLA' if args.xla else ''}, "
-              f"{args.warmup_steps} warmup + {args.steps} measured steps", flush=True)
+def measure(train_step, source, args, rank: int, images_per_step: int) -> tuple[list, list, float]:
+    """Warmup, then measured steps; each step's wall time includes waiting for its result."""
     warmup_times, step_times = [], []
+    loop_started = time.perf_counter()
     for step in range(args.warmup_steps + args.steps):
+        if step == args.warmup_steps:
+            loop_started = time.perf_counter()
         started = time.perf_counter()
-        loss = float(train_step())
+        loss = float(train_step(*source))
         elapsed = time.perf_counter() - started
         measured = step >= args.warmup_steps
         (step_times if measured else warmup_times).append(elapsed)
         if rank == 0:
             label = f"step {step - args.warmup_steps + 1}/{args.steps}" if measured else f"warmup {step + 1}/{args.warmup_steps}"
-            print(f"  {label}: {elapsed:.3f} s  {args.batch_size / elapsed:8.2f} img/s (rank 0)  loss {loss:.3f}", flush=True)
+            print(f"  {label}: {elapsed:.3f} s  {images_per_step / elapsed:8.2f} img/s (rank 0)  loss {loss:.3f}", flush=True)
+    loop_s = time.perf_counter() - loop_started
+    return warmup_times, step_times, (loop_s - sum(step_times)) / sum(step_times)
 
-    probe_rate = local_compute_rate(tf, model, images, labels, args) if args.probe_steps else None
-    gpu_peak = None
-    if gpu_names:
-        gpu_peak = tf.config.experimental.get_memory_info("GPU:0")["peak"]
-    mine = {
-        "rank": rank,
-        "local_rank": hvd.local_rank(),
-        "hostname": socket.gethostname(),
-        "entry_unix_time": ENTRY_UNIX_TIME,
-        "setup_s": setup_s,
-        "warmup_step_s": warmup_times,
-        "step_s": step_times,
-        "images_per_sec": args.batch_size * args.steps / sum(step_times),
-        "probe_images_per_sec": probe_rate,
-        "peak_host_memory_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-        "peak_gpu_memory_bytes": gpu_peak,
-        "cpus": len(os.sched_getaffinity(0)),
-        "weights": weights_checksum(np, model.trainable_variables),
-    }
-    ranks = hvd.allgather_object(mine)
+
+def run(args) -> dict | None:
+    import numpy as np
+    import tensorflow as tf
+
+    from containerbench.distribution import mode_for
+
+    mpi_version = mpi_library()
+    # Before any mode starts: TF's own modes start servers that fix the thread pools.
+    gpu_names = configure_devices(tf, local_rank_hint(), args.threads)
+    mode = mode_for(args)
+    rank, size = mode.rank, mode.size
+    mine = {"rank": rank, "local_rank": mode.local_rank, "hostname": socket.gethostname(),
+            "entry_unix_time": ENTRY_UNIX_TIME, "cpus": len(os.sched_getaffinity(0))}
+    if mode.coordinator:
+        with mode.scope():
+            model, optimizer, shape = build_model(tf, args)
+            optimizer.build(model.trainable_variables)
+        next_batch, source = input_source(tf, mode, args, shape)
+        train_step = mode.make_step(tf, model, optimizer, next_batch, args)
+        mode.start(model, optimizer)
+        # A parameter-server step is one batch on every worker; the other modes time one rank's batch.
+        per_step = args.batch_size * (1 if mode.measures_all_ranks else size)
+        mine["setup_s"] = time.time() - ENTRY_UNIX_TIME
+        if rank == 0:
+            print(f"containerbench: {args.model} {args.image_size}px batch {args.batch_size}/rank, "
+                  f"{size} rank(s), mode {args.mode}, {'data ' + args.data_dir if args.data_dir else 'synthetic data'}, "
+                  f"{args.precision}{', XLA' if args.xla else ''}, "
+                  f"{args.warmup_steps} warmup + {args.steps} measured steps", flush=True)
+        mine["warmup_step_s"], mine["step_s"], mine["harness_overhead_fraction"] = measure(
+            train_step, source, args, rank, per_step)
+        mine["images_per_sec"] = per_step * args.steps / sum(mine["step_s"])
+        mine["probe_images_per_sec"] = mine["peak_gpu_memory_bytes"] = None
+        if args.probe_steps and args.mode != "parameter_server":
+            images, labels = next_batch(*source)
+            mine["probe_images_per_sec"] = local_compute_rate(tf, model, images, labels, args)
+        mine["weights"] = weights_checksum(np, model.trainable_variables)
+        if gpu_names:
+            mine["peak_gpu_memory_bytes"] = tf.config.experimental.get_memory_info("GPU:0")["peak"]
+    mode.finish()
+    mine["peak_host_memory_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    ranks = mode.allgather(mine)
     if rank != 0:
         return None
 
-    sums = [r["weights"]["sum"] for r in ranks]
-    scale = max(max(r["weights"]["abs_sum"] for r in ranks), 1e-30)
+    measured = [r for r in ranks if "step_s" in r]
+    sums = [r["weights"]["sum"] for r in measured]
+    scale = max(max(r["weights"]["abs_sum"] for r in measured), 1e-30)
     result = {
         "kind": "train",
         "model": args.model,
@@ -231,44 +264,51 @@ def run(args) -> dict | None:
         "precision": args.precision,
         "xla": args.xla,
         "data_format": args.data_format,
-        "data": "synthetic",
-        "mode": "horovod",
+        "data": "real" if args.data_dir else "synthetic",
+        "data_dir": args.data_dir,
+        "mode": args.mode,
+        "distribution": mode.describe(bool(gpu_names)),
         "ranks": size,
         "nodes": len({r["hostname"] for r in ranks}),
         "hostnames": [r["hostname"] for r in ranks],
         "launcher": detect_launcher(),
         "runtime": args.runtime,
-        "images_per_sec": sum(r["images_per_sec"] for r in ranks),
-        "per_rank": ranks,
-        "weights_identical": len({r["weights"]["sha256"] for r in ranks}) == 1,
+        "images_per_sec": sum(r["images_per_sec"] for r in measured),
+        "per_rank": measured,
+        "processes": [{k: r[k] for k in ("rank", "hostname", "entry_unix_time", "peak_host_memory_bytes")}
+                      for r in ranks],
+        "weights_identical": len({r["weights"]["sha256"] for r in measured}) == 1,
         "weights_max_relative_spread": (max(sums) - min(sums)) / scale,
         "gpus": gpu_names,
-        "versions": {
-            "python": platform.python_version(),
-            "tensorflow": tf.__version__,
-            "horovod": horovod.__version__,
-            "mpi": mpi_version,
-        },
-        "horovod": {
-            "controller": "mpi" if hvd.mpi_enabled() else "gloo",
-            "cpu_operations": os.environ.get("HOROVOD_CPU_OPERATIONS", "mpi" if hvd.mpi_built() else "gloo"),
-            "mpi_built": bool(hvd.mpi_built()),
-            "gloo_built": bool(hvd.gloo_built()),
-            "nccl_built": bool(hvd.nccl_built()),
-        },
+        "versions": {"python": platform.python_version(), "tensorflow": tf.__version__,
+                     "horovod": _version("horovod"), "mpi": mpi_version},
     }
-    spread = max(r["images_per_sec"] for r in ranks) - min(r["images_per_sec"] for r in ranks)
+    spread = max(r["images_per_sec"] for r in measured) - min(r["images_per_sec"] for r in measured)
     print(f"containerbench: total {result['images_per_sec']:.2f} img/s over {size} rank(s) "
-          f"(per rank {result['images_per_sec'] / size:.2f}, spread {spread:.2f}); "
+          f"(per rank {result['images_per_sec'] / size:.2f}, spread {spread:.2f}), "
+          f"backend {result['distribution']['backend']}; "
           f"weights identical on all ranks: {result['weights_identical']}", flush=True)
     return result
 
 
+def _version(module: str) -> str | None:
+    try:
+        return __import__(module).__version__
+    except ImportError:
+        return None
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    from containerbench.distribution import ModeUnsupported
     from containerbench.provenance import provenance
 
-    result = run(args)
+    try:
+        result = run(args)
+    except ModeUnsupported as error:
+        # A mode this TensorFlow cannot do is a failed run with its reason, not a traceback to dig in.
+        print(FAILURE_PREFIX + str(error), flush=True)
+        return 3
     if result is not None:
         result["provenance"] = provenance()
         print(RESULT_PREFIX + json.dumps(result, sort_keys=True), flush=True)

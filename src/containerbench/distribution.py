@@ -1,0 +1,306 @@
+"""The ways to train data-parallel that the studies compare, behind one interface.
+
+- horovod: ring all-reduce through Horovod (NCCL on GPUs, MPI or Gloo on CPUs);
+- collective: TensorFlow's MultiWorkerMirroredStrategy (ring or NCCL collectives);
+- parameter_server: TensorFlow's ParameterServerStrategy; rank 0 coordinates,
+  every rank is a worker, and the parameter servers run inside worker
+  processes spread over the nodes (co-located, which the CSCS study found faster).
+
+Each mode gives the harness (bench.py) the same things: rank and size, a scope
+to build the model in, a compiled training step, a way to gather per-rank
+results, and a description of its backend for the record. Ranks come from the
+launcher (mpirun, srun) through MPI; TensorFlow's own modes get their cluster
+description from an exchange over MPI, never from a hand-written host list.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import fcntl
+import json
+import os
+import socket
+import struct
+import time
+
+MODES = ("horovod", "collective", "parameter_server")
+
+
+class ModeUnsupported(RuntimeError):
+    """This TensorFlow cannot train in the requested mode."""
+
+
+def _loss(tf, model, images, labels, global_batch: int | None = None):
+    logits = tf.cast(model(images, training=True), tf.float32)  # softmax never in float16
+    per_example = tf.keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
+    if global_batch is None:
+        return tf.reduce_mean(per_example)
+    return tf.nn.compute_average_loss(per_example, global_batch_size=global_batch)
+
+
+def _scaled_gradients(tape, optimizer, loss, variables, mixed_float16: bool):
+    if not mixed_float16:
+        return tape.gradient(loss, variables)
+    return optimizer.get_unscaled_gradients(tape.gradient(optimizer.get_scaled_loss(loss), variables))
+
+
+def interface_address(name: str) -> str:
+    """IPv4 address of a network interface (SIOCGIFADDR), for TF's gRPC servers."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        packed = fcntl.ioctl(probe.fileno(), 0x8915, struct.pack("256s", name[:15].encode()))
+    return socket.inet_ntoa(packed[20:24])
+
+
+def grpc_host() -> tuple[str, str]:
+    """(address, how it was chosen): the fabric's interface, as NCCL/Gloo were told, else the hostname."""
+    for variable in ("CONTAINERBENCH_GRPC_IFACE", "NCCL_SOCKET_IFNAME", "HOROVOD_GLOO_IFACE"):
+        value = os.environ.get(variable, "").lstrip("=^").split(",")[0]
+        if value and not os.environ.get(variable, "").startswith("^"):
+            try:
+                return interface_address(value), f"{variable}={value}"
+            except OSError:
+                continue
+    return socket.gethostname(), "hostname"
+
+
+def free_port(host: str) -> int:
+    with socket.socket() as probe:
+        probe.bind((host, 0))
+        return probe.getsockname()[1]
+
+
+class MpiRanks:
+    """Rank, size and local rank from the launcher, through MPI (works under mpirun and srun)."""
+
+    def __init__(self):
+        from mpi4py import MPI
+
+        if not MPI.Is_initialized():  # bench.py imported mpi4py with automatic initialisation off
+            MPI.Init_thread(MPI.THREAD_MULTIPLE)
+            atexit.register(lambda: MPI.Is_finalized() or MPI.Finalize())
+        self.mpi = MPI
+        self.comm = MPI.COMM_WORLD
+        self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
+        self.local_rank = self.comm.Split_type(MPI.COMM_TYPE_SHARED).Get_rank()
+
+    def allgather(self, obj):
+        return self.comm.allgather(obj)
+
+    def wait_all(self, poll_s: float = 0.05):
+        """A barrier that sleeps: a busy-polling MPI barrier would take a core from TF's servers."""
+        request = self.comm.Ibarrier()
+        while not request.Test():
+            time.sleep(poll_s)
+
+
+class Horovod:
+    name = "horovod"
+
+    def __init__(self, args):
+        import horovod.tensorflow as hvd
+
+        hvd.init()
+        self.hvd = hvd
+        self.rank, self.size, self.local_rank = hvd.rank(), hvd.size(), hvd.local_rank()
+        self.coordinator = True  # every rank runs the step loop
+        self.measures_all_ranks = True
+
+    def scope(self):
+        return contextlib.nullcontext()
+
+    def make_step(self, tf, model, optimizer, next_batch, args):
+        mixed = args.precision == "mixed_float16"
+
+        @tf.function(jit_compile=args.xla)
+        def train_step(*source):
+            images, labels = next_batch(*source)
+            with tf.GradientTape() as tape:
+                loss = _loss(tf, model, images, labels)
+            tape = self.hvd.DistributedGradientTape(tape)
+            gradients = _scaled_gradients(tape, optimizer, loss, model.trainable_variables, mixed)
+            update = optimizer.apply_gradients(zip(gradients, model.trainable_variables))
+            # A value ordered after the update makes the host wait for the whole step.
+            with tf.control_dependencies([update]):
+                return tf.identity(loss)
+
+        return train_step
+
+    def start(self, model, optimizer):
+        self.hvd.broadcast_variables(model.variables + optimizer.variables, root_rank=0)
+
+    def allgather(self, obj):
+        return self.hvd.allgather_object(obj)
+
+    def finish(self):
+        pass
+
+    def describe(self, gpus: bool) -> dict:
+        hvd = self.hvd
+        cpu_ops = os.environ.get("HOROVOD_CPU_OPERATIONS", "mpi" if hvd.mpi_built() else "gloo").lower()
+        return {"backend": "nccl" if gpus and hvd.nccl_built() else cpu_ops,
+                "controller": "mpi" if hvd.mpi_enabled() else "gloo",
+                "mpi_built": bool(hvd.mpi_built()), "gloo_built": bool(hvd.gloo_built()),
+                "nccl_built": bool(hvd.nccl_built())}
+
+
+class _TensorFlowCluster:
+    """Shared by TF's own modes: ranks through MPI, gRPC addresses exchanged over it."""
+
+    def __init__(self):
+        self.ranks = MpiRanks()
+        self.rank, self.size, self.local_rank = self.ranks.rank, self.ranks.size, self.ranks.local_rank
+        self.host, self.host_choice = grpc_host()
+        self.cluster: dict = {}
+
+    def allgather(self, obj):
+        return self.ranks.allgather(obj)
+
+    def addresses(self, ports_per_rank: int) -> list[list[str]]:
+        """Every rank's `ports_per_rank` free host:port pairs, in rank order."""
+        mine = [f"{self.host}:{free_port(self.host)}" for _ in range(ports_per_rank)]
+        return self.ranks.allgather(mine)
+
+
+class Collective(_TensorFlowCluster):
+    name = "collective"
+
+    def __init__(self, args):
+        import tensorflow as tf
+
+        super().__init__()
+        self.implementation = args.collective
+        if self.size > 1:
+            workers = [pair[0] for pair in self.addresses(1)]
+            self.cluster = {"worker": workers}
+            os.environ["TF_CONFIG"] = json.dumps({"cluster": self.cluster, "task": {"type": "worker", "index": self.rank}})
+        # Gradients packed into few large all-reduces, as Horovod fuses them (its 64 MiB fusion
+        # buffer): unpacked, each of ResNet-50's 161 tensors is a collective of its own.
+        options = tf.distribute.experimental.CommunicationOptions(
+            bytes_per_pack=args.pack_bytes,
+            implementation=getattr(tf.distribute.experimental.CommunicationImplementation, self.implementation.upper()))
+        self.strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+        self.coordinator = True
+        self.measures_all_ranks = True
+
+    def scope(self):
+        return self.strategy.scope()
+
+    def make_step(self, tf, model, optimizer, next_batch, args):
+        mixed, strategy = args.precision == "mixed_float16", self.strategy
+        global_batch = args.batch_size * self.size
+
+        def replica_step(images, labels):
+            with tf.GradientTape() as tape:
+                loss = _loss(tf, model, images, labels, global_batch)
+            gradients = _scaled_gradients(tape, optimizer, loss, model.trainable_variables, mixed)
+            optimizer.apply_gradients(zip(gradients, model.trainable_variables))  # all-reduces across workers
+            return loss
+
+        @tf.function
+        def train_step(*source):
+            images, labels = next_batch(*source)
+            return strategy.reduce("SUM", strategy.run(replica_step, args=(images, labels)), axis=None)
+
+        return train_step
+
+    def start(self, model, optimizer):
+        pass  # variables are created identical on every worker (MWMS broadcasts initial values)
+
+    def finish(self):
+        pass
+
+    def describe(self, gpus: bool) -> dict:
+        return {"backend": self.implementation, "cluster": self.cluster, "grpc_host": self.host,
+                "grpc_host_from": self.host_choice}
+
+
+class ParameterServer(_TensorFlowCluster):
+    """Rank 0 coordinates (chief); each rank is a worker; `ps` servers live in worker processes.
+
+    A measured step is one batch on every worker: the coordinator schedules one
+    step per worker and waits for them (synchronous rounds, as tf_cnn_benchmarks'
+    parameter_server mode; the variables are updated by each worker's gradients).
+    """
+
+    name = "parameter_server"
+
+    def __init__(self, args):
+        import tensorflow as tf
+
+        if not hasattr(tf.distribute.experimental, "ParameterServerStrategy") or \
+                not hasattr(tf.distribute, "coordinator"):
+            raise ModeUnsupported(f"mode parameter_server is not supported with TF {tf.__version__}")
+        super().__init__()
+        self.tf = tf
+        hosts = self.allgather(socket.gethostname())
+        nodes = list(dict.fromkeys(hosts))
+        if args.parameter_servers > self.size:
+            raise ModeUnsupported(f"{args.parameter_servers} parameter servers need as many ranks; "
+                                  f"this run has {self.size}")
+        # Parameter server i goes to node i mod N, on that node's next rank: co-located and spread.
+        by_node = {node: [r for r, h in enumerate(hosts) if h == node] for node in nodes}
+        self.ps_ranks = [by_node[nodes[i % len(nodes)]][(i // len(nodes)) % len(by_node[nodes[i % len(nodes)]])]
+                         for i in range(args.parameter_servers)]
+        addresses = self.addresses(3)  # worker, ps, chief port per rank (not all used)
+        self.cluster = {"chief": [addresses[0][2]], "worker": [a[0] for a in addresses],
+                        "ps": [addresses[r][1] for r in self.ps_ranks]}
+        threads = args.threads or len(os.sched_getaffinity(0))
+        config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=threads, inter_op_parallelism_threads=2)
+        spec = tf.train.ClusterSpec(self.cluster)
+        self.servers = [tf.distribute.Server(spec, job_name="worker", task_index=self.rank, protocol="grpc",
+                                             config=config, start=True)]
+        self.servers += [tf.distribute.Server(spec, job_name="ps", task_index=i, protocol="grpc", config=config,
+                                              start=True) for i, r in enumerate(self.ps_ranks) if r == self.rank]
+        self.coordinator = self.rank == 0
+        self.measures_all_ranks = False
+        if self.coordinator:
+            resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+                spec, task_type="chief", task_id=0, rpc_layer="grpc")
+            self.strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
+            self.cluster_coordinator = tf.distribute.coordinator.ClusterCoordinator(self.strategy)
+
+    def scope(self):
+        return self.strategy.scope()
+
+    def per_worker(self, dataset_fn):
+        """A per-worker iterator: each worker makes its batches itself, nothing travels from the chief."""
+        return iter(self.cluster_coordinator.create_per_worker_dataset(dataset_fn))
+
+    def make_step(self, tf, model, optimizer, next_batch, args):
+        mixed, strategy = args.precision == "mixed_float16", self.strategy
+
+        def replica_step(images, labels):
+            with tf.GradientTape() as tape:
+                loss = _loss(tf, model, images, labels)
+            gradients = _scaled_gradients(tape, optimizer, loss, model.trainable_variables, mixed)
+            optimizer.apply_gradients(zip(gradients, model.trainable_variables))
+            return loss
+
+        @tf.function
+        def worker_step(iterator):
+            images, labels = next_batch(iterator)
+            return strategy.run(replica_step, args=(images, labels))
+
+        coordinator = self.cluster_coordinator
+
+        def train_step(iterator):
+            losses = [coordinator.schedule(worker_step, args=(iterator,)) for _ in range(self.size)]
+            coordinator.join()
+            return tf.add_n([loss.fetch() for loss in losses]) / len(losses)
+
+        return train_step
+
+    def start(self, model, optimizer):
+        pass  # one copy of the variables, on the parameter servers
+
+    def finish(self):
+        self.ranks.wait_all()  # workers serve until the coordinator is done
+
+    def describe(self, gpus: bool) -> dict:
+        return {"backend": "grpc", "cluster": self.cluster, "parameter_server_ranks": self.ps_ranks,
+                "grpc_host": self.host, "grpc_host_from": self.host_choice}
+
+
+def mode_for(args):
+    return {"horovod": Horovod, "collective": Collective, "parameter_server": ParameterServer}[args.mode](args)
