@@ -15,6 +15,7 @@ configfile: "config/config.yaml"
 
 include: "workflow/rules/common.smk"
 include: "workflow/rules/images.smk"
+include: "workflow/rules/data.smk"
 include: "workflow/rules/benchmark.smk"
 include: "workflow/rules/report.smk"
 

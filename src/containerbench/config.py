@@ -81,6 +81,8 @@ class RunSpec:
     ranks_per_node: int
     repetition: int
     batch_size: int | None = None
+    mode: str = "horovod"
+    data: str = "synthetic"
 
     @property
     def ranks(self) -> int:
@@ -90,7 +92,10 @@ class RunSpec:
     def run_id(self) -> str:
         shape = f"{self.nodes}x{self.ranks_per_node}"
         batch = f"_b{self.batch_size}" if self.batch_size else ""
-        return f"{self.kind}_{self.runtime}_{self.fabric}_{shape}{batch}_rep{self.repetition}"
+        # The defaults leave the id as it was: old results stay where a resumed sweep finds them.
+        variant = "".join(f"_{value}" for value, default in ((self.mode, "horovod"), (self.data, "synthetic"))
+                          if value != default)
+        return f"{self.kind}_{self.runtime}_{self.fabric}_{shape}{batch}{variant}_rep{self.repetition}"
 
     def as_dict(self) -> dict:
         return {**asdict(self), "ranks": self.ranks, "run_id": self.run_id}
@@ -101,10 +106,11 @@ def plan_runs(config: dict) -> list[RunSpec]:
     bench, scaling = config["benchmark"], config["scaling"]
     runs: list[RunSpec] = []
     for repetition in range(1, bench["repetitions"] + 1):
-        for runtime, fabric, nodes, per_node, batch in itertools.product(
-            config["runtimes"], config["fabrics"], scaling["nodes"], scaling["ranks_per_node"], bench["batch_sizes"]
+        for runtime, fabric, nodes, per_node, batch, mode, data in itertools.product(
+            config["runtimes"], config["fabrics"], scaling["nodes"], scaling["ranks_per_node"], bench["batch_sizes"],
+            bench.get("modes", ["horovod"]), bench.get("data", ["synthetic"]),
         ):
-            runs.append(RunSpec("train", runtime, fabric, nodes, per_node, repetition, batch))
+            runs.append(RunSpec("train", runtime, fabric, nodes, per_node, repetition, batch, mode, data))
     net = config.get("netbench", {})
     if net.get("enabled", True):
         # Point to point needs two ranks; across nodes when the sweep has them.
@@ -124,6 +130,12 @@ def check_runs(config: dict, runs: list[RunSpec]) -> None:
                 f"config: 'launcher.kind' = 'none' runs one rank, but the sweep asks for {too_big} ranks; "
                 "allowed: launcher.kind mpirun or srun, or scaling with one rank and netbench.enabled false"
             )
+    servers = config["benchmark"].get("parameter_servers", 1)
+    short = sorted({r.ranks for r in runs if r.mode == "parameter_server" and r.ranks < servers})
+    if short:
+        raise ConfigError(f"config: 'benchmark.parameter_servers' = {servers} needs that many ranks (they live in "
+                          f"worker processes), but the sweep has parameter_server runs on {short} rank(s); "
+                          f"allowed: at most {min(short)}")
     from containerbench.runtimes import runtime_for
 
     for name in config["runtimes"]:
@@ -134,6 +146,23 @@ def check_runs(config: dict, runs: list[RunSpec]) -> None:
     ids = [r.run_id for r in runs]
     if len(ids) != len(set(ids)):
         raise ConfigError("config: two sweep points give the same run id; make fabric and runtime names distinct")
+
+
+# The ImageNet-shaped sample the workflow writes when benchmark.data has `real`
+# and no dataset.path is given; manifest.json is written last, when it is whole.
+SAMPLE_DIR = "build/data/imagenet-sample"
+
+
+def dataset_dir(config: dict, sample_dir: str = SAMPLE_DIR) -> str:
+    return config.get("dataset", {}).get("path") or sample_dir
+
+
+def check_dataset(config: dict) -> None:
+    """A site's dataset.path must hold ImageNet TFRecords before any real-data run is planned on it."""
+    path = config.get("dataset", {}).get("path")
+    if path and "real" in config["benchmark"].get("data", []) and not any(Path(path).glob("train-*-of-*")):
+        raise ConfigError(f"config: 'dataset.path' = {path!r} holds no ImageNet TFRecords; allowed: a directory "
+                          "with train-*-of-* files, or null for a sample generated here")
 
 
 # Where the workflow puts the images it builds, and what each runtime runs from

@@ -20,7 +20,7 @@ import threading
 import time
 from pathlib import Path
 
-from containerbench.config import RunSpec
+from containerbench.config import RunSpec, dataset_dir
 from containerbench.fabrics import debug_environment, expected_transport
 from containerbench.runtimes import RunRequest, host_environment, runtime_for
 
@@ -103,7 +103,13 @@ def benchmark_args(spec: RunSpec, config: dict) -> list[str]:
             "--steps", str(bench["steps"]), "--precision", bench["precision"],
             "--data-format", bench["data_format"], "--threads", str(bench["threads_per_rank"]),
             "--probe-steps", str(bench["node_probe_steps"]),
-            "--runtime", spec.runtime]
+            "--mode", spec.mode, "--runtime", spec.runtime]
+    if spec.mode == "collective":
+        args += ["--collective", bench["collective_implementation"]]
+    if spec.mode == "parameter_server":
+        args += ["--parameter-servers", str(bench["parameter_servers"])]
+    if spec.data == "real":
+        args += ["--data-dir", os.path.abspath(dataset_dir(config))]
     return args + (["--xla"] if bench["xla"] else [])
 
 
@@ -120,7 +126,8 @@ def plan(spec: RunSpec, config: dict) -> dict:
     # Every layer logs which network it chose, so the parser can verify the fabric.
     rank_env = {**RANK_ENV, **debug_environment(fabric_env), **fabric_env}
     request = RunRequest(module=module, args=tuple(benchmark_args(spec, config)), env=rank_env,
-                         workdir=os.getcwd(), binds=tuple(config["images"]["binds"]),
+                         workdir=os.getcwd(), binds=tuple(config["images"]["binds"]) + (
+                             (dataset_dir(config),) if spec.data == "real" else ()),
                          gpus=config["slurm"]["gpus_per_node"] > 0, infiniband=rdma_fabric(fabric))
     runtime = runtime_for(spec.runtime, config)
     env = runtime.environment(request)
@@ -129,7 +136,7 @@ def plan(spec: RunSpec, config: dict) -> dict:
     settings = {}
     if spec.kind == "train":
         bench = config["benchmark"]
-        settings = {key: bench[key] for key in PLANNED_SETTINGS} | {"mode": "horovod", "data": "synthetic"}
+        settings = {key: bench[key] for key in PLANNED_SETTINGS}
     return {
         "run_id": spec.run_id,
         "spec": {**spec.as_dict(), "system": config["system"], "launcher": config["launcher"]["kind"], **settings},

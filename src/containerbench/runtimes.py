@@ -336,6 +336,7 @@ class Charliecloud(ContainerRuntime):
 
     name = "charliecloud"
     probe = ("ch-run", "--version")
+    MOUNT_POINTS = ("/mnt", "/media", "/srv")  # empty in Debian/Ubuntu bases
 
     def __init__(self, image: str, python: str = "python3", extra_args=(), write_fake: bool | None = None):
         super().__init__(image, python, extra_args)
@@ -357,10 +358,17 @@ class Charliecloud(ContainerRuntime):
         if self.write_fake:
             argv += [f"--bind={path}" for path in self.mounts(request)]
             return [*argv, f"--cd={self.workdir(request)}", *self.extra_args, self.image, "--", *self.command(request)]
-        # Without --write-fake (ch-run < 0.32) a bind needs its mount point in the image: the
-        # benchmark needs nothing from the work directory, so only dataset binds are made.
-        argv += [f"--bind={path}" for path in map(os.path.abspath, request.binds)]
-        return [*argv, "--cd=/", *self.extra_args, self.image, "--", *self.command(request)]
+        # Without --write-fake (ch-run < 0.32) a bind needs its mount point in the image ("can't mkdir:
+        # Read-only file system"): the benchmark needs nothing from the work directory, and each dataset
+        # goes to an empty directory every Debian-based image has, its path in the arguments rewritten.
+        sources = list(dict.fromkeys(map(os.path.abspath, request.binds)))
+        if len(sources) > len(self.MOUNT_POINTS):
+            raise ValueError(f"runtime 'charliecloud': {len(sources)} binds need --write-fake (ch-run >= 0.32); "
+                             f"allowed without it: at most {len(self.MOUNT_POINTS)}")
+        moved = dict(zip(sources, self.MOUNT_POINTS))
+        argv += [f"--bind={source}:{target}" for source, target in moved.items()]
+        command = [moved.get(word, word) for word in self.command(request)]
+        return [*argv, "--cd=/", *self.extra_args, self.image, "--", *command]
 
 
 class Enroot(ContainerRuntime):

@@ -16,6 +16,11 @@ try:
     IMAGE_ARTIFACTS = cb_config.resolve_images(config, str(Path(workflow.basedir) / cb_config.BUILD_DIR))
     # Probing runtimes is for the process that plans; a job re-reads this file on its node.
     SKIPPED_RUNTIMES = cb_config.select_runtimes(config, IMAGE_ARTIFACTS) if workflow.is_main_process else {}
+    # Real data without a site dataset: the sample data.smk writes (the runs depend on it).
+    cb_config.check_dataset(config)
+    DATASET_SAMPLE = None
+    if "real" in config["benchmark"]["data"] and not config["dataset"]["path"]:
+        DATASET_SAMPLE = config["dataset"]["path"] = str(Path(workflow.basedir) / cb_config.SAMPLE_DIR)
     RUNS = cb_config.plan_runs(config)
     cb_config.check_runs(config, RUNS)
     if workflow.is_main_process and config["launcher"]["kind"] == "srun":
@@ -30,7 +35,7 @@ CB = f"{sys.executable} -m containerbench"
 
 
 wildcard_constraints:
-    run_id="|".join(map(re.escape, PLANS)),
+    run_id=r"(train|netbench)_[^/]+_rep\d+",  # ids are made by config.RunSpec.run_id
 
 
 def slurm_resources(settings: dict) -> dict:
