@@ -21,7 +21,7 @@ from jinja2 import Environment, PackageLoader, select_autoescape  # noqa: E402
 from containerbench.results import load_records  # noqa: E402
 
 SUMMARY_COLUMNS = {
-    "runtime": "runtime", "fabric": "fabric", "nodes": "nodes", "ranks": "ranks", "batch_size": "batch/rank",
+    "runtime": "runtime", "fabric": "fabric", "mode": "mode", "data": "data", "nodes": "nodes", "ranks": "ranks", "batch_size": "batch/rank",
     "repetitions": "reps", "failed_or_invalid": "failed", "images_per_sec_median": "img/s median",
     "images_per_sec_std": "std", "cv_percent": "CV %", "ci95_low": "95% CI low", "ci95_high": "95% CI high",
     "images_per_sec_min": "min", "images_per_sec_max": "max", "per_rank_median": "img/s per rank",
@@ -37,10 +37,13 @@ def _png(figure) -> str:
 
 
 def _series(summary: pd.DataFrame):
-    for (runtime, fabric, batch), group in summary.groupby(["runtime", "fabric", "batch_size"]):
+    # Mode and data name a line only when the sweep varies them.
+    varied = [c for c in ("mode", "data") if c in summary and summary[c].nunique() > 1]
+    for key, group in summary.groupby(["runtime", "fabric", "batch_size", *varied]):
         group = group.dropna(subset=["images_per_sec_median"]).sort_values("ranks")
         if not group.empty:
-            yield f"{runtime} / {fabric} / batch {batch}", group
+            runtime, fabric, batch, *variant = key
+            yield " / ".join([runtime, fabric, f"batch {batch}", *map(str, variant)]), group
 
 
 def throughput_plot(summary: pd.DataFrame) -> str | None:
@@ -101,19 +104,23 @@ def overhead_plot(overhead: pd.DataFrame) -> str | None:
     return _png(figure)
 
 
-def fabric_plot(summary: pd.DataFrame) -> str | None:
-    if summary.empty or summary["fabric"].nunique() < 2:
+def side_by_side_plot(summary: pd.DataFrame, column: str, title: str) -> str | None:
+    """One bar per value of `column` at each (runtime, ranks, batch) point, min-max whiskers."""
+    if summary.empty or column not in summary or summary[column].nunique() < 2:
         return None
-    figure, axis = plt.subplots(figsize=(9, 4))
-    fabrics = sorted(summary["fabric"].unique())
+    values = sorted(summary[column].unique())
     points = summary.groupby(["runtime", "ranks", "batch_size"], sort=True)
-    width = 0.8 / len(fabrics)
-    for i, fabric in enumerate(fabrics):
-        heights = [group.loc[group["fabric"] == fabric, "images_per_sec_median"].median() for _, group in points]
-        axis.bar([j + i * width for j in range(len(points))], heights, width, label=fabric)
-    axis.set_xticks([j + width * (len(fabrics) - 1) / 2 for j in range(len(points))],
+    figure, axis = plt.subplots(figsize=(max(9, 1.2 * len(points) * len(values)), 4))
+    width = 0.8 / len(values)
+    for i, value in enumerate(values):
+        rows = [group[group[column] == value] for _, group in points]
+        medians = [row["images_per_sec_median"].median() for row in rows]
+        low = [m - row["images_per_sec_min"].min() for m, row in zip(medians, rows)]
+        high = [row["images_per_sec_max"].max() - m for m, row in zip(medians, rows)]
+        axis.bar([j + i * width for j in range(len(points))], medians, width, yerr=[low, high], capsize=3, label=value)
+    axis.set_xticks([j + width * (len(values) - 1) / 2 for j in range(len(points))],
                     [f"{runtime}\n{ranks} ranks, b{batch}" for (runtime, ranks, batch), _ in points], fontsize=8)
-    axis.set(ylabel="images/s (median)", title="Throughput by interconnect")
+    axis.set(ylabel="images/s (median; bars: min-max)", title=title)
     axis.legend()
     axis.grid(alpha=0.3, axis="y")
     return _png(figure)
@@ -139,7 +146,8 @@ def environment_rows(records: list[dict]) -> list[tuple[str, str]]:
         ("Python", distinct(x["versions"]["python"] for x in results)),
         ("TensorFlow", distinct(x["versions"]["tensorflow"] for x in results)),
         ("Horovod", distinct(x["versions"]["horovod"] for x in results)),
-        ("Horovod controller / CPU ops", distinct(f"{x['horovod']['controller']} / {x['horovod']['cpu_operations']}" for x in results)),
+        ("distribution mode / backend", distinct(f"{x['mode']} / {x['distribution']['backend']}" for x in results)),
+        ("data", distinct(x["data"] + (f" ({x['data_dir']})" if x.get("data_dir") else "") for x in results)),
         ("MPI", distinct(x["versions"]["mpi"] for x in results)),
         ("launcher", distinct(x["launcher"] for x in results)),
         ("hosts", distinct(h for x in results for h in x["hostnames"])),
@@ -172,7 +180,11 @@ OVERHEAD_COLUMNS = {
 }
 FABRIC_COLUMNS = {"runtime": "runtime", "ranks": "ranks", "batch_size": "batch/rank", "faster_fabric": "faster",
                   "slower_fabric": "slower", "ratio": "ratio"}
-INPUT_COLUMNS = {"runtime": "runtime", "fabric": "fabric", "ranks": "ranks", "batch_size": "batch/rank",
+MODE_COLUMNS = {"runtime": "runtime", "fabric": "fabric", "data": "data", "ranks": "ranks", "batch_size": "batch/rank",
+                "mode": "mode", "horovod_median": "horovod img/s", "horovod_cv_percent": "horovod CV %",
+                "mode_median": "mode img/s", "mode_cv_percent": "mode CV %", "ratio_to_horovod": "ratio to horovod",
+                "note": "note"}
+INPUT_COLUMNS = {"runtime": "runtime", "fabric": "fabric", "mode": "mode", "ranks": "ranks", "batch_size": "batch/rank",
                  "synthetic_median": "synthetic img/s", "real_median": "real img/s",
                  "input_overhead_percent": "input overhead %"}
 MEMORY_COLUMNS = {"runtime": "runtime", "model": "model", "image_size": "image px", "precision": "precision",
@@ -191,7 +203,8 @@ def _read(tables_dir: Path, name: str) -> pd.DataFrame:
 def render(tables_dir: str | Path, record_paths, out_path: str | Path, skipped: dict | None = None) -> None:
     tables_dir = Path(tables_dir)
     tables = {name: _read(tables_dir, name) for name in
-              ("runs", "summary", "overhead", "fabrics", "input", "memory", "table1", "netbench", "failures")}
+              ("runs", "summary", "overhead", "fabrics", "modes", "input", "memory", "table1", "netbench",
+               "failures")}
     records, _ = load_records(record_paths)
     environment = Environment(loader=PackageLoader("containerbench"), autoescape=select_autoescape())
     page = environment.get_template("report.html.j2").render(
@@ -203,8 +216,11 @@ def render(tables_dir: str | Path, record_paths, out_path: str | Path, skipped: 
         overhead_table=_table(tables["overhead"], OVERHEAD_COLUMNS),
         overhead_plot=overhead_plot(tables["overhead"]),
         fabric_table=_table(tables["fabrics"], FABRIC_COLUMNS),
-        fabric_plot=fabric_plot(tables["summary"]),
+        fabric_plot=side_by_side_plot(tables["summary"], "fabric", "Throughput by interconnect"),
+        mode_table=_table(tables["modes"], MODE_COLUMNS),
+        mode_plot=side_by_side_plot(tables["summary"], "mode", "Throughput by distribution mode"),
         input_table=_table(tables["input"], INPUT_COLUMNS),
+        data_plot=side_by_side_plot(tables["summary"], "data", "Throughput by input: synthetic vs real data"),
         memory_table=_table(tables["memory"], MEMORY_COLUMNS),
         study_table=_table(tables["table1"]),
         network_plot=network_plot(tables["netbench"]),

@@ -22,6 +22,7 @@ from containerbench.fabrics import verify
 from containerbench.launch import EXIT_PREFIX, LAUNCH_PREFIX
 
 RESULT_PREFIX = "containerbench-result "  # printed by bench.py and netbench.py
+FAILURE_PREFIX = "containerbench-failure "  # bench.py: a mode this TensorFlow cannot run, and why
 RECORD_FORMAT = "containerbench.record/1"
 # Ranks that averaged their gradients hold the same weights to rounding; ranks
 # that did not drift apart by orders of magnitude more than this.
@@ -62,7 +63,7 @@ def parse_log(log_path: str | Path) -> dict:
     raw = log_path.read_bytes()
     lines = raw.decode("utf-8", errors="replace").splitlines()
     launch = exit_ = result = None
-    result_line = None
+    result_line = failure = None
     for number, line in enumerate(lines, start=1):
         if line.startswith(LAUNCH_PREFIX) and launch is None:
             launch = _json_line(line, LAUNCH_PREFIX)
@@ -70,6 +71,8 @@ def parse_log(log_path: str | Path) -> dict:
             result, result_line = _json_line(line, RESULT_PREFIX), number
         elif line.startswith(EXIT_PREFIX):
             exit_ = _json_line(line, EXIT_PREFIX)
+        elif line.startswith(FAILURE_PREFIX) and failure is None:
+            failure = line[len(FAILURE_PREFIX):].strip()
 
     reasons: list[str] = []
     status = "ok"
@@ -85,6 +88,8 @@ def parse_log(log_path: str | Path) -> dict:
     elif exit_.get("returncode") != 0:
         status = "failed"
         reasons.append(f"exit code {exit_.get('returncode')}")
+    if failure:
+        reasons.append(failure)
     if result is None:
         status = "failed"
         reasons.append("no result line" if result_line is None else "result line is not valid JSON")
@@ -94,7 +99,7 @@ def parse_log(log_path: str | Path) -> dict:
         status = "invalid"
         reasons.append(f"ran on {result.get('ranks')} rank(s), the plan asked for {spec.get('ranks')}")
     if status == "ok" and result.get("kind") == "train":
-        for key in ("model", "image_size", "precision", "batch_size", "warmup_steps", "steps"):
+        for key in ("model", "image_size", "precision", "batch_size", "warmup_steps", "steps", "mode", "data"):
             if key in spec and result.get(key) != spec[key]:
                 status = "invalid"
                 reasons.append(f"ran {key}={result.get(key)!r}, the plan asked for {spec[key]!r}")
@@ -230,7 +235,7 @@ def summary_table(runs: pd.DataFrame) -> pd.DataFrame:
             "images_per_sec_median": rates.median(),
             "images_per_sec_mean": rates.mean(),
             "images_per_sec_std": rates.std(ddof=1),
-            "cv_percent": 100 * rates.std(ddof=1) / rates.mean() if rates.count() > 1 else np.nan,
+            "cv_percent": _cv(rates),
             "images_per_sec_min": rates.min(),
             "images_per_sec_max": rates.max(),
             "ci95_low": low,
@@ -330,6 +335,33 @@ def fabric_table(runs: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=columns)
 
 
+def modes_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """Each distribution mode beside Horovod at the same point: medians, spread and their ratio.
+
+    The ratio is mode / horovod (above 1: faster than Horovod); the CV of each
+    side says how far the ratio can be trusted.
+    """
+    others = [c for c in POINT if c != "mode"]
+    columns = [*others, "mode", "horovod_median", "horovod_cv_percent", "mode_median", "mode_cv_percent",
+               "ratio_to_horovod", "note"]
+    ok = _ok_runs(runs)
+    rows = []
+    for point, group in ok.groupby(others, dropna=False, sort=True):
+        horovod = group.loc[group["mode"] == "horovod", "images_per_sec"]
+        for mode, rates in group[group["mode"] != "horovod"].groupby("mode")["images_per_sec"]:
+            row = {**dict(zip(others, point)), "mode": mode, "mode_median": rates.median(), "mode_cv_percent": _cv(rates)}
+            if horovod.empty:
+                rows.append({**row, "note": "no horovod run at this point"})
+                continue
+            rows.append({**row, "horovod_median": horovod.median(), "horovod_cv_percent": _cv(horovod),
+                         "ratio_to_horovod": rates.median() / horovod.median()})
+    return pd.DataFrame(rows, columns=columns)
+
+
+def _cv(rates: pd.Series) -> float:
+    return 100 * rates.std(ddof=1) / rates.mean() if rates.count() > 1 else np.nan
+
+
 def input_overhead_table(runs: pd.DataFrame) -> pd.DataFrame:
     """(synthetic - real) / synthetic in percent at the same point: the cost of reading real data."""
     others = [c for c in POINT if c != "data"]
@@ -394,13 +426,14 @@ def _markdown(frame: pd.DataFrame) -> str:
 def markdown_summary(tables: dict[str, pd.DataFrame]) -> str:
     """The headline tables as Markdown, for pasting into a ticket."""
     summary = tables["summary"]
-    headline = summary[[c for c in ("runtime", "fabric", "nodes", "ranks", "batch_size", "repetitions",
+    headline = summary[[c for c in ("runtime", "fabric", "mode", "data", "nodes", "ranks", "batch_size", "repetitions",
                                     "images_per_sec_median", "cv_percent", "scaling_efficiency_percent")
                         if c in summary]] if not summary.empty else summary
     sections = [
         ("Throughput (images/s, median over repetitions)", headline),
         ("Container overhead vs bare metal (%)", tables["overhead"]),
         ("Interconnects (throughput ratio)", tables["fabrics"]),
+        ("Distribution modes (ratio to Horovod)", tables["modes"]),
         ("Input overhead (%)", tables["input"]),
         ("Table 1 (ranks, mode, data, images/s)", tables["table1"]),
         ("Failed, invalid and unreadable runs", tables["failures"]),
@@ -418,6 +451,7 @@ def build_tables(records: list[dict], problems=()) -> dict[str, pd.DataFrame]:
         "summary": summary,
         "overhead": overhead_table(runs, provenance),
         "fabrics": fabric_table(runs),
+        "modes": modes_table(runs),
         "input": input_overhead_table(runs),
         "memory": memory_table(runs),
         "table1": study_table(summary),
