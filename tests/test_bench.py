@@ -36,7 +36,10 @@ def test_training_record_carries_every_field(tiny_runs, ranks):
     versions = result["versions"]
     assert versions["tensorflow"] == "2.15.1" and versions["horovod"] == "0.28.1"
     assert versions["python"].startswith("3.") and "Open MPI" in versions["mpi"]
-    assert result["horovod"]["controller"] == "mpi" and result["horovod"]["mpi_built"] is True
+    assert result["mode"] == "horovod" and result["data"] == "synthetic"
+    distribution = result["distribution"]
+    assert distribution["backend"] == "mpi" and distribution["controller"] == "mpi" and distribution["mpi_built"] is True
+    assert 0 <= entry["harness_overhead_fraction"] < 0.05
     provenance = result["provenance"]
     assert len(provenance["hash"]) == 16
     assert provenance["packages"]["tensorflow-cpu"] == "2.15.1" and provenance["packages"]["horovod"] == "0.28.1"

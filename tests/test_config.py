@@ -9,6 +9,7 @@ import yaml
 
 from containerbench import config as cb_config
 from containerbench.cli import load_config
+from conftest import tiny_config
 
 
 @pytest.fixture(scope="module")
@@ -49,6 +50,11 @@ BAD_CONFIGS = [
     ("fabrics.tcp-loopback.enviroment", {}, ["unknown key 'enviroment'", "env"]),
     ("colour", "blue", ["unknown key 'colour'", "the top level", "benchmark"]),
     ("netbench.max_bytes", 2, ["'netbench.max_bytes'", "minimum 4"]),
+    ("benchmark.modes", ["allreduce"], ["'benchmark.modes[0]'", "'allreduce'", "horovod", "collective",
+                                        "parameter_server"]),
+    ("benchmark.data", ["imagenet"], ["'benchmark.data[0]'", "'imagenet'", "synthetic", "real"]),
+    ("benchmark.collective_implementation", "mpi", ["'benchmark.collective_implementation'", "ring", "nccl"]),
+    ("benchmark.parameter_servers", 0, ["'benchmark.parameter_servers'", "minimum 1"]),
 ]
 
 
@@ -99,3 +105,27 @@ def test_launcher_none_with_several_ranks_is_rejected(root, tmp_path):
     config = load_config([str(root / "config" / "config.yaml"), str(override)])
     with pytest.raises(cb_config.ConfigError, match=r"'launcher.kind' = 'none' runs one rank.*\[2\]"):
         cb_config.check_runs(config, cb_config.plan_runs(config))
+
+
+def test_modes_and_data_sources_are_sweep_axes_with_readable_ids(root, tmp_path):
+    config = tiny_config(tmp_path, benchmark={"modes": ["horovod", "parameter_server"], "data": ["synthetic", "real"]},
+                         netbench={"enabled": False})
+    ids = [r.run_id for r in cb_config.plan_runs(config) if r.repetition == 1 and r.ranks == 2]
+    # The defaults keep the ids of earlier sweeps; the others name themselves.
+    assert ids == ["train_bare-metal_tcp-loopback_1x2_b2_rep1", "train_bare-metal_tcp-loopback_1x2_b2_real_rep1",
+                   "train_bare-metal_tcp-loopback_1x2_b2_parameter_server_rep1",
+                   "train_bare-metal_tcp-loopback_1x2_b2_parameter_server_real_rep1"]
+
+
+def test_more_parameter_servers_than_ranks_is_rejected_before_any_run(tmp_path):
+    config = tiny_config(tmp_path, benchmark={"modes": ["parameter_server"], "parameter_servers": 2})
+    with pytest.raises(cb_config.ConfigError, match=r"'benchmark.parameter_servers' = 2 .* on \[1\] rank\(s\); allowed: at most 1"):
+        cb_config.check_runs(config, cb_config.plan_runs(config))
+
+
+def test_a_site_dataset_without_tfrecords_is_rejected(tmp_path):
+    config = tiny_config(tmp_path, benchmark={"data": ["real"]}, dataset={"path": str(tmp_path)})
+    with pytest.raises(cb_config.ConfigError, match=r"'dataset.path' = .* holds no ImageNet TFRecords"):
+        cb_config.check_dataset(config)
+    (tmp_path / "train-00000-of-00001").write_bytes(b"")
+    cb_config.check_dataset(config)

@@ -14,7 +14,7 @@ from containerbench.results import parse_log
 
 BENCH_ARGS = ["--model", "resnet50", "--batch-size", "2", "--image-size", "32", "--warmup-steps", "1",
               "--steps", "2", "--precision", "fp32", "--data-format", "channels_last", "--threads", "0",
-              "--probe-steps", "1", "--runtime", "bare-metal"]
+              "--probe-steps", "1", "--mode", "horovod", "--runtime", "bare-metal"]
 FABRIC_ENV = {"OMPI_MCA_pml": "ob1", "OMPI_MCA_btl": "self,tcp", "OMPI_MCA_btl_tcp_if_include": "lo",
               "HOROVOD_GLOO_IFACE": "lo", "NCCL_SOCKET_IFNAME": "lo"}
 # Added to every run so each layer logs the network it chose (fabrics.debug_environment).
@@ -130,7 +130,7 @@ def test_plan_command_prints_every_run_with_its_argv(root, capsys, monkeypatch):
     assert out[2].startswith("  argv: srun --mpi=pmix --nodes=2 --ntasks=8 --ntasks-per-node=4 --cpus-per-task=8 "
                              "--gres=gpu:4 --cpu-bind=sockets --export=ALL")
     assert out[2].endswith("--precision mixed_float16 --data-format channels_last --threads 0 --probe-steps 5 "
-                           "--runtime bare-metal")
+                           "--mode horovod --runtime bare-metal")
 
 
 def test_plan_command_rejects_a_bad_config_in_one_line(tmp_path, capsys):
@@ -142,3 +142,19 @@ def test_plan_command_rejects_a_bad_config_in_one_line(tmp_path, capsys):
     assert main(["plan", "--config", str(bad)]) == 2
     assert capsys.readouterr().err == ("config: 'launcher.bind' = 'hwthread' is not allowed; "
                                        "allowed: one of core, socket, none\n")
+
+
+def test_real_data_and_mode_settings_reach_the_benchmark_and_the_container(tmp_path):
+    dataset = tmp_path / "imagenet"
+    config = tiny_config(tmp_path, runtimes=["bare-metal", "podman"],
+                         benchmark={"modes": ["collective", "parameter_server"], "data": ["real"],
+                                    "collective_implementation": "nccl", "parameter_servers": 2},
+                         dataset={"path": str(dataset)}, images={"podman": {"image": "localhost/cb:test"}})
+    runs = {(r.runtime, r.mode): r for r in cb_config.plan_runs(config) if r.kind == "train" and r.ranks == 2}
+    collective = plan(runs[("bare-metal", "collective")], config)["argv"]
+    assert collective[-8:] == ["--mode", "collective", "--runtime", "bare-metal", "--collective", "nccl",
+                               "--data-dir", str(dataset)]
+    servers = plan(runs[("podman", "parameter_server")], config)["argv"]
+    assert servers[-6:] == ["--runtime", "podman", "--parameter-servers", "2", "--data-dir", str(dataset)]
+    # The dataset is bound into the container at the path the benchmark is given.
+    assert f"{dataset}:{dataset}" in servers

@@ -267,6 +267,18 @@ def test_charliecloud_without_write_fake_and_with_extra_args():
     assert argv[-10:] == ["-v", "/img", "--", "/usr/bin/python3", "-m", "containerbench.bench", *BENCH_ARGS]
 
 
+def test_charliecloud_without_write_fake_binds_a_dataset_at_an_existing_mount_point():
+    """ch-run 0.31 cannot create /datasets/imagenet in a read-only image: it goes to /mnt instead."""
+    request = RunRequest(module="containerbench.bench", args=("--data-dir", "/datasets/imagenet"), env=CPU_ENV,
+                         workdir="/work/x", binds=("/datasets/imagenet",))
+    argv = Charliecloud("/img", write_fake=False).rank_argv(request)
+    assert "--bind=/datasets/imagenet:/mnt" in argv
+    assert argv[-8:] == ["--cd=/", "/img", "--", "python3", "-m", "containerbench.bench", "--data-dir", "/mnt"]
+    with pytest.raises(ValueError, match="4 binds need --write-fake"):
+        Charliecloud("/img", write_fake=False).rank_argv(
+            RunRequest(module="m", args=(), env={}, binds=("/a", "/b", "/c", "/d")))
+
+
 def test_apptainer_binary_must_be_apptainer_or_singularity():
     with pytest.raises(ValueError, match="^runtime 'apptainer': binary 'docker' is not allowed; allowed: apptainer"):
         Apptainer("/img.sif", binary="docker")
@@ -363,5 +375,5 @@ def test_runtime_for_rejects_in_one_line(name, config, message):
 def test_charliecloud_without_write_fake_binds_no_work_directory():
     """ch-run < 0.32 cannot create mount points: only dataset binds, started in /."""
     argv = Charliecloud("/img", write_fake=False).rank_argv(SITE)
-    assert "--bind=/datasets/imagenet" in argv and not any(a.startswith("--bind=/scratch") for a in argv)
+    assert "--bind=/datasets/imagenet:/mnt" in argv and not any(a.startswith("--bind=/scratch") for a in argv)
     assert "--cd=/" in argv

@@ -1,0 +1,41 @@
+"""The speed scripts run, in their quick settings, and print their figures.
+
+Timings are machine-dependent and are read, never asserted: these tests only
+prove the scripts work, so the figures in the README can be reproduced.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+def run(argv, root, timeout=900):
+    done = subprocess.run(argv, cwd=root, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+def test_harness_speed_compares_ours_with_horovod_and_keras(root, bench_python):
+    out = run([str(bench_python), "benchmarks/harness_speed.py", "--quick"], root)
+    assert re.search(r"^1 rank\(s\): ours .* horovod .* keras ", out, re.M)
+    assert re.search(r"ours/horovod = \d+\.\d{3} \(95% CI \d+\.\d{3}\.\.\d+\.\d{3}\)\s+ours/keras = \d+\.\d{3}", out)
+    assert re.search(r"^2 rank\(s\): ours .* horovod ", out, re.M) and out.count("harness overhead per step") == 2
+
+
+def test_dag_speed_plans_a_thousand_run_sweep(root):
+    out = run([sys.executable, "benchmarks/dag_speed.py", "--tries", "1"], root)
+    assert re.search(r"snakemake -n, 1081 benchmark runs: \d+\.\d\d s .* time/target = \d", out)
+
+
+def test_aggregate_times_the_tables(root, tiny_runs, tmp_path):
+    record = tmp_path / "record.json"
+    record.write_text(json.dumps(tiny_runs[("train", 2)]))
+    out = run([sys.executable, "benchmarks/aggregate.py", "--records", "2000", "--from", str(record)], root)
+    assert out.startswith("records: 2000") and re.search(r"^total: .* records/s$", out, re.M)

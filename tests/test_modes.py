@@ -1,0 +1,97 @@
+"""Every distribution mode and both data sources really train on 2 ranks, and their
+records say which mode, backend and data source produced the number."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+from conftest import tiny_config
+
+from containerbench import config as cb_config
+from containerbench.config import RunSpec
+from containerbench.launch import execute, plan
+from containerbench.results import build_tables, parse_log
+
+pytestmark = pytest.mark.slow
+
+BACKENDS = {"horovod": "mpi", "collective": "ring", "parameter_server": "grpc"}
+
+
+@pytest.fixture(scope="module")
+def sample(tmp_path_factory, bench_python):
+    """A tiny ImageNet-shaped TFRecord set, written by the generator the workflow uses."""
+    out = tmp_path_factory.mktemp("imagenet-sample")
+    subprocess.run([str(bench_python), "-m", "containerbench.datasets", "generate", str(out), "--images", "24",
+                    "--shards", "3", "--size", "48"], check=True, capture_output=True, timeout=300)
+    return out
+
+
+@pytest.fixture(scope="module")
+def mode_records(tmp_path_factory, sample):
+    """2 ranks, each mode x {synthetic, real}: six real trainings."""
+    workdir = tmp_path_factory.mktemp("modes")
+    config = tiny_config(workdir, benchmark={"modes": ["horovod", "collective", "parameter_server"],
+                                             "data": ["synthetic", "real"], "collective_implementation": "ring",
+                                             "repetitions": 1, "node_probe_steps": 0},
+                         scaling={"nodes": [1], "ranks_per_node": [2]}, dataset={"path": str(sample)},
+                         netbench={"enabled": False})
+    runs = cb_config.plan_runs(config)
+    cb_config.check_runs(config, runs)
+    records = {}
+    for spec in runs:
+        log = workdir / f"{spec.run_id}.log"
+        execute(plan(spec, config), log, echo=None)
+        records[(spec.mode, spec.data)] = parse_log(log)
+    return records
+
+
+def test_generator_writes_imagenet_shaped_shards(sample):
+    manifest = json.loads((sample / "manifest.json").read_text())
+    assert sorted(manifest["files"]) == [f"train-{i:05d}-of-00003" for i in range(3)]
+    assert manifest["images"] == 24 and all(size > 24 * 100 // 3 for size in manifest["files"].values())
+
+
+@pytest.mark.parametrize("mode", sorted(BACKENDS))
+@pytest.mark.parametrize("data", ["synthetic", "real"])
+def test_each_mode_trains_on_two_ranks_and_says_so(mode_records, sample, mode, data):
+    record = mode_records[(mode, data)]
+    assert record["status"] == "ok", (record["reasons"], record["evidence"])
+    result = record["result"]
+    assert (result["mode"], result["data"], result["ranks"]) == (mode, data, 2)
+    assert result["distribution"]["backend"] == BACKENDS[mode]
+    assert result["data_dir"] == (str(sample) if data == "real" else None)
+    assert result["images_per_sec"] > 0 and len(result["processes"]) == 2
+    # The run id and the plan carry the variant, so tables group by it.
+    assert record["spec"]["mode"] == mode and record["spec"]["data"] == data
+    if mode == "parameter_server":
+        # One copy of the weights, on the servers; the coordinator times rounds of one batch per worker.
+        assert [r["rank"] for r in result["per_rank"]] == [0]
+        assert result["distribution"]["parameter_server_ranks"] == [0]
+        assert len(result["distribution"]["cluster"]["worker"]) == 2
+    else:
+        # Each rank trained on its own batch; identical weights prove the gradients were averaged.
+        assert [r["rank"] for r in result["per_rank"]] == [0, 1] and result["weights_identical"] is True
+    if mode == "collective":
+        assert result["distribution"]["cluster"]["worker"][0].startswith("127.0.0.1:")  # the fabric's interface (lo)
+
+
+def test_tables_put_modes_and_data_sources_side_by_side(mode_records):
+    tables = build_tables(list(mode_records.values()))
+    modes = tables["modes"]
+    assert sorted(modes["mode"]) == ["collective", "collective", "parameter_server", "parameter_server"]
+    assert (modes["ratio_to_horovod"] > 0).all() and modes["note"].isna().all()
+    inputs = tables["input"]
+    assert sorted(inputs["mode"]) == sorted(BACKENDS) and inputs["input_overhead_percent"].notna().all()
+
+
+def test_a_mode_the_run_cannot_do_is_a_failed_record_with_its_reason(tmp_path):
+    """Three parameter servers on one rank: the run fails with the reason, nothing else is lost."""
+    config = tiny_config(tmp_path, benchmark={"parameter_servers": 3})
+    spec = RunSpec("train", "bare-metal", "tcp-loopback", 1, 1, 1, 2, "parameter_server", "synthetic")
+    log = tmp_path / "ps.log"
+    assert execute(plan(spec, config), log, echo=None) == 3
+    record = parse_log(log)
+    assert record["status"] == "failed"
+    assert "3 parameter servers need as many ranks; this run has 1" in record["reasons"]
