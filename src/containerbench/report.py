@@ -49,8 +49,10 @@ def _series(summary: pd.DataFrame):
 def throughput_plot(summary: pd.DataFrame) -> str | None:
     if summary.empty or summary["images_per_sec_median"].isna().all():
         return None
-    figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    for label, group in _series(summary):
+    series = list(_series(summary))
+    many = len(series) > 3  # then the legend goes below the plots, where it hides no point
+    figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4 + 0.25 * len(series) * many))
+    for label, group in series:
         errors = [group["images_per_sec_median"] - group["images_per_sec_min"],
                   group["images_per_sec_max"] - group["images_per_sec_median"]]
         left.errorbar(group["ranks"], group["images_per_sec_median"], yerr=errors, marker="o", capsize=4, label=label)
@@ -62,7 +64,14 @@ def throughput_plot(summary: pd.DataFrame) -> str | None:
               xticks=ranks, ylim=(0, max(110, summary["scaling_efficiency_percent"].max() * 1.1)))
     for axis in (left, right):
         axis.grid(alpha=0.3)
-        axis.legend(fontsize=8)
+    if many:
+        handles, labels = left.get_legend_handles_labels()
+        figure.legend(handles, labels, fontsize=8, loc="lower center", ncol=2, frameon=False)
+        figure.subplots_adjust(bottom=0.12 + 0.06 * ((len(series) + 1) // 2))
+        right.legend(handles=right.get_legend_handles_labels()[0][-1:], fontsize=8)  # the ideal line
+    else:
+        left.legend(fontsize=8)
+        right.legend(fontsize=8)
     return _png(figure)
 
 
