@@ -129,3 +129,9 @@ def test_a_site_dataset_without_tfrecords_is_rejected(tmp_path):
         cb_config.check_dataset(config)
     (tmp_path / "train-00000-of-00001").write_bytes(b"")
     cb_config.check_dataset(config)
+
+
+def test_xla_with_parameter_servers_is_rejected_before_any_run(tmp_path):
+    config = tiny_config(tmp_path, benchmark={"modes": ["horovod", "parameter_server"], "xla": True})
+    with pytest.raises(cb_config.ConfigError, match=r"^config: 'benchmark.xla' = true cannot run mode parameter_server"):
+        cb_config.check_runs(config, cb_config.plan_runs(config))

@@ -136,6 +136,9 @@ def check_runs(config: dict, runs: list[RunSpec]) -> None:
         raise ConfigError(f"config: 'benchmark.parameter_servers' = {servers} needs that many ranks (they live in "
                           f"worker processes), but the sweep has parameter_server runs on {short} rank(s); "
                           f"allowed: at most {min(short)}")
+    if config["benchmark"].get("xla") and any(r.mode == "parameter_server" for r in runs):
+        raise ConfigError("config: 'benchmark.xla' = true cannot run mode parameter_server (XLA cannot read "
+                          "variables held on parameter servers); allowed: xla false, or modes without parameter_server")
     from containerbench.runtimes import runtime_for
 
     for name in config["runtimes"]:

@@ -45,6 +45,19 @@ def _scaled_gradients(tape, optimizer, loss, variables, mixed_float16: bool):
     return optimizer.get_unscaled_gradients(tape.gradient(optimizer.get_scaled_loss(loss), variables))
 
 
+def _gradients_fn(tf, model, optimizer, args, global_batch: int | None = None):
+    """Loss and gradients of one replica's batch; XLA-compiled when asked (the update stays
+    outside: in TF's own modes it holds the cross-worker aggregation)."""
+    mixed = args.precision == "mixed_float16"
+
+    def gradients(images, labels):
+        with tf.GradientTape() as tape:
+            loss = _loss(tf, model, images, labels, global_batch)
+        return loss, _scaled_gradients(tape, optimizer, loss, model.trainable_variables, mixed)
+
+    return tf.function(gradients, jit_compile=True) if args.xla else gradients
+
+
 def interface_address(name: str) -> str:
     """IPv4 address of a network interface (SIOCGIFADDR), for TF's gRPC servers."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
@@ -187,13 +200,11 @@ class Collective(_TensorFlowCluster):
         return self.strategy.scope()
 
     def make_step(self, tf, model, optimizer, next_batch, args):
-        mixed, strategy = args.precision == "mixed_float16", self.strategy
-        global_batch = args.batch_size * self.size
+        strategy = self.strategy
+        gradients_of = _gradients_fn(tf, model, optimizer, args, global_batch=args.batch_size * self.size)
 
         def replica_step(images, labels):
-            with tf.GradientTape() as tape:
-                loss = _loss(tf, model, images, labels, global_batch)
-            gradients = _scaled_gradients(tape, optimizer, loss, model.trainable_variables, mixed)
+            loss, gradients = gradients_of(images, labels)
             optimizer.apply_gradients(zip(gradients, model.trainable_variables))  # all-reduces across workers
             return loss
 
@@ -231,6 +242,9 @@ class ParameterServer(_TensorFlowCluster):
         if not hasattr(tf.distribute.experimental, "ParameterServerStrategy") or \
                 not hasattr(tf.distribute, "coordinator"):
             raise ModeUnsupported(f"mode parameter_server is not supported with TF {tf.__version__}")
+        if args.xla:  # XLA cannot reach a variable on another device (TF's XLA "known issues")
+            raise ModeUnsupported("mode parameter_server cannot use XLA: the compiled step would read variables "
+                                  "that live on the parameter servers")
         super().__init__()
         self.tf = tf
         hosts = self.allgather(socket.gethostname())
@@ -268,12 +282,11 @@ class ParameterServer(_TensorFlowCluster):
         return iter(self.cluster_coordinator.create_per_worker_dataset(dataset_fn))
 
     def make_step(self, tf, model, optimizer, next_batch, args):
-        mixed, strategy = args.precision == "mixed_float16", self.strategy
+        strategy = self.strategy
+        gradients_of = _gradients_fn(tf, model, optimizer, args)
 
         def replica_step(images, labels):
-            with tf.GradientTape() as tape:
-                loss = _loss(tf, model, images, labels)
-            gradients = _scaled_gradients(tape, optimizer, loss, model.trainable_variables, mixed)
+            loss, gradients = gradients_of(images, labels)
             optimizer.apply_gradients(zip(gradients, model.trainable_variables))
             return loss
 
