@@ -404,3 +404,18 @@ def test_shared_memory_only_is_unverified(netns, bench_python):
     assert one(observe_transport(lines), "mpi").transport == "shm"
     check = verify(lines, tcp_fabric("fabA"))
     assert check.status == "unverified" and "shared memory" in check.reason
+
+
+def test_grpc_traffic_of_tensorflow_modes_is_checked_against_the_fabric():
+    """TF's own modes bind gRPC on the interface the fabric names; another one is a mismatch."""
+    from containerbench.fabrics import check_grpc
+
+    base = {"status": "ok", "reason": "as asked: mpi: tcp over fast0", "evidence": ["btl line"],
+            "expected": {"interface": ["fast0"]}}
+    assert check_grpc(base, "fast0", "10.0.0.1")["reason"] == "as asked: mpi: tcp over fast0; grpc: tcp over fast0 (10.0.0.1)"
+    wrong = check_grpc(base, "slow0", "10.1.0.1", "result line 9")
+    assert wrong["status"] == "mismatch" and wrong["evidence"][0] == "result line 9"
+    assert wrong["reason"] == "grpc: the fabric asks for interface fast0, the benchmark bound slow0 (10.1.0.1)"
+    unknown = check_grpc(base, None, "node1")
+    assert unknown["status"] == "unverified" and "grpc: tcp over the hostname (node1): not an interface" in unknown["reason"]
+    assert check_grpc({**base, "expected": {"interface": []}}, None, "node1")["status"] == "ok"

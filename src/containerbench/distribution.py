@@ -65,16 +65,17 @@ def interface_address(name: str) -> str:
     return socket.inet_ntoa(packed[20:24])
 
 
-def grpc_host() -> tuple[str, str]:
-    """(address, how it was chosen): the fabric's interface, as NCCL/Gloo were told, else the hostname."""
+def grpc_host() -> tuple[str, str | None, str]:
+    """(address, interface, how it was chosen): the fabric's interface, as NCCL/Gloo were told,
+    else the hostname (interface None: the parser then cannot confirm the fabric for gRPC)."""
     for variable in ("CONTAINERBENCH_GRPC_IFACE", "NCCL_SOCKET_IFNAME", "HOROVOD_GLOO_IFACE"):
         value = os.environ.get(variable, "").lstrip("=^").split(",")[0]
         if value and not os.environ.get(variable, "").startswith("^"):
             try:
-                return interface_address(value), f"{variable}={value}"
+                return interface_address(value), value, f"{variable}={value}"
             except OSError:
                 continue
-    return socket.gethostname(), "hostname"
+    return socket.gethostname(), None, "hostname"
 
 
 def free_port(host: str) -> int:
@@ -163,7 +164,7 @@ class _TensorFlowCluster:
     def __init__(self):
         self.ranks = MpiRanks()
         self.rank, self.size, self.local_rank = self.ranks.rank, self.ranks.size, self.ranks.local_rank
-        self.host, self.host_choice = grpc_host()
+        self.host, self.interface, self.host_choice = grpc_host()
         self.cluster: dict = {}
 
     def allgather(self, obj):
@@ -223,7 +224,7 @@ class Collective(_TensorFlowCluster):
 
     def describe(self, gpus: bool) -> dict:
         return {"backend": self.implementation, "cluster": self.cluster, "grpc_host": self.host,
-                "grpc_host_from": self.host_choice}
+                "grpc_interface": self.interface, "grpc_host_from": self.host_choice}
 
 
 class ParameterServer(_TensorFlowCluster):
@@ -312,7 +313,7 @@ class ParameterServer(_TensorFlowCluster):
 
     def describe(self, gpus: bool) -> dict:
         return {"backend": "grpc", "cluster": self.cluster, "parameter_server_ranks": self.ps_ranks,
-                "grpc_host": self.host, "grpc_host_from": self.host_choice}
+                "grpc_host": self.host, "grpc_interface": self.interface, "grpc_host_from": self.host_choice}
 
 
 def mode_for(args):

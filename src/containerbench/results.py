@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from containerbench.fabrics import verify
+from containerbench.fabrics import check_grpc, verify
 from containerbench.launch import EXIT_PREFIX, LAUNCH_PREFIX
 
 RESULT_PREFIX = "containerbench-result "  # printed by bench.py and netbench.py
@@ -114,12 +114,17 @@ def parse_log(log_path: str | Path) -> dict:
     fabric = launch.get("fabric") or {"env": launch.get("env") or {}}
     check = verify(lines, fabric, layers=("nccl",) if (result or {}).get("gpus") else ("mpi",))
     fabric_check = check.as_dict()
+    distribution = (result or {}).get("distribution") or {}
+    if "grpc_host" in distribution:  # TensorFlow's own modes: the gradients travel over gRPC
+        fabric_check = check_grpc(fabric_check, distribution.get("grpc_interface"), distribution["grpc_host"],
+                                  f"result line {result_line}: distribution.grpc_host {distribution['grpc_host']} "
+                                  f"from {distribution.get('grpc_host_from')}")
     if spec.get("ranks") == 1:  # one rank never touches the network
         fabric_check = {"status": "not applicable", "reason": "one rank: no traffic between ranks",
                         "evidence": [], "expected": fabric_check["expected"], "observed": {}}
-    elif status == "ok" and check.status == "mismatch":
+    elif status == "ok" and fabric_check["status"] == "mismatch":
         status = "invalid"
-        reasons.append(f"fabric: {check.reason}")
+        reasons.append(f"fabric: {fabric_check['reason']}")
 
     started = launch.get("started_unix")
     per_rank = (result or {}).get("per_rank") or []
@@ -131,7 +136,8 @@ def parse_log(log_path: str | Path) -> dict:
         "status": status,
         "reasons": reasons,
         "evidence": _evidence(lines) if status == "failed" else (
-            (check.evidence or [None])[0] if status == "invalid" and check.status == "mismatch" else None),
+            (fabric_check["evidence"] or [None])[0] if status == "invalid" and fabric_check["status"] == "mismatch"
+            else None),
         "spec": spec,
         "argv": launch.get("argv"),
         "env": launch.get("env"),
