@@ -247,7 +247,6 @@ class ParameterServer(_TensorFlowCluster):
             raise ModeUnsupported("mode parameter_server cannot use XLA: the compiled step would read variables "
                                   "that live on the parameter servers")
         super().__init__()
-        self.tf = tf
         hosts = self.allgather(socket.gethostname())
         nodes = list(dict.fromkeys(hosts))
         if args.parameter_servers > self.size:
@@ -255,8 +254,10 @@ class ParameterServer(_TensorFlowCluster):
                                   f"this run has {self.size}")
         # Parameter server i goes to node i mod N, on that node's next rank: co-located and spread.
         by_node = {node: [r for r, h in enumerate(hosts) if h == node] for node in nodes}
-        self.ps_ranks = [by_node[nodes[i % len(nodes)]][(i // len(nodes)) % len(by_node[nodes[i % len(nodes)]])]
-                         for i in range(args.parameter_servers)]
+        self.ps_ranks = []
+        for i in range(args.parameter_servers):
+            ranks_here = by_node[nodes[i % len(nodes)]]
+            self.ps_ranks.append(ranks_here[(i // len(nodes)) % len(ranks_here)])
         addresses = self.addresses(3)  # worker, ps, chief port per rank (not all used)
         self.cluster = {"chief": [addresses[0][2]], "worker": [a[0] for a in addresses],
                         "ps": [addresses[r][1] for r in self.ps_ranks]}
