@@ -1,6 +1,5 @@
 # Configuration checked before any job starts, and the sweep expanded into plans.
 import json
-import re
 import sys
 from pathlib import Path
 
@@ -18,9 +17,10 @@ try:
     SKIPPED_RUNTIMES = cb_config.select_runtimes(config, IMAGE_ARTIFACTS) if workflow.is_main_process else {}
     # Real data without a site dataset: the sample data.smk writes (the runs depend on it).
     cb_config.check_dataset(config)
+    SAMPLE_DIR = str(Path(workflow.basedir) / cb_config.SAMPLE_DIR)  # anchored at the repository
     DATASET_SAMPLE = None
     if "real" in config["benchmark"]["data"] and not config["dataset"]["path"]:
-        DATASET_SAMPLE = config["dataset"]["path"] = str(Path(workflow.basedir) / cb_config.SAMPLE_DIR)
+        DATASET_SAMPLE = config["dataset"]["path"] = SAMPLE_DIR
     RUNS = cb_config.plan_runs(config)
     cb_config.check_runs(config, RUNS)
     if workflow.is_main_process and config["launcher"]["kind"] == "srun":

@@ -8,7 +8,7 @@ import subprocess
 rule dataset_sample:
     """ImageNet-shaped TFRecords of random JPEGs; manifest.json is written last, when whole."""
     output:
-        f"{cb_config.SAMPLE_DIR if DATASET_SAMPLE is None else DATASET_SAMPLE}/manifest.json",
+        f"{SAMPLE_DIR}/manifest.json",
     params:
         sample=config["dataset"],
     localrule: True
