@@ -173,11 +173,12 @@ def local_compute_rate(tf, model, images, labels, args) -> float:
     so per-rank step times converge; this probe shows each node's own speed.
     """
 
+    from containerbench.distribution import training_loss
+
     @tf.function(jit_compile=args.xla)
     def local_step():
         with tf.GradientTape() as tape:
-            logits = tf.cast(model(images, training=True), tf.float32)
-            loss = tf.reduce_mean(tf.keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True))
+            loss = training_loss(tf, model, images, labels)
         gradients = tape.gradient(loss, model.trainable_variables)
         return tf.add_n([tf.reduce_sum(tf.cast(g, tf.float32)) for g in gradients])  # waits for every gradient
 

@@ -31,7 +31,8 @@ class ModeUnsupported(RuntimeError):
     """This TensorFlow cannot train in the requested mode."""
 
 
-def _loss(tf, model, images, labels, global_batch: int | None = None):
+def training_loss(tf, model, images, labels, global_batch: int | None = None):
+    """Cross-entropy from the model's logits, in float32; averaged over `global_batch` when given."""
     logits = tf.cast(model(images, training=True), tf.float32)  # softmax never in float16
     per_example = tf.keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
     if global_batch is None:
@@ -52,7 +53,7 @@ def _gradients_fn(tf, model, optimizer, args, global_batch: int | None = None):
 
     def gradients(images, labels):
         with tf.GradientTape() as tape:
-            loss = _loss(tf, model, images, labels, global_batch)
+            loss = training_loss(tf, model, images, labels, global_batch)
         return loss, _scaled_gradients(tape, optimizer, loss, model.trainable_variables, mixed)
 
     return tf.function(gradients, jit_compile=True) if args.xla else gradients
@@ -130,7 +131,7 @@ class Horovod:
         def train_step(*source):
             images, labels = next_batch(*source)
             with tf.GradientTape() as tape:
-                loss = _loss(tf, model, images, labels)
+                loss = training_loss(tf, model, images, labels)
             tape = self.hvd.DistributedGradientTape(tape)
             gradients = _scaled_gradients(tape, optimizer, loss, model.trainable_variables, mixed)
             update = optimizer.apply_gradients(zip(gradients, model.trainable_variables))
