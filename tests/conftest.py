@@ -66,12 +66,15 @@ def tiny_runs(tmp_path_factory, bench_python) -> dict:
     workdir = tmp_path_factory.mktemp("tiny-runs")
     config = tiny_config(workdir)
     runs = [r for r in cb_config.plan_runs(config) if r.repetition == 1]
-    records = {}
+    return {(spec.kind, spec.ranks): record for spec, record in run_and_parse(runs, config, workdir)}
+
+
+def run_and_parse(runs, config: dict, workdir: Path):
+    """Execute each planned run as the workflow does (raw log in workdir), then parse its record."""
     for spec in runs:
         log = workdir / f"{spec.run_id}.log"
         execute(plan(spec, config), log, echo=None)
-        records[(spec.kind, spec.ranks)] = parse_log(log)
-    return records
+        yield spec, parse_log(log)
 
 
 @pytest.fixture(scope="session")

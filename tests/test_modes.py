@@ -7,7 +7,7 @@ import json
 import subprocess
 
 import pytest
-from conftest import tiny_config
+from conftest import run_and_parse, tiny_config
 
 from containerbench import config as cb_config
 from containerbench.config import RunSpec
@@ -39,12 +39,7 @@ def mode_records(tmp_path_factory, sample):
                          netbench={"enabled": False})
     runs = cb_config.plan_runs(config)
     cb_config.check_runs(config, runs)
-    records = {}
-    for spec in runs:
-        log = workdir / f"{spec.run_id}.log"
-        execute(plan(spec, config), log, echo=None)
-        records[(spec.mode, spec.data)] = parse_log(log)
-    return records
+    return {(spec.mode, spec.data): record for spec, record in run_and_parse(runs, config, workdir)}
 
 
 def test_generator_writes_imagenet_shaped_shards(sample):
