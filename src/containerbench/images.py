@@ -23,6 +23,7 @@ import pwd
 import re
 import shlex
 import shutil
+import signal
 import stat
 import subprocess
 import sys
@@ -85,20 +86,45 @@ def engine_env(engine: str) -> dict[str, str]:
     return env
 
 
+# Every image step is time-limited, so a wedged engine fails its rule with a message
+# instead of holding the workflow (and a CI job) forever. The workflow sets this from
+# images.step_timeout_s; a base with apt or a slow mirror may need more than the default.
+STEP_TIMEOUT_S = 3600
+
+
 def run_step(step: str, argv: list[str], *, env=None, capture=False, stdin=None,
-             timeout=None) -> subprocess.CompletedProcess:
+             timeout: float | None = None) -> subprocess.CompletedProcess:
+    """Run one image step in its own process group; on a timeout or an interruption the
+    whole group goes (podman and ch-convert start helpers that outlive a killed parent)."""
+    timeout = STEP_TIMEOUT_S if timeout is None else timeout
+    pipe = subprocess.PIPE if capture else None
+    stdin = subprocess.DEVNULL if stdin is None else stdin  # no step may wait on a terminal or a CI pipe
     try:
-        return subprocess.run(argv, check=True, env=env, stdin=stdin, text=True, timeout=timeout,
-                              stdout=subprocess.PIPE if capture else None,
-                              stderr=subprocess.PIPE if capture else None)
+        process = subprocess.Popen(argv, env=env, stdin=stdin, text=True, stdout=pipe, stderr=pipe,
+                                   start_new_session=True)
     except FileNotFoundError:
         raise ImageStepError(f"{step}: {argv[0]} is not installed (scripts/container-engines.sh install)") from None
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        raise ImageStepError(f"{step} timed out after {timeout} s: {shlex.join(argv)}") from None
-    except subprocess.CalledProcessError as error:
-        last = (error.stderr or "").strip().splitlines()[-1:]
-        raise ImageStepError(f"{step} failed (exit {error.returncode}): {shlex.join(argv)}"
-                             + (f" -- {last[0]}" if last else "")) from None
+        _kill_group(process)
+        raise ImageStepError(f"{step} timed out after {timeout:g} s: {shlex.join(argv)}") from None
+    except BaseException:  # Ctrl-C, a signal from snakemake: leave nothing running
+        _kill_group(process)
+        raise
+    if process.returncode != 0:
+        last = (stderr or "").strip().splitlines()[-1:]
+        raise ImageStepError(f"{step} failed (exit {process.returncode}): {shlex.join(argv)}"
+                             + (f" -- {last[0]}" if last else ""))
+    return subprocess.CompletedProcess(argv, process.returncode, stdout, stderr)
+
+
+def _kill_group(process: subprocess.Popen) -> None:
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    process.communicate()
 
 
 def engine_usable(engine: str) -> tuple[bool, str]:

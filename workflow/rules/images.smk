@@ -16,6 +16,7 @@ if not BENCH_PYTHON.is_absolute() and (REPO / BENCH_PYTHON).exists():
     BENCH_PYTHON = REPO / BENCH_PYTHON
 PACKAGE_SOURCES = sorted(str(p) for p in (REPO / "src" / "containerbench").rglob("*.py"))
 FILES = cb_config.image_files(TAG, str(IMAGES_DIR))
+cb_images.STEP_TIMEOUT_S = config["images"]["step_timeout_s"]
 
 
 rule image_base:
