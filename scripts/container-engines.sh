@@ -3,12 +3,12 @@
 # and without touching the host's network (no bridge, no iptables).
 #
 #   scripts/container-engines.sh install            # docker.io podman charliecloud debootstrap uidmap pigz
-#   scripts/container-engines.sh start-dockerd DIR  # prints DOCKER_HOST=unix://DIR/docker.sock
+#   scripts/container-engines.sh start-dockerd DIR  # prints DOCKER_HOST=unix://DIR/docker.sock and PATH=DIR/bin:...
 #   scripts/container-engines.sh stop-dockerd DIR   # stops the dockerd whose pid is in DIR/docker.pid
 #   scripts/container-engines.sh podman-conf DIR    # prints CONTAINERS_CONF=DIR/containers.conf
 #
-# start-dockerd and podman-conf print the variable to export as their last line, so
-# callers can `export "$(scripts/container-engines.sh start-dockerd /tmp/d | tail -1)"`.
+# start-dockerd and podman-conf print the variables to export, one NAME=VALUE per line, last,
+# so callers can `export $(scripts/container-engines.sh start-dockerd /tmp/d | grep =)`.
 # Nothing here assumes a daemon is already running.
 set -euo pipefail
 
@@ -33,8 +33,14 @@ start_dockerd() {
   dir=$(cd "$dir" && pwd)
   local sock=$dir/docker.sock pidfile=$dir/docker.pid
   export DOCKER_HOST=unix://$sock
-  if [[ -s $pidfile ]] && kill -0 "$(cat "$pidfile")" 2>/dev/null && docker info >/dev/null 2>&1; then
-    echo "DOCKER_HOST=$DOCKER_HOST"; return 0   # already ours and answering
+  # The client from the daemon's own package (docker.io), first on PATH: another docker
+  # client on the host (e.g. Docker CE's in /usr/local/bin) may be too new to talk to
+  # this daemon (Docker 29 clients need API 1.44; Debian 12's dockerd 20.10 speaks 1.41).
+  mkdir -p "$dir/bin"
+  ln -sfn "$(dpkg -L docker.io | grep -m1 '/bin/docker$')" "$dir/bin/docker"
+  export PATH=$dir/bin:$PATH
+  if [[ -s $pidfile ]] && kill -0 "$(cat "$pidfile")" 2>/dev/null && timeout 10 docker info >/dev/null 2>&1; then
+    print_docker_env; return 0   # already ours and answering
   fi
   rm -f "$pidfile"
   # No bridge and no iptables: containers use --network host|none, and the host's
@@ -43,14 +49,21 @@ start_dockerd() {
     --pidfile "$pidfile" --bridge=none --iptables=false --ip-masq=false --ip-forward=false \
     </dev/null >"$dir/dockerd.log" 2>&1 &
   local starter=$!
-  for _ in $(seq 1 120); do
-    if docker info >/dev/null 2>&1; then echo "DOCKER_HOST=$DOCKER_HOST"; return 0; fi
+  # Up to 2 minutes: a first start on a busy machine sets up its storage and containerd.
+  for _ in $(seq 1 240); do
+    if timeout 10 docker info >/dev/null 2>&1; then print_docker_env; return 0; fi
     if ! kill -0 "$starter" 2>/dev/null; then break; fi
     sleep 0.5
   done
-  echo "container-engines: dockerd did not answer on $sock; last log lines:" >&2
+  echo "container-engines: dockerd did not answer on $sock ($(docker version --format 'client {{.Client.Version}}' 2>&1 | tail -1)); last log lines:" >&2
   tail -n 20 "$dir/dockerd.log" >&2
+  stop_dockerd "$dir" || kill -KILL "$starter" 2>/dev/null  # leave no daemon behind a failed start
   return 1
+}
+
+print_docker_env() {
+  echo "DOCKER_HOST=$DOCKER_HOST"
+  echo "PATH=$PATH"
 }
 
 stop_dockerd() {
