@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 import shutil
+import signal
 import subprocess
 from pathlib import Path
 
@@ -34,6 +36,24 @@ TINY = {
     "bare_metal": {"python": str(BENCH_PYTHON)},
     "netbench": {"max_bytes": 65536},
 }
+
+
+def run_tree(argv: list[str], *, timeout: float, **popen) -> subprocess.CompletedProcess:
+    """subprocess.run(capture_output=True, text=True) for commands that start process trees
+    (snakemake, mpirun, the test cluster): on a timeout, or when pytest-timeout interrupts
+    the test, the whole tree is killed, so nothing wedged outlives its test and blocks the next."""
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True, **popen)
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except BaseException:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        process.communicate()
+        raise
+    return subprocess.CompletedProcess(argv, process.returncode, stdout, stderr)
 
 
 @pytest.fixture(scope="session")
@@ -77,6 +97,11 @@ def run_and_parse(runs, config: dict, workdir: Path):
         yield spec, parse_log(log)
 
 
+def exported(stdout: str) -> dict[str, str]:
+    """The NAME=VALUE lines scripts/container-engines.sh prints for its callers to export."""
+    return dict(line.split("=", 1) for line in stdout.splitlines() if re.fullmatch(r"[A-Z_]+=.*", line))
+
+
 @pytest.fixture(scope="session")
 def container_engines(tmp_path_factory) -> dict:
     """Podman settings for this host and a dockerd of our own (stopped by its PID afterwards);
@@ -86,13 +111,9 @@ def container_engines(tmp_path_factory) -> dict:
     state = tmp_path_factory.mktemp("engines")
     conf = subprocess.run([str(engines), "podman-conf", str(state)], capture_output=True, text=True, check=True)
     dockerd = subprocess.run([str(engines), "start-dockerd", str(state / "docker")], capture_output=True,
-                             text=True, timeout=120)
+                             text=True, timeout=300)
     try:
         assert dockerd.returncode == 0, dockerd.stderr
-        env = dict(os.environ)
-        for line in (conf.stdout.splitlines()[-1], dockerd.stdout.splitlines()[-1]):
-            name, value = line.split("=", 1)
-            env[name] = value
-        yield env
+        yield {**os.environ, **exported(conf.stdout), **exported(dockerd.stdout)}
     finally:
         subprocess.run([str(engines), "stop-dockerd", str(state / "docker")], timeout=120)

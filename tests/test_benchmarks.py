@@ -8,16 +8,16 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import sys
 
 import pytest
+from conftest import run_tree
 
 pytestmark = pytest.mark.slow
 
 
 def run(argv, root, timeout=900):
-    done = subprocess.run(argv, cwd=root, capture_output=True, text=True, timeout=timeout)
+    done = run_tree(argv, cwd=root, timeout=timeout)
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout
 

@@ -6,16 +6,16 @@ records prove it was the same benchmark."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import yaml
-from conftest import ROOT, TINY
+from conftest import ROOT, TINY, run_tree
 
-pytestmark = pytest.mark.slow
+# from scratch the fixture builds the image (debootstrap, build, save, load, ch-convert) first
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2700)]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 RUNTIMES = ["bare-metal", "podman", "docker", "charliecloud"]
 
@@ -28,11 +28,11 @@ def container_run(container_engines, tmp_path_factory):
     config = {**TINY, "runtimes": RUNTIMES, "runtime_policy": "require", "results_dir": str(workdir / "results"),
               "benchmark": {**TINY["benchmark"], "repetitions": 2}}
     (workdir / "tiny.yaml").write_text(yaml.safe_dump(config))
-    done = subprocess.run(
+    done = run_tree(
         [SNAKEMAKE, "--snakefile", str(ROOT / "Snakefile"), "--directory", str(ROOT), "--profile",
          str(ROOT / "profiles" / "local"), "--configfile", str(ROOT / "config" / "config.yaml"),
          str(workdir / "tiny.yaml")],
-        capture_output=True, text=True, timeout=2400, env=container_engines)
+        timeout=2400, env=container_engines)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
     return workdir
 

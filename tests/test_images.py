@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import exported, run_tree
 
 from containerbench import images
 from containerbench.images import ImageSpec
@@ -173,6 +174,16 @@ def test_failing_step_names_itself():
         images.run_step("charliecloud", ["/nonexistent/ch-convert"])
 
 
+def test_step_past_its_time_limit_fails_and_leaves_nothing_running(tmp_path):
+    # the step's own child (as podman's and ch-convert's helpers do) must go with it
+    pid_file = tmp_path / "helper.pid"
+    script = f"sleep 60 & echo $! > {pid_file}; wait"
+    with pytest.raises(images.ImageStepError, match=r"^build \(podman\) timed out after 1 s: bash -c "):
+        images.run_step("build (podman)", ["bash", "-c", script], timeout=1)
+    helper = int(pid_file.read_text())
+    assert not Path(f"/proc/{helper}").exists() or "Z" in Path(f"/proc/{helper}/stat").read_text().split()[2]
+
+
 def test_dockerfile_and_context_rules():
     dockerfile = (ROOT / "containers" / "Dockerfile").read_text()
     assert "ARG BASE_IMAGE=localhost/containerbench-base:bookworm" in dockerfile
@@ -192,10 +203,11 @@ def test_podman_conf_script(tmp_path):
 
 # -- real builds (slow) ------------------------------------------------------------------------
 
-def _engines_script(*args) -> str:
+def _engines_script(*args) -> dict[str, str]:
+    """Run scripts/container-engines.sh; return the variables it prints for its caller to export."""
     done = subprocess.run(["bash", str(ENGINES_SCRIPT), *args], capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout + done.stderr
-    return done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
+    return exported(done.stdout)
 
 
 def _built_image(engine: str, bench_python: Path) -> dict:
@@ -222,7 +234,8 @@ def containers_root():
 def podman_image(containers_root, bench_python):
     conf = _engines_script("podman-conf", str(ROOT / "build" / "engines" / "podman"))
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv(*conf.split("=", 1))
+        for name, value in conf.items():
+            patch.setenv(name, value)
         ok, why = images.engine_usable("podman")
         assert ok, why
         yield _built_image("podman", bench_python)
@@ -231,10 +244,11 @@ def podman_image(containers_root, bench_python):
 @pytest.fixture(scope="session")
 def docker_image(containers_root, bench_python):
     state = ROOT / "build" / "engines" / "docker"
-    host = _engines_script("start-dockerd", str(state))
     try:
+        daemon = _engines_script("start-dockerd", str(state))
         with pytest.MonkeyPatch.context() as patch:
-            patch.setenv(*host.split("=", 1))
+            for name, value in daemon.items():  # DOCKER_HOST, and PATH with the daemon's own client first
+                patch.setenv(name, value)
             ok, why = images.engine_usable("docker")
             assert ok, why
             yield _built_image("docker", bench_python)
@@ -264,7 +278,7 @@ def test_podman_ranks_under_mpirun(podman_image):
     command = [*MPIRUN, "podman", "run", "--rm", "--network", "host", "--pid", "host", "--ipc", "host",
                "-v", "/tmp:/tmp", "--env", "OMPI_*", "--env", "PMIX_*", podman_image["tag"],
                "python3", "-m", "containerbench.netbench", "--max-bytes", "4096"]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    done = run_tree(command, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert _result(done.stdout)["ranks"] == 2
 
@@ -276,7 +290,7 @@ def test_docker_ranks_under_mpirun(docker_image):
                "--pass-prefix", "PMIX_", "--", "docker", "run", "--rm", "--network", "host", "--pid", "host",
                "--ipc", "host", "-v", "/tmp:/tmp", docker_image["tag"],
                "python3", "-m", "containerbench.netbench", "--max-bytes", "4096"]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    done = run_tree(command, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert _result(done.stdout)["ranks"] == 2
 
@@ -289,7 +303,7 @@ def test_charliecloud_ranks_report_host_provenance(podman_image):
     image_dir = images.charliecloud_image("podman", podman_image["tag"])
     assert not [p for p in (image_dir / "dev").iterdir() if not p.is_dir()]  # no device nodes kept
     command = [*MPIRUN, "--tag-output", *images.ch_run_argv(image_dir, ["python3", "-m", "containerbench.provenance"])]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+    done = run_tree(command, timeout=300, env=env)
     assert done.returncode == 0, done.stdout + done.stderr
     # --tag-output prefixes each rank's lines with [job,rank]; the two JSON documents interleave
     hashes = dict(re.findall(r'\[\d+,(\d+)\]<stdout>:\s*"hash": "(\w+)"', done.stdout))

@@ -7,6 +7,7 @@ import shutil
 import subprocess
 
 import pytest
+from conftest import run_tree
 
 TIMEOUT_S = 120
 
@@ -25,7 +26,7 @@ def two_rank_output(bench_python):
         str(bench_python), "-m", "containerbench.netbench",
         "--max-bytes", "65536", "--target-bytes", "1048576",
     ]
-    completed = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S)
+    completed = run_tree(command, timeout=TIMEOUT_S)
     assert completed.returncode == 0, completed.stdout + completed.stderr
     return completed.stdout.splitlines()
 

@@ -12,13 +12,14 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-from conftest import BENCH_PYTHON, ROOT
+from conftest import BENCH_PYTHON, ROOT, run_tree
 
 from containerbench.config import BUILD_DIR, built_image
 from containerbench.launch import plan
 from containerbench.results import parse_log
 
-pytestmark = pytest.mark.slow
+# the first test waits for the cluster, the image check and a 12-run workflow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2700)]
 CLUSTER = ROOT / "tests" / "slurm" / "cluster.sh"
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 
@@ -36,8 +37,7 @@ def cluster(tmp_path_factory):
 
 
 def on_controller(state: Path, *argv: str, timeout=1800, cwd=None) -> subprocess.CompletedProcess:
-    return subprocess.run([str(CLUSTER), "exec", str(state), *argv], capture_output=True, text=True,
-                          timeout=timeout, cwd=cwd)
+    return run_tree([str(CLUSTER), "exec", str(state), *argv], timeout=timeout, cwd=cwd)
 
 
 def workflow(state: Path, workdir: Path, *args: str, overrides: dict | None = None) -> subprocess.CompletedProcess:
@@ -58,10 +58,10 @@ def slurm_run(cluster, container_engines, tmp_path_factory):
     extra = workdir / "extra.yaml"
     extra.write_text(yaml.safe_dump({"bare_metal": {"python": str(BENCH_PYTHON)}}))
     image = built_image("charliecloud", "localhost/containerbench:latest", str(ROOT / BUILD_DIR))[1]
-    built = subprocess.run([SNAKEMAKE, image, "--snakefile", str(ROOT / "Snakefile"), "--directory", str(workdir),
-                            "--profile", str(ROOT / "profiles" / "local"), "--configfile",
-                            str(ROOT / "tests" / "slurm" / "config.yaml"), str(extra)],
-                           capture_output=True, text=True, timeout=2400, env=container_engines)
+    built = run_tree([SNAKEMAKE, image, "--snakefile", str(ROOT / "Snakefile"), "--directory", str(workdir),
+                      "--profile", str(ROOT / "profiles" / "local"), "--configfile",
+                      str(ROOT / "tests" / "slurm" / "config.yaml"), str(extra)],
+                     timeout=2400, env=container_engines)
     assert built.returncode == 0, built.stderr[-3000:]
     done = workflow(cluster, workdir)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]

@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-from conftest import ROOT, TINY
+from conftest import ROOT, TINY, run_tree
 
 from containerbench import config as cb_config
 from containerbench.cli import load_config
@@ -22,7 +22,7 @@ SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 def snakemake(workdir: Path, *args: str, timeout=900) -> subprocess.CompletedProcess:
     argv = [SNAKEMAKE, "--snakefile", str(ROOT / "Snakefile"), "--directory", str(workdir),
             "--profile", str(ROOT / "profiles" / "local"), *args]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    return run_tree(argv, timeout=timeout)
 
 
 def job_counts(output: str) -> dict[str, int]:
