@@ -23,10 +23,10 @@ build/engines/containers.conf: scripts/container-engines.sh
 	if [ "$$(id -u)" -eq 0 ]; then scripts/container-engines.sh install; fi
 	scripts/container-engines.sh podman-conf build/engines >/dev/null
 
-$(VENV)/.containerbench-ready: envs/workflow.lock.txt pyproject.toml scripts/setup-venv.sh
+$(VENV)/.containerbench-ready: envs/workflow.lock.txt envs/build-tools.txt pyproject.toml scripts/setup-venv.sh
 	PYTHON=$(PYTHON) scripts/setup-venv.sh workflow $(VENV)
 
-$(BENCH_VENV)/.containerbench-ready: envs/bench.lock.txt envs/bench.txt pyproject.toml scripts/setup-venv.sh
+$(BENCH_VENV)/.containerbench-ready: envs/bench.lock.txt envs/bench.txt envs/build-tools.txt pyproject.toml scripts/setup-venv.sh
 	scripts/install-system-deps.sh
 	PYTHON=$(PYTHON) scripts/setup-venv.sh bench $(BENCH_VENV)
 

@@ -9,13 +9,13 @@ scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
 
 "$python" -m venv "$scratch/workflow"
-"$scratch/workflow/bin/pip" install --quiet --upgrade pip
+"$scratch/workflow/bin/pip" install --quiet -r "$root/envs/build-tools.txt"
 "$scratch/workflow/bin/pip" install --quiet -r "$root/envs/workflow.txt"
 { echo "# Full closure of the workflow side, resolved from workflow.txt (make lock)."
   "$scratch/workflow/bin/pip" freeze --exclude-editable; } > "$root/envs/workflow.lock.txt"
 
 "$python" -m venv "$scratch/bench"
-"$scratch/bench/bin/pip" install --quiet --upgrade pip
+"$scratch/bench/bin/pip" install --quiet -r "$root/envs/build-tools.txt"
 # Horovod is left out here: it builds against TensorFlow (scripts/setup-venv.sh).
 grep -v '^horovod==' "$root/envs/bench.txt" > "$scratch/bench.txt"
 "$scratch/bench/bin/pip" install --quiet -r "$scratch/bench.txt" cloudpickle psutil pyyaml cffi

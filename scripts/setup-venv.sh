@@ -15,7 +15,7 @@ horovod_version=$(sed -n 's/^horovod==//p' "$root/envs/bench.txt")
 pip_install() { "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "$@"; }
 
 "$python" -m venv "$venv"
-pip_install --upgrade pip setuptools wheel
+pip_install -r "$root/envs/build-tools.txt"
 case "$side" in
   workflow)
     pip_install -r "$root/envs/workflow.lock.txt"
