@@ -135,25 +135,21 @@ def build_model(tf, args):
 
 
 def input_source(tf, mode, args, shape):
-    """(next_batch, step arguments): next_batch runs inside the compiled step, so input costs are in it."""
+    """(next_batch, step arguments): next_batch runs inside the compiled step, so input costs are in it.
+
+    The harness says what the data is (a TFRecord pipeline for a shard, or a random batch);
+    the mode says who reads it (every rank its own share, or each worker for the coordinator).
+    """
     from containerbench import datasets
 
-    channels_first = args.data_format == "channels_first"
-    if args.mode == "parameter_server":  # each worker makes its own batches
-        if args.data_dir:
-            iterator = mode.per_worker(lambda: datasets.imagenet_pipeline(
-                tf, args.data_dir, args.batch_size, args.image_size, 0, 1, channels_first))
-        else:
-            iterator = mode.per_worker(lambda: tf.data.Dataset.from_tensors(
-                datasets.synthetic_batch(tf, args.batch_size, shape, seed=1234)).repeat())
-        return next, (iterator,)
-    if args.data_dir:
-        iterator = iter(datasets.imagenet_pipeline(tf, args.data_dir, args.batch_size, args.image_size,
-                                                   mode.rank, mode.size, channels_first))
-        return next, (iterator,)
-    # Each rank its own random batch: had gradients not been averaged, weights would drift apart.
-    batch = datasets.synthetic_batch(tf, args.batch_size, shape, seed=1234 + mode.rank)
-    return (lambda: batch), ()
+    def real_data(shard: int, shards: int):
+        return datasets.imagenet_pipeline(tf, args.data_dir, args.batch_size, args.image_size, shard, shards,
+                                          args.data_format == "channels_first")
+
+    def random_batch(seed: int):
+        return datasets.synthetic_batch(tf, args.batch_size, shape, seed=seed)
+
+    return mode.input_source(tf, real_data if args.data_dir else None, random_batch)
 
 
 def weights_checksum(np, variables) -> dict:
@@ -240,7 +236,8 @@ def run(args) -> dict | None:
             train_step, source, args, rank, per_step)
         mine["images_per_sec"] = per_step * args.steps / sum(mine["step_s"])
         mine["probe_images_per_sec"] = mine["peak_gpu_memory_bytes"] = None
-        if args.probe_steps and args.mode != "parameter_server":
+        # The probe times this rank's own compute; a coordinator that only schedules has none.
+        if args.probe_steps and mode.measures_all_ranks:
             images, labels = next_batch(*source)
             mine["probe_images_per_sec"] = local_compute_rate(tf, model, images, labels, args)
         mine["weights"] = weights_checksum(np, model.trainable_variables)

@@ -7,7 +7,8 @@
   processes spread over the nodes (co-located, which the CSCS study found faster).
 
 Each mode gives the harness (bench.py) the same things: rank and size, a scope
-to build the model in, a compiled training step, a way to gather per-rank
+to build the model in, who reads the input (every rank its own share, or each
+worker for a coordinator), a compiled training step, a way to gather per-rank
 results, and a description of its backend for the record. Ranks come from the
 launcher (mpirun, srun) through MPI; TensorFlow's own modes get their cluster
 description from an exchange over MPI, never from a hand-written host list.
@@ -109,7 +110,21 @@ class MpiRanks:
             time.sleep(poll_s)
 
 
-class Horovod:
+class _EveryRankTrains:
+    """Input for modes where every rank runs the step loop on its own batches."""
+
+    rank: int
+    size: int
+
+    def input_source(self, tf, real_data, random_batch):
+        if real_data:
+            return next, (iter(real_data(self.rank, self.size)),)
+        # Each rank its own random batch: had gradients not been averaged, weights would drift apart.
+        batch = random_batch(1234 + self.rank)
+        return (lambda: batch), ()
+
+
+class Horovod(_EveryRankTrains):
     name = "horovod"
 
     def __init__(self, args):
@@ -177,7 +192,7 @@ class _TensorFlowCluster:
         return self.ranks.allgather(mine)
 
 
-class Collective(_TensorFlowCluster):
+class Collective(_TensorFlowCluster, _EveryRankTrains):
     name = "collective"
 
     def __init__(self, args):
@@ -280,9 +295,15 @@ class ParameterServer(_TensorFlowCluster):
     def scope(self):
         return self.strategy.scope()
 
-    def per_worker(self, dataset_fn):
+    def input_source(self, tf, real_data, random_batch):
         """A per-worker iterator: each worker makes its batches itself, nothing travels from the chief."""
-        return iter(self.cluster_coordinator.create_per_worker_dataset(dataset_fn))
+        if real_data:
+            def make_dataset():
+                return real_data(0, 1)  # every worker reads the whole (shuffled) dataset
+        else:
+            def make_dataset():
+                return tf.data.Dataset.from_tensors(random_batch(1234)).repeat()
+        return next, (iter(self.cluster_coordinator.create_per_worker_dataset(make_dataset)),)
 
     def make_step(self, tf, model, optimizer, next_batch, args):
         strategy = self.strategy
