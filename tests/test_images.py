@@ -163,8 +163,17 @@ def test_base_and_wheelhouse_argvs(tmp_path):
 
 def test_engine_usable_reports_missing_binary(monkeypatch):
     monkeypatch.setenv("PATH", "/nonexistent")
-    assert images.engine_usable("docker") == (False, "docker is not on PATH")
-    assert images.engine_usable("charliecloud") == (False, "ch-run is not on PATH")
+    assert images.engine_usable("docker") == (False, "docker is not installed (not on PATH)")
+    assert images.engine_usable("charliecloud") == (False, "ch-run is not installed (not on PATH)")
+
+
+def test_engine_usable_names_the_daemon_that_did_not_answer(monkeypatch):
+    # make setup installs docker.io; no daemon listens on this socket
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
+    ok, why = images.engine_usable("docker")
+    assert not ok
+    assert why.startswith("`docker info --format '{{.ServerVersion}}'` failed: ")
+    assert why.endswith("(DOCKER_HOST=unix:///nonexistent/docker.sock)")
 
 
 def test_failing_step_names_itself():

@@ -128,21 +128,14 @@ def _kill_group(process: subprocess.Popen) -> None:
 
 
 def engine_usable(engine: str) -> tuple[bool, str]:
-    probes = {"docker": (["docker", "info", "--format", "{{.ServerVersion}}"], 10),
-              "podman": (["podman", "info", "--format", "{{.Version.Version}}"], 30),
-              "charliecloud": (["ch-run", "--version"], 10)}
-    argv, timeout = probes.get(engine, ([engine, "--version"], 10))
-    if shutil.which(argv[0]) is None:
-        return False, f"{argv[0]} is not on PATH"
-    try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=engine_env(engine))
-    except subprocess.TimeoutExpired:
-        return False, f"{shlex.join(argv)} did not answer within {timeout} s"
-    output = (done.stdout.strip() or done.stderr.strip()).splitlines()
-    if done.returncode != 0:
-        where = f" (DOCKER_HOST={os.environ.get('DOCKER_HOST', 'default socket')})" if engine == "docker" else ""
-        return False, f"{shlex.join(argv)} failed{where}: {output[-1] if output else done.returncode}"
-    return True, f"{engine} {output[0] if output else ''}".strip()
+    """Can `engine` build or convert images here? Its runtime class's own check (for docker:
+    the daemon answers), run in the environment the image steps use."""
+    from containerbench.runtimes import CONTAINER_RUNTIMES, run_probe
+
+    ok, detail = run_probe(CONTAINER_RUNTIMES[engine].probe, env=engine_env(engine), timeout=30)
+    if not ok and engine == "docker" and shutil.which("docker"):  # installed, but which daemon was asked
+        detail += f" (DOCKER_HOST={os.environ.get('DOCKER_HOST', 'the default socket')})"
+    return ok, detail
 
 
 # -- base ------------------------------------------------------------------------------------

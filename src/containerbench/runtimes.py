@@ -61,6 +61,25 @@ def host_environment() -> dict[str, str]:
     return {**os.environ, "USER": os.environ.get("USER") or getpass.getuser()}
 
 
+def run_probe(argv: tuple[str, ...] | list[str], env: dict[str, str] | None = None,
+              timeout: float = 20) -> tuple[bool, str]:
+    """Run a runtime's quick check: (True, its first output line) or (False, a one-line reason).
+    A one-word probe only checks that the program is installed."""
+    if shutil.which(argv[0]) is None:
+        return False, f"{argv[0]} is not installed (not on PATH)"
+    if len(argv) == 1:
+        return True, ""
+    try:
+        done = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout,
+                              env=env or host_environment())
+    except subprocess.TimeoutExpired:
+        return False, f"`{shlex.join(argv)}` did not answer within {timeout:g} s"
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        return False, f"`{shlex.join(argv)}` failed: {last[:200]}"
+    return True, (done.stdout.strip().splitlines() or [""])[0]
+
+
 class Runtime:
     """Base class: the argv that starts one rank, and the variables it needs."""
 
@@ -86,18 +105,8 @@ class Runtime:
         """Can this runtime start a container on this machine? (ok, one-line reason if not)"""
         if not self.probe:
             return True, ""
-        if shutil.which(self.probe[0]) is None:
-            return False, f"{self.probe[0]} is not installed (not on PATH)"
-        if len(self.probe) == 1:
-            return True, ""
-        try:
-            done = subprocess.run(self.probe, capture_output=True, text=True, timeout=20, env=host_environment())
-        except subprocess.TimeoutExpired:
-            return False, f"`{shlex.join(self.probe)}` did not answer within 20 s"
-        if done.returncode != 0:
-            last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-            return False, f"`{shlex.join(self.probe)}` failed: {last[:200]}"
-        return True, ""
+        ok, detail = run_probe(self.probe)
+        return ok, "" if ok else detail
 
     def describe(self, request: RunRequest) -> str:
         launcher = [self.requires_launcher] if self.requires_launcher else []
