@@ -15,6 +15,11 @@ Also: the harness overhead (time in our loop outside the compiled step, and the
 cost of calling + syncing a compiled step, per measured step, as a share of step
 time) and the CV of each method's rate across rounds.
 
+Each rank count runs twice, ours built first and then the references built first,
+and the ratios pool both: on this VM the same step built twice in one process
+differs by about 2% (memory placement), so a single build order would put that
+into the ratio. The ratio of each order is printed too.
+
     .venv-bench/bin/python benchmarks/harness_speed.py [--quick] [--ranks 1 2]
 
 Prints images/s per method (median of rounds), the ratios ours/theirs (median of the
@@ -50,6 +55,7 @@ def parse_args(argv=None):
                                                               "step by step, rounds x steps pairs")
     parser.add_argument("--quick", action="store_true", help="CI: 32 px, batch 2, 3 steps, 2 rounds")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--references-first", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.quick:
         args.image_size, args.batch_size, args.steps, args.rounds = 32, 2, 3, 2
@@ -79,12 +85,17 @@ def worker(args) -> dict:
     mode = Horovod(ours_args)
     shape = (args.image_size, args.image_size, 3)
 
-    # ours, exactly as bench.run builds it
-    model, optimizer, _ = bench.build_model(tf, ours_args)
-    optimizer.build(model.trainable_variables)
-    next_batch, source = bench.input_source(tf, mode, ours_args, shape)
-    ours_step = mode.make_step(tf, model, optimizer, next_batch, ours_args)
-    mode.start(model, optimizer)
+    def build_ours():
+        """Ours, exactly as bench.run builds it."""
+        model, optimizer, _ = bench.build_model(tf, ours_args)
+        optimizer.build(model.trainable_variables)
+        next_batch, source = bench.input_source(tf, mode, ours_args, shape)
+        step = mode.make_step(tf, model, optimizer, next_batch, ours_args)
+        mode.start(model, optimizer)
+        return step, source
+
+    if not args.references_first:
+        ours_step, source = build_ours()
 
     def ours(steps):
         ours_args.steps = steps
@@ -119,8 +130,7 @@ def worker(args) -> dict:
         fit_model = tf.keras.applications.ResNet50(weights=None, input_shape=shape, classifier_activation=None)
         fit_model.compile(optimizer=tf.keras.optimizers.SGD(0.01),
                           loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-        images, labels = next_batch()
-        dataset = tf.data.Dataset.from_tensors((images, labels)).repeat()
+        dataset = tf.data.Dataset.from_tensors(bench.input_source(tf, mode, ours_args, shape)[0]()).repeat()
 
         def keras(steps):
             started = time.perf_counter()
@@ -128,6 +138,9 @@ def worker(args) -> dict:
             return time.perf_counter() - started
 
         methods["keras"] = keras
+
+    if args.references_first:
+        ours_step, source = build_ours()
 
     # Warm up every method (tracing, allocation), then interleave. Against Horovod's method
     # step by step (a pair per step, the order flipping): a drift of this shared machine
@@ -161,14 +174,9 @@ def worker(args) -> dict:
     gathered = hvd.allgather_object(rates)
     totals = {name: [sum(g[name][i] for g in gathered) for i in range(len(series))] for name, series in rates.items()}
     return {
-        "ranks": hvd.size(), "image_size": args.image_size, "batch_size": args.batch_size, "steps": args.steps,
-        "rounds": args.rounds,
-        "images_per_sec": {name: statistics.median(r) for name, r in totals.items()},  # total over ranks
-        "cv_percent": {name: 100 * statistics.stdev(r) / statistics.mean(r) if len(r) > 1 else float("nan")
-                       for name, r in totals.items()},
-        # Ratio within each pair (rank 0's), then the median: a drift between pairs cancels out.
-        "paired_ratio": {name: statistics.median(ratios) for name, ratios in paired.items()},
-        "paired_ratio_ci95": {name: bootstrap_median_ci(ratios) for name, ratios in paired.items()},
+        "ranks": hvd.size(), "references_first": args.references_first,
+        "images_per_sec": totals,  # per pair (ours, horovod) or per round (keras), total over ranks
+        "paired_ratios": paired,  # ours/theirs within each pair (rank 0's): a drift between pairs cancels out
         "loop_outside_step_fraction": outside,
         "call_and_sync_fraction": call_s / step_s,
         "step_s_median": step_s,
@@ -176,12 +184,31 @@ def worker(args) -> dict:
     } if hvd.rank() == 0 else {}
 
 
-def launch(args, ranks: int) -> dict:
+def summarize(runs: list[dict]) -> dict:
+    """Pool the build orders: medians, CVs and bootstrap intervals over every pair of both runs."""
+    rates = {name: [r for run in runs for r in run["images_per_sec"][name]] for name in runs[0]["images_per_sec"]}
+    ratios = {name: [x for run in runs for x in run["paired_ratios"][name]] for name in runs[0]["paired_ratios"]}
+    return {
+        "images_per_sec": {name: statistics.median(r) for name, r in rates.items()},
+        "cv_percent": {name: 100 * statistics.stdev(r) / statistics.mean(r) if len(r) > 1 else float("nan")
+                       for name, r in rates.items()},
+        "paired_ratio": {name: statistics.median(x) for name, x in ratios.items()},
+        "paired_ratio_ci95": {name: bootstrap_median_ci(x) for name, x in ratios.items()},
+        "by_order": {("references first" if run["references_first"] else "ours first"):
+                     {name: statistics.median(x) for name, x in run["paired_ratios"].items()} for run in runs},
+        **{key: statistics.mean(run[key] for run in runs)
+           for key in ("loop_outside_step_fraction", "call_and_sync_fraction", "step_s_median")},
+    }
+
+
+def launch(args, ranks: int, references_first: bool) -> dict:
     """Run the worker on `ranks` ranks (mpirun, one core each, TCP over loopback as the default config)."""
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "OMPI_MCA_pml": "ob1", "OMPI_MCA_btl": "self,tcp",
            "OMPI_MCA_btl_tcp_if_include": "lo", "PYTHONPATH": str(ROOT / "src")}
     argv = [sys.executable, __file__, "--worker", "--image-size", str(args.image_size), "--batch-size",
             str(args.batch_size), "--steps", str(args.steps), "--rounds", str(args.rounds)]
+    if references_first:
+        argv.append("--references-first")
     mpirun = ["mpirun", "-np", str(ranks), "--bind-to", "core", "--map-by", "core"]
     if os.geteuid() == 0:
         mpirun.append("--allow-run-as-root")
@@ -205,13 +232,16 @@ def main(argv=None) -> int:
           f"over {args.rounds * args.steps} step pairs, ours and model.fit over {args.rounds} rounds of {args.steps} "
           "steps; images/s total, median (CV); ratios: median of the paired ratios")
     for ranks in args.ranks:
-        result = launch(args, ranks)
+        result = summarize([launch(args, ranks, references_first=False), launch(args, ranks, references_first=True)])
         rates, cvs = result["images_per_sec"], result["cv_percent"]
         cells = "  ".join(f"{name} {rate:7.2f} (CV {cvs[name]:4.1f}%)" for name, rate in rates.items())
         ratios = "  ".join(f"ours/{name} = {ratio:.3f} (95% CI {low:.3f}..{high:.3f})"
                            for (name, ratio), (low, high) in zip(result["paired_ratio"].items(),
                                                                  result["paired_ratio_ci95"].values()))
         print(f"{ranks} rank(s): {cells}\n           {ratios}")
+        print("           by build order: " + "; ".join(
+            f"{order}: " + ", ".join(f"ours/{name} = {ratio:.3f}" for name, ratio in ratios_.items())
+            for order, ratios_ in result["by_order"].items()))
         print(f"           harness overhead per step: {100 * result['loop_outside_step_fraction']:.3f}% in the loop "
               f"outside the step + {100 * result['call_and_sync_fraction']:.3f}% calling and syncing the compiled "
               f"step = {100 * (result['loop_outside_step_fraction'] + result['call_and_sync_fraction']):.3f}% "
