@@ -11,7 +11,6 @@ import copy
 import os
 import re
 import shutil
-import signal
 import subprocess
 from pathlib import Path
 
@@ -36,24 +35,6 @@ TINY = {
     "bare_metal": {"python": str(BENCH_PYTHON)},
     "netbench": {"max_bytes": 65536},
 }
-
-
-def run_tree(argv: list[str], *, timeout: float, **popen) -> subprocess.CompletedProcess:
-    """subprocess.run(capture_output=True, text=True) for commands that start process trees
-    (snakemake, mpirun, the test cluster): on a timeout, or when pytest-timeout interrupts
-    the test, the whole tree is killed, so nothing wedged outlives its test and blocks the next."""
-    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               start_new_session=True, **popen)
-    try:
-        stdout, stderr = process.communicate(timeout=timeout)
-    except BaseException:
-        try:
-            os.killpg(process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        process.communicate()
-        raise
-    return subprocess.CompletedProcess(argv, process.returncode, stdout, stderr)
 
 
 @pytest.fixture(scope="session")

@@ -11,13 +11,14 @@ import re
 import sys
 
 import pytest
-from conftest import run_tree
+
+from containerbench.launch import run_group
 
 pytestmark = pytest.mark.slow
 
 
 def run(argv, root, timeout=900):
-    done = run_tree(argv, cwd=root, timeout=timeout)
+    done = run_group(argv, cwd=root, timeout=timeout)
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout
 

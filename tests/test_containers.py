@@ -12,7 +12,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-from conftest import ROOT, TINY, run_tree
+from conftest import ROOT, TINY
+
+from containerbench.launch import run_group
 
 # from scratch the fixture builds the image (debootstrap, build, save, load, ch-convert) first
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2700)]
@@ -28,7 +30,7 @@ def container_run(container_engines, tmp_path_factory):
     config = {**TINY, "runtimes": RUNTIMES, "runtime_policy": "require", "results_dir": str(workdir / "results"),
               "benchmark": {**TINY["benchmark"], "repetitions": 2}}
     (workdir / "tiny.yaml").write_text(yaml.safe_dump(config))
-    done = run_tree(
+    done = run_group(
         [SNAKEMAKE, "--snakefile", str(ROOT / "Snakefile"), "--directory", str(ROOT), "--profile",
          str(ROOT / "profiles" / "local"), "--configfile", str(ROOT / "config" / "config.yaml"),
          str(workdir / "tiny.yaml")],

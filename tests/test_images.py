@@ -12,10 +12,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import exported, run_tree
+from conftest import exported
 
 from containerbench import images
 from containerbench.images import ImageSpec
+from containerbench.launch import run_group
 
 ROOT = Path(__file__).resolve().parents[1]
 ENGINES_SCRIPT = ROOT / "scripts" / "container-engines.sh"
@@ -287,7 +288,7 @@ def test_podman_ranks_under_mpirun(podman_image):
     command = [*MPIRUN, "podman", "run", "--rm", "--network", "host", "--pid", "host", "--ipc", "host",
                "-v", "/tmp:/tmp", "--env", "OMPI_*", "--env", "PMIX_*", podman_image["tag"],
                "python3", "-m", "containerbench.netbench", "--max-bytes", "4096"]
-    done = run_tree(command, timeout=300)
+    done = run_group(command, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert _result(done.stdout)["ranks"] == 2
 
@@ -299,7 +300,7 @@ def test_docker_ranks_under_mpirun(docker_image):
                "--pass-prefix", "PMIX_", "--", "docker", "run", "--rm", "--network", "host", "--pid", "host",
                "--ipc", "host", "-v", "/tmp:/tmp", docker_image["tag"],
                "python3", "-m", "containerbench.netbench", "--max-bytes", "4096"]
-    done = run_tree(command, timeout=300)
+    done = run_group(command, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert _result(done.stdout)["ranks"] == 2
 
@@ -312,7 +313,7 @@ def test_charliecloud_ranks_report_host_provenance(podman_image):
     image_dir = images.charliecloud_image("podman", podman_image["tag"])
     assert not [p for p in (image_dir / "dev").iterdir() if not p.is_dir()]  # no device nodes kept
     command = [*MPIRUN, "--tag-output", *images.ch_run_argv(image_dir, ["python3", "-m", "containerbench.provenance"])]
-    done = run_tree(command, timeout=300, env=env)
+    done = run_group(command, timeout=300, env=env)
     assert done.returncode == 0, done.stdout + done.stderr
     # --tag-output prefixes each rank's lines with [job,rank]; the two JSON documents interleave
     hashes = dict(re.findall(r'\[\d+,(\d+)\]<stdout>:\s*"hash": "(\w+)"', done.stdout))

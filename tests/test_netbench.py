@@ -7,7 +7,8 @@ import shutil
 import subprocess
 
 import pytest
-from conftest import run_tree
+
+from containerbench.launch import run_group
 
 TIMEOUT_S = 120
 
@@ -26,7 +27,7 @@ def two_rank_output(bench_python):
         str(bench_python), "-m", "containerbench.netbench",
         "--max-bytes", "65536", "--target-bytes", "1048576",
     ]
-    completed = run_tree(command, timeout=TIMEOUT_S)
+    completed = run_group(command, timeout=TIMEOUT_S)
     assert completed.returncode == 0, completed.stdout + completed.stderr
     return completed.stdout.splitlines()
 

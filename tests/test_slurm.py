@@ -12,10 +12,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-from conftest import BENCH_PYTHON, ROOT, run_tree
+from conftest import BENCH_PYTHON, ROOT
 
 from containerbench.config import BUILD_DIR, built_image
-from containerbench.launch import plan
+from containerbench.launch import plan, run_group
 from containerbench.results import parse_log
 
 # the first test waits for the cluster, the image check and a 12-run workflow
@@ -37,7 +37,7 @@ def cluster(tmp_path_factory):
 
 
 def on_controller(state: Path, *argv: str, timeout=1800, cwd=None) -> subprocess.CompletedProcess:
-    return run_tree([str(CLUSTER), "exec", str(state), *argv], timeout=timeout, cwd=cwd)
+    return run_group([str(CLUSTER), "exec", str(state), *argv], timeout=timeout, cwd=cwd)
 
 
 def workflow(state: Path, workdir: Path, *args: str, overrides: dict | None = None) -> subprocess.CompletedProcess:
@@ -58,7 +58,7 @@ def slurm_run(cluster, container_engines, tmp_path_factory):
     extra = workdir / "extra.yaml"
     extra.write_text(yaml.safe_dump({"bare_metal": {"python": str(BENCH_PYTHON)}}))
     image = built_image("charliecloud", "localhost/containerbench:latest", str(ROOT / BUILD_DIR))[1]
-    built = run_tree([SNAKEMAKE, image, "--snakefile", str(ROOT / "Snakefile"), "--directory", str(workdir),
+    built = run_group([SNAKEMAKE, image, "--snakefile", str(ROOT / "Snakefile"), "--directory", str(workdir),
                       "--profile", str(ROOT / "profiles" / "local"), "--configfile",
                       str(ROOT / "tests" / "slurm" / "config.yaml"), str(extra)],
                      timeout=2400, env=container_engines)

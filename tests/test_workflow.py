@@ -11,10 +11,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-from conftest import ROOT, TINY, run_tree
+from conftest import ROOT, TINY
 
 from containerbench import config as cb_config
 from containerbench.cli import load_config
+from containerbench.launch import run_group
 
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 
@@ -22,7 +23,7 @@ SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 def snakemake(workdir: Path, *args: str, timeout=900) -> subprocess.CompletedProcess:
     argv = [SNAKEMAKE, "--snakefile", str(ROOT / "Snakefile"), "--directory", str(workdir),
             "--profile", str(ROOT / "profiles" / "local"), *args]
-    return run_tree(argv, timeout=timeout)
+    return run_group(argv, timeout=timeout)
 
 
 def job_counts(output: str) -> dict[str, int]:

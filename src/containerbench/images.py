@@ -23,7 +23,6 @@ import pwd
 import re
 import shlex
 import shutil
-import signal
 import stat
 import subprocess
 import sys
@@ -94,37 +93,23 @@ STEP_TIMEOUT_S = 3600
 
 def run_step(step: str, argv: list[str], *, env=None, capture=False, stdin=None,
              timeout: float | None = None) -> subprocess.CompletedProcess:
-    """Run one image step in its own process group; on a timeout or an interruption the
-    whole group goes (podman and ch-convert start helpers that outlive a killed parent)."""
+    """Run one image step in its own process group (podman and ch-convert start helpers that
+    would outlive a killed parent); it never reads a terminal or a CI pipe."""
+    from containerbench.launch import run_group
+
     timeout = STEP_TIMEOUT_S if timeout is None else timeout
-    pipe = subprocess.PIPE if capture else None
-    stdin = subprocess.DEVNULL if stdin is None else stdin  # no step may wait on a terminal or a CI pipe
     try:
-        process = subprocess.Popen(argv, env=env, stdin=stdin, text=True, stdout=pipe, stderr=pipe,
-                                   start_new_session=True)
+        done = run_group(argv, timeout=timeout, capture=capture, env=env,
+                         stdin=subprocess.DEVNULL if stdin is None else stdin)
     except FileNotFoundError:
         raise ImageStepError(f"{step}: {argv[0]} is not installed (scripts/container-engines.sh install)") from None
-    try:
-        stdout, stderr = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        _kill_group(process)
         raise ImageStepError(f"{step} timed out after {timeout:g} s: {shlex.join(argv)}") from None
-    except BaseException:  # Ctrl-C, a signal from snakemake: leave nothing running
-        _kill_group(process)
-        raise
-    if process.returncode != 0:
-        last = (stderr or "").strip().splitlines()[-1:]
-        raise ImageStepError(f"{step} failed (exit {process.returncode}): {shlex.join(argv)}"
+    if done.returncode != 0:
+        last = (done.stderr or "").strip().splitlines()[-1:]
+        raise ImageStepError(f"{step} failed (exit {done.returncode}): {shlex.join(argv)}"
                              + (f" -- {last[0]}" if last else ""))
-    return subprocess.CompletedProcess(argv, process.returncode, stdout, stderr)
-
-
-def _kill_group(process: subprocess.Popen) -> None:
-    try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    process.communicate()
+    return done
 
 
 def engine_usable(engine: str) -> tuple[bool, str]:

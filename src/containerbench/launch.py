@@ -160,6 +160,24 @@ def _final_argv(argv: list[str]) -> list[str]:
     return argv
 
 
+def run_group(argv: list[str], *, timeout: float, capture: bool = True, **popen) -> subprocess.CompletedProcess:
+    """subprocess.run for commands that start process trees (engines, snakemake, mpirun): the
+    command gets a process group of its own, and on a timeout or an interruption the whole group
+    is killed, so no helper outlives it. Raises subprocess.TimeoutExpired as subprocess.run does."""
+    pipe = subprocess.PIPE if capture else None
+    process = subprocess.Popen(argv, stdout=pipe, stderr=pipe, text=True, start_new_session=True, **popen)
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except BaseException:  # the timeout, Ctrl-C, a signal from snakemake or pytest-timeout
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        process.communicate()
+        raise
+    return subprocess.CompletedProcess(argv, process.returncode, stdout, stderr)
+
+
 def execute(run_plan: dict, log_path: Path, echo=sys.stdout) -> int:
     """Run the plan, copying its output to the log (and to `echo`); return its exit code.
 
