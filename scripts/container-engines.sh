@@ -57,7 +57,10 @@ start_dockerd() {
   done
   echo "container-engines: dockerd did not answer on $sock ($(docker version --format 'client {{.Client.Version}}' 2>&1 | tail -1)); last log lines:" >&2
   tail -n 20 "$dir/dockerd.log" >&2
-  stop_dockerd "$dir" || kill -KILL "$starter" 2>/dev/null  # leave no daemon behind a failed start
+  # Leave no daemon behind a failed start: it may not have written its pid file yet,
+  # so kill the one this call started, then let stop-dockerd unmount what it left.
+  kill -KILL "$starter" 2>/dev/null || true
+  stop_dockerd "$dir"
   return 1
 }
 
