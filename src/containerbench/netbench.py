@@ -1,12 +1,11 @@
 """MPI network microbenchmark: ping-pong (NetPIPE-style) and Allreduce (nccl-tests-style).
 
 Run with >= 2 ranks, e.g. ``mpirun -np 2 python -m containerbench.netbench``.
-Rank 0 prints a human line and a ``containerbench-netbench {json}`` line per
-measurement, then one ``containerbench-result {json}`` summary line.
+Rank 0 prints a human line and a netbench marker line (JSON) per measurement,
+then one result marker line with the whole result (markers.py).
 """
 
 import argparse
-import json
 import os
 import socket
 import sys
@@ -16,6 +15,7 @@ import mpi4py
 import numpy as np
 from mpi4py import MPI
 
+from containerbench import markers
 from containerbench.provenance import provenance
 
 WARMUP_ITERATIONS = 2
@@ -75,7 +75,7 @@ def iterations_for(size, options, warmup_seconds_per_iteration):
 
 def report(human_line, record):
     print(human_line, flush=True)
-    print("containerbench-netbench " + json.dumps(record, sort_keys=True), flush=True)
+    print(markers.line(markers.NETBENCH, record), end="", flush=True)
 
 
 def measure_pingpong(comm, size, options):
@@ -184,7 +184,7 @@ def run(options, comm):
     }
     result = comm.bcast(result, root=0)  # rank 0 holds the ping-pong view everyone should share
     if comm.Get_rank() == 0:
-        print("containerbench-result " + json.dumps(result, sort_keys=True), flush=True)
+        print(markers.line(markers.RESULT, result), end="", flush=True)
     return result
 
 
