@@ -1,31 +1,33 @@
-"""The workflow configuration: validation with one-line errors, and the sweep.
+"""The workflow configuration: the schema with one-line errors, and the sweep.
 
-`check` turns the first schema violation into a sentence naming the key, the
-bad value and what is allowed. `plan_runs` expands the sweep (runtimes x fabrics
-x nodes x ranks per node x batch sizes x repetitions) into RunSpecs, one per
-benchmark process, each with a stable, readable run id.
+`load` merges YAML files, `validated` checks a config against the schema
+(package data, schemas/config.schema.yaml) and fills in its defaults; the first
+violation becomes one sentence naming the key, the bad value and what is
+allowed. `plan_runs` expands the sweep (runtimes x fabrics x nodes x ranks per
+node x batch sizes x modes x data, repeated) into RunSpecs, one per benchmark
+process, each with a stable, readable run id. Nothing here probes the machine.
 """
 
 from __future__ import annotations
 
+import copy
 import itertools
-import re
 from dataclasses import asdict, dataclass
+from importlib import resources
 from pathlib import Path
 
 import jsonschema
 import yaml
-
-SCHEMA_PATH = Path(__file__).resolve().parents[2] / "workflow" / "schemas" / "config.schema.yaml"
 
 
 class ConfigError(ValueError):
     """A configuration that cannot be run; the message is one line for the user."""
 
 
-def load_schema(path: Path = SCHEMA_PATH) -> dict:
-    with open(path) as handle:
-        return yaml.safe_load(handle)
+def load_schema(name: str = "config") -> dict:
+    """A schema shipped with the package: `config` or `references`."""
+    text = resources.files("containerbench").joinpath("schemas", f"{name}.schema.yaml").read_text()
+    return yaml.safe_load(text)
 
 
 def _key_path(error: jsonschema.ValidationError) -> str:
@@ -63,11 +65,58 @@ def describe(error: jsonschema.ValidationError) -> str:
 
 def check(config: dict, schema: dict | None = None) -> None:
     """Raise ConfigError naming the first violation (the most specific one)."""
-    schema = schema or load_schema()
-    validator = jsonschema.Draft202012Validator(schema)
+    validator = jsonschema.Draft202012Validator(schema or load_schema())
     error = jsonschema.exceptions.best_match(validator.iter_errors(config))
     if error is not None:
         raise ConfigError(f"config: {describe(error)}")
+
+
+def _filling_defaults(validator_class):
+    """A validator that sets each absent property to its schema default before descending into it
+    (the jsonschema FAQ's recipe, which Snakemake's validate uses too), so nested defaults fill in."""
+    check_properties = validator_class.VALIDATORS["properties"]
+
+    def properties(validator, schema_properties, instance, schema):
+        if isinstance(instance, dict):
+            for name, subschema in schema_properties.items():
+                if "default" in subschema:
+                    instance.setdefault(name, copy.deepcopy(subschema["default"]))
+        yield from check_properties(validator, schema_properties, instance, schema)
+
+    return jsonschema.validators.extend(validator_class, {"properties": properties})
+
+
+def validated(config: dict) -> dict:
+    """Check `config` (ConfigError on the first violation), then fill in the schema's defaults in place."""
+    schema = load_schema()
+    check(config, schema)
+    for error in _filling_defaults(jsonschema.Draft202012Validator)(schema).iter_errors(config):
+        raise ConfigError(f"config: {describe(error)}")  # a default the schema itself got wrong
+    return config
+
+
+def merge(base: dict, overlay: dict) -> dict:
+    """Nested dictionaries merged key by key, the overlay winning (as Snakemake merges --configfile)."""
+    merged = dict(base)
+    for key, value in overlay.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def load(paths) -> dict:
+    """YAML files merged in order, checked, with the schema's defaults filled in."""
+    config: dict = {}
+    for path in paths:
+        try:
+            config = merge(config, yaml.safe_load(Path(path).read_text()) or {})
+        except OSError as error:
+            raise ConfigError(f"config: cannot read {path}: {error.strerror}") from None
+        except yaml.YAMLError as error:
+            raise ConfigError(f"config: {path} is not valid YAML: {str(error).splitlines()[0]}") from None
+    return validated(config)
 
 
 @dataclass(frozen=True)
@@ -108,14 +157,14 @@ def plan_runs(config: dict) -> list[RunSpec]:
     for repetition in range(1, bench["repetitions"] + 1):
         for runtime, fabric, nodes, per_node, batch, mode, data in itertools.product(
             config["runtimes"], config["fabrics"], scaling["nodes"], scaling["ranks_per_node"], bench["batch_sizes"],
-            bench.get("modes", ["horovod"]), bench.get("data", ["synthetic"]),
+            bench["modes"], bench["data"],
         ):
             runs.append(RunSpec("train", runtime, fabric, nodes, per_node, repetition, batch, mode, data))
-    net = config.get("netbench", {})
-    if net.get("enabled", True):
+    net = config["netbench"]
+    if net["enabled"]:
         # Point to point needs two ranks; across nodes when the sweep has them.
         nodes = 2 if max(scaling["nodes"]) >= 2 else 1
-        for repetition in range(1, net.get("repetitions", 1) + 1):
+        for repetition in range(1, net["repetitions"] + 1):
             for runtime, fabric in itertools.product(config["runtimes"], config["fabrics"]):
                 runs.append(RunSpec("netbench", runtime, fabric, nodes, 2 // nodes, repetition))
     return runs
@@ -130,22 +179,15 @@ def check_runs(config: dict, runs: list[RunSpec]) -> None:
                 f"config: 'launcher.kind' = 'none' runs one rank, but the sweep asks for {too_big} ranks; "
                 "allowed: launcher.kind mpirun or srun, or scaling with one rank and netbench.enabled false"
             )
-    servers = config["benchmark"].get("parameter_servers", 1)
+    servers = config["benchmark"]["parameter_servers"]
     short = sorted({r.ranks for r in runs if r.mode == "parameter_server" and r.ranks < servers})
     if short:
         raise ConfigError(f"config: 'benchmark.parameter_servers' = {servers} needs that many ranks (they live in "
                           f"worker processes), but the sweep has parameter_server runs on {short} rank(s); "
                           f"allowed: at most {min(short)}")
-    if config["benchmark"].get("xla") and any(r.mode == "parameter_server" for r in runs):
+    if config["benchmark"]["xla"] and any(r.mode == "parameter_server" for r in runs):
         raise ConfigError("config: 'benchmark.xla' = true cannot run mode parameter_server (XLA cannot read "
                           "variables held on parameter servers); allowed: xla false, or modes without parameter_server")
-    from containerbench.runtimes import runtime_for
-
-    for name in config["runtimes"]:
-        try:
-            runtime_for(name, config).check_launcher(config["launcher"]["kind"])
-        except ValueError as error:
-            raise ConfigError(f"config: {error}") from None
     ids = [r.run_id for r in runs]
     if len(ids) != len(set(ids)):
         raise ConfigError("config: two sweep points give the same run id; make fabric and runtime names distinct")
@@ -157,85 +199,12 @@ SAMPLE_DIR = "build/data/imagenet-sample"
 
 
 def dataset_dir(config: dict, sample_dir: str = SAMPLE_DIR) -> str:
-    return config.get("dataset", {}).get("path") or sample_dir
+    return config["dataset"]["path"] or sample_dir
 
 
 def check_dataset(config: dict) -> None:
     """A site's dataset.path must hold ImageNet TFRecords before any real-data run is planned on it."""
-    path = config.get("dataset", {}).get("path")
-    if path and "real" in config["benchmark"].get("data", []) and not any(Path(path).glob("train-*-of-*")):
+    path = config["dataset"]["path"]
+    if path and "real" in config["benchmark"]["data"] and not any(Path(path).glob("train-*-of-*")):
         raise ConfigError(f"config: 'dataset.path' = {path!r} holds no ImageNet TFRecords; allowed: a directory "
                           "with train-*-of-* files, or null for a sample generated here")
-
-
-# Where the workflow puts the images it builds, and what each runtime runs from
-# them: runtime -> (image reference, the file the run depends on). A runtime
-# given an explicit images.<name>.image runs that and depends on nothing built.
-BUILD_DIR = "build/images"
-
-
-def image_files(tag: str, build_dir: str = BUILD_DIR) -> dict[str, str]:
-    """What the workflow makes from the image `tag`, named after it: a stale file made
-    from another image (or by hand) is never taken for this one."""
-    slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", tag.rsplit("/", 1)[-1])
-    return {"docker": f"{build_dir}/docker-{slug}.json", "podman": f"{build_dir}/podman-{slug}.json",
-            "podman-hpc": f"{build_dir}/podman-hpc-{slug}.json", "sarus": f"{build_dir}/sarus-{slug}.json",
-            "archive": f"{build_dir}/{slug}.tar", "charliecloud": f"{build_dir}/{slug}.ch",
-            "definition": f"{build_dir}/{slug}.def", "apptainer": f"{build_dir}/{slug}.sif",
-            "singularity": f"{build_dir}/{slug}.sif", "enroot": f"{build_dir}/{slug}.sqsh"}
-
-
-def built_image(runtime: str, tag: str, build_dir: str = BUILD_DIR) -> tuple[str, str] | None:
-    """(the image reference `runtime` runs, the file its runs depend on), or None if not buildable here."""
-    files = image_files(tag, build_dir)
-    if runtime in ("docker", "podman", "podman-hpc", "sarus"):
-        return tag, files[runtime]
-    if runtime in ("charliecloud", "apptainer", "singularity", "enroot"):
-        return files[runtime], files[runtime]
-    return None  # bare metal, and Shifter (its gateway serves images; it cannot take a local build)
-
-
-def resolve_images(config: dict, build_dir: str = BUILD_DIR) -> dict[str, str]:
-    """Fill in images.<runtime>.image for runtimes that run the built image; return runtime -> artifact."""
-    images = config.setdefault("images", {})
-    artifacts = {}
-    for runtime in config["runtimes"]:
-        if runtime == "bare-metal":
-            continue
-        settings = images.setdefault(runtime, {})
-        if settings.get("image"):
-            continue
-        built = built_image(runtime, images["build"]["tag"], build_dir)
-        if built is None:
-            raise ConfigError(f"config: 'images.{runtime}.image' is missing; allowed: the image reference "
-                              f"{runtime} runs (the workflow cannot build a {runtime} image locally)")
-        settings["image"], artifacts[runtime] = built
-    return artifacts
-
-
-def select_runtimes(config: dict, artifacts: dict[str, str]) -> dict[str, str]:
-    """Probe each container runtime; apply runtime_policy. Return {skipped runtime: reason}.
-
-    Under `require` an unusable runtime is a ConfigError; under `skip-unusable` it
-    is removed from config["runtimes"] and its reason returned for the report.
-    """
-    from containerbench.images import engine_usable
-    from containerbench.runtimes import runtime_for
-
-    # Building is the images module's business: it says whether its engine answers here.
-    build_ok, build_reason = engine_usable(config["images"]["build"]["engine"]) if artifacts else (True, "")
-    unusable = {}
-    for name in config["runtimes"]:
-        if name == "bare-metal":
-            continue
-        ok, reason = runtime_for(name, config).usable()
-        if ok and name in artifacts and not build_ok:
-            ok, reason = False, f"the image cannot be built here: {build_reason}"
-        if not ok:
-            unusable[name] = reason
-    if unusable and config.get("runtime_policy", "require") == "require":
-        name, reason = next(iter(unusable.items()))
-        raise ConfigError(f"config: runtime {name!r} cannot run here: {reason}; allowed: install it, give "
-                          "images.<runtime>.image, or set runtime_policy: skip-unusable")
-    config["runtimes"] = [name for name in config["runtimes"] if name not in unusable]
-    return unusable
