@@ -12,7 +12,7 @@ Hooks a launcher uses:
   environment(request)      variables the launcher sets on the host and forwards (mpirun -x)
   launcher_options(request) options the launcher inserts before rank_argv (Enroot: srun's Pyxis options)
   requires_launcher         "srun" for Enroot (Pyxis is a Slurm plugin); check_launcher(kind) raises
-  describe(request)         the whole command as one shell-quoted line
+  probe / usable()          a quick command that succeeds only where the runtime can run here
 
 Each container runtime passes into the image only what the run needs: the
 variables the launcher sets for the rank (RANK_PREFIXES), the benchmark's own
@@ -30,17 +30,21 @@ import functools
 import getpass
 import inspect
 import os
+import pwd
 import shlex
 import shutil
 import subprocess
 import sys
 from dataclasses import dataclass, field
 
+from containerbench.config import ConfigError
+
 # Set by mpirun (Open MPI, MPICH Hydra) or srun for each rank; the MPI/PMI library in the image needs them.
 RANK_PREFIXES = ("OMPI_", "PMIX_", "PMI_", "SLURM_", "HYDRA_", "MPI_LOCALRANKID", "MPI_LOCALNRANKS")
 # Slurm's per-task GPU binding, for runtimes whose ranks stay in the task's device cgroup.
 SLURM_GPU_VARS = ("CUDA_VISIBLE_DEVICES",)
 RANKEXEC = "containerbench.rankexec"
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 @dataclass(frozen=True)
@@ -59,6 +63,17 @@ class RunRequest:
 def host_environment() -> dict[str, str]:
     """This process's environment, with USER set: ch-run refuses to start without it (CI may not set it)."""
     return {**os.environ, "USER": os.environ.get("USER") or getpass.getuser()}
+
+
+def engine_env(engine: str) -> dict[str, str]:
+    """The environment an engine's own commands (build, save, convert) need here."""
+    env = dict(os.environ)
+    if engine == "docker":
+        env["DOCKER_BUILDKIT"] = "0"  # Debian's docker.io has no buildx
+    if engine == "charliecloud":
+        env.setdefault("USER", pwd.getpwuid(os.getuid()).pw_name)  # ch-run refuses an unset $USER
+        env["PATH"] = "/usr/bin:" + env.get("PATH", DEFAULT_PATH)  # ch-image needs Debian's python3 (lark)
+    return env
 
 
 def run_probe(argv: tuple[str, ...] | list[str], env: dict[str, str] | None = None,
@@ -107,10 +122,6 @@ class Runtime:
             return True, ""
         ok, detail = run_probe(self.probe)
         return ok, "" if ok else detail
-
-    def describe(self, request: RunRequest) -> str:
-        launcher = [self.requires_launcher] if self.requires_launcher else []
-        return shlex.join([*launcher, *self.launcher_options(request), *self.rank_argv(request)])
 
 
 class BareMetal(Runtime):
@@ -469,15 +480,45 @@ def runtime_for(name: str, config: dict) -> Runtime:
     return cls(image, **options)
 
 
-def example_request(gpus: bool = True, infiniband: bool = True) -> RunRequest:
-    """A rank of the example site (config/site.example.yaml), to print every runtime's argv."""
-    env = {"PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "1"}
-    if infiniband:
-        env |= {"NCCL_IB_DISABLE": "0", "NCCL_NET": "IB", "NCCL_IB_HCA": "mlx5_0,mlx5_1", "NCCL_NET_GDR_LEVEL": "PHB",
-                "UCX_NET_DEVICES": "mlx5_0:1", "UCX_TLS": "rc,sm,self", "OMPI_MCA_pml": "ucx"}
-    else:
-        env |= {"NCCL_IB_DISABLE": "1", "NCCL_NET": "Socket", "NCCL_SOCKET_IFNAME": "eth0",
-                "OMPI_MCA_pml": "ob1", "OMPI_MCA_btl": "self,vader,tcp", "OMPI_MCA_btl_tcp_if_include": "eth0"}
-    args = ("--model", "resnet50", "--batch-size", "64", "--image-size", "224", "--precision", "mixed_float16")
-    return RunRequest(module="containerbench.bench", args=args, env=env, workdir="/scratch/proj/containerbench",
-                      gpus=gpus, binds=("/datasets/imagenet",), infiniband=infiniband)
+
+def engine_usable(engine: str) -> tuple[bool, str]:
+    """Can `engine` build or convert images here? Its runtime class's own probe (for docker:
+    the daemon answers), run in the environment the image steps use."""
+    ok, detail = run_probe(CONTAINER_RUNTIMES[engine].probe, env=engine_env(engine), timeout=30)
+    if not ok and engine == "docker" and shutil.which("docker"):  # installed, but which daemon was asked
+        detail += f" (DOCKER_HOST={os.environ.get('DOCKER_HOST', 'the default socket')})"
+    return ok, detail
+
+
+def check_launchers(config: dict) -> None:
+    """Every runtime of the sweep can run under the configured launcher (Enroot needs srun)."""
+    for name in config["runtimes"]:
+        try:
+            runtime_for(name, config).check_launcher(config["launcher"]["kind"])
+        except ValueError as error:
+            raise ConfigError(f"config: {error}") from None
+
+
+def select_runtimes(config: dict, built: dict[str, str]) -> dict[str, str]:
+    """Probe each container runtime (and, for those that run the built image, the build engine);
+    apply runtime_policy. Return {skipped runtime: reason}.
+
+    Under `require` an unusable runtime is a ConfigError; under `skip-unusable` it
+    is removed from config["runtimes"] and its reason returned for the report.
+    """
+    build_ok, build_reason = engine_usable(config["images"]["build"]["engine"]) if built else (True, "")
+    unusable = {}
+    for name in config["runtimes"]:
+        if name == "bare-metal":
+            continue
+        ok, reason = runtime_for(name, config).usable()
+        if ok and name in built and not build_ok:
+            ok, reason = False, f"the image cannot be built here: {build_reason}"
+        if not ok:
+            unusable[name] = reason
+    if unusable and config["runtime_policy"] == "require":
+        name, reason = next(iter(unusable.items()))
+        raise ConfigError(f"config: runtime {name!r} cannot run here: {reason}; allowed: install it, give "
+                          "images.<runtime>.image, or set runtime_policy: skip-unusable")
+    config["runtimes"] = [name for name in config["runtimes"] if name not in unusable]
+    return unusable
