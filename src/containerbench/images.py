@@ -10,8 +10,15 @@ provenance hash. Every step is an argv builder plus a small runner:
   python -m containerbench.images build            <engine> build --network none -> stamp JSON
   python -m containerbench.images export           <engine> save -> build/images/containerbench.tar
   python -m containerbench.images charliecloud     ch-convert -> build/images/containerbench.ch
-  python -m containerbench.images singularity-def  spython, corrected -> build/images/containerbench.def
-  python -m containerbench.images print-commands   apptainer, enroot, sarus, shifter, podman-hpc argv
+  python -m containerbench.images load             <other engine> load the archive -> its stamp JSON
+  python -m containerbench.images apptainer        apptainer build from the archive -> .sif
+  python -m containerbench.images enroot|sarus|podman-hpc   import the image into that runtime
+  python -m containerbench.images print-commands   every runtime's image commands, printed
+
+Every step has a time limit (--step-timeout), so a wedged engine fails its step
+with a message instead of holding the workflow. The Singularity definition is
+made by containerbench.singularity. Which file each runtime runs is decided
+here too (image_files, resolve_images), so the rules and the plans agree.
 """
 
 from __future__ import annotations
@@ -19,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import pwd
 import re
 import shlex
 import shutil
@@ -29,6 +35,10 @@ import sys
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
+
+from containerbench.config import ConfigError
+from containerbench.processes import run_group
+from containerbench.runtimes import DEFAULT_PATH, engine_env
 
 BUILD = Path("build")
 IMAGES = BUILD / "images"
@@ -40,7 +50,6 @@ IMAGE_REPO = "localhost/containerbench"
 ARCHIVE = IMAGES / "containerbench.tar"
 BASE_ARCHIVE = IMAGES / "containerbench-base.tar"
 CHARLIECLOUD_DIR = IMAGES / "containerbench.ch"
-DEFINITION = IMAGES / "containerbench.def"
 SIF = IMAGES / "containerbench.sif"
 SQUASHFS = IMAGES / "containerbench.sqsh"
 PROVENANCE_LABEL = "org.containerbench.provenance"
@@ -49,7 +58,8 @@ ENGINES = ("docker", "podman")
 # Horovod's mpi_lib link libmpi.so.40 / libmpi_cxx.so.40 from libopenmpi3).
 BASE_PACKAGES = ("python3", "python3-venv", "openmpi-bin", "libopenmpi3", "ca-certificates")
 SUITE, GLIBC = "bookworm", (2, 36)
-DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# A base with apt steps or a slow mirror may need more (images.step_timeout_s in the config).
+DEFAULT_STEP_TIMEOUT_S = 3600
 HOROVOD_FLAGS = {"HOROVOD_WITH_TENSORFLOW": "1", "HOROVOD_WITH_GLOO": "1", "HOROVOD_WITH_MPI": "1",
                  "HOROVOD_WITHOUT_PYTORCH": "1", "HOROVOD_WITHOUT_MXNET": "1"}
 BUILD_TOOLS = ("pip", "setuptools", "wheel")  # tensorflow and astunparse depend on them: they enter the hash
@@ -75,29 +85,10 @@ class ImageSpec:
 
 # -- running ---------------------------------------------------------------------------------
 
-def engine_env(engine: str) -> dict[str, str]:
-    env = dict(os.environ)
-    if engine == "docker":
-        env["DOCKER_BUILDKIT"] = "0"  # Debian's docker.io has no buildx
-    if engine == "charliecloud":
-        env.setdefault("USER", pwd.getpwuid(os.getuid()).pw_name)  # ch-run refuses an unset $USER
-        env["PATH"] = "/usr/bin:" + env.get("PATH", DEFAULT_PATH)  # ch-image needs Debian's python3 (lark)
-    return env
-
-
-# Every image step is time-limited, so a wedged engine fails its rule with a message
-# instead of holding the workflow (and a CI job) forever. The workflow sets this from
-# images.step_timeout_s; a base with apt or a slow mirror may need more than the default.
-STEP_TIMEOUT_S = 3600
-
-
-def run_step(step: str, argv: list[str], *, env=None, capture=False, stdin=None,
-             timeout: float | None = None) -> subprocess.CompletedProcess:
+def run_step(step: str, argv: list[str], *, timeout: float = DEFAULT_STEP_TIMEOUT_S, env=None, capture=False,
+             stdin=None) -> subprocess.CompletedProcess:
     """Run one image step in its own process group (podman and ch-convert start helpers that
     would outlive a killed parent); it never reads a terminal or a CI pipe."""
-    from containerbench.launch import run_group
-
-    timeout = STEP_TIMEOUT_S if timeout is None else timeout
     try:
         done = run_group(argv, timeout=timeout, capture=capture, env=env,
                          stdin=subprocess.DEVNULL if stdin is None else stdin)
@@ -110,17 +101,6 @@ def run_step(step: str, argv: list[str], *, env=None, capture=False, stdin=None,
         raise ImageStepError(f"{step} failed (exit {done.returncode}): {shlex.join(argv)}"
                              + (f" -- {last[0]}" if last else ""))
     return done
-
-
-def engine_usable(engine: str) -> tuple[bool, str]:
-    """Can `engine` build or convert images here? Its runtime class's own check (for docker:
-    the daemon answers), run in the environment the image steps use."""
-    from containerbench.runtimes import CONTAINER_RUNTIMES, run_probe
-
-    ok, detail = run_probe(CONTAINER_RUNTIMES[engine].probe, env=engine_env(engine), timeout=30)
-    if not ok and engine == "docker" and shutil.which("docker"):  # installed, but which daemon was asked
-        detail += f" (DOCKER_HOST={os.environ.get('DOCKER_HOST', 'the default socket')})"
-    return ok, detail
 
 
 # -- base ------------------------------------------------------------------------------------
@@ -160,18 +140,18 @@ def image_exists(engine: str, tag: str) -> bool:
 
 
 def make_base(engine: str, tag: str = BASE_IMAGE, rootfs: Path = BUILD / "base" / "rootfs",
-              mirror: str | None = None, force: bool = False) -> str:
+              mirror: str | None = None, force: bool = False, timeout: float = DEFAULT_STEP_TIMEOUT_S) -> str:
     if image_exists(engine, tag) and not force:
         return f"{tag} already in {engine}"
     done_marker = rootfs.with_name(rootfs.name + ".complete")
     if force or not done_marker.exists():
         shutil.rmtree(rootfs, ignore_errors=True)  # a half-made rootfs from an interrupted run
         rootfs.parent.mkdir(parents=True, exist_ok=True)
-        run_step("base (debootstrap)", debootstrap_argv(rootfs, mirror or apt_mirror()))
+        run_step("base (debootstrap)", debootstrap_argv(rootfs, mirror or apt_mirror()), timeout=timeout)
         done_marker.touch()
     tar = subprocess.Popen(rootfs_tar_argv(rootfs), stdout=subprocess.PIPE)
     try:
-        run_step("base (import)", import_argv(engine, tag), stdin=tar.stdout, env=engine_env(engine))
+        run_step("base (import)", import_argv(engine, tag), stdin=tar.stdout, env=engine_env(engine), timeout=timeout)
     finally:
         tar.stdout.close()
         if tar.wait() != 0:
@@ -225,23 +205,24 @@ def build_tool_pins(python: Path) -> list[str]:
 
 
 def make_wheelhouse(bench_python: Path = BENCH_PYTHON, dest: Path = WHEELHOUSE, root: Path = Path("."),
-                    python_version: str | None = None) -> list[str]:
+                    python_version: str | None = None, timeout: float = DEFAULT_STEP_TIMEOUT_S) -> list[str]:
     """Fill `dest` for an offline image build; the Horovod wheel is built only when missing."""
     dest.mkdir(parents=True, exist_ok=True)
     pins = build_tool_pins(bench_python)
     (dest / "build-tools.txt").write_text("\n".join(pins) + "\n")
     host_version = _bench_query(bench_python, "import sys; print('%d.%d' % sys.version_info[:2])")
     run_step("wheelhouse (download)", download_argv(bench_python, root / "envs" / "bench.lock.txt", dest, pins,
-                                                    python_version or host_version))
+                                                    python_version or host_version), timeout=timeout)
     version = horovod_version(root)
     sdist = dest / f"horovod-{version}.tar.gz"
     if not sdist.exists():
-        run_step("wheelhouse (horovod sdist)", sdist_argv(bench_python, dest, version))
+        run_step("wheelhouse (horovod sdist)", sdist_argv(bench_python, dest, version), timeout=timeout)
     abi = "cp" + host_version.replace(".", "")
     wheel = dest / f"horovod-{version}-{abi}-{abi}-linux_x86_64.whl"
     if not wheel.exists():  # 3-5 minutes; links the host's Debian Open MPI, which the base also has
         env = {**os.environ, **HOROVOD_FLAGS, "MAKEFLAGS": os.environ.get("MAKEFLAGS", f"-j{os.cpu_count()}")}
-        run_step("wheelhouse (horovod wheel)", horovod_wheel_argv(bench_python, sdist, dest), env=env)
+        run_step("wheelhouse (horovod wheel)", horovod_wheel_argv(bench_python, sdist, dest), env=env,
+                 timeout=timeout)
     return sorted(p.name for p in dest.iterdir())
 
 
@@ -281,14 +262,14 @@ def image_run_argv(engine: str, tag: str, command: list[str]) -> list[str]:
     return [engine, "run", "--rm", "--network", "none", tag, *command]
 
 
-def image_provenance(engine: str, tag: str) -> dict:
+def image_provenance(engine: str, tag: str, timeout: float = DEFAULT_STEP_TIMEOUT_S) -> dict:
     argv = image_run_argv(engine, tag, ["python3", "-m", "containerbench.provenance"])
-    return json.loads(run_step("provenance (image)", argv, capture=True, env=engine_env(engine)).stdout)
+    return json.loads(run_step("provenance (image)", argv, capture=True, env=engine_env(engine), timeout=timeout).stdout)
 
 
-def build_stamp(engine: str, tag: str, host_hash: str | None = None) -> dict:
+def build_stamp(engine: str, tag: str, host_hash: str | None = None, timeout: float = DEFAULT_STEP_TIMEOUT_S) -> dict:
     info = inspect_image(engine, tag)
-    measured = image_provenance(engine, tag)
+    measured = image_provenance(engine, tag, timeout)
     return {"engine": engine, "image": tag, "image_id": image_digest(engine, tag, info),
             "label_provenance": ((info.get("Config") or {}).get("Labels") or {}).get(PROVENANCE_LABEL),
             "measured_provenance": measured["hash"], "host_provenance": host_hash,
@@ -299,12 +280,13 @@ def stamp_path(engine: str) -> Path:
     return IMAGES / f"containerbench.{engine}.json"
 
 
-def build_image(spec: ImageSpec, bench_python: Path = BENCH_PYTHON, stamp: Path | None = None) -> dict:
+def build_image(spec: ImageSpec, bench_python: Path = BENCH_PYTHON, stamp: Path | None = None,
+                timeout: float = DEFAULT_STEP_TIMEOUT_S) -> dict:
     """Build, then measure the provenance inside the image; refuse an image that differs from bare metal."""
     host_hash = host_provenance(bench_python)["hash"]
     spec = replace(spec, build_args={"PROVENANCE": host_hash, **spec.build_args})
-    run_step(f"build ({spec.engine})", build_argv(spec), env=engine_env(spec.engine))
-    record = build_stamp(spec.engine, spec.tag, host_hash)
+    run_step(f"build ({spec.engine})", build_argv(spec), env=engine_env(spec.engine), timeout=timeout)
+    record = build_stamp(spec.engine, spec.tag, host_hash, timeout)
     for what in ("measured_provenance", "label_provenance"):
         if record[what] != host_hash:  # e.g. the sources changed during the build
             raise ImageStepError(f"build: {spec.tag} has {what} {record[what]}, the bench venv {host_hash}: "
@@ -326,21 +308,27 @@ def load_argv(engine: str, archive: Path = ARCHIVE) -> list[str]:
     return [engine, "load", "-i", str(archive)]
 
 
-def export_image(engine: str, tag: str, archive: Path = ARCHIVE, load_into: str | None = None) -> Path:
+def export_image(engine: str, tag: str, archive: Path = ARCHIVE, timeout: float = DEFAULT_STEP_TIMEOUT_S) -> Path:
     archive.parent.mkdir(parents=True, exist_ok=True)
     archive.unlink(missing_ok=True)  # podman refuses to overwrite
-    run_step(f"export ({engine} save)", save_argv(engine, tag, archive), env=engine_env(engine))
-    if load_into:  # e.g. podman as a runtime after a docker build
-        run_step(f"export ({load_into} load)", load_argv(load_into, archive), env=engine_env(load_into))
+    run_step(f"export ({engine} save)", save_argv(engine, tag, archive), env=engine_env(engine), timeout=timeout)
     return archive
+
+
+def load_image(engine: str, tag: str, archive: Path = ARCHIVE, stamp: Path | None = None,
+               timeout: float = DEFAULT_STEP_TIMEOUT_S) -> dict:
+    """Load the archive into another engine (podman as a runtime after a docker build, or the
+    reverse), then stamp it there as build_image does: the id and the provenance measured inside."""
+    run_step(f"load into {engine}", load_argv(engine, archive), env=engine_env(engine), timeout=timeout)
+    record = build_stamp(engine, tag, timeout=timeout)
+    if stamp:
+        stamp.parent.mkdir(parents=True, exist_ok=True)
+        stamp.write_text(json.dumps(record, indent=2) + "\n")
+    return record
 
 
 def ch_convert_argv(engine: str, tag: str, out: Path = CHARLIECLOUD_DIR) -> list[str]:
     return ["ch-convert", "-i", engine, "-o", "dir", tag, str(out)]
-
-
-def ch_run_argv(image_dir: Path, command: list[str]) -> list[str]:
-    return ["ch-run", "--set-env", str(image_dir), "--", *command]  # --set-env: the image's ENV (PATH to the venv)
 
 
 def clear_dev(image_dir: Path) -> list[str]:
@@ -354,7 +342,8 @@ def clear_dev(image_dir: Path) -> list[str]:
     return removed
 
 
-def charliecloud_image(engine: str, tag: str, out: Path = CHARLIECLOUD_DIR, force: bool = False) -> Path:
+def charliecloud_image(engine: str, tag: str, out: Path = CHARLIECLOUD_DIR, force: bool = False,
+                       timeout: float = DEFAULT_STEP_TIMEOUT_S) -> Path:
     """Convert unless OUT was already made from this very image (its id is kept in OUT.image-id)."""
     marker, image_id = Path(f"{out}.image-id"), image_digest(engine, tag)
     if not force and marker.exists() and marker.read_text().strip() == image_id and (out / "ch").is_dir():
@@ -362,111 +351,23 @@ def charliecloud_image(engine: str, tag: str, out: Path = CHARLIECLOUD_DIR, forc
     marker.unlink(missing_ok=True)
     shutil.rmtree(out, ignore_errors=True)
     out.parent.mkdir(parents=True, exist_ok=True)
-    run_step("charliecloud (ch-convert)", ch_convert_argv(engine, tag, out), env=engine_env("charliecloud"))
+    run_step("charliecloud (ch-convert)", ch_convert_argv(engine, tag, out), env=engine_env("charliecloud"),
+             timeout=timeout)
     clear_dev(out)
     marker.write_text(image_id + "\n")
     return out
 
 
-# -- singularity / apptainer -----------------------------------------------------------------
-
-def dockerfile_args(dockerfile: Path) -> dict[str, str]:
-    """ARG names and defaults, unquoted as Docker does (ARG X="" is empty)."""
-    args = {}
-    for line in dockerfile.read_text().splitlines():
-        if re.match(r"\s*ARG\s", line, re.I):
-            for word in shlex.split(line.split(None, 1)[1], comments=True):
-                name, _, value = word.partition("=")
-                args[name] = value
-    return args
-
-
-def expand_args(text: str, values: dict[str, str]) -> str:
-    """Expand $NAME, ${NAME}, ${NAME:-word}, ${NAME:+word} for the given ARG names only."""
-    def braced(match):
-        name, op, word = match.group(1), match.group(2), match.group(3) or ""
-        value = values[name]
-        if op == ":-":
-            return value or expand_args(word, values)
-        if op == ":+":
-            return expand_args(word, values) if value else ""
-        return value
-    names = "|".join(sorted(map(re.escape, values), key=len, reverse=True)) or "(?!)"
-    text = re.sub(r"\$\{(" + names + r")(?:(:[-+])([^}]*))?\}", braced, text)
-    return re.sub(r"\$(" + names + r")(?![A-Za-z0-9_])", lambda m: values[m.group(1)], text)
-
-
-def bootstrap_for(base: str) -> str:
-    if base.endswith((".tar", ".tar.gz", ".tgz")):
-        return "docker-archive"
-    return "docker-daemon" if base.startswith("localhost/") else "docker"
-
-
-def singularity_definition(dockerfile: Path = DOCKERFILE, build_args: dict | None = None,
-                           bootstrap: str | None = None, source: str | None = None,
-                           context: str = ".") -> str:
-    """spython's conversion of the Dockerfile, with what it gets wrong put right."""
-    from spython.logger import bot
-    from spython.main.parse.parsers import DockerParser
-    from spython.main.parse.writers import SingularityWriter
-
-    values = {**dockerfile_args(dockerfile), **(build_args or {})}
-    if any("\n" in v for v in values.values()):
-        raise ValueError("build arguments must be single lines")
-    level, bot.level = bot.level, 0  # quiet: it warns that COPY sources are not in the caller's cwd
-    try:
-        recipe = DockerParser(str(dockerfile)).recipe
-        converted = SingularityWriter(recipe).convert()
-    finally:
-        bot.level = level
-    environ = {line for layer in recipe.values() for line in layer.environ}
-    froms = re.findall(r"^\s*FROM\s+(?:--\S+\s+)*(\S+)", dockerfile.read_text(), re.M | re.I)
-    base = expand_args(froms[-1], values)  # the stage that makes the image
-    bootstrap = bootstrap or bootstrap_for(base)
-    source = source or (str(BASE_ARCHIVE) if bootstrap == "docker-archive" else base)
-    out, section = [f"Bootstrap: {bootstrap}", f"From: {source}"], ""
-    for line in converted.splitlines():
-        if re.match(r"(Bootstrap|From|Stage):", line) or (not out[-1] and not line):
-            continue
-        if line.startswith("%"):
-            section = line.split()[0]
-            out += ["", line] if out[-1] else [line]
-            continue
-        raw, line = line, expand_args(line, values)
-        if raw.strip() != "\\" and line.strip() == "\\":
-            continue  # a continuation line whose ${ARG:+...} expanded to nothing
-        if section == "%files" and line.strip():
-            src, dest = line.split(None, 1)  # COPY sources are relative to the build context
-            line = f"{os.path.normpath(os.path.join(context, src))} {dest}"
-        elif section == "%labels" and "=" in line.split()[0]:
-            line = line.replace("=", " ", 1)  # Apptainer labels are "KEY VALUE"
-        elif section == "%post":
-            name = raw.split("=", 1)[0]
-            if re.match(r"su -\s+\S+", line):  # spython's USER; the container runs as its caller anyway
-                line = f"# {line.split('#', 1)[-1].strip()}: Apptainer runs as the invoking user"
-            elif name in values and "=" in raw and not raw.rstrip().endswith("\\"):
-                line = f"{name}={shlex.quote(values[name])}"  # ARG, with the build's value
-            elif expand_args(line, values) in {expand_args(e, values) for e in environ}:
-                line = f"export {line}"  # ENV holds for the later RUN steps too
-        out.append(line)
-    return "\n".join(out).strip() + "\n"
-
-
-def write_singularity_definition(out: Path = DEFINITION, **kwargs) -> Path:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(singularity_definition(**kwargs))
-    return out
-
+# -- apptainer, and the runtimes not installable here (argv only) ----------------------------
 
 def apptainer_build_argv(sif: Path = SIF, archive: Path = ARCHIVE, program: str = "apptainer") -> list[str]:
     return [program, "build", "--fakeroot", str(sif), f"docker-archive://{archive}"]
 
 
-def apptainer_build_def_argv(sif: Path = SIF, definition: Path = DEFINITION, program: str = "apptainer") -> list[str]:
+def apptainer_build_def_argv(sif: Path = SIF, definition: Path = IMAGES / "containerbench.def",
+                             program: str = "apptainer") -> list[str]:
     return [program, "build", "--fakeroot", str(sif), str(definition)]
 
-
-# -- other runtimes' image steps (not installable here: argv only) ---------------------------
 
 def enroot_import_argv(engine: str, tag: str, out: Path = SQUASHFS) -> list[str]:
     scheme = {"docker": "dockerd", "podman": "podman"}[engine]
@@ -506,68 +407,160 @@ def runtime_commands(engine: str, tag: str, registry: str = "REGISTRY") -> dict[
             "podman-hpc": podman_hpc_argvs(tag), "charliecloud": [ch_convert_argv(engine, tag)]}
 
 
+# -- what each runtime runs ------------------------------------------------------------------
+
+def image_files(tag: str, build_dir: Path | str = IMAGES) -> dict[str, str]:
+    """What the workflow makes from the image `tag`, named after it: a stale file made
+    from another image (or by hand) is never taken for this one."""
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", tag.rsplit("/", 1)[-1])
+    return {"docker": f"{build_dir}/docker-{slug}.json", "podman": f"{build_dir}/podman-{slug}.json",
+            "podman-hpc": f"{build_dir}/podman-hpc-{slug}.json", "sarus": f"{build_dir}/sarus-{slug}.json",
+            "archive": f"{build_dir}/{slug}.tar", "charliecloud": f"{build_dir}/{slug}.ch",
+            "definition": f"{build_dir}/{slug}.def", "apptainer": f"{build_dir}/{slug}.sif",
+            "singularity": f"{build_dir}/{slug}.sif", "enroot": f"{build_dir}/{slug}.sqsh"}
+
+
+def built_image(runtime: str, tag: str, build_dir: Path | str = IMAGES) -> tuple[str, str] | None:
+    """(the image reference `runtime` runs, the file its runs depend on), or None if not buildable here."""
+    files = image_files(tag, build_dir)
+    if runtime in ("docker", "podman", "podman-hpc", "sarus"):
+        return tag, files[runtime]
+    if runtime in ("charliecloud", "apptainer", "singularity", "enroot"):
+        return files[runtime], files[runtime]
+    return None  # bare metal, and Shifter (its gateway serves images; it cannot take a local build)
+
+
+def resolve_images(config: dict, build_dir: Path | str = IMAGES) -> dict[str, str]:
+    """Fill in images.<runtime>.image for runtimes that run the built image; return runtime -> the
+    file its runs depend on. A runtime given an explicit image runs that and depends on nothing built."""
+    images = config["images"]
+    artifacts = {}
+    for runtime in config["runtimes"]:
+        if runtime == "bare-metal":
+            continue
+        settings = images.setdefault(runtime, {})
+        if settings.get("image"):
+            continue
+        built = built_image(runtime, images["build"]["tag"], build_dir)
+        if built is None:
+            raise ConfigError(f"config: 'images.{runtime}.image' is missing; allowed: the image reference "
+                              f"{runtime} runs (the workflow cannot build a {runtime} image locally)")
+        settings["image"], artifacts[runtime] = built
+    return artifacts
+
+
 # -- command line ----------------------------------------------------------------------------
 
 def _build_args(pairs: list[str]) -> dict[str, str]:
     return dict(pair.split("=", 1) for pair in pairs)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m containerbench.images", description=__doc__.splitlines()[0])
-    parser.add_argument("--engine", default=os.environ.get("CONTAINERBENCH_ENGINE", "podman"), choices=ENGINES)
-    parser.add_argument("--tag", help=f"default {IMAGE_REPO}:<provenance hash of the bench venv>")
-    parser.add_argument("--bench-python", type=Path, default=BENCH_PYTHON)
-    steps = parser.add_subparsers(dest="step", required=True)
-    base = steps.add_parser("base")
-    base.add_argument("--base-image", default=BASE_IMAGE)
-    base.add_argument("--mirror")
-    base.add_argument("--force", action="store_true")
-    wheels = steps.add_parser("wheelhouse")
-    wheels.add_argument("--dest", type=Path, default=WHEELHOUSE)
-    wheels.add_argument("--python-version", help="the image's Python, e.g. 3.10 for another base")
-    build = steps.add_parser("build")
-    build.add_argument("--base-image", default=BASE_IMAGE)
-    build.add_argument("--build-arg", action="append", default=[], metavar="NAME=VALUE")
-    build.add_argument("--network", default="none")
-    build.add_argument("--stamp", type=Path)
-    export = steps.add_parser("export")
-    export.add_argument("--archive", type=Path, default=ARCHIVE)
-    export.add_argument("--load-into", choices=ENGINES)
-    charlie = steps.add_parser("charliecloud")
-    charlie.add_argument("--out", type=Path, default=CHARLIECLOUD_DIR)
-    charlie.add_argument("--force", action="store_true")
-    sdef = steps.add_parser("singularity-def")
-    sdef.add_argument("--bootstrap", choices=("docker", "docker-daemon", "docker-archive"))
-    sdef.add_argument("--from", dest="source", help="image or archive to bootstrap from")
-    sdef.add_argument("--build-arg", action="append", default=[], metavar="NAME=VALUE")
-    sdef.add_argument("--out", type=Path, default=DEFINITION)
-    show = steps.add_parser("print-commands")
-    show.add_argument("--registry", default="REGISTRY")
-    show.add_argument("--json", action="store_true")
-    args = parser.parse_args(argv)
+def _write(path: Path | None, text: str) -> None:
+    if path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
 
+
+def parser() -> argparse.ArgumentParser:
+    cli = argparse.ArgumentParser(prog="python -m containerbench.images", description=__doc__.splitlines()[0])
+    cli.add_argument("--engine", default=os.environ.get("CONTAINERBENCH_ENGINE", "podman"), choices=ENGINES,
+                     help="the engine that builds (and holds) the image")
+    cli.add_argument("--tag", help=f"default {IMAGE_REPO}:<provenance hash of the bench venv>")
+    cli.add_argument("--bench-python", type=Path, default=BENCH_PYTHON)
+    cli.add_argument("--repo", type=Path, default=Path("."),
+                     help="the repository: build context, containers/Dockerfile, envs/, build/ (default: .)")
+    cli.add_argument("--step-timeout", type=float, default=DEFAULT_STEP_TIMEOUT_S, metavar="SECONDS",
+                     help=f"each step fails after this long (default {DEFAULT_STEP_TIMEOUT_S})")
+    steps = cli.add_subparsers(dest="step", required=True)
+    step = steps.add_parser("base", help="debootstrap a Debian base and import it into the engine")
+    step.add_argument("--base-image", default=BASE_IMAGE)
+    step.add_argument("--mirror")
+    step.add_argument("--force", action="store_true")
+    step.add_argument("--marker", type=Path, help="write the base's name here when done")
+    step = steps.add_parser("wheelhouse", help="the lock as wheels, and the Horovod wheel, for an offline build")
+    step.add_argument("--dest", type=Path, help="default REPO/build/wheelhouse")
+    step.add_argument("--python-version", help="the image's Python, e.g. 3.10 for another base")
+    step.add_argument("--marker", type=Path, help="write the wheelhouse's file names here when done")
+    step = steps.add_parser("build", help="build containers/Dockerfile; refuse an image whose provenance differs")
+    step.add_argument("--base-image", default=BASE_IMAGE)
+    step.add_argument("--build-arg", action="append", default=[], metavar="NAME=VALUE")
+    step.add_argument("--apt-packages", default="", help="installed at build time (then the build has network)")
+    step.add_argument("--network", help="default: none, or host with --apt-packages")
+    step.add_argument("--stamp", type=Path)
+    step = steps.add_parser("export", help="save the image as a docker archive")
+    step.add_argument("--archive", type=Path, default=ARCHIVE)
+    step = steps.add_parser("load", help="load the archive into the other engine and stamp it there")
+    step.add_argument("--into", choices=ENGINES, required=True)
+    step.add_argument("--archive", type=Path, default=ARCHIVE)
+    step.add_argument("--stamp", type=Path)
+    step = steps.add_parser("charliecloud", help="ch-convert the image into a Charliecloud directory")
+    step.add_argument("--out", type=Path, default=CHARLIECLOUD_DIR)
+    step.add_argument("--force", action="store_true")
+    step = steps.add_parser("apptainer", help="apptainer build a SIF from the archive")
+    step.add_argument("--program", choices=("apptainer", "singularity"), default="apptainer")
+    step.add_argument("--archive", type=Path, default=ARCHIVE)
+    step.add_argument("--sif", type=Path, default=SIF)
+    step = steps.add_parser("enroot", help="enroot import the image from the engine")
+    step.add_argument("--out", type=Path, default=SQUASHFS)
+    for name in ("sarus", "podman-hpc"):
+        step = steps.add_parser(name, help=f"load the archive into {name}")
+        step.add_argument("--archive", type=Path, default=ARCHIVE)
+        step.add_argument("--stamp", type=Path, help="write the image name it runs here when done")
+    step = steps.add_parser("print-commands", help="print every runtime's image commands")
+    step.add_argument("--registry", default="REGISTRY")
+    step.add_argument("--json", action="store_true")
+    return cli
+
+
+def run(args: argparse.Namespace) -> str:
+    """Do one step; return what it made, for the log."""
+    timeout, repo = args.step_timeout, args.repo
+    needs_tag = args.step not in ("base", "wheelhouse", "apptainer")
+    tag = args.tag or (default_tag(args.bench_python) if needs_tag else None)
+    if args.step == "base":
+        done = make_base(args.engine, args.base_image, repo / "build" / "base" / "rootfs", args.mirror, args.force,
+                         timeout)
+        _write(args.marker, args.base_image + "\n")
+        return done
+    if args.step == "wheelhouse":
+        names = make_wheelhouse(args.bench_python, args.dest or repo / WHEELHOUSE, repo, args.python_version, timeout)
+        _write(args.marker, "\n".join(names) + "\n")
+        return "\n".join(names)
+    if args.step == "build":
+        build_args = {**({"APT_PACKAGES": args.apt_packages} if args.apt_packages else {}), **_build_args(args.build_arg)}
+        # apt packages at build time need the network; the default base needs nothing from outside.
+        network = args.network or ("host" if args.apt_packages else "none")
+        spec = ImageSpec(args.engine, tag, args.base_image, build_args, repo / DOCKERFILE, repo, network)
+        return json.dumps(build_image(spec, args.bench_python, args.stamp, timeout), indent=2)
+    if args.step == "export":
+        return str(export_image(args.engine, tag, args.archive, timeout))
+    if args.step == "load":
+        return json.dumps(load_image(args.into, tag, args.archive, args.stamp, timeout), indent=2)
+    if args.step == "charliecloud":
+        return str(charliecloud_image(args.engine, tag, args.out, args.force, timeout))
+    if args.step == "apptainer":
+        run_step(f"{args.program} build", apptainer_build_argv(args.sif, args.archive, args.program), timeout=timeout)
+        return str(args.sif)
+    if args.step == "enroot":
+        run_step("enroot import", enroot_import_argv(args.engine, tag, args.out), timeout=timeout)
+        return str(args.out)
+    if args.step == "sarus":
+        run_step("sarus load", sarus_load_argv(tag, args.archive), timeout=timeout)
+        _write(args.stamp, json.dumps({"image": sarus_name(tag)}) + "\n")
+        return sarus_name(tag)
+    if args.step == "podman-hpc":
+        for argv in podman_hpc_argvs(tag, args.archive):
+            run_step("podman-hpc", argv, timeout=timeout)
+        _write(args.stamp, json.dumps({"image": tag}) + "\n")
+        return tag
+    commands = runtime_commands(args.engine, tag, args.registry)
+    return json.dumps(commands, indent=2) if args.json else \
+        "\n".join(f"{name}: {shlex.join(argv)}" for name, argvs in commands.items() for argv in argvs)
+
+
+def main(argv: list[str] | None = None) -> int:
     try:
-        needs_tag = args.step in ("build", "export", "charliecloud", "print-commands")
-        tag = args.tag or (default_tag(args.bench_python) if needs_tag else None)
-        if args.step == "base":
-            print(make_base(args.engine, args.base_image, mirror=args.mirror, force=args.force))
-        elif args.step == "wheelhouse":
-            print("\n".join(make_wheelhouse(args.bench_python, args.dest, python_version=args.python_version)))
-        elif args.step == "build":
-            spec = ImageSpec(args.engine, tag, args.base_image, _build_args(args.build_arg), network=args.network)
-            print(json.dumps(build_image(spec, args.bench_python, args.stamp), indent=2))
-        elif args.step == "export":
-            print(export_image(args.engine, tag, args.archive, args.load_into))
-        elif args.step == "charliecloud":
-            print(charliecloud_image(args.engine, tag, args.out, args.force))
-        elif args.step == "singularity-def":
-            known = {"PROVENANCE": host_provenance(args.bench_python)["hash"]} if args.bench_python.exists() else {}
-            print(write_singularity_definition(args.out, build_args={**known, **_build_args(args.build_arg)},
-                                               bootstrap=args.bootstrap, source=args.source))
-        else:
-            commands = runtime_commands(args.engine, tag, args.registry)
-            print(json.dumps(commands, indent=2) if args.json else
-                  "\n".join(f"{name}: {shlex.join(argv)}" for name, argvs in commands.items() for argv in argvs))
+        print(run(parser().parse_args(argv)))
     except ImageStepError as error:
         print(f"containerbench.images: {error}", file=sys.stderr)
         return 1

@@ -1,0 +1,131 @@
+"""containers/Dockerfile as a Singularity/Apptainer definition file.
+
+spython converts the Dockerfile; what it gets wrong for this one is put right
+here: ${ARG} references are expanded with the build's values, `USER` is not
+turned into `su -`, the bootstrap agent follows the base image (a local daemon,
+an archive or a registry), COPY sources are anchored at the build context,
+labels take Apptainer's "KEY VALUE" form, and ENV values hold for later %post
+steps as they do for later RUN steps.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+from pathlib import Path
+
+DOCKERFILE = Path("containers/Dockerfile")
+# The base image as an archive, for sites that bootstrap from a file (images.py writes it).
+BASE_ARCHIVE = Path("build/images/containerbench-base.tar")
+
+
+def dockerfile_args(dockerfile: Path) -> dict[str, str]:
+    """ARG names and defaults, unquoted as Docker does (ARG X="" is empty)."""
+    args = {}
+    for line in dockerfile.read_text().splitlines():
+        if re.match(r"\s*ARG\s", line, re.I):
+            for word in shlex.split(line.split(None, 1)[1], comments=True):
+                name, _, value = word.partition("=")
+                args[name] = value
+    return args
+
+
+def expand_args(text: str, values: dict[str, str]) -> str:
+    """Expand $NAME, ${NAME}, ${NAME:-word}, ${NAME:+word} for the given ARG names only."""
+    def braced(match):
+        name, op, word = match.group(1), match.group(2), match.group(3) or ""
+        value = values[name]
+        if op == ":-":
+            return value or expand_args(word, values)
+        if op == ":+":
+            return expand_args(word, values) if value else ""
+        return value
+    names = "|".join(sorted(map(re.escape, values), key=len, reverse=True)) or "(?!)"
+    text = re.sub(r"\$\{(" + names + r")(?:(:[-+])([^}]*))?\}", braced, text)
+    return re.sub(r"\$(" + names + r")(?![A-Za-z0-9_])", lambda m: values[m.group(1)], text)
+
+
+def bootstrap_for(base: str) -> str:
+    if base.endswith((".tar", ".tar.gz", ".tgz")):
+        return "docker-archive"
+    return "docker-daemon" if base.startswith("localhost/") else "docker"
+
+
+def singularity_definition(dockerfile: Path = DOCKERFILE, build_args: dict | None = None,
+                           bootstrap: str | None = None, source: str | None = None,
+                           context: str = ".") -> str:
+    """spython's conversion of the Dockerfile, with what it gets wrong put right."""
+    from spython.logger import bot
+    from spython.main.parse.parsers import DockerParser
+    from spython.main.parse.writers import SingularityWriter
+
+    values = {**dockerfile_args(dockerfile), **(build_args or {})}
+    if any("\n" in v for v in values.values()):
+        raise ValueError("build arguments must be single lines")
+    level, bot.level = bot.level, 0  # quiet: it warns that COPY sources are not in the caller's cwd
+    try:
+        recipe = DockerParser(str(dockerfile)).recipe
+        converted = SingularityWriter(recipe).convert()
+    finally:
+        bot.level = level
+    environ = {line for layer in recipe.values() for line in layer.environ}
+    froms = re.findall(r"^\s*FROM\s+(?:--\S+\s+)*(\S+)", dockerfile.read_text(), re.M | re.I)
+    base = expand_args(froms[-1], values)  # the stage that makes the image
+    bootstrap = bootstrap or bootstrap_for(base)
+    source = source or (str(BASE_ARCHIVE) if bootstrap == "docker-archive" else base)
+    out, section = [f"Bootstrap: {bootstrap}", f"From: {source}"], ""
+    for line in converted.splitlines():
+        if re.match(r"(Bootstrap|From|Stage):", line) or (not out[-1] and not line):
+            continue
+        if line.startswith("%"):
+            section = line.split()[0]
+            out += ["", line] if out[-1] else [line]
+            continue
+        raw, line = line, expand_args(line, values)
+        if raw.strip() != "\\" and line.strip() == "\\":
+            continue  # a continuation line whose ${ARG:+...} expanded to nothing
+        if section == "%files" and line.strip():
+            src, dest = line.split(None, 1)  # COPY sources are relative to the build context
+            line = f"{os.path.normpath(os.path.join(context, src))} {dest}"
+        elif section == "%labels" and "=" in line.split()[0]:
+            line = line.replace("=", " ", 1)  # Apptainer labels are "KEY VALUE"
+        elif section == "%post":
+            name = raw.split("=", 1)[0]
+            if re.match(r"su -\s+\S+", line):  # spython's USER; the container runs as its caller anyway
+                line = f"# {line.split('#', 1)[-1].strip()}: Apptainer runs as the invoking user"
+            elif name in values and "=" in raw and not raw.rstrip().endswith("\\"):
+                line = f"{name}={shlex.quote(values[name])}"  # ARG, with the build's value
+            elif expand_args(line, values) in {expand_args(e, values) for e in environ}:
+                line = f"export {line}"  # ENV holds for the later RUN steps too
+        out.append(line)
+    return "\n".join(out).strip() + "\n"
+
+
+def write_singularity_definition(out: Path, **kwargs) -> Path:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(singularity_definition(**kwargs))
+    return out
+
+
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m containerbench.singularity", description=__doc__.splitlines()[0])
+    parser.add_argument("--dockerfile", type=Path, default=DOCKERFILE)
+    parser.add_argument("--bootstrap", choices=("docker", "docker-daemon", "docker-archive"))
+    parser.add_argument("--from", dest="source", help="image or archive to bootstrap from")
+    parser.add_argument("--context", default=".", help="the build context COPY sources are relative to")
+    parser.add_argument("--build-arg", action="append", default=[], metavar="NAME=VALUE")
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    build_args = dict(pair.split("=", 1) for pair in args.build_arg)
+    print(write_singularity_definition(args.out, dockerfile=args.dockerfile, build_args=build_args,
+                                       bootstrap=args.bootstrap, source=args.source, context=args.context))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
