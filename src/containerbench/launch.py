@@ -1,31 +1,34 @@
-"""Launching a run: from a RunSpec to a plan (argv + environment), and from a
-plan to a raw log.
+"""Launching runs: the sweep made ready, each RunSpec turned into a plan (argv +
+environment), and each plan run into a raw log.
 
-The raw log is the single source of truth for a run. It starts with a
-`containerbench-launch {json}` line (the spec, the exact argv and the variables
-given), holds everything the ranks printed, and ends with a
-`containerbench-exit {json}` line (return code, wall time, timeout). Parsing
-(results.py) reads nothing else, so every figure traces back to this file.
+`prepare` is what the workflow and `containerbench plan` both do before any job:
+check the config, resolve each runtime's image, probe the runtimes, expand the
+sweep and plan every run. The raw log is the single source of truth for a run.
+It starts with a launch marker line (the spec, the exact argv and the variables
+given), holds everything the ranks printed, and ends with an exit marker line
+(return code, wall time, timeout). Parsing (records.py) reads nothing else, so
+every figure traces back to this file.
 """
 
 from __future__ import annotations
 
-import json
+import functools
 import os
-import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from containerbench import config as cb_config
+from containerbench import markers, slurm
 from containerbench.config import RunSpec, dataset_dir
 from containerbench.fabrics import debug_environment, expected_transport
-from containerbench.runtimes import RunRequest, host_environment, runtime_for
-
-LAUNCH_PREFIX = "containerbench-launch "
-EXIT_PREFIX = "containerbench-exit "
+from containerbench.images import resolve_images
+from containerbench.processes import kill_group
+from containerbench.runtimes import RunRequest, check_launchers, host_environment, runtime_for, select_runtimes
 
 # Always set in every rank: unbuffered output keeps the log in step order, and
 # TensorFlow's INFO chatter would bury the lines that matter.
@@ -160,24 +163,6 @@ def _final_argv(argv: list[str]) -> list[str]:
     return argv
 
 
-def run_group(argv: list[str], *, timeout: float, capture: bool = True, **popen) -> subprocess.CompletedProcess:
-    """subprocess.run for commands that start process trees (engines, snakemake, mpirun): the
-    command gets a process group of its own, and on a timeout or an interruption the whole group
-    is killed, so no helper outlives it. Raises subprocess.TimeoutExpired as subprocess.run does."""
-    pipe = subprocess.PIPE if capture else None
-    process = subprocess.Popen(argv, stdout=pipe, stderr=pipe, text=True, start_new_session=True, **popen)
-    try:
-        stdout, stderr = process.communicate(timeout=timeout)
-    except BaseException:  # the timeout, Ctrl-C, a signal from snakemake or pytest-timeout
-        try:
-            os.killpg(process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        process.communicate()
-        raise
-    return subprocess.CompletedProcess(argv, process.returncode, stdout, stderr)
-
-
 def execute(run_plan: dict, log_path: Path, echo=sys.stdout) -> int:
     """Run the plan, copying its output to the log (and to `echo`); return its exit code.
 
@@ -191,7 +176,7 @@ def execute(run_plan: dict, log_path: Path, echo=sys.stdout) -> int:
     started = time.monotonic()
     timed_out = threading.Event()
     with open(log_path, "w") as log:
-        log.write(LAUNCH_PREFIX + json.dumps(header, sort_keys=True) + "\n")
+        log.write(markers.line(markers.LAUNCH, header))
         log.flush()
         try:
             process = subprocess.Popen(
@@ -202,11 +187,11 @@ def execute(run_plan: dict, log_path: Path, echo=sys.stdout) -> int:
             log.write(f"containerbench: cannot start {argv[0]!r}: {error}\n")
             returncode = 127
         else:
-            def kill_group():
+            def time_out():
                 timed_out.set()
-                os.killpg(process.pid, signal.SIGKILL)
+                kill_group(process.pid)
 
-            watchdog = threading.Timer(run_plan["timeout_s"], kill_group)
+            watchdog = threading.Timer(run_plan["timeout_s"], time_out)
             watchdog.start()
             try:
                 for line in process.stdout:
@@ -217,46 +202,55 @@ def execute(run_plan: dict, log_path: Path, echo=sys.stdout) -> int:
             finally:
                 watchdog.cancel()
                 if process.poll() is None:  # interrupted: leave no ranks behind
-                    os.killpg(process.pid, signal.SIGKILL)
+                    kill_group(process.pid)
         footer = {"returncode": returncode, "wall_s": round(time.monotonic() - started, 3),
                   "timed_out": timed_out.is_set(), "ended_unix": time.time()}
-        log.write(EXIT_PREFIX + json.dumps(footer, sort_keys=True) + "\n")
+        log.write(markers.line(markers.EXIT, footer))
     return returncode
 
 
-def check_slurm_request(config: dict, runs: list[RunSpec], sinfo=("sinfo",)) -> None:
-    """Refuse, before anything is submitted, what this Slurm cluster cannot give (from sinfo).
+@dataclass
+class Sweep:
+    """The sweep made ready to run: every run planned, and what the plans depend on."""
 
-    Raises ValueError with one line; does nothing where sinfo is not available.
-    """
-    slurm = config["slurm"]
-    limit = max(config["benchmark"]["timeout_s"], config["netbench"]["timeout_s"])
-    if limit >= slurm["runtime_minutes"] * 60:
-        raise ValueError(f"config: 'slurm.runtime_minutes' = {slurm['runtime_minutes']} ends before the benchmark's own "
-                         f"timeout ({limit} s); allowed: more than {limit // 60} minutes, so a hung run is "
-                         "recorded as failed instead of killed by Slurm")
-    try:
-        listing = subprocess.run([*sinfo, "-h", "-o", "%R|%D|%G"], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return
-    if listing.returncode != 0:
-        return
-    partitions = {}
-    for line in listing.stdout.split():
-        name, nodes, gres = line.split("|")
-        gpus = max((int(g.split(":")[-1].split("(")[0]) for g in gres.split(",") if g.startswith("gpu")), default=0)
-        known = partitions.get(name, (0, 0))
-        partitions[name] = (known[0] + int(nodes), max(known[1], gpus))
-    name = slurm["partition"] or next(iter(partitions), None)
-    if slurm["partition"] and name not in partitions:
-        raise ValueError(f"config: 'slurm.partition' = {name!r} is not a partition of this cluster; "
-                         f"allowed: {', '.join(sorted(partitions))}")
-    if name is None:
-        return
-    nodes, gpus = partitions[name]
-    most = max(r.nodes for r in runs) if runs else 0
-    if most > nodes:
-        raise ValueError(f"config: 'scaling.nodes' asks for {most} nodes, partition {name!r} has {nodes}; allowed: at most {nodes}")
-    if slurm["gpus_per_node"] > gpus:
-        raise ValueError(f"config: 'slurm.gpus_per_node' = {slurm['gpus_per_node']}, nodes of partition {name!r} have "
-                         f"{gpus} GPU(s); allowed: at most {gpus}")
+    runs: list[RunSpec]
+    plans: dict[str, dict]  # run id -> plan
+    image_files: dict[str, str] = field(default_factory=dict)  # runtime -> the built file its runs need
+    skipped: dict[str, str] = field(default_factory=dict)  # runtime -> why it cannot run here
+    dataset_sample: str | None = None  # the sample to generate for real-data runs, if any
+
+    @property
+    def sample_manifest(self) -> str | None:
+        """The file written last when the sample is whole (datasets.generate)."""
+        return f"{self.dataset_sample}/manifest.json" if self.dataset_sample else None
+
+    @functools.cached_property
+    def inputs(self) -> dict[str, dict[str, str]]:
+        """run id -> the files the run needs first: its runtime's built image, the generated sample."""
+        needs = {}
+        for run in self.runs:
+            needs[run.run_id] = {}
+            if run.runtime in self.image_files:
+                needs[run.run_id]["image"] = self.image_files[run.runtime]
+            if self.dataset_sample and run.data == "real":
+                needs[run.run_id]["data"] = self.sample_manifest
+        return needs
+
+
+def prepare(config: dict, repo: Path, *, probe: bool = True) -> Sweep:
+    """Everything checked before any job: runtimes' images and launchers, the dataset, the sweep,
+    and (with `probe`) which runtimes can run here and what the Slurm cluster can give.
+    `config` must be validated (config.validated); it is completed in place. Raises ConfigError."""
+    artifacts = resolve_images(config, repo / "build" / "images")
+    skipped = select_runtimes(config, artifacts) if probe else {}
+    artifacts = {name: path for name, path in artifacts.items() if name in config["runtimes"]}
+    check_launchers(config)
+    cb_config.check_dataset(config)
+    sample = None
+    if "real" in config["benchmark"]["data"] and not config["dataset"]["path"]:
+        sample = config["dataset"]["path"] = str(repo / cb_config.SAMPLE_DIR)  # one sample for every results dir
+    runs = cb_config.plan_runs(config)
+    cb_config.check_runs(config, runs)
+    if probe and config["launcher"]["kind"] == "srun":
+        slurm.check_request(config, runs)
+    return Sweep(runs, {run.run_id: plan(run, config) for run in runs}, artifacts, skipped, sample)
