@@ -1,16 +1,12 @@
-"""Results flow one way: raw log -> run record -> tables.
+"""Run records -> tables: the second step of the one-way flow (log -> record -> table -> report).
 
-`parse_log` reads only the raw log written by launch.execute and turns it into
-a run record (JSON): the spec, the benchmark's result line, the exit status,
-and the verdict (ok, failed or invalid, with reasons and the evidence line).
-The table functions read only records.
+Every function here reads records (records.py) or tables made from them, never
+a raw log. `write_tables` writes each table as results/<name>.csv (TABLE_FILES
+lists them all, for the workflow to declare), plus table1.md and summary.md.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import logging
 from itertools import chain
 from pathlib import Path
 
@@ -18,15 +14,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from containerbench.fabrics import check_grpc, verify
-from containerbench.launch import EXIT_PREFIX, LAUNCH_PREFIX
-
-RESULT_PREFIX = "containerbench-result "  # printed by bench.py and netbench.py
-FAILURE_PREFIX = "containerbench-failure "  # bench.py: a mode this TensorFlow cannot run, and why
-RECORD_FORMAT = "containerbench.record/1"
-# Ranks that averaged their gradients hold the same weights to rounding; ranks
-# that did not drift apart by orders of magnitude more than this.
-WEIGHT_SPREAD_TOLERANCE = 1e-6
+from containerbench.records import load_records
 
 # A sweep point: runs that differ only in repetition.
 POINT = ["model", "image_size", "precision", "mode", "data", "runtime", "fabric", "nodes", "ranks", "batch_size"]
@@ -38,135 +26,6 @@ RUN_COLUMNS = ["run_id", "status", "reason", "evidence", "system", *POINT, "repe
                "peak_host_memory_gib", "peak_gpu_memory_gib", "startup_s", "wall_s", "provenance", "image",
                "fabric_check", "transport", "hosts", "log"]
 BASELINE_RUNTIME = "bare-metal"
-
-log = logging.getLogger(__name__)
-
-
-def _json_line(line: str, prefix: str) -> dict | None:
-    try:
-        return json.loads(line[len(prefix):])
-    except json.JSONDecodeError:
-        return None
-
-
-def _evidence(lines: list[str]) -> str | None:
-    """The line most likely to explain a failure: the last error-looking one."""
-    candidates = [l.strip() for l in lines if l.strip() and not l.startswith("containerbench-")]
-    for line in reversed(candidates):
-        if any(word in line for word in ("Error", "error:", "ERROR", "Killed", "Abort", "abort")):
-            return line[:500]
-    return candidates[-1][:500] if candidates else None
-
-
-def parse_log(log_path: str | Path) -> dict:
-    log_path = Path(log_path)
-    raw = log_path.read_bytes()
-    lines = raw.decode("utf-8", errors="replace").splitlines()
-    launch = exit_ = result = None
-    result_line = failure = None
-    for number, line in enumerate(lines, start=1):
-        if line.startswith(LAUNCH_PREFIX) and launch is None:
-            launch = _json_line(line, LAUNCH_PREFIX)
-        elif line.startswith(RESULT_PREFIX):
-            result, result_line = _json_line(line, RESULT_PREFIX), number
-        elif line.startswith(EXIT_PREFIX):
-            exit_ = _json_line(line, EXIT_PREFIX)
-        elif line.startswith(FAILURE_PREFIX) and failure is None:
-            failure = line[len(FAILURE_PREFIX):].strip()
-
-    reasons: list[str] = []
-    status = "ok"
-    if launch is None:
-        status, launch = "failed", {}
-        reasons.append("log has no readable launch line: not written by containerbench launch, or corrupt")
-    if exit_ is None:
-        status = "failed"
-        reasons.append("log ends without an exit line: the run was killed or is still running")
-    elif exit_.get("timed_out"):
-        status = "failed"
-        reasons.append(f"timed out after {launch.get('timeout_s')} s")
-    elif exit_.get("returncode") != 0:
-        status = "failed"
-        reasons.append(f"exit code {exit_.get('returncode')}")
-    if failure:
-        reasons.append(failure)
-    if result is None:
-        status = "failed"
-        reasons.append("no result line" if result_line is None else "result line is not valid JSON")
-
-    spec = launch.get("spec", {})
-    if status == "ok" and result.get("ranks") != spec.get("ranks"):
-        status = "invalid"
-        reasons.append(f"ran on {result.get('ranks')} rank(s), the plan asked for {spec.get('ranks')}")
-    if status == "ok" and result.get("kind") == "train":
-        for key in ("model", "image_size", "precision", "batch_size", "warmup_steps", "steps", "mode", "data"):
-            if key in spec and result.get(key) != spec[key]:
-                status = "invalid"
-                reasons.append(f"ran {key}={result.get(key)!r}, the plan asked for {spec[key]!r}")
-    if status == "ok" and result.get("kind") == "train":
-        spread = result.get("weights_max_relative_spread", 0.0)
-        if not result.get("weights_identical") and spread > WEIGHT_SPREAD_TOLERANCE:
-            status = "invalid"
-            reasons.append(f"ranks ended with different weights (relative spread {spread:.2e}): "
-                           "gradients were not averaged, this was not data-parallel training")
-
-    # Which network each layer really used, from its own log lines.
-    fabric = launch.get("fabric") or {"env": launch.get("env") or {}}
-    check = verify(lines, fabric, layers=("nccl",) if (result or {}).get("gpus") else ("mpi",))
-    fabric_check = check.as_dict()
-    distribution = (result or {}).get("distribution") or {}
-    if "grpc_host" in distribution:  # TensorFlow's own modes: the gradients travel over gRPC
-        fabric_check = check_grpc(fabric_check, distribution.get("grpc_interface"), distribution["grpc_host"],
-                                  f"result line {result_line}: distribution.grpc_host {distribution['grpc_host']} "
-                                  f"from {distribution.get('grpc_host_from')}")
-    if spec.get("ranks") == 1:  # one rank never touches the network
-        fabric_check = {"status": "not applicable", "reason": "one rank: no traffic between ranks",
-                        "evidence": [], "expected": fabric_check["expected"], "observed": {}}
-    elif status == "ok" and fabric_check["status"] == "mismatch":
-        status = "invalid"
-        reasons.append(f"fabric: {fabric_check['reason']}")
-
-    started = launch.get("started_unix")
-    per_rank = (result or {}).get("per_rank") or []
-    startup = min(r["entry_unix_time"] for r in per_rank) - started if per_rank and started else None
-    return {
-        "record": RECORD_FORMAT,
-        "run_id": launch.get("run_id", log_path.stem),
-        "kind": spec.get("kind", (result or {}).get("kind")),
-        "status": status,
-        "reasons": reasons,
-        "evidence": _evidence(lines) if status == "failed" else (
-            (fabric_check["evidence"] or [None])[0] if status == "invalid" and fabric_check["status"] == "mismatch"
-            else None),
-        "spec": spec,
-        "argv": launch.get("argv"),
-        "env": launch.get("env"),
-        "host": launch.get("host"),
-        "returncode": (exit_ or {}).get("returncode"),
-        "wall_s": (exit_ or {}).get("wall_s"),
-        "startup_s": startup,
-        "result": result,
-        "image": launch.get("image"),
-        "fabric_check": fabric_check,
-        "log": {"path": str(log_path), "sha256": hashlib.sha256(raw).hexdigest(), "result_line": result_line},
-    }
-
-
-def load_records(paths) -> tuple[list[dict], list[tuple[str, str]]]:
-    """Read run records; a corrupt one is reported with its path and skipped."""
-    records, problems = [], []
-    for path in sorted(map(str, paths)):
-        try:
-            with open(path) as handle:
-                record = json.load(handle)
-            if record.get("record") != RECORD_FORMAT:
-                raise ValueError(f"not a {RECORD_FORMAT} record")
-            records.append(record)
-        except (OSError, ValueError) as error:
-            log.warning("skipping %s: %s", path, error)
-            problems.append((path, str(error)))
-    return records, problems
-
 
 def _train_row(record: dict) -> dict:
     spec, result = record["spec"], record.get("result") or {}
@@ -466,14 +325,19 @@ def build_tables(records: list[dict], problems=()) -> dict[str, pd.DataFrame]:
     }
 
 
+# Every file write_tables makes, by name: the workflow declares each as an output.
+TABLES = ("runs", "summary", "overhead", "fabrics", "modes", "input", "memory", "table1", "netbench", "failures")
+TABLE_FILES = {**{name: f"{name}.csv" for name in TABLES}, "table1_md": "table1.md", "summary_md": "summary.md"}
+
+
 def write_tables(record_paths, out_dir: str | Path) -> dict[str, pd.DataFrame]:
-    """Every table as results/<name>.csv, plus table1.md and summary.md."""
+    """Every table as OUT_DIR/<name>.csv, plus table1.md and summary.md (TABLE_FILES)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     records, problems = load_records(record_paths)
     tables = build_tables(records, problems)
-    for name, table in tables.items():
-        table.to_csv(out_dir / f"{name}.csv", index=False, float_format="%.6g")
-    (out_dir / "table1.md").write_text(_markdown(tables["table1"]) + "\n")
-    (out_dir / "summary.md").write_text(markdown_summary(tables))
+    for name in TABLES:
+        tables[name].to_csv(out_dir / TABLE_FILES[name], index=False, float_format="%.6g")
+    (out_dir / TABLE_FILES["table1_md"]).write_text(_markdown(tables["table1"]) + "\n")
+    (out_dir / TABLE_FILES["summary_md"]).write_text(markdown_summary(tables))
     return tables

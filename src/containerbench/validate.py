@@ -19,10 +19,9 @@ import jsonschema
 import pandas as pd
 import yaml
 
-from containerbench.config import describe
-from containerbench.results import SERIES, load_records, netbench_table, runs_table, summary_table
-
-SCHEMA_PATH = Path(__file__).resolve().parents[2] / "workflow" / "schemas" / "references.schema.yaml"
+from containerbench.config import describe, load_schema
+from containerbench.records import load_records
+from containerbench.results import SERIES, netbench_table, runs_table, summary_table
 
 # Metric (a variable's last part, without "@bytes") -> unit: the one place units
 # are defined; variables take theirs from here and references are checked against it.
@@ -147,8 +146,7 @@ def load_references(path: str | Path, system: str) -> dict[str, Reference]:
         raise ReferencesError(f"{path}: cannot read: {error.strerror}") from None
     except yaml.YAMLError as error:
         raise ReferencesError(f"{path}: not valid YAML: {_yaml_problem(error)}") from None
-    with open(SCHEMA_PATH) as handle:
-        validator = jsonschema.Draft202012Validator(yaml.safe_load(handle))
+    validator = jsonschema.Draft202012Validator(load_schema("references"))
     error = jsonschema.exceptions.best_match(validator.iter_errors(document))
     if error is not None:
         raise ReferencesError(f"{path}: {describe(error)}")

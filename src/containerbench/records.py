@@ -1,0 +1,203 @@
+"""Raw log -> run record: the first step of the one-way flow (log -> record -> table -> report).
+
+`parse_log` reads only the raw log launch.execute wrote and turns it into a run
+record (JSON): the spec, the benchmark's result line, the exit status, which
+network each layer really used, and the verdict (ok, failed or invalid, with
+its reasons and the evidence line). Each step below is one question asked of
+the log; the verdict is the sum of their answers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from containerbench import markers
+from containerbench.fabrics import check_grpc, verify
+
+RECORD_FORMAT = "containerbench.record/1"
+# Ranks that averaged their gradients hold the same weights to rounding; ranks
+# that did not drift apart by orders of magnitude more than this.
+WEIGHT_SPREAD_TOLERANCE = 1e-6
+# What the parser checks against the plan: a run that ran something else is invalid.
+PLANNED_KEYS = ("model", "image_size", "precision", "batch_size", "warmup_steps", "steps", "mode", "data")
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class LogLines:
+    """The marker lines of one raw log (the first launch line, the last result and exit lines)."""
+
+    lines: list[str]
+    launch: dict | None = None
+    exit: dict | None = None
+    result: dict | None = None
+    result_line: int | None = None  # 1-based; set even when the JSON on it is unreadable
+    failure: str | None = None  # the benchmark's own reason for not running
+
+    @classmethod
+    def read(cls, lines: list[str]) -> "LogLines":
+        found = cls(lines)
+        for number, line in enumerate(lines, start=1):
+            if line.startswith(markers.LAUNCH) and found.launch is None:
+                found.launch = markers.payload(line, markers.LAUNCH)
+            elif line.startswith(markers.RESULT):
+                found.result, found.result_line = markers.payload(line, markers.RESULT), number
+            elif line.startswith(markers.EXIT):
+                found.exit = markers.payload(line, markers.EXIT)
+            elif line.startswith(markers.FAILURE) and found.failure is None:
+                found.failure = line[len(markers.FAILURE):].strip()
+        return found
+
+
+@dataclass
+class Verdict:
+    status: str = "ok"  # ok | failed | invalid
+    reasons: list[str] = field(default_factory=list)
+
+    def fail(self, reason: str) -> None:
+        self.status = "failed"
+        self.reasons.append(reason)
+
+    def invalidate(self, *reasons: str) -> None:
+        """Only an ok run becomes invalid: a failed one stays failed, with its first reasons."""
+        if self.status == "ok" and reasons:
+            self.status = "invalid"
+            self.reasons.extend(reasons)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+def evidence_line(lines: list[str]) -> str | None:
+    """The line most likely to explain a failure: the last error-looking one."""
+    candidates = [l.strip() for l in lines if l.strip() and not l.startswith("containerbench-")]
+    for line in reversed(candidates):
+        if any(word in line for word in ("Error", "error:", "ERROR", "Killed", "Abort", "abort")):
+            return line[:500]
+    return candidates[-1][:500] if candidates else None
+
+
+def judge_exit(found: LogLines, verdict: Verdict) -> None:
+    """Did the run start, end, and leave a result?"""
+    if found.launch is None:
+        verdict.fail("log has no readable launch line: not written by containerbench launch, or corrupt")
+    if found.exit is None:
+        verdict.fail("log ends without an exit line: the run was killed or is still running")
+    elif found.exit.get("timed_out"):
+        verdict.fail(f"timed out after {(found.launch or {}).get('timeout_s')} s")
+    elif found.exit.get("returncode") != 0:
+        verdict.fail(f"exit code {found.exit.get('returncode')}")
+    if found.failure:
+        verdict.reasons.append(found.failure)
+    if found.result is None:
+        verdict.fail("no result line" if found.result_line is None else "result line is not valid JSON")
+
+
+def judge_against_plan(spec: dict, result: dict, verdict: Verdict) -> None:
+    """Did it run what was planned: the rank count, and for training every planned setting?"""
+    if result.get("ranks") != spec.get("ranks"):
+        verdict.invalidate(f"ran on {result.get('ranks')} rank(s), the plan asked for {spec.get('ranks')}")
+    elif result.get("kind") == "train":
+        verdict.invalidate(*(f"ran {key}={result.get(key)!r}, the plan asked for {spec[key]!r}"
+                             for key in PLANNED_KEYS if key in spec and result.get(key) != spec[key]))
+
+
+def judge_weights(result: dict, verdict: Verdict) -> None:
+    """Ranks that averaged their gradients end with the same weights."""
+    if result.get("kind") != "train":
+        return
+    spread = result.get("weights_max_relative_spread", 0.0)
+    if not result.get("weights_identical") and spread > WEIGHT_SPREAD_TOLERANCE:
+        verdict.invalidate(f"ranks ended with different weights (relative spread {spread:.2e}): "
+                           "gradients were not averaged, this was not data-parallel training")
+
+
+def check_fabric(found: LogLines, spec: dict) -> dict:
+    """Which network each layer really used, from its own log lines, against what the fabric asked for."""
+    launch, result = found.launch or {}, found.result or {}
+    fabric = launch.get("fabric") or {"env": launch.get("env") or {}}
+    check = verify(found.lines, fabric, layers=("nccl",) if result.get("gpus") else ("mpi",)).as_dict()
+    distribution = result.get("distribution") or {}
+    if "grpc_host" in distribution:  # TensorFlow's own modes: the gradients travel over gRPC
+        check = check_grpc(check, distribution.get("grpc_interface"), distribution["grpc_host"],
+                           f"result line {found.result_line}: distribution.grpc_host {distribution['grpc_host']} "
+                           f"from {distribution.get('grpc_host_from')}")
+    if spec.get("ranks") == 1:  # one rank never touches the network
+        return {"status": "not applicable", "reason": "one rank: no traffic between ranks",
+                "evidence": [], "expected": check["expected"], "observed": {}}
+    return check
+
+
+def startup_seconds(launch: dict, result: dict | None) -> float | None:
+    """From the launch to the earliest rank's first line of Python: what a runtime adds to start-up."""
+    per_rank = (result or {}).get("per_rank") or []
+    started = launch.get("started_unix")
+    return min(r["entry_unix_time"] for r in per_rank) - started if per_rank and started else None
+
+
+def parse_log(log_path: str | Path) -> dict:
+    log_path = Path(log_path)
+    raw = log_path.read_bytes()
+    found = LogLines.read(raw.decode("utf-8", errors="replace").splitlines())
+    verdict = Verdict()
+    judge_exit(found, verdict)
+    launch = found.launch or {}
+    spec = launch.get("spec", {})
+    if verdict.ok:
+        judge_against_plan(spec, found.result, verdict)
+        judge_weights(found.result, verdict)
+    fabric_check = check_fabric(found, spec)
+    if fabric_check["status"] == "mismatch":
+        verdict.invalidate(f"fabric: {fabric_check['reason']}")
+    evidence = None
+    if verdict.status == "failed":
+        evidence = evidence_line(found.lines)
+    elif verdict.status == "invalid" and fabric_check["status"] == "mismatch":
+        evidence = (fabric_check["evidence"] or [None])[0]
+    return {
+        "record": RECORD_FORMAT,
+        "run_id": launch.get("run_id", log_path.stem),
+        "kind": spec.get("kind", (found.result or {}).get("kind")),
+        "status": verdict.status,
+        "reasons": verdict.reasons,
+        "evidence": evidence,
+        "spec": spec,
+        "argv": launch.get("argv"),
+        "env": launch.get("env"),
+        "host": launch.get("host"),
+        "returncode": (found.exit or {}).get("returncode"),
+        "wall_s": (found.exit or {}).get("wall_s"),
+        "startup_s": startup_seconds(launch, found.result),
+        "result": found.result,
+        "image": launch.get("image"),
+        "fabric_check": fabric_check,
+        "log": {"path": str(log_path), "sha256": hashlib.sha256(raw).hexdigest(), "result_line": found.result_line},
+    }
+
+
+def write_record(log_path: str | Path, out: str | Path) -> dict:
+    record = parse_log(log_path)
+    Path(out).write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+    return record
+
+
+def load_records(paths) -> tuple[list[dict], list[tuple[str, str]]]:
+    """Read run records; a corrupt one is reported with its path and skipped."""
+    records, problems = [], []
+    for path in sorted(map(str, paths)):
+        try:
+            with open(path) as handle:
+                record = json.load(handle)
+            if record.get("record") != RECORD_FORMAT:
+                raise ValueError(f"not a {RECORD_FORMAT} record")
+            records.append(record)
+        except (OSError, ValueError) as error:
+            log.warning("skipping %s: %s", path, error)
+            problems.append((path, str(error)))
+    return records, problems
