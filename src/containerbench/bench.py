@@ -10,15 +10,14 @@ synthetic tensors or ImageNet TFRecords (datasets.py).
     python -m containerbench.bench --batch-size 8 --image-size 64 --steps 10
     mpirun -np 2 python -m containerbench.bench --mode collective --data-dir DIR ...
 
-Rank 0 prints one human line per measured step and, at the end, one line
-`containerbench-result {json}` that the workflow parses into the run record.
+Rank 0 prints one human line per measured step and, at the end, one result
+marker line (markers.RESULT + JSON) that the workflow parses into the run record.
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import os
 import platform
 import resource
@@ -26,14 +25,13 @@ import socket
 import sys
 import time
 
+from containerbench import markers
 from containerbench.distribution import MODES  # no TensorFlow import: parsing stays instant
 
 ENTRY_UNIX_TIME = time.time()  # before TensorFlow's import: start-up cost counts
 
 MODELS = ("resnet50", "resnet101", "resnet152", "inception_v3", "vgg16")
 PRECISIONS = ("fp32", "mixed_float16", "mixed_bfloat16")
-RESULT_PREFIX = "containerbench-result "
-FAILURE_PREFIX = "containerbench-failure "
 
 
 def parse_args(argv=None):
@@ -204,18 +202,9 @@ def measure(train_step, source, args, rank: int, images_per_step: int) -> tuple[
     return warmup_times, step_times, (loop_s - sum(step_times)) / sum(step_times)
 
 
-def run(args) -> dict | None:
-    import numpy as np
-    import tensorflow as tf
-
-    from containerbench.distribution import mode_for
-
-    mpi_version = mpi_library()
-    # Before any mode starts: TF's own modes start servers that fix the thread pools.
-    gpu_names = configure_devices(tf, local_rank_hint(), args.threads)
-    mode = mode_for(args)
-    rank, size = mode.rank, mode.size
-    mine = {"rank": rank, "local_rank": mode.local_rank, "hostname": socket.gethostname(),
+def train(tf, np, mode, args, gpu_names: list[str]) -> dict:
+    """This rank's part: build, warm up, time the measured steps, probe, checksum the weights."""
+    mine = {"rank": mode.rank, "local_rank": mode.local_rank, "hostname": socket.gethostname(),
             "entry_unix_time": ENTRY_UNIX_TIME, "cpus": len(os.sched_getaffinity(0))}
     if mode.coordinator:
         with mode.scope():
@@ -225,15 +214,16 @@ def run(args) -> dict | None:
         train_step = mode.make_step(tf, model, optimizer, next_batch, args)
         mode.start(model, optimizer)
         # A parameter-server step is one batch on every worker; the other modes time one rank's batch.
-        per_step = args.batch_size * (1 if mode.measures_all_ranks else size)
+        per_step = args.batch_size * (1 if mode.measures_all_ranks else mode.size)
         mine["setup_s"] = time.time() - ENTRY_UNIX_TIME
-        if rank == 0:
+        if mode.rank == 0:
             print(f"containerbench: {args.model} {args.image_size}px batch {args.batch_size}/rank, "
-                  f"{size} rank(s), mode {args.mode}, {'data ' + args.data_dir if args.data_dir else 'synthetic data'}, "
+                  f"{mode.size} rank(s), mode {args.mode}, "
+                  f"{'data ' + args.data_dir if args.data_dir else 'synthetic data'}, "
                   f"{args.precision}{', XLA' if args.xla else ''}, "
                   f"{args.warmup_steps} warmup + {args.steps} measured steps", flush=True)
         mine["warmup_step_s"], mine["step_s"], mine["harness_overhead_fraction"] = measure(
-            train_step, source, args, rank, per_step)
+            train_step, source, args, mode.rank, per_step)
         mine["images_per_sec"] = per_step * args.steps / sum(mine["step_s"])
         mine["probe_images_per_sec"] = mine["peak_gpu_memory_bytes"] = None
         # The probe times this rank's own compute; a coordinator that only schedules has none.
@@ -245,14 +235,15 @@ def run(args) -> dict | None:
             mine["peak_gpu_memory_bytes"] = tf.config.experimental.get_memory_info("GPU:0")["peak"]
     mode.finish()
     mine["peak_host_memory_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    ranks = mode.allgather(mine)
-    if rank != 0:
-        return None
+    return mine
 
+
+def run_result(args, mode, ranks: list[dict], gpu_names: list[str], versions: dict) -> dict:
+    """The run's result, from every rank's part: total = sum of the ranks' rates, weights compared."""
     measured = [r for r in ranks if "step_s" in r]
     sums = [r["weights"]["sum"] for r in measured]
     scale = max(max(r["weights"]["abs_sum"] for r in measured), 1e-30)
-    result = {
+    return {
         "kind": "train",
         "model": args.model,
         "batch_size": args.batch_size,
@@ -266,7 +257,7 @@ def run(args) -> dict | None:
         "data_dir": args.data_dir,
         "mode": args.mode,
         "distribution": mode.describe(bool(gpu_names)),
-        "ranks": size,
+        "ranks": mode.size,
         "nodes": len({r["hostname"] for r in ranks}),
         "hostnames": [r["hostname"] for r in ranks],
         "launcher": detect_launcher(),
@@ -278,12 +269,30 @@ def run(args) -> dict | None:
         "weights_identical": len({r["weights"]["sha256"] for r in measured}) == 1,
         "weights_max_relative_spread": (max(sums) - min(sums)) / scale,
         "gpus": gpu_names,
-        "versions": {"python": platform.python_version(), "tensorflow": tf.__version__,
-                     "horovod": _version("horovod"), "mpi": mpi_version},
+        "versions": versions,
     }
-    spread = max(r["images_per_sec"] for r in measured) - min(r["images_per_sec"] for r in measured)
-    print(f"containerbench: total {result['images_per_sec']:.2f} img/s over {size} rank(s) "
-          f"(per rank {result['images_per_sec'] / size:.2f}, spread {spread:.2f}), "
+
+
+def run(args) -> dict | None:
+    """Train on every rank; rank 0 returns the run's result (the others None)."""
+    import numpy as np
+    import tensorflow as tf
+
+    from containerbench.distribution import mode_for
+
+    mpi_version = mpi_library()
+    # Before any mode starts: TF's own modes start servers that fix the thread pools.
+    gpu_names = configure_devices(tf, local_rank_hint(), args.threads)
+    mode = mode_for(args)
+    ranks = mode.allgather(train(tf, np, mode, args, gpu_names))
+    if mode.rank != 0:
+        return None
+    versions = {"python": platform.python_version(), "tensorflow": tf.__version__, "horovod": _version("horovod"),
+                "mpi": mpi_version}
+    result = run_result(args, mode, ranks, gpu_names, versions)
+    rates = [r["images_per_sec"] for r in result["per_rank"]]
+    print(f"containerbench: total {result['images_per_sec']:.2f} img/s over {mode.size} rank(s) "
+          f"(per rank {result['images_per_sec'] / mode.size:.2f}, spread {max(rates) - min(rates):.2f}), "
           f"backend {result['distribution']['backend']}; "
           f"weights identical on all ranks: {result['weights_identical']}", flush=True)
     return result
@@ -305,11 +314,11 @@ def main(argv=None) -> int:
         result = run(args)
     except ModeUnsupported as error:
         # A mode this TensorFlow cannot do is a failed run with its reason, not a traceback to dig in.
-        print(FAILURE_PREFIX + str(error), flush=True)
+        print(markers.FAILURE + str(error), flush=True)
         return 3
     if result is not None:
         result["provenance"] = provenance()
-        print(RESULT_PREFIX + json.dumps(result, sort_keys=True), flush=True)
+        print(markers.line(markers.RESULT, result), end="", flush=True)
     return 0
 
 

@@ -6,16 +6,18 @@
   every rank is a worker, and the parameter servers run inside worker
   processes spread over the nodes (co-located, which the CSCS study found faster).
 
-Each mode gives the harness (bench.py) the same things: rank and size, a scope
-to build the model in, who reads the input (every rank its own share, or each
-worker for a coordinator), a compiled training step, a way to gather per-rank
-results, and a description of its backend for the record. Ranks come from the
+Each mode gives the harness (bench.py) the same things, written down as the
+abstract class `Mode`: rank and size, a scope to build the model in, who reads
+the input (every rank its own share, or each worker for a coordinator), a
+compiled training step, a way to gather per-rank results, and a description of
+its backend for the record. Ranks come from the
 launcher (mpirun, srun) through MPI; TensorFlow's own modes get their cluster
 description from an exchange over MPI, never from a hand-written host list.
 """
 
 from __future__ import annotations
 
+import abc
 import atexit
 import contextlib
 import fcntl
@@ -110,11 +112,46 @@ class MpiRanks:
             time.sleep(poll_s)
 
 
-class _EveryRankTrains:
-    """Input for modes where every rank runs the step loop on its own batches."""
+class Mode(abc.ABC):
+    """How ranks cooperate in training: what every mode gives the harness."""
 
+    name: str
     rank: int
     size: int
+    local_rank: int
+    coordinator: bool  # this rank runs the step loop (in the parameter-server mode, rank 0 alone)
+    measures_all_ranks: bool  # a measured step is one batch of this rank; else one batch on every worker
+
+    @abc.abstractmethod
+    def scope(self):
+        """The context to build the model and optimizer in."""
+
+    @abc.abstractmethod
+    def input_source(self, tf, real_data, random_batch):
+        """(next_batch, step arguments). real_data(shard, shards) makes a tf.data pipeline, or is None
+        for synthetic data; random_batch(seed) makes one random batch."""
+
+    @abc.abstractmethod
+    def make_step(self, tf, model, optimizer, next_batch, args):
+        """The compiled training step: takes the step arguments, returns the loss once the update is done."""
+
+    def start(self, model, optimizer) -> None:
+        """After the model is built, before the first step (e.g. broadcast the initial weights)."""
+
+    def finish(self) -> None:
+        """After the last step, before the results are gathered."""
+
+    @abc.abstractmethod
+    def allgather(self, obj) -> list:
+        """`obj` from every rank, in rank order, on every rank."""
+
+    @abc.abstractmethod
+    def describe(self, gpus: bool) -> dict:
+        """The backend and its settings, for the record."""
+
+
+class _EveryRankTrains(Mode):
+    """Input for modes where every rank runs the step loop on its own batches."""
 
     def input_source(self, tf, real_data, random_batch):
         if real_data:
@@ -161,9 +198,6 @@ class Horovod(_EveryRankTrains):
 
     def allgather(self, obj):
         return self.hvd.allgather_object(obj)
-
-    def finish(self):
-        pass
 
     def describe(self, gpus: bool) -> dict:
         hvd = self.hvd
@@ -232,18 +266,14 @@ class Collective(_TensorFlowCluster, _EveryRankTrains):
 
         return train_step
 
-    def start(self, model, optimizer):
-        pass  # variables are created identical on every worker (MWMS broadcasts initial values)
-
-    def finish(self):
-        pass
+    # No start: variables are created identical on every worker (MWMS broadcasts initial values).
 
     def describe(self, gpus: bool) -> dict:
         return {"backend": self.implementation, "cluster": self.cluster, "grpc_host": self.host,
                 "grpc_interface": self.interface, "grpc_host_from": self.host_choice}
 
 
-class ParameterServer(_TensorFlowCluster):
+class ParameterServer(_TensorFlowCluster, Mode):
     """Rank 0 coordinates (chief); each rank is a worker; `ps` servers live in worker processes.
 
     A measured step is one batch on every worker: the coordinator schedules one
@@ -328,8 +358,7 @@ class ParameterServer(_TensorFlowCluster):
 
         return train_step
 
-    def start(self, model, optimizer):
-        pass  # one copy of the variables, on the parameter servers
+    # No start: one copy of the variables, on the parameter servers.
 
     def finish(self):
         self.ranks.wait_all()  # workers serve until the coordinator is done
@@ -339,5 +368,5 @@ class ParameterServer(_TensorFlowCluster):
                 "grpc_host": self.host, "grpc_interface": self.interface, "grpc_host_from": self.host_choice}
 
 
-def mode_for(args):
+def mode_for(args) -> Mode:
     return {"horovod": Horovod, "collective": Collective, "parameter_server": ParameterServer}[args.mode](args)
