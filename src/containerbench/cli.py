@@ -1,5 +1,8 @@
 """`containerbench` command line: what the workflow's rules call, and what a
-person runs to inspect a plan or re-parse a log by hand."""
+person runs to inspect a plan or re-parse a log by hand.
+
+Each command imports what it needs when it runs: `plan` and `launch` start
+without loading pandas or matplotlib."""
 
 from __future__ import annotations
 
@@ -12,31 +15,16 @@ from pathlib import Path
 from containerbench import config as cb_config
 
 
-def load_config(paths: list[str]) -> dict:
-    """Merge YAML files in order, check them, fill the schema's defaults."""
-    import yaml
-    from snakemake.utils import update_config, validate
-
-    merged: dict = {}
-    for path in paths:
-        with open(path) as handle:
-            update_config(merged, yaml.safe_load(handle) or {})
-    cb_config.check(merged)
-    validate(merged, str(cb_config.SCHEMA_PATH))
-    return merged
-
-
 def cmd_plan(args) -> int:
-    from containerbench.launch import plan
+    from containerbench.launch import prepare
 
-    config = load_config(args.config)
-    cb_config.resolve_images(config)  # what each runtime would run; nothing is probed here
-    runs = cb_config.plan_runs(config)
-    cb_config.check_runs(config, runs)
-    for spec in runs:
+    config = cb_config.load(args.config)
+    # What each runtime would run, from this clone; nothing is probed here.
+    sweep = prepare(config, Path.cwd(), probe=False)
+    for spec in sweep.runs:
         if args.run_id and spec.run_id != args.run_id:
             continue
-        run_plan = plan(spec, config)
+        run_plan = sweep.plans[spec.run_id]
         if args.json:
             print(json.dumps(run_plan, sort_keys=True))
         else:
@@ -57,10 +45,9 @@ def cmd_launch(args) -> int:
 
 
 def cmd_parse(args) -> int:
-    from containerbench.results import parse_log
+    from containerbench.records import write_record
 
-    record = parse_log(args.log)
-    Path(args.out).write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+    record = write_record(args.log, args.out)
     if record["status"] != "ok":
         print(f"containerbench: {record['run_id']} {record['status']}: {'; '.join(record['reasons'])}", file=sys.stderr)
     return 0
@@ -76,13 +63,13 @@ def cmd_tables(args) -> int:
 def cmd_report(args) -> int:
     from containerbench.report import render
 
-    render(args.tables_dir, args.records, args.out, skipped=json.loads(args.skipped))
+    render(args.tables, args.records, args.out, skipped=json.loads(args.skipped))
     return 0
 
 
 def _system_of(record_paths, given: str | None) -> str:
     """The system named on the command line, else the one every record names."""
-    from containerbench.results import load_records
+    from containerbench.records import load_records
 
     if given:
         return given
@@ -109,7 +96,7 @@ def cmd_validate(args) -> int:
 
 
 def cmd_baseline(args) -> int:
-    from containerbench.results import load_records
+    from containerbench.records import load_records
     from containerbench.validate import performance_variables, write_baseline
 
     records, _ = load_records(args.records)
@@ -150,7 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("report", help="render the HTML report from the tables")
     p.add_argument("records", nargs="*")
-    p.add_argument("--tables-dir", required=True)
+    p.add_argument("--tables", nargs="+", required=True, help="the CSV tables `containerbench tables` wrote")
     p.add_argument("--out", required=True)
     p.add_argument("--skipped", default="{}", help="JSON {runtime: why it was not run here}")
     p.set_defaults(func=cmd_report)

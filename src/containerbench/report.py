@@ -1,7 +1,8 @@
 """The HTML report: one self-contained file (plots inlined), built from the tables.
 
-It reads the CSV tables and run records that results.py wrote and nothing
-upstream of them, so every figure in it traces to a record and its raw log.
+It reads the CSV tables (results.py) and the run records (records.py) it is
+given, and nothing upstream of them, so every figure in it traces to a record
+and its raw log.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 from jinja2 import Environment, PackageLoader, select_autoescape  # noqa: E402
 
-from containerbench.results import load_records  # noqa: E402
+from containerbench.records import load_records  # noqa: E402
+from containerbench.results import TABLES  # noqa: E402
 
 SUMMARY_COLUMNS = {
     "runtime": "runtime", "fabric": "fabric", "mode": "mode", "data": "data", "nodes": "nodes", "ranks": "ranks", "batch_size": "batch/rank",
@@ -201,19 +203,23 @@ MEMORY_COLUMNS = {"runtime": "runtime", "model": "model", "image_size": "image p
                   "peak_gpu_memory_gib": "peak GPU GiB/rank", "runs": "runs"}
 
 
-def _read(tables_dir: Path, name: str) -> pd.DataFrame:
-    path = tables_dir / f"{name}.csv"
-    try:
-        return pd.read_csv(path)
-    except pd.errors.EmptyDataError:  # a table with no columns at all
-        return pd.DataFrame()
+def read_tables(table_files) -> dict[str, pd.DataFrame]:
+    """Each CSV table by its name (the file's stem); ValueError names a table that is missing."""
+    paths = {Path(path).stem: Path(path) for path in table_files if str(path).endswith(".csv")}
+    missing = [name for name in TABLES if name not in paths]
+    if missing:
+        raise ValueError(f"report: tables missing: {', '.join(missing)} (containerbench tables writes them)")
+    tables = {}
+    for name in TABLES:
+        try:
+            tables[name] = pd.read_csv(paths[name])
+        except pd.errors.EmptyDataError:  # a table with no columns at all
+            tables[name] = pd.DataFrame()
+    return tables
 
 
-def render(tables_dir: str | Path, record_paths, out_path: str | Path, skipped: dict | None = None) -> None:
-    tables_dir = Path(tables_dir)
-    tables = {name: _read(tables_dir, name) for name in
-              ("runs", "summary", "overhead", "fabrics", "modes", "input", "memory", "table1", "netbench",
-               "failures")}
+def render(table_files, record_paths, out_path: str | Path, skipped: dict | None = None) -> None:
+    tables = read_tables(table_files)
     records, _ = load_records(record_paths)
     environment = Environment(loader=PackageLoader("containerbench"), autoescape=select_autoescape())
     page = environment.get_template("report.html.j2").render(
