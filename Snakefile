@@ -4,6 +4,15 @@
 #   snakemake --profile profiles/slurm --configfile config/site.yaml
 #
 # The rules are thin: the package src/containerbench does the work.
+#
+# `snakemake --lint` asks each rule for a `conda:` or `container:` directive. None has
+# one, on purpose: what runs the benchmark is the variable being measured. Bare-metal
+# ranks run in the venv built from envs/bench.lock.txt and container ranks in the image
+# built from containers/Dockerfile with the same lock (every record's provenance hash
+# proves it). Snakemake's `container:` would put the bare-metal runs in a container too,
+# and a conda environment would resolve other versions. The other rules run in the
+# workflow venv (envs/workflow.lock.txt). That is the one lint left, and the only one
+# tests/test_workflow.py allows.
 
 from snakemake.utils import min_version
 

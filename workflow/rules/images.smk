@@ -1,6 +1,7 @@
 # The one image, from containers/Dockerfile, and what each runtime runs made from it.
-# Only the artifacts some selected runtime needs are built (IMAGE_ARTIFACTS).
-# Every command is an argv list from containerbench.images, never a glued shell string.
+# Only the artifacts some selected runtime needs are built (SWEEP.image_files). Each
+# step is `python -m containerbench.images <step>`, which builds every command as an
+# argv list and stops at images.step_timeout_s; the rules only name files.
 from containerbench import images as cb_images
 
 BUILD = config["images"]["build"]
@@ -8,27 +9,32 @@ ENGINE = BUILD["engine"]
 TAG = BUILD["tag"]
 # The image belongs to the repository (its build context, its build/ cache), not to
 # the working directory of a run: every path here is anchored at the repository.
-REPO = Path(workflow.basedir)
-IMAGES_DIR = REPO / cb_config.BUILD_DIR
-WHEELHOUSE = REPO / cb_images.WHEELHOUSE
-BENCH_PYTHON = Path(config["bare_metal"]["python"])
-if not BENCH_PYTHON.is_absolute() and (REPO / BENCH_PYTHON).exists():
-    BENCH_PYTHON = REPO / BENCH_PYTHON
+IMAGES_DIR = REPO / cb_images.IMAGES
+IMAGE_LOGS = REPO / "build" / "logs" / "images"
 PACKAGE_SOURCES = sorted(str(p) for p in (REPO / "src" / "containerbench").rglob("*.py"))
-FILES = cb_config.image_files(TAG, str(IMAGES_DIR))
-cb_images.STEP_TIMEOUT_S = config["images"]["step_timeout_s"]
+FILES = cb_images.image_files(TAG, IMAGES_DIR)
+# The image step's command line, shell-quoted word by word; each rule adds its step and files.
+IMAGES = shlex.join([PYTHON, "-m", "containerbench.images", "--engine", ENGINE, "--tag", TAG,
+                     "--bench-python", str(BENCH_PYTHON), "--repo", str(REPO)])
+# Image steps take the whole machine, and each has a time limit. The limit is a resource, not a
+# param: raising it must not rebuild an image that was built in time.
+IMAGE_STEP = {**WHOLE_MACHINE, "step_timeout_s": config["images"]["step_timeout_s"]}
 
 
 rule image_base:
     """A minimal Debian with Python and Open MPI, made here: no registry is needed."""
     output:
         IMAGES_DIR / f"base.{ENGINE}.done",
+    log:
+        IMAGE_LOGS / "base.txt",
+    params:
+        images=IMAGES,
     localrule: True
     resources:
-        exclusive_machine=1,  # never beside a benchmark: it would be measured too
-    run:
-        cb_images.make_base(ENGINE, rootfs=REPO / "build" / "base" / "rootfs")
-        Path(output[0]).write_text(cb_images.BASE_IMAGE + "\n")
+        **IMAGE_STEP,
+    shell:
+        "{params.images} --step-timeout {resources.step_timeout_s} "
+        "base --marker {output:q} > {log:q} 2>&1"
 
 
 rule image_wheelhouse:
@@ -38,17 +44,21 @@ rule image_wheelhouse:
         REPO / "envs" / "bench.txt",
     output:
         IMAGES_DIR / "wheelhouse.done",
+    log:
+        IMAGE_LOGS / "wheelhouse.txt",
+    params:
+        images=IMAGES,
     localrule: True
     resources:
-        exclusive_machine=1,  # never beside a benchmark: it would be measured too
-    run:
-        names = cb_images.make_wheelhouse(BENCH_PYTHON, WHEELHOUSE, REPO)
-        Path(output[0]).write_text("\n".join(names) + "\n")
+        **IMAGE_STEP,
+    shell:
+        "{params.images} --step-timeout {resources.step_timeout_s} "
+        "wheelhouse --marker {output:q} > {log:q} 2>&1"
 
 
 rule image_build:
     """Build with the configured engine; the stamp records the image id and the provenance
-    hash measured inside the image next to the bare-metal one."""
+    hash measured inside the image next to the bare-metal one (refused when they differ)."""
     input:
         base=[] if BUILD["base_image"] else rules.image_base.output,
         wheelhouse=rules.image_wheelhouse.output,
@@ -57,17 +67,18 @@ rule image_build:
         sources=PACKAGE_SOURCES,
     output:
         FILES[ENGINE],
+    log:
+        IMAGE_LOGS / f"build.{ENGINE}.txt",
+    params:
+        images=IMAGES,
+        base=BUILD["base_image"] or cb_images.BASE_IMAGE,
+        apt=BUILD["apt_packages"],
     localrule: True
     resources:
-        exclusive_machine=1,  # never beside a benchmark: it would be measured too
-    run:
-        # apt packages at build time need the network; the default base needs nothing from outside.
-        build_args = {"APT_PACKAGES": BUILD["apt_packages"]} if BUILD["apt_packages"] else {}
-        spec = cb_images.ImageSpec(ENGINE, TAG, BUILD["base_image"] or cb_images.BASE_IMAGE, build_args,
-                                   dockerfile=Path(input.definition), context=REPO,
-                                   network="host" if BUILD["apt_packages"] else "none")
-        # Refused inside when the provenance measured in the image is not bare metal's.
-        cb_images.build_image(spec, BENCH_PYTHON, Path(output[0]))
+        **IMAGE_STEP,
+    shell:
+        "{params.images} --step-timeout {resources.step_timeout_s} "
+        "build --base-image {params.base:q} --apt-packages {params.apt:q} --stamp {output:q} > {log:q} 2>&1"
 
 
 rule image_archive:
@@ -75,11 +86,16 @@ rule image_archive:
         rules.image_build.output,
     output:
         FILES["archive"],
+    log:
+        IMAGE_LOGS / "archive.txt",
+    params:
+        images=IMAGES,
     localrule: True
     resources:
-        exclusive_machine=1,  # never beside a benchmark: it would be measured too
-    run:
-        cb_images.export_image(ENGINE, TAG, Path(output[0]))
+        **IMAGE_STEP,
+    shell:
+        "{params.images} --step-timeout {resources.step_timeout_s} "
+        "export --archive {output:q} > {log:q} 2>&1"
 
 
 for other in set(cb_images.ENGINES) - {ENGINE}:
@@ -91,13 +107,17 @@ for other in set(cb_images.ENGINES) - {ENGINE}:
             rules.image_archive.output,
         output:
             FILES[other],
+        log:
+            IMAGE_LOGS / f"into.{other}.txt",
+        params:
+            images=IMAGES,
+            engine=other,
         localrule: True
         resources:
-            exclusive_machine=1,  # never beside a benchmark: it would be measured too
-        run:
-            cb_images.run_step(f"load into {other}", cb_images.load_argv(other, Path(input[0])),
-                               env=cb_images.engine_env(other))
-            Path(output[0]).write_text(json.dumps(cb_images.build_stamp(other, TAG), indent=2) + "\n")
+            **IMAGE_STEP,
+        shell:
+            "{params.images} --step-timeout {resources.step_timeout_s} "
+            "load --into {params.engine} --archive {input:q} --stamp {output:q} > {log:q} 2>&1"
 
 
 rule image_charliecloud:
@@ -105,28 +125,36 @@ rule image_charliecloud:
         rules.image_build.output,
     output:
         directory(FILES["charliecloud"]),
+    log:
+        IMAGE_LOGS / "charliecloud.txt",
+    params:
+        images=IMAGES,
     localrule: True
     resources:
-        exclusive_machine=1,  # never beside a benchmark: it would be measured too
-    run:
-        cb_images.charliecloud_image(ENGINE, TAG, Path(output[0]), force=True)
+        **IMAGE_STEP,
+    shell:
+        "{params.images} --step-timeout {resources.step_timeout_s} "
+        "charliecloud --out {output:q} --force > {log:q} 2>&1"
 
 
 rule singularity_definition:
-    """containers/Dockerfile as a Singularity definition (spython, corrected)."""
+    """containers/Dockerfile as a Singularity definition (spython, corrected), from the same base:
+    a site without Docker builds the same image with Apptainer (the .sif below is made from the
+    built image's archive instead)."""
     input:
         REPO / "containers" / "Dockerfile",
     output:
         FILES["definition"],
+    log:
+        IMAGE_LOGS / "singularity-definition.txt",
+    params:
+        repo=REPO,
+        python=PYTHON,
+        base=BUILD["base_image"] or cb_images.BASE_IMAGE,
     localrule: True
-    resources:
-        exclusive_machine=1,  # never beside a benchmark: it would be measured too
-    run:
-        # From the base, like the Dockerfile: a site without Docker builds the same image with Apptainer.
-        # (The .sif below is made from the built image's archive instead.)
-        base = BUILD["base_image"] or cb_images.BASE_IMAGE
-        cb_images.write_singularity_definition(Path(output[0]), dockerfile=Path(input[0]),
-                                               build_args={"BASE_IMAGE": base})
+    shell:
+        "{params.python:q} -m containerbench.singularity --dockerfile {input:q} --context {params.repo:q} "
+        "--build-arg BASE_IMAGE={params.base:q} --out {output:q} > {log:q} 2>&1"
 
 
 rule image_apptainer:
@@ -135,12 +163,17 @@ rule image_apptainer:
         definition=rules.singularity_definition.output,
     output:
         FILES["apptainer"],
+    log:
+        IMAGE_LOGS / "apptainer.txt",
+    params:
+        images=IMAGES,
+        program="singularity" if "singularity" in config["runtimes"] else "apptainer",
     localrule: True
     resources:
-        exclusive_machine=1,  # never beside a benchmark: it would be measured too
-    run:
-        program = "singularity" if "singularity" in config["runtimes"] else "apptainer"
-        cb_images.run_step("apptainer build", cb_images.apptainer_build_argv(Path(output[0]), Path(input.archive), program))
+        **IMAGE_STEP,
+    shell:
+        "{params.images} --step-timeout {resources.step_timeout_s} "
+        "apptainer --program {params.program} --archive {input.archive:q} --sif {output:q} > {log:q} 2>&1"
 
 
 rule image_enroot:
@@ -148,11 +181,16 @@ rule image_enroot:
         rules.image_build.output,
     output:
         FILES["enroot"],
+    log:
+        IMAGE_LOGS / "enroot.txt",
+    params:
+        images=IMAGES,
     localrule: True
     resources:
-        exclusive_machine=1,  # never beside a benchmark: it would be measured too
-    run:
-        cb_images.run_step("enroot import", cb_images.enroot_import_argv(ENGINE, TAG, Path(output[0])))
+        **IMAGE_STEP,
+    shell:
+        "{params.images} --step-timeout {resources.step_timeout_s} "
+        "enroot --out {output:q} > {log:q} 2>&1"
 
 
 rule image_sarus:
@@ -160,12 +198,16 @@ rule image_sarus:
         rules.image_archive.output,
     output:
         FILES["sarus"],
+    log:
+        IMAGE_LOGS / "sarus.txt",
+    params:
+        images=IMAGES,
     localrule: True
     resources:
-        exclusive_machine=1,  # never beside a benchmark: it would be measured too
-    run:
-        cb_images.run_step("sarus load", cb_images.sarus_load_argv(TAG, Path(input[0])))
-        Path(output[0]).write_text(json.dumps({"image": cb_images.sarus_name(TAG)}) + "\n")
+        **IMAGE_STEP,
+    shell:
+        "{params.images} --step-timeout {resources.step_timeout_s} "
+        "sarus --archive {input:q} --stamp {output:q} > {log:q} 2>&1"
 
 
 rule image_podman_hpc:
@@ -173,10 +215,13 @@ rule image_podman_hpc:
         rules.image_archive.output,
     output:
         FILES["podman-hpc"],
+    log:
+        IMAGE_LOGS / "podman-hpc.txt",
+    params:
+        images=IMAGES,
     localrule: True
     resources:
-        exclusive_machine=1,  # never beside a benchmark: it would be measured too
-    run:
-        for argv in cb_images.podman_hpc_argvs(TAG, Path(input[0])):
-            cb_images.run_step("podman-hpc", argv)
-        Path(output[0]).write_text(json.dumps({"image": TAG}) + "\n")
+        **IMAGE_STEP,
+    shell:
+        "{params.images} --step-timeout {resources.step_timeout_s} "
+        "podman-hpc --archive {input:q} --stamp {output:q} > {log:q} 2>&1"

@@ -1,56 +1,73 @@
 # Records -> tables -> report. Nothing here reads a raw log.
 
+RECORDS = expand(f"{RESULTS}/runs/{{run_id}}.json", run_id=PLANS)
+
 
 rule tables:
     input:
-        expand(f"{RESULTS}/runs/{{run_id}}.json", run_id=PLANS),
+        RECORDS,
     output:
-        summary=f"{RESULTS}/summary.csv",
-        runs=f"{RESULTS}/runs.csv",
-        netbench=f"{RESULTS}/netbench.csv",
-        failures=f"{RESULTS}/failures.csv",
+        # Every file `containerbench tables` writes, by name (results.TABLE_FILES).
+        **{name: f"{RESULTS}/{file}" for name, file in results.TABLE_FILES.items()},
+    log:
+        f"{RESULTS}/logs/tables.txt",
+    params:
+        cb=CB,
+        out_dir=lambda wildcards, output: Path(output.summary).parent,
     localrule: True
     shell:
-        "{CB} tables {input} --out-dir {RESULTS}"
+        "{params.cb} tables {input:q} --out-dir {params.out_dir:q} > {log:q} 2>&1"
 
 
 rule report:
     input:
-        tables=rules.tables.output,
-        records=rules.tables.input,
+        tables=[path for path in rules.tables.output if path.endswith(".csv")],
+        records=RECORDS,
     output:
         f"{RESULTS}/report.html",
+    log:
+        f"{RESULTS}/logs/report.txt",
     params:
-        skipped=lambda wildcards: json.dumps(SKIPPED_RUNTIMES, sort_keys=True),
+        cb=CB,
+        # A function: a reason may hold braces (docker's probe format), which Snakemake would expand.
+        skipped=lambda wildcards: json.dumps(SWEEP.skipped, sort_keys=True),
     localrule: True
     shell:
-        "{CB} report {input.records} --tables-dir {RESULTS} --out {output} --skipped {params.skipped:q}"
+        "{params.cb} report {input.records:q} --tables {input.tables:q} --out {output:q} "
+        "--skipped {params.skipped:q} > {log:q} 2>&1"
 
 
 rule baseline:
     """Write a references file from this run: `snakemake baseline` on healthy nodes."""
     input:
-        rules.tables.input,
+        RECORDS,
     output:
         f"{RESULTS}/references.yaml",
+    log:
+        f"{RESULTS}/logs/baseline.txt",
+    params:
+        cb=CB,
     localrule: True
     shell:
-        "{CB} baseline {input} --out {output}"
+        "{params.cb} baseline {input:q} --out {output:q} > {log:q} 2>&1"
 
 
 rule validate:
     """The node-validation verdict: `snakemake validate` (set validation.references)."""
     input:
-        records=rules.tables.input,
-        references=lambda wildcards: config["validation"]["references"]
-        or sys.exit("containerbench: config: 'validation.references' is not set; "
-                    "allowed: the path of a references file (snakemake baseline writes one)"),
+        records=RECORDS,
+        references=lambda wildcards: config["validation"]["references"] or sys.exit(
+            "containerbench: config: 'validation.references' is not set; "
+            "allowed: the path of a references file (snakemake baseline writes one)"),
     output:
         f"{RESULTS}/validation.txt",
+    log:
+        f"{RESULTS}/logs/validate.txt",
     params:
+        cb=CB,
         strict="--strict" if config["validation"]["strict"] else "",
         fraction=config["validation"]["slow_node_fraction"],
     localrule: True
     shell:
-        "{CB} validate {input.records} --references {input.references} {params.strict} "
-        "--slow-node-fraction {params.fraction} --out {output} --report-only"
+        "{params.cb} validate {input.records:q} --references {input.references:q} {params.strict} "
+        "--slow-node-fraction {params.fraction} --out {output:q} --report-only 2> {log:q}"
