@@ -6,11 +6,12 @@ BENCH_VENV := .venv-bench
 PROFILE ?= profiles/local
 SNAKEMAKE_ARGS ?=
 
-.PHONY: setup run test dry-run report-only lock clean-results help
+.PHONY: setup run test test-fast dry-run lock clean-results help
 
 help:
 	@echo "make run        set up, then run the benchmark workflow ($(PROFILE), config/config.yaml)"
-	@echo "make test       set up, then run the test suite"
+	@echo "make test       set up, then run the whole test suite (root: it installs engines and Slurm)"
+	@echo "make test-fast  the developer loop: tests that need only the workflow venv (no root, minutes)"
 	@echo "make dry-run    show what the workflow would run"
 	@echo "make lock       re-resolve envs/*.lock.txt from envs/*.txt"
 
@@ -41,6 +42,11 @@ dry-run: $(VENV)/.containerbench-ready
 
 test: setup
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+
+# No training, no container engine, no Slurm, no root: what each marker means is in pyproject.toml.
+FAST := not slow and not bench and not root and not containers and not slurm and not netns
+test-fast: $(VENV)/.containerbench-ready
+	$(VENV)/bin/python -m pytest -m "$(FAST)" $(PYTEST_ARGS)
 
 lock:
 	scripts/lock-envs.sh

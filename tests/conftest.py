@@ -1,62 +1,57 @@
-"""Shared fixtures: the project's paths, the benchmark venv, and real tiny runs.
+"""Fixtures: the benchmark venv, real tiny runs, recorded runs, container engines.
 
 The tests run in the workflow venv (.venv); benchmark processes run in the
-benchmark venv (.venv-bench), exactly as the workflow runs them. Both are built
-by `make setup`; a missing one is an error, not a skip.
+benchmark venv (.venv-bench), exactly as the workflow runs them. Markers say what
+a test needs (pyproject.toml); `make test-fast` leaves out all that needs more
+than the workflow venv. A test that needs root skips, with that reason, when the
+suite does not run as root; any other missing piece is an error, not a skip.
 """
 
 from __future__ import annotations
 
-import copy
 import os
-import re
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
-import yaml
+from helpers import BENCH_PYTHON, ROOT, exported, recorded_records, run_and_parse, tiny_config
 
 from containerbench import config as cb_config
-from containerbench.cli import load_config
-from containerbench.launch import execute, plan
-from containerbench.results import parse_log
 
-ROOT = Path(__file__).resolve().parents[1]
-BENCH_PYTHON = Path(os.environ.get("CONTAINERBENCH_BENCH_PYTHON", ROOT / ".venv-bench" / "bin" / "python"))
-
-# Small enough for CI, large enough to be real training: ResNet-50 at its
-# minimum input size, two images per rank, one warmup and two measured steps.
-TINY = {
-    "system": "ci",
-    "runtimes": ["bare-metal"],  # container runtimes: tests/test_containers.py
-    "benchmark": {"image_size": 32, "batch_sizes": [2], "warmup_steps": 1, "steps": 2, "repetitions": 2,
-                  "node_probe_steps": 1, "timeout_s": 600},
-    "bare_metal": {"python": str(BENCH_PYTHON)},
-    "netbench": {"max_bytes": 65536},
+# What a fixture needs, as markers: a test that uses one (directly or through another
+# fixture) gets its markers, so `-m` selects by what a test really needs.
+FIXTURE_MARKS = {
+    "bench_python": ("bench",),
+    "tiny_runs": ("bench", "slow"),
+    "netns": ("root", "netns"),
+    "container_engines": ("root", "containers"),
+    "cluster": ("root", "slurm", "netns"),
 }
 
 
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        for fixture, marks in FIXTURE_MARKS.items():
+            if fixture in item.fixturenames:
+                for mark in marks:
+                    item.add_marker(mark)
+
+
+def pytest_runtest_setup(item):
+    if item.get_closest_marker("root") and os.geteuid() != 0:
+        pytest.skip("needs root: it installs system packages, starts daemons or makes network namespaces")
+
+
 @pytest.fixture(scope="session")
-def root() -> Path:
+def root():
     return ROOT
 
 
 @pytest.fixture(scope="session")
-def bench_python() -> Path:
+def bench_python():
     if not BENCH_PYTHON.exists():
         pytest.fail(f"benchmark venv missing: {BENCH_PYTHON} (run `make setup`)")
     return BENCH_PYTHON
-
-
-def tiny_config(tmp_path: Path, **overrides) -> dict:
-    """The embedded default with TINY (and `overrides`) merged in, checked and defaulted."""
-    data = copy.deepcopy(TINY)
-    for key, value in overrides.items():
-        data[key] = {**data.get(key, {}), **value} if isinstance(value, dict) else value
-    path = tmp_path / "tiny.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return load_config([str(ROOT / "config" / "config.yaml"), str(path)])
 
 
 @pytest.fixture(scope="session")
@@ -70,17 +65,11 @@ def tiny_runs(tmp_path_factory, bench_python) -> dict:
     return {(spec.kind, spec.ranks): record for spec, record in run_and_parse(runs, config, workdir)}
 
 
-def run_and_parse(runs, config: dict, workdir: Path):
-    """Execute each planned run as the workflow does (raw log in workdir), then parse its record."""
-    for spec in runs:
-        log = workdir / f"{spec.run_id}.log"
-        execute(plan(spec, config), log, echo=None)
-        yield spec, parse_log(log)
-
-
-def exported(stdout: str) -> dict[str, str]:
-    """The NAME=VALUE lines scripts/container-engines.sh prints for its callers to export."""
-    return dict(line.split("=", 1) for line in stdout.splitlines() if re.fullmatch(r"[A-Z_]+=.*", line))
+@pytest.fixture(scope="session")
+def recorded_runs() -> dict:
+    """The same shape as tiny_runs, parsed from raw logs of real tiny runs kept in tests/data/runs:
+    what the tables, the report and validation need, without training anything."""
+    return recorded_records()
 
 
 @pytest.fixture(scope="session")

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from containerbench.launch import run_group
+from containerbench.processes import run_group
 
 pytestmark = pytest.mark.slow
 

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
 import yaml
+from helpers import tiny_config
 
 from containerbench import config as cb_config
-from containerbench.cli import load_config
-from conftest import tiny_config
+from containerbench import slurm
 
 
 @pytest.fixture(scope="module")
@@ -70,12 +71,12 @@ def test_bad_config_is_rejected_in_one_line(default_config, path, value, words):
 
 def test_default_and_site_example_configs_are_valid(root):
     for name in ("config.yaml", "site.example.yaml"):
-        config = load_config([str(root / "config" / name)])
+        config = cb_config.load([str(root / "config" / name)])
         assert config["benchmark"]["threads_per_rank"] == 0  # a schema default was filled in
 
 
 def test_sweep_is_repetition_major_with_readable_ids(root):
-    config = load_config([str(root / "config" / "config.yaml")])
+    config = cb_config.load([str(root / "config" / "config.yaml")])
     runs = cb_config.plan_runs(config)
     train = [r for r in runs if r.kind == "train"]
     runtimes = ["bare-metal", "podman", "charliecloud", "docker"]
@@ -88,7 +89,7 @@ def test_sweep_is_repetition_major_with_readable_ids(root):
 
 
 def test_site_example_sweep_crosses_fabrics_nodes_and_batches(root):
-    config = load_config([str(root / "config" / "site.example.yaml")])
+    config = cb_config.load([str(root / "config" / "site.example.yaml")])
     runs = cb_config.plan_runs(config)
     train = [r for r in runs if r.kind == "train"]
     assert len(train) == 3 * 2 * 4 * 1 * 2 * 5  # runtimes x fabrics x nodes x ranks/node x batches x repetitions
@@ -102,7 +103,7 @@ def test_site_example_sweep_crosses_fabrics_nodes_and_batches(root):
 def test_launcher_none_with_several_ranks_is_rejected(root, tmp_path):
     override = tmp_path / "o.yaml"
     override.write_text("launcher: {kind: none}\n")
-    config = load_config([str(root / "config" / "config.yaml"), str(override)])
+    config = cb_config.load([str(root / "config" / "config.yaml"), str(override)])
     with pytest.raises(cb_config.ConfigError, match=r"'launcher.kind' = 'none' runs one rank.*\[2\]"):
         cb_config.check_runs(config, cb_config.plan_runs(config))
 
@@ -135,3 +136,33 @@ def test_xla_with_parameter_servers_is_rejected_before_any_run(tmp_path):
     config = tiny_config(tmp_path, benchmark={"modes": ["horovod", "parameter_server"], "xla": True})
     with pytest.raises(cb_config.ConfigError, match=r"^config: 'benchmark.xla' = true cannot run mode parameter_server"):
         cb_config.check_runs(config, cb_config.plan_runs(config))
+
+
+@pytest.mark.parametrize("name", ["config.yaml", "site.example.yaml"])
+def test_defaults_are_filled_in_as_snakemakes_validate_fills_them(root, name):
+    from snakemake.utils import validate
+
+    raw = yaml.safe_load((root / "config" / name).read_text())
+    theirs = copy.deepcopy(raw)
+    validate(theirs, str(Path(cb_config.__file__).parent / "schemas" / "config.schema.yaml"))
+    assert cb_config.validated(copy.deepcopy(raw)) == theirs
+
+
+def test_config_files_that_cannot_be_read_are_refused_in_one_line(tmp_path):
+    with pytest.raises(cb_config.ConfigError, match=r"^config: cannot read .*missing.yaml: No such file or directory$"):
+        cb_config.load([tmp_path / "missing.yaml"])
+    (tmp_path / "broken.yaml").write_text("benchmark: {steps: [\n")
+    with pytest.raises(cb_config.ConfigError, match=r"^config: .*broken.yaml is not valid YAML: "):
+        cb_config.load([tmp_path / "broken.yaml"])
+
+
+def test_a_slurm_time_limit_inside_a_runs_own_timeout_names_the_key_that_set_it(tmp_path):
+    config = tiny_config(tmp_path, slurm={"runtime_minutes": 15}, benchmark={"timeout_s": 600},
+                         netbench={"timeout_s": 900})
+    with pytest.raises(cb_config.ConfigError) as caught:
+        slurm.check_time_limit(config)
+    assert str(caught.value) == (
+        "config: 'slurm.runtime_minutes' = 15 ends before 'netbench.timeout_s' = 900 s; allowed: more than "
+        "15 minutes, so a hung run is recorded as failed instead of killed by Slurm")
+    config["slurm"]["runtime_minutes"] = 16
+    slurm.check_time_limit(config)

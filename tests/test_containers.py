@@ -12,12 +12,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-from conftest import ROOT, TINY
+from helpers import ROOT, TINY
 
-from containerbench.launch import run_group
+from containerbench.processes import run_group
 
 # from scratch the fixture builds the image (debootstrap, build, save, load, ch-convert) first
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(2700)]
+pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.containers, pytest.mark.timeout(2700)]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 RUNTIMES = ["bare-metal", "podman", "docker", "charliecloud"]
 

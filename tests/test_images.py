@@ -1,33 +1,28 @@
-"""The container-image pipeline: exact commands and the Apptainer definition (fast), and the
-real offline build of containers/Dockerfile with podman and docker, run under mpirun and as a
-Charliecloud directory, each reporting the bare-metal venv's provenance hash (slow)."""
+"""The container-image pipeline without building anything: the exact command of every step,
+the Apptainer definition made from the Dockerfile, step time limits, engine probes.
+The real builds are in test_image_builds.py."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import exported
+from helpers import ROOT
 
-from containerbench import images
+from containerbench import images, singularity
 from containerbench.images import ImageSpec
-from containerbench.launch import run_group
+from containerbench.runtimes import DEFAULT_PATH, engine_env, engine_usable
 
-ROOT = Path(__file__).resolve().parents[1]
 ENGINES_SCRIPT = ROOT / "scripts" / "container-engines.sh"
 TAG = "localhost/containerbench:0123456789abcdef"
 CUDA = "nvcr.io/nvidia/cuda:12.2.2-cudnn8-devel-ubuntu22.04"
-MPIRUN = ["mpirun", "--allow-run-as-root", "-np", "2", "--mca", "btl", "self,tcp",
-          "--mca", "btl_tcp_if_include", "lo", "--mca", "pml", "ob1"]
 
 
 def definition(**kwargs) -> str:
-    return images.singularity_definition(ROOT / "containers" / "Dockerfile", **kwargs)
+    return singularity.singularity_definition(ROOT / "containers" / "Dockerfile", **kwargs)
 
 
 def section(text: str, name: str) -> list[str]:
@@ -78,7 +73,7 @@ def test_definition_fixes_user_args_and_context(tmp_path):
     dockerfile.write_text('ARG BASE=debian:12\nFROM ${BASE}\nARG WHO=1000\nARG DIR="/opt/x"\n'
                           'ENV APP=$DIR/bin\nCOPY data ${DIR}/data\nUSER ${WHO}\nRUN echo "$APP" > $DIR/app\n'
                           'LABEL a.b=$WHO\n')
-    text = images.singularity_definition(dockerfile, {"WHO": "1001"}, context="ctx")
+    text = singularity.singularity_definition(dockerfile, {"WHO": "1001"}, context="ctx")
     assert text.splitlines()[:2] == ["Bootstrap: docker", "From: debian:12"]
     assert "${" not in text and "$WHO" not in text and "$DIR" not in text
     assert not re.search(r"^su - ", text, re.M)
@@ -91,11 +86,11 @@ def test_definition_fixes_user_args_and_context(tmp_path):
 
 def test_expand_args_forms():
     values = {"A": "x", "E": ""}
-    assert images.expand_args("$A ${A} ${A:-d} ${E:-d} ${A:+w$A} ${E:+w} $AB $PATH", values) == "x x x d wx  $AB $PATH"
-    assert images.dockerfile_args(ROOT / "containers" / "Dockerfile")["APT_PACKAGES"] == ""
-    assert images.bootstrap_for("localhost/x:1") == "docker-daemon"
-    assert images.bootstrap_for("build/images/base.tar") == "docker-archive"
-    assert images.bootstrap_for(CUDA) == "docker"
+    assert singularity.expand_args("$A ${A} ${A:-d} ${E:-d} ${A:+w$A} ${E:+w} $AB $PATH", values) == "x x x d wx  $AB $PATH"
+    assert singularity.dockerfile_args(ROOT / "containers" / "Dockerfile")["APT_PACKAGES"] == ""
+    assert singularity.bootstrap_for("localhost/x:1") == "docker-daemon"
+    assert singularity.bootstrap_for("build/images/base.tar") == "docker-archive"
+    assert singularity.bootstrap_for(CUDA) == "docker"
 
 
 # -- exact commands ----------------------------------------------------------------------------
@@ -108,7 +103,7 @@ def test_build_argv(engine):
         "--build-arg", "BASE_IMAGE=localhost/containerbench-base:bookworm",
         "--build-arg", "PROVENANCE=0123456789abcdef",
         "--label", "org.containerbench.provenance=0123456789abcdef", "."]
-    assert images.engine_env(engine).get("DOCKER_BUILDKIT") == ("0" if engine == "docker" else os.environ.get("DOCKER_BUILDKIT"))
+    assert engine_env(engine).get("DOCKER_BUILDKIT") == ("0" if engine == "docker" else os.environ.get("DOCKER_BUILDKIT"))
 
 
 def test_export_and_runtime_argvs():
@@ -119,8 +114,6 @@ def test_export_and_runtime_argvs():
     assert images.load_argv("podman", archive) == ["podman", "load", "-i", str(archive)]
     assert images.ch_convert_argv("podman", TAG, Path("build/images/containerbench.ch")) == [
         "ch-convert", "-i", "podman", "-o", "dir", TAG, "build/images/containerbench.ch"]
-    assert images.ch_run_argv(Path("img.ch"), ["python3", "-V"]) == ["ch-run", "--set-env", "img.ch", "--",
-                                                                    "python3", "-V"]
     assert images.apptainer_build_argv(sif, archive) == [
         "apptainer", "build", "--fakeroot", str(sif), "docker-archive://build/images/containerbench.tar"]
     assert images.apptainer_build_argv(sif, archive, "singularity")[0] == "singularity"
@@ -146,7 +139,7 @@ def test_base_and_wheelhouse_argvs(tmp_path):
         "bookworm", "root", "http://deb.debian.org/debian"]
     assert images.rootfs_tar_argv(Path("root")) == ["tar", "-C", "root", "--exclude=./dev/*", "-c", "."]
     assert images.import_argv("podman") == [
-        "podman", "import", "--change", f"ENV PATH={images.DEFAULT_PATH}", "-", images.BASE_IMAGE]
+        "podman", "import", "--change", f"ENV PATH={DEFAULT_PATH}", "-", images.BASE_IMAGE]
     args = images.platform_args("3.11")
     assert args[:10] == ["--only-binary=:all:", "--python-version", "3.11", "--implementation", "cp",
                          "--abi", "cp311", "--abi", "abi3", "--abi"]
@@ -164,14 +157,15 @@ def test_base_and_wheelhouse_argvs(tmp_path):
 
 def test_engine_usable_reports_missing_binary(monkeypatch):
     monkeypatch.setenv("PATH", "/nonexistent")
-    assert images.engine_usable("docker") == (False, "docker is not installed (not on PATH)")
-    assert images.engine_usable("charliecloud") == (False, "ch-run is not installed (not on PATH)")
+    assert engine_usable("docker") == (False, "docker is not installed (not on PATH)")
+    assert engine_usable("charliecloud") == (False, "ch-run is not installed (not on PATH)")
 
 
+@pytest.mark.containers
 def test_engine_usable_names_the_daemon_that_did_not_answer(monkeypatch):
     # make setup installs docker.io; no daemon listens on this socket
     monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
-    ok, why = images.engine_usable("docker")
+    ok, why = engine_usable("docker")
     assert not ok
     assert why.startswith("`docker info --format '{{.ServerVersion}}'` failed: ")
     assert why.endswith("(DOCKER_HOST=unix:///nonexistent/docker.sock)")
@@ -209,112 +203,3 @@ def test_podman_conf_script(tmp_path):
     assert out.splitlines()[-1] == f"CONTAINERS_CONF={tmp_path}/containers.conf"
     conf = (tmp_path / "containers.conf").read_text()
     assert 'runtime = "runc"' in conf and 'cgroup_manager = "cgroupfs"' in conf
-
-
-# -- real builds (slow) ------------------------------------------------------------------------
-
-def _engines_script(*args) -> dict[str, str]:
-    """Run scripts/container-engines.sh; return the variables it prints for its caller to export."""
-    done = subprocess.run(["bash", str(ENGINES_SCRIPT), *args], capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stdout + done.stderr
-    return exported(done.stdout)
-
-
-def _built_image(engine: str, bench_python: Path) -> dict:
-    """Base and wheelhouse (reused from build/ when there), then the image and its stamp."""
-    images.make_base(engine)
-    images.make_wheelhouse(bench_python)
-    tag = images.default_tag(bench_python)
-    stamp = images.build_image(ImageSpec(engine, tag), bench_python)
-    return {"tag": tag, "stamp": stamp, "host": images.host_provenance(bench_python)}
-
-
-@pytest.fixture(scope="session")
-def containers_root():
-    if os.geteuid() != 0:
-        pytest.fail("the container tests install engines and build images as root")
-    _engines_script("install")
-    previous = os.getcwd()
-    os.chdir(ROOT)  # images.py paths (build/, containers/Dockerfile) are relative to the project
-    yield ROOT
-    os.chdir(previous)
-
-
-@pytest.fixture(scope="session")
-def podman_image(containers_root, bench_python):
-    conf = _engines_script("podman-conf", str(ROOT / "build" / "engines" / "podman"))
-    with pytest.MonkeyPatch.context() as patch:
-        for name, value in conf.items():
-            patch.setenv(name, value)
-        ok, why = images.engine_usable("podman")
-        assert ok, why
-        yield _built_image("podman", bench_python)
-
-
-@pytest.fixture(scope="session")
-def docker_image(containers_root, bench_python):
-    state = ROOT / "build" / "engines" / "docker"
-    try:
-        daemon = _engines_script("start-dockerd", str(state))
-        with pytest.MonkeyPatch.context() as patch:
-            for name, value in daemon.items():  # DOCKER_HOST, and PATH with the daemon's own client first
-                patch.setenv(name, value)
-            ok, why = images.engine_usable("docker")
-            assert ok, why
-            yield _built_image("docker", bench_python)
-    finally:
-        _engines_script("stop-dockerd", str(state))
-
-
-def _result(stdout: str) -> dict:
-    lines = [line for line in stdout.splitlines() if line.startswith("containerbench-result ")]
-    assert len(lines) == 1, stdout
-    return json.loads(lines[0].split(" ", 1)[1])
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("image", ["podman_image", "docker_image"])
-def test_image_reports_host_provenance(image, request):
-    built = request.getfixturevalue(image)
-    stamp = built["stamp"]
-    assert built["tag"] == f"{images.IMAGE_REPO}:{built['host']['hash']}"
-    assert stamp["measured_provenance"] == stamp["label_provenance"] == built["host"]["hash"]
-    assert stamp["image_id"].startswith("sha256:") and stamp["python"] == built["host"]["python"]
-    assert json.loads(images.stamp_path(stamp["engine"]).read_text()) == stamp
-
-
-@pytest.mark.slow
-def test_podman_ranks_under_mpirun(podman_image):
-    command = [*MPIRUN, "podman", "run", "--rm", "--network", "host", "--pid", "host", "--ipc", "host",
-               "-v", "/tmp:/tmp", "--env", "OMPI_*", "--env", "PMIX_*", podman_image["tag"],
-               "python3", "-m", "containerbench.netbench", "--max-bytes", "4096"]
-    done = run_group(command, timeout=300)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert _result(done.stdout)["ranks"] == 2
-
-
-@pytest.mark.slow
-def test_docker_ranks_under_mpirun(docker_image):
-    # docker has no --env 'OMPI_*': the rank shim names each variable mpirun set
-    command = [*MPIRUN, sys.executable, "-m", "containerbench.rankexec", "--pass-prefix", "OMPI_",
-               "--pass-prefix", "PMIX_", "--", "docker", "run", "--rm", "--network", "host", "--pid", "host",
-               "--ipc", "host", "-v", "/tmp:/tmp", docker_image["tag"],
-               "python3", "-m", "containerbench.netbench", "--max-bytes", "4096"]
-    done = run_group(command, timeout=300)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert _result(done.stdout)["ranks"] == 2
-
-
-@pytest.mark.slow
-def test_charliecloud_ranks_report_host_provenance(podman_image):
-    env = images.engine_env("charliecloud")
-    ok, why = images.engine_usable("charliecloud")
-    assert ok, why
-    image_dir = images.charliecloud_image("podman", podman_image["tag"])
-    assert not [p for p in (image_dir / "dev").iterdir() if not p.is_dir()]  # no device nodes kept
-    command = [*MPIRUN, "--tag-output", *images.ch_run_argv(image_dir, ["python3", "-m", "containerbench.provenance"])]
-    done = run_group(command, timeout=300, env=env)
-    assert done.returncode == 0, done.stdout + done.stderr
-    # --tag-output prefixes each rank's lines with [job,rank]; the two JSON documents interleave
-    hashes = dict(re.findall(r'\[\d+,(\d+)\]<stdout>:\s*"hash": "(\w+)"', done.stdout))
-    assert hashes == {"0": podman_image["host"]["hash"], "1": podman_image["host"]["hash"]}

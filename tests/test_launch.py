@@ -6,11 +6,12 @@ import json
 import os
 import sys
 
-from conftest import BENCH_PYTHON, tiny_config
+from helpers import BENCH_PYTHON, tiny_config
 
 from containerbench import config as cb_config
-from containerbench.launch import EXIT_PREFIX, LAUNCH_PREFIX, execute, plan
-from containerbench.results import parse_log
+from containerbench import markers
+from containerbench.launch import execute, plan
+from containerbench.records import parse_log
 
 BENCH_ARGS = ["--model", "resnet50", "--batch-size", "2", "--image-size", "32", "--warmup-steps", "1",
               "--steps", "2", "--precision", "fp32", "--data-format", "channels_last", "--threads", "0",
@@ -74,11 +75,11 @@ def run_python(tmp_path, code: str, timeout_s=60):
 def test_log_holds_the_launch_line_the_output_and_the_exit_line(tmp_path):
     returncode, lines = run_python(tmp_path, "import os; print('hello', os.environ['PROBE'])")
     assert returncode == 0
-    header = json.loads(lines[0][len(LAUNCH_PREFIX):])
+    header = json.loads(lines[0][len(markers.LAUNCH):])
     assert header["argv"][1:] == ["-c", "import os; print('hello', os.environ['PROBE'])"]
     assert header["env"] == {"PROBE": "yes"} and header["started_unix"] > 0
     assert lines[1] == "hello yes"
-    footer = json.loads(lines[-1][len(EXIT_PREFIX):])
+    footer = json.loads(lines[-1][len(markers.EXIT):])
     assert footer["returncode"] == 0 and footer["timed_out"] is False
 
 
@@ -102,7 +103,7 @@ def test_a_missing_launcher_is_a_failed_run_not_a_crash(tmp_path):
 def test_mpirun_as_root_gets_allow_run_as_root(tmp_path):
     run_plan = {"run_id": "root", "spec": {}, "argv": ["mpirun", "-np", "1", "true"], "env": {}, "timeout_s": 60}
     execute(run_plan, tmp_path / "root.log", echo=None)
-    argv = json.loads((tmp_path / "root.log").read_text().splitlines()[0][len(LAUNCH_PREFIX):])["argv"]
+    argv = json.loads((tmp_path / "root.log").read_text().splitlines()[0][len(markers.LAUNCH):])["argv"]
     assert ("--allow-run-as-root" in argv) == (os.geteuid() == 0)
 
 

@@ -7,12 +7,13 @@ import json
 import subprocess
 
 import pytest
-from conftest import run_and_parse, tiny_config
+from helpers import run_and_parse, tiny_config
 
 from containerbench import config as cb_config
 from containerbench.config import RunSpec
 from containerbench.launch import execute, plan
-from containerbench.results import build_tables, parse_log
+from containerbench.records import parse_log
+from containerbench.results import build_tables
 
 pytestmark = pytest.mark.slow
 

@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from containerbench.launch import run_group
+from containerbench.processes import run_group
 
 TIMEOUT_S = 120
 

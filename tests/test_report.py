@@ -5,27 +5,23 @@ from __future__ import annotations
 import json
 import re
 
-import pytest
-
 from containerbench.report import render
 from containerbench.results import write_tables
 
-pytestmark = pytest.mark.slow
 
-
-def test_report_shows_throughput_scaling_network_and_failures(tiny_runs, tmp_path):
+def test_report_shows_throughput_scaling_network_and_failures(recorded_runs, tmp_path):
     paths = []
-    for (kind, ranks), record in tiny_runs.items():
+    for (kind, ranks), record in recorded_runs.items():
         path = tmp_path / f"{record['run_id']}.json"
         path.write_text(json.dumps(record))
         paths.append(path)
-    failed = dict(tiny_runs[("train", 2)], run_id="train_failed_example", status="failed",
+    failed = dict(recorded_runs[("train", 2)], run_id="train_failed_example", status="failed",
                   reasons=["exit code 137"], evidence="Killed")
     (tmp_path / "failed.json").write_text(json.dumps(failed))
     paths.append(tmp_path / "failed.json")
 
     write_tables(paths, tmp_path)
-    render(tmp_path, paths, tmp_path / "report.html")
+    render(sorted(tmp_path.glob("*.csv")), paths, tmp_path / "report.html")
     page = (tmp_path / "report.html").read_text()
 
     assert len(re.findall(r'<img alt="[^"]+" src="data:image/png;base64,[A-Za-z0-9+/=]{1000,}">', page)) == 2
@@ -39,7 +35,7 @@ def test_report_shows_throughput_scaling_network_and_failures(tiny_runs, tmp_pat
     assert "fabric tcp-loopback" in page and "OMPI_MCA_btl=self,tcp" in page
     assert "command of train_" in page and "containerbench.bench" in page
     assert "2.15.1" in page and "0.28.1" in page  # versions shown
-    provenance = tiny_runs[("train", 1)]["result"]["provenance"]["hash"]
+    provenance = recorded_runs[("train", 1)]["result"]["provenance"]["hash"]
     assert provenance in page
     assert "train_failed_example" in page and "exit code 137" in page and "Killed" in page
     assert "1 failed" in page

@@ -1,4 +1,4 @@
-"""Records -> tables: real records from tiny runs, plus hand-made edge cases."""
+"""Records -> tables: recorded records of real tiny runs, and variants of them for the edge cases."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from containerbench.results import (build_tables, load_records, markdown_summary, netbench_table, parse_log,
+from containerbench.records import load_records
+from containerbench.results import (build_tables, markdown_summary, netbench_table,
                                     runs_table, summary_table, write_tables)
 
 
@@ -30,8 +31,8 @@ def variant(record: dict, run_id: str, rate: float | None = None, repetition: in
 
 
 @pytest.fixture
-def five_runs(tiny_runs):
-    one, two = tiny_runs[("train", 1)], tiny_runs[("train", 2)]
+def five_runs(recorded_runs):
+    one, two = recorded_runs[("train", 1)], recorded_runs[("train", 2)]
     return [
         variant(one, "one-rep1", 10.0, 1), variant(one, "one-rep2", 12.0, 2), variant(one, "one-rep3", 11.0, 3),
         variant(two, "two-rep1", 18.0, 1), variant(two, "two-rep2", 99.0, 2, status="failed"),
@@ -56,16 +57,16 @@ def test_summary_has_median_spread_and_scaling_per_point(five_runs):
     assert two["scaling_efficiency_percent"] == pytest.approx(100 * 18 / 11 / 2)
 
 
-def test_a_point_whose_runs_all_failed_still_shows_up(tiny_runs):
-    failed = variant(tiny_runs[("train", 2)], "two-failed", status="failed")
+def test_a_point_whose_runs_all_failed_still_shows_up(recorded_runs):
+    failed = variant(recorded_runs[("train", 2)], "two-failed", status="failed")
     summary = summary_table(runs_table([failed]))
     assert len(summary) == 1
     assert summary.loc[0, "repetitions"] == 0 and summary.loc[0, "failed_or_invalid"] == 1
     assert np.isnan(summary.loc[0, "images_per_sec_median"]) and np.isnan(summary.loc[0, "scaling_efficiency_percent"])
 
 
-def test_runs_table_traces_every_row_to_its_log(tiny_runs):
-    runs = runs_table([tiny_runs[("train", 1)], tiny_runs[("train", 2)]])
+def test_runs_table_traces_every_row_to_its_log(recorded_runs):
+    runs = runs_table([recorded_runs[("train", 1)], recorded_runs[("train", 2)]])
     assert list(runs["ranks"]) == [1, 2]
     for _, row in runs.iterrows():
         assert row["log"].endswith(f"{row['run_id']}.log")
@@ -73,32 +74,16 @@ def test_runs_table_traces_every_row_to_its_log(tiny_runs):
         assert row["peak_host_memory_gib"] > 0.1
 
 
-def test_netbench_table_is_the_long_form_of_the_curves(tiny_runs):
-    table = netbench_table([tiny_runs[("netbench", 2)]])
+def test_netbench_table_is_the_long_form_of_the_curves(recorded_runs):
+    table = netbench_table([recorded_runs[("netbench", 2)]])
     pingpong = table[table["test"] == "pingpong"]
     assert list(pingpong["bytes"]) == [2**k for k in range(17)]
     assert (pingpong["latency_us"] > 0).all()
     assert table[table["test"] == "allreduce"]["busbw_GBps"].gt(0).all()
 
 
-def test_corrupt_and_truncated_records_are_reported_and_skipped(tiny_runs, tmp_path):
-    good = tmp_path / "good.json"
-    good.write_text(json.dumps(tiny_runs[("train", 1)]))
-    truncated = tmp_path / "truncated.json"
-    truncated.write_text(good.read_text()[:200])
-    foreign = tmp_path / "foreign.json"
-    foreign.write_text('{"hello": 1}')
-    records, problems = load_records([good, truncated, foreign])
-    assert [r["run_id"] for r in records] == [tiny_runs[("train", 1)]["run_id"]]
-    assert {p for p, _ in problems} == {str(truncated), str(foreign)}
-    tables = write_tables([good, truncated, foreign], tmp_path)
-    failures = pd.read_csv(tmp_path / "failures.csv")
-    assert set(failures["status"]) == {"unreadable"} and len(failures) == 2
-    assert len(tables["summary"]) == 1
-
-
-def test_container_overhead_with_interval_and_significance(tiny_runs):
-    one = tiny_runs[("train", 1)]
+def test_container_overhead_with_interval_and_significance(recorded_runs):
+    one = recorded_runs[("train", 1)]
     records = [variant(one, f"bare{i}", rate, i) for i, rate in enumerate([100.0, 102.0, 98.0], 1)]
     records += [variant(one, f"pod{i}", rate, i, runtime="podman") for i, rate in enumerate([90.0, 91.0, 89.0], 1)]
     records += [variant(one, f"ch{i}", rate, i, runtime="charliecloud") for i, rate in enumerate([99.0, 103.0, 98.0], 1)]
@@ -111,8 +96,8 @@ def test_container_overhead_with_interval_and_significance(tiny_runs):
     assert charliecloud["significance"] == "not significant"
 
 
-def test_overhead_is_refused_between_different_benchmarks(tiny_runs):
-    one = tiny_runs[("train", 1)]
+def test_overhead_is_refused_between_different_benchmarks(recorded_runs):
+    one = recorded_runs[("train", 1)]
     other = variant(one, "pod1", 90.0, 1, runtime="podman")
     other["result"]["provenance"] = dict(other["result"]["provenance"], hash="different0000000",
                                          packages={**other["result"]["provenance"]["packages"], "tensorflow-cpu": "2.16.2"})
@@ -121,13 +106,13 @@ def test_overhead_is_refused_between_different_benchmarks(tiny_runs):
     assert np.isnan(overhead.loc[0, "overhead_percent"])
 
 
-def test_overhead_without_a_bare_metal_baseline_says_so(tiny_runs):
-    overhead = build_tables([variant(tiny_runs[("train", 1)], "pod1", 90.0, 1, runtime="podman")])["overhead"]
+def test_overhead_without_a_bare_metal_baseline_says_so(recorded_runs):
+    overhead = build_tables([variant(recorded_runs[("train", 1)], "pod1", 90.0, 1, runtime="podman")])["overhead"]
     assert overhead.loc[0, "note"] == "no bare-metal baseline at this point"
 
 
-def test_fabric_ratio_and_input_overhead_at_the_same_point(tiny_runs):
-    two = tiny_runs[("train", 2)]
+def test_fabric_ratio_and_input_overhead_at_the_same_point(recorded_runs):
+    two = recorded_runs[("train", 2)]
     records = [variant(two, "ib", 130.0, 1, fabric="infiniband"), variant(two, "eth", 100.0, 1, fabric="ethernet"),
                variant(two, "ib-real", 104.0, 1, fabric="infiniband", data="real")]
     tables = build_tables(records)
@@ -140,8 +125,8 @@ def test_fabric_ratio_and_input_overhead_at_the_same_point(tiny_runs):
     assert inputs.loc[0, "input_overhead_percent"] == pytest.approx(20.0)  # (130 - 104) / 130
 
 
-def test_memory_per_batch_and_the_study_table(tiny_runs):
-    tables = build_tables([tiny_runs[("train", 1)], tiny_runs[("train", 2)]])
+def test_memory_per_batch_and_the_study_table(recorded_runs):
+    tables = build_tables([recorded_runs[("train", 1)], recorded_runs[("train", 2)]])
     memory = tables["memory"]
     assert list(memory["batch_size"]) == [2] and memory.loc[0, "runs"] == 2
     assert 0.1 < memory.loc[0, "peak_host_memory_gib"] < 16
@@ -153,11 +138,17 @@ def test_memory_per_batch_and_the_study_table(tiny_runs):
     assert "### Container overhead vs bare metal (%)" in markdown and "_none_" in markdown
 
 
-def test_a_run_that_did_not_run_what_was_planned_is_invalid(tiny_runs, tmp_path):
-    lines = open(tiny_runs[("train", 1)]["log"]["path"]).read().splitlines()
-    header = json.loads(lines[0].removeprefix("containerbench-launch "))
-    header["spec"]["image_size"] = 224
-    lines[0] = "containerbench-launch " + json.dumps(header)
-    (tmp_path / "other.log").write_text("\n".join(lines) + "\n")
-    record = parse_log(tmp_path / "other.log")
-    assert record["status"] == "invalid" and record["reasons"] == ["ran image_size=32, the plan asked for 224"]
+def test_corrupt_and_truncated_records_are_reported_and_skipped(recorded_runs, tmp_path):
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps(recorded_runs[("train", 1)]))
+    truncated = tmp_path / "truncated.json"
+    truncated.write_text(good.read_text()[:200])
+    foreign = tmp_path / "foreign.json"
+    foreign.write_text('{"hello": 1}')
+    records, problems = load_records([good, truncated, foreign])
+    assert [r["run_id"] for r in records] == [recorded_runs[("train", 1)]["run_id"]]
+    assert {p for p, _ in problems} == {str(truncated), str(foreign)}
+    tables = write_tables([good, truncated, foreign], tmp_path)
+    failures = pd.read_csv(tmp_path / "failures.csv")
+    assert set(failures["status"]) == {"unreadable"} and len(failures) == 2
+    assert len(tables["summary"]) == 1

@@ -6,17 +6,16 @@ shim is run for real with a harmless program in place of docker.
 
 from __future__ import annotations
 
-import shlex
 import subprocess
 import sys
 
 import pytest
+from helpers import example_request
 
 from containerbench.config import RunSpec
 from containerbench.launch import Mpirun, Srun
 from containerbench.runtimes import (
-    Apptainer, BareMetal, Charliecloud, Docker, Enroot, Podman, PodmanHPC, RunRequest, Sarus, Shifter,
-    example_request, runtime_for,
+    Apptainer, BareMetal, Charliecloud, Docker, Enroot, Podman, PodmanHPC, RunRequest, Sarus, Shifter, runtime_for,
 )
 
 HOST_PY = "/venv/bin/python"  # the workflow's interpreter, which runs the rankexec shim on the node
@@ -220,24 +219,6 @@ def test_privileged_never_appears():
         for request in (SITE, CPU, example_request(), example_request(gpus=False, infiniband=False)):
             words = [*runtime.launcher_options(request), *runtime.rank_argv(request)]
             assert not any("privileged" in word for word in words), runtime.name
-
-
-@pytest.mark.parametrize("name", sorted(RUNTIMES))
-def test_describe_is_one_shell_line_that_splits_back_into_the_argv(name):
-    runtime = RUNTIMES[name]()
-    line = runtime.describe(example_request())
-    launcher = ["srun"] if name == "enroot" else []
-    assert shlex.split(line) == [*launcher, *runtime.launcher_options(example_request()),
-                                 *runtime.rank_argv(example_request())]
-    assert "\n" not in line and "containerbench.bench" in line
-
-
-def test_example_request_is_the_example_site():
-    request = example_request()
-    assert request.workdir == WD and request.binds == ("/datasets/imagenet",)
-    assert request.gpus and request.infiniband and request.env["NCCL_IB_HCA"] == "mlx5_0,mlx5_1"
-    cpu = example_request(gpus=False, infiniband=False)
-    assert not cpu.gpus and not cpu.infiniband and cpu.env["NCCL_NET"] == "Socket"
 
 
 def test_podman_as_root_needs_no_userns_and_keeps_the_sites_oci_runtime():

@@ -12,14 +12,17 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-from conftest import BENCH_PYTHON, ROOT
+from helpers import BENCH_PYTHON, ROOT
 
-from containerbench.config import BUILD_DIR, built_image
-from containerbench.launch import plan, run_group
-from containerbench.results import parse_log
+from containerbench import config as cb_config
+from containerbench.images import built_image
+from containerbench.launch import plan
+from containerbench.processes import run_group
+from containerbench.records import parse_log
 
 # the first test waits for the cluster, the image check and a 12-run workflow
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(2700)]
+pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.slurm, pytest.mark.netns, pytest.mark.containers,
+              pytest.mark.timeout(2700)]
 CLUSTER = ROOT / "tests" / "slurm" / "cluster.sh"
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 
@@ -57,7 +60,7 @@ def slurm_run(cluster, container_engines, tmp_path_factory):
     # registries); the jobs on the nodes only run it.
     extra = workdir / "extra.yaml"
     extra.write_text(yaml.safe_dump({"bare_metal": {"python": str(BENCH_PYTHON)}}))
-    image = built_image("charliecloud", "localhost/containerbench:latest", str(ROOT / BUILD_DIR))[1]
+    image = built_image("charliecloud", "localhost/containerbench:latest", ROOT / "build" / "images")[1]
     built = run_group([SNAKEMAKE, image, "--snakefile", str(ROOT / "Snakefile"), "--directory", str(workdir),
                       "--profile", str(ROOT / "profiles" / "local"), "--configfile",
                       str(ROOT / "tests" / "slurm" / "config.yaml"), str(extra)],
@@ -135,11 +138,8 @@ def test_a_run_on_the_wrong_interface_is_caught(cluster, slurm_run, tmp_path):
     config["fabrics"]["fast"]["expect"] = {"transport": "tcp", "interface": "fast0"}
     path = tmp_path / "wrong.yaml"
     path.write_text(yaml.safe_dump({**config, "bare_metal": {"python": str(BENCH_PYTHON)}}))
-    from containerbench.cli import load_config
-    from containerbench.config import plan_runs
-
-    loaded = load_config([str(path)])
-    spec = next(r for r in plan_runs(loaded) if r.kind == "netbench" and r.fabric == "fast")
+    loaded = cb_config.load([str(path)])
+    spec = next(r for r in cb_config.plan_runs(loaded) if r.kind == "netbench" and r.fabric == "fast")
     run_plan = plan(spec, loaded)
     plan_file = tmp_path / "plan.json"
     plan_file.write_text(json.dumps(run_plan))

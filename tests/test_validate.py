@@ -1,4 +1,4 @@
-"""Node validation: variables from real tiny runs, baselines, verdicts, slow nodes, bad references files."""
+"""Node validation: variables from recorded real tiny runs, baselines, verdicts, slow nodes, bad references files."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from containerbench.results import load_records
+from containerbench.records import load_records
 from containerbench.validate import (UNITS, Reference, ReferencesError, format_outcome, load_references,
                                      performance_variables, slow_nodes, validate, verdict, write_baseline)
 
@@ -19,10 +19,10 @@ ONE_RANK = f"{TRAIN}/1x1/b2/images_per_sec"
 
 
 @pytest.fixture(scope="module")
-def record_paths(tiny_runs, tmp_path_factory):
+def record_paths(recorded_runs, tmp_path_factory):
     directory = tmp_path_factory.mktemp("records")
     paths = []
-    for record in tiny_runs.values():
+    for record in recorded_runs.values():
         paths.append(directory / f"{record['run_id']}.json")
         paths[-1].write_text(json.dumps(record))
     return paths
@@ -44,9 +44,8 @@ def edit(path, change) -> None:
     path.write_text(yaml.safe_dump(document))
 
 
-@pytest.mark.slow
-def test_variables_of_real_runs_have_expected_names_units_and_values(tiny_runs):
-    variables = performance_variables(list(tiny_runs.values())).set_index("variable")
+def test_variables_of_real_runs_have_expected_names_units_and_values(recorded_runs):
+    variables = performance_variables(list(recorded_runs.values())).set_index("variable")
     assert variables["unit"].to_dict() == {
         f"{TRAIN}/1x1/b2/images_per_sec": "img/s",
         f"{TRAIN}/1x2/b2/images_per_sec": "img/s",
@@ -56,16 +55,15 @@ def test_variables_of_real_runs_have_expected_names_units_and_values(tiny_runs):
         f"{NET}/allreduce_busbw_GBps@65536": "GB/s",
     }
     assert (variables["runs"] == 1).all() and (variables["value"] > 0).all()
-    assert variables.loc[ONE_RANK, "value"] == tiny_runs[("train", 1)]["result"]["images_per_sec"]
-    latency = [p["latency_us"] for p in tiny_runs[("netbench", 2)]["result"]["pingpong"] if p["bytes"] == 1]
+    assert variables.loc[ONE_RANK, "value"] == recorded_runs[("train", 1)]["result"]["images_per_sec"]
+    latency = [p["latency_us"] for p in recorded_runs[("netbench", 2)]["result"]["pingpong"] if p["bytes"] == 1]
     assert variables.loc[f"{NET}/pingpong_latency_us@1", "value"] == latency[0]
 
 
-@pytest.mark.slow
-def test_variables_are_medians_of_ok_repetitions(tiny_runs):
+def test_variables_are_medians_of_ok_repetitions(recorded_runs):
     records = []
     for repetition, rate, status in [(1, 10.0, "ok"), (2, 12.0, "ok"), (3, 11.0, "ok"), (4, 99.0, "failed")]:
-        record = copy.deepcopy(tiny_runs[("train", 1)])
+        record = copy.deepcopy(recorded_runs[("train", 1)])
         record["run_id"], record["spec"]["repetition"] = f"one-rep{repetition}", repetition
         record["result"]["images_per_sec"], record["status"] = rate, status
         records.append(record)
@@ -74,7 +72,6 @@ def test_variables_are_medians_of_ok_repetitions(tiny_runs):
     assert variables.loc[ONE_RANK, "value"] == 11.0 and variables.loc[ONE_RANK, "runs"] == 3
 
 
-@pytest.mark.slow
 def test_baseline_validates_the_runs_it_was_written_from(record_paths, baseline):
     assert baseline.read_text().startswith("# written by `containerbench baseline` on ")
     references = load_references(baseline, "ci")
@@ -88,7 +85,6 @@ def test_baseline_validates_the_runs_it_was_written_from(record_paths, baseline)
     assert format_outcome(outcome).endswith("VERDICT: PASS")
 
 
-@pytest.mark.slow
 def test_measurement_below_the_bound_fails(record_paths, baseline):
     edit(baseline, lambda refs: refs[ONE_RANK].update(reference=refs[ONE_RANK]["reference"] * 2))
     outcome = validate(record_paths, baseline, "ci")
@@ -98,7 +94,6 @@ def test_measurement_below_the_bound_fails(record_paths, baseline):
     assert format_outcome(outcome).splitlines()[-1] == "VERDICT: FAIL (1 failed, 0 no reference, 0 slow node(s))"
 
 
-@pytest.mark.slow
 def test_variable_without_reference_fails_only_when_strict(record_paths, baseline):
     edit(baseline, lambda refs: refs.pop(ONE_RANK))
     lenient = validate(record_paths, baseline, "ci")
@@ -109,7 +104,6 @@ def test_variable_without_reference_fails_only_when_strict(record_paths, baselin
     assert format_outcome(strict).splitlines()[-1] == "VERDICT: FAIL (0 failed, 1 no reference, 0 slow node(s))"
 
 
-@pytest.mark.slow
 def test_referenced_variable_the_run_lacks_fails(record_paths, baseline):
     missing = f"{TRAIN}/2x1/b2/images_per_sec"
     edit(baseline, lambda refs: refs.update({missing: dict(refs[ONE_RANK])}))
@@ -148,28 +142,25 @@ def four_hosts(record: dict, rates: list[float], probe: str = "present") -> dict
     return copied
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("probe", ["present", "null", "absent"])
-def test_slow_node_is_named_from_probe_or_training_rates(tiny_runs, probe):
-    slow = slow_nodes([four_hosts(tiny_runs[("train", 2)], [100, 101, 99, 70], probe)], fraction=0.10)
+def test_slow_node_is_named_from_probe_or_training_rates(recorded_runs, probe):
+    slow = slow_nodes([four_hosts(recorded_runs[("train", 2)], [100, 101, 99, 70], probe)], fraction=0.10)
     assert len(slow) == 1
     row = slow.iloc[0]
     assert row["node"] == "n4" and row["run_id"] == "train_four_nodes"
     assert row["peers_median"] == 100 and row["shortfall_percent"] == pytest.approx(30.0)
 
 
-@pytest.mark.slow
-def test_single_host_runs_have_no_slow_nodes(tiny_runs):
-    one_host = four_hosts(tiny_runs[("train", 2)], [100, 101, 99, 70])
+def test_single_host_runs_have_no_slow_nodes(recorded_runs):
+    one_host = four_hosts(recorded_runs[("train", 2)], [100, 101, 99, 70])
     for rank in one_host["result"]["per_rank"]:
         rank["hostname"] = "vm"
-    assert slow_nodes([tiny_runs[("train", 2)], one_host], fraction=0.10).empty
+    assert slow_nodes([recorded_runs[("train", 2)], one_host], fraction=0.10).empty
 
 
-@pytest.mark.slow
-def test_slow_node_fails_validation_and_is_named(record_paths, baseline, tiny_runs, tmp_path):
+def test_slow_node_fails_validation_and_is_named(record_paths, baseline, recorded_runs, tmp_path):
     four = tmp_path / "four.json"
-    four.write_text(json.dumps(four_hosts(tiny_runs[("train", 2)], [100, 101, 99, 70])))
+    four.write_text(json.dumps(four_hosts(recorded_runs[("train", 2)], [100, 101, 99, 70])))
     outcome = validate([*record_paths, four], baseline, "ci")
     text = format_outcome(outcome)
     assert not outcome.passed
@@ -235,11 +226,11 @@ def test_bad_references_are_rejected_in_one_line(case, tmp_path):
     assert isinstance(raised.value, ValueError)
 
 
-def test_cli_baseline_then_validate_exits_0_on_pass_1_on_fail_2_on_bad_references(tiny_runs, tmp_path, capsys):
+def test_cli_baseline_then_validate_exits_0_on_pass_1_on_fail_2_on_bad_references(recorded_runs, tmp_path, capsys):
     from containerbench.cli import main
 
     paths = []
-    for record in tiny_runs.values():
+    for record in recorded_runs.values():
         path = tmp_path / f"{record['run_id']}.json"
         path.write_text(json.dumps(record))
         paths.append(str(path))

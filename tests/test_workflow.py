@@ -4,26 +4,15 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pandas as pd
 import pytest
 import yaml
-from conftest import ROOT, TINY
+from helpers import ROOT, TINY, snakemake
 
 from containerbench import config as cb_config
-from containerbench.cli import load_config
-from containerbench.launch import run_group
-
-SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
-
-
-def snakemake(workdir: Path, *args: str, timeout=900) -> subprocess.CompletedProcess:
-    argv = [SNAKEMAKE, "--snakefile", str(ROOT / "Snakefile"), "--directory", str(workdir),
-            "--profile", str(ROOT / "profiles" / "local"), *args]
-    return run_group(argv, timeout=timeout)
+from containerbench.images import resolve_images
+from containerbench.runtimes import select_runtimes
 
 
 def job_counts(output: str) -> dict[str, int]:
@@ -36,8 +25,8 @@ def test_dry_run_of_the_default_config(tmp_path):
     assert done.returncode == 0, done.stderr
     # Bare metal and every container runtime usable on this machine, each: 2 rank counts x 3
     # repetitions + 1 netbench, interleaved by repetition; the others are skipped.
-    config = load_config([str(ROOT / "config" / "config.yaml")])
-    skipped = cb_config.select_runtimes(config, cb_config.resolve_images(config))
+    config = cb_config.load([str(ROOT / "config" / "config.yaml")])
+    skipped = select_runtimes(config, resolve_images(config))
     runtimes = config["runtimes"]
     assert "bare-metal" in runtimes and set(runtimes) | set(skipped) == {"bare-metal", "podman", "charliecloud", "docker"}
     counts = job_counts(done.stdout)
@@ -75,6 +64,13 @@ def test_a_site_runtime_missing_here_stops_the_workflow(tmp_path):
     assert errors == ["containerbench: config: runtime 'apptainer' cannot run here: apptainer is not installed "
                       "(not on PATH); allowed: install it, give images.<runtime>.image, or set "
                       "runtime_policy: skip-unusable"]
+
+
+def test_lint_finds_only_the_explained_warning(tmp_path):
+    # The Snakefile explains why no rule has a conda: or container: directive; nothing else is left.
+    done = snakemake(tmp_path, "--configfile", str(ROOT / "config" / "config.yaml"), "--lint")
+    lints = re.findall(r"^    \* (.+?):?$", done.stderr, re.M)
+    assert lints and set(lints) == {"Specify a conda environment or container for each rule."}
 
 
 @pytest.mark.parametrize("override,expected", [
@@ -120,6 +116,26 @@ def test_the_workflow_runs_end_to_end_and_then_has_nothing_to_do(tmp_path):
 
     again = snakemake(tmp_path, *configs, "--dry-run")
     assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr
+
+    # Every file the workflow wrote is one a rule declares, as an output or as its log.
+    summary = snakemake(tmp_path, *configs, "--summary")
+    assert summary.returncode == 0, summary.stderr[-2000:]
+    declared = set()
+    for row in summary.stdout.splitlines()[1:]:
+        output, _, _, logs, *_ = row.split("\t")
+        declared |= {output, *filter(None, logs.split(","))}
+    written = {str(path.relative_to(tmp_path)) for path in results.rglob("*") if path.is_file()}
+    assert written <= declared, sorted(written - declared)
+    assert {f"results/{name}" for name in ("summary.md", "table1.md", "modes.csv", "memory.csv")} <= written
+
+    # The README's way to measure one run again: that run, its record, the tables and the report.
+    run_log = results / "runs" / "train_bare-metal_tcp-loopback_1x1_b2_rep2.log"
+    before = json.loads(run_log.read_text().splitlines()[0].split(" ", 1)[1])["started_unix"]
+    redo = snakemake(tmp_path, *configs, "--forcerun", "results/runs/train_bare-metal_tcp-loopback_1x1_b2_rep2.log")
+    assert redo.returncode == 0, redo.stderr[-3000:]
+    assert job_counts(redo.stdout + redo.stderr) == {"measure_rep2": 1, "parse_run": 1, "tables": 1, "report": 1,
+                                                     "all": 1}
+    assert json.loads(run_log.read_text().splitlines()[0].split(" ", 1)[1])["started_unix"] > before
 
     # A site baselines its healthy nodes, then validates against that baseline.
     assert snakemake(tmp_path, "baseline", *configs).returncode == 0

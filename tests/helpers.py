@@ -1,0 +1,96 @@
+"""What several test modules share: the project's paths, the tiny configuration, runners.
+
+Fixtures live in conftest.py; plain functions and constants live here, so a
+test module imports them by name instead of reaching into conftest.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import re
+import sys
+from pathlib import Path
+
+import yaml
+
+from containerbench import config as cb_config
+from containerbench.launch import execute, plan
+from containerbench.processes import run_group
+from containerbench.records import parse_log
+from containerbench.runtimes import RunRequest
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH_PYTHON = Path(os.environ.get("CONTAINERBENCH_BENCH_PYTHON", ROOT / ".venv-bench" / "bin" / "python"))
+SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
+# Raw logs of real tiny runs (tests/data/regenerate.py), for the tests that only read records.
+RECORDED_RUNS = ROOT / "tests" / "data" / "runs"
+
+# Small enough for CI, large enough to be real training: ResNet-50 at its
+# minimum input size, two images per rank, one warmup and two measured steps.
+TINY = {
+    "system": "ci",
+    "runtimes": ["bare-metal"],  # container runtimes: tests/test_containers.py
+    "benchmark": {"image_size": 32, "batch_sizes": [2], "warmup_steps": 1, "steps": 2, "repetitions": 2,
+                  "node_probe_steps": 1, "timeout_s": 600},
+    "bare_metal": {"python": str(BENCH_PYTHON)},
+    "netbench": {"max_bytes": 65536},
+}
+
+
+def tiny_config(tmp_path: Path, **overrides) -> dict:
+    """The embedded default with TINY (and `overrides`) merged in, checked and defaulted."""
+    data = copy.deepcopy(TINY)
+    for key, value in overrides.items():
+        data[key] = {**data.get(key, {}), **value} if isinstance(value, dict) else value
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return cb_config.load([ROOT / "config" / "config.yaml", path])
+
+
+def run_and_parse(runs, config: dict, workdir: Path):
+    """Execute each planned run as the workflow does (raw log in workdir), then parse its record."""
+    for spec in runs:
+        log = workdir / f"{spec.run_id}.log"
+        execute(plan(spec, config), log, echo=None)
+        yield spec, parse_log(log)
+
+
+def recorded_records() -> dict:
+    """Records parsed from the recorded raw logs, by (kind, ranks) as tiny runs are."""
+    records = {}
+    for log in sorted(RECORDED_RUNS.glob("*.log")):
+        record = parse_log(log)
+        records[(record["kind"], record["spec"]["ranks"])] = record
+    return records
+
+
+def snakemake(workdir: Path, *args: str, profile: str = "local", timeout=900, **popen):
+    """The workflow of this clone, run in `workdir`, its whole process tree killed on a timeout."""
+    argv = [SNAKEMAKE, "--snakefile", str(ROOT / "Snakefile"), "--directory", str(workdir),
+            "--profile", str(ROOT / "profiles" / profile), *args]
+    return run_group(argv, timeout=timeout, **popen)
+
+
+def exported(stdout: str) -> dict[str, str]:
+    """The NAME=VALUE lines scripts/container-engines.sh prints for its callers to export."""
+    return dict(line.split("=", 1) for line in stdout.splitlines() if re.fullmatch(r"[A-Z_]+=.*", line))
+
+
+def ch_run_argv(image_dir: Path, command: list[str]) -> list[str]:
+    """Run a command in a Charliecloud directory with the image's ENV (PATH to the venv)."""
+    return ["ch-run", "--set-env", str(image_dir), "--", *command]
+
+
+def example_request(gpus: bool = True, infiniband: bool = True) -> RunRequest:
+    """A rank of the example site (config/site.example.yaml), to print every runtime's argv."""
+    env = {"PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "1"}
+    if infiniband:
+        env |= {"NCCL_IB_DISABLE": "0", "NCCL_NET": "IB", "NCCL_IB_HCA": "mlx5_0,mlx5_1", "NCCL_NET_GDR_LEVEL": "PHB",
+                "UCX_NET_DEVICES": "mlx5_0:1", "UCX_TLS": "rc,sm,self", "OMPI_MCA_pml": "ucx"}
+    else:
+        env |= {"NCCL_IB_DISABLE": "1", "NCCL_NET": "Socket", "NCCL_SOCKET_IFNAME": "eth0",
+                "OMPI_MCA_pml": "ob1", "OMPI_MCA_btl": "self,vader,tcp", "OMPI_MCA_btl_tcp_if_include": "eth0"}
+    args = ("--model", "resnet50", "--batch-size", "64", "--image-size", "224", "--precision", "mixed_float16")
+    return RunRequest(module="containerbench.bench", args=args, env=env, workdir="/scratch/proj/containerbench",
+                      gpus=gpus, binds=("/datasets/imagenet",), infiniband=infiniband)

@@ -1,0 +1,125 @@
+"""The real offline build of containers/Dockerfile with podman and docker, run under mpirun
+and as a Charliecloud directory, each reporting the bare-metal venv's provenance hash."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import ROOT, ch_run_argv, exported
+
+from containerbench import images
+from containerbench.images import ImageSpec
+from containerbench.processes import run_group
+from containerbench.runtimes import engine_env, engine_usable
+
+pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.containers]
+ENGINES_SCRIPT = ROOT / "scripts" / "container-engines.sh"
+MPIRUN = ["mpirun", "--allow-run-as-root", "-np", "2", "--mca", "btl", "self,tcp",
+          "--mca", "btl_tcp_if_include", "lo", "--mca", "pml", "ob1"]
+
+
+def _engines_script(*args) -> dict[str, str]:
+    """Run scripts/container-engines.sh; return the variables it prints for its caller to export."""
+    done = subprocess.run(["bash", str(ENGINES_SCRIPT), *args], capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return exported(done.stdout)
+
+
+def _built_image(engine: str, bench_python: Path) -> dict:
+    """Base and wheelhouse (reused from build/ when there), then the image and its stamp."""
+    images.make_base(engine)
+    images.make_wheelhouse(bench_python)
+    tag = images.default_tag(bench_python)
+    stamp = images.build_image(ImageSpec(engine, tag), bench_python)
+    return {"tag": tag, "stamp": stamp, "host": images.host_provenance(bench_python)}
+
+
+@pytest.fixture(scope="session")
+def containers_root():
+    _engines_script("install")
+    previous = os.getcwd()
+    os.chdir(ROOT)  # images.py paths (build/, containers/Dockerfile) are relative to the project
+    yield ROOT
+    os.chdir(previous)
+
+
+@pytest.fixture(scope="session")
+def podman_image(containers_root, bench_python):
+    conf = _engines_script("podman-conf", str(ROOT / "build" / "engines" / "podman"))
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in conf.items():
+            patch.setenv(name, value)
+        ok, why = engine_usable("podman")
+        assert ok, why
+        yield _built_image("podman", bench_python)
+
+
+@pytest.fixture(scope="session")
+def docker_image(containers_root, bench_python):
+    state = ROOT / "build" / "engines" / "docker"
+    try:
+        daemon = _engines_script("start-dockerd", str(state))
+        with pytest.MonkeyPatch.context() as patch:
+            for name, value in daemon.items():  # DOCKER_HOST, and PATH with the daemon's own client first
+                patch.setenv(name, value)
+            ok, why = engine_usable("docker")
+            assert ok, why
+            yield _built_image("docker", bench_python)
+    finally:
+        _engines_script("stop-dockerd", str(state))
+
+
+def _result(stdout: str) -> dict:
+    lines = [line for line in stdout.splitlines() if line.startswith("containerbench-result ")]
+    assert len(lines) == 1, stdout
+    return json.loads(lines[0].split(" ", 1)[1])
+
+
+@pytest.mark.parametrize("image", ["podman_image", "docker_image"])
+def test_image_reports_host_provenance(image, request):
+    built = request.getfixturevalue(image)
+    stamp = built["stamp"]
+    assert built["tag"] == f"{images.IMAGE_REPO}:{built['host']['hash']}"
+    assert stamp["measured_provenance"] == stamp["label_provenance"] == built["host"]["hash"]
+    assert stamp["image_id"].startswith("sha256:") and stamp["python"] == built["host"]["python"]
+    assert json.loads(images.stamp_path(stamp["engine"]).read_text()) == stamp
+
+
+def test_podman_ranks_under_mpirun(podman_image):
+    command = [*MPIRUN, "podman", "run", "--rm", "--network", "host", "--pid", "host", "--ipc", "host",
+               "-v", "/tmp:/tmp", "--env", "OMPI_*", "--env", "PMIX_*", podman_image["tag"],
+               "python3", "-m", "containerbench.netbench", "--max-bytes", "4096"]
+    done = run_group(command, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert _result(done.stdout)["ranks"] == 2
+
+
+def test_docker_ranks_under_mpirun(docker_image):
+    # docker has no --env 'OMPI_*': the rank shim names each variable mpirun set
+    command = [*MPIRUN, sys.executable, "-m", "containerbench.rankexec", "--pass-prefix", "OMPI_",
+               "--pass-prefix", "PMIX_", "--", "docker", "run", "--rm", "--network", "host", "--pid", "host",
+               "--ipc", "host", "-v", "/tmp:/tmp", docker_image["tag"],
+               "python3", "-m", "containerbench.netbench", "--max-bytes", "4096"]
+    done = run_group(command, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert _result(done.stdout)["ranks"] == 2
+
+
+def test_charliecloud_ranks_report_host_provenance(podman_image):
+    env = engine_env("charliecloud")
+    ok, why = engine_usable("charliecloud")
+    assert ok, why
+    image_dir = images.charliecloud_image("podman", podman_image["tag"])
+    assert not [p for p in (image_dir / "dev").iterdir() if not p.is_dir()]  # no device nodes kept
+    command = [*MPIRUN, "--tag-output", *ch_run_argv(image_dir, ["python3", "-m", "containerbench.provenance"])]
+    done = run_group(command, timeout=300, env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    # --tag-output prefixes each rank's lines with [job,rank]; the two JSON documents interleave
+    hashes = dict(re.findall(r'\[\d+,(\d+)\]<stdout>:\s*"hash": "(\w+)"', done.stdout))
+    assert hashes == {"0": podman_image["host"]["hash"], "1": podman_image["host"]["hash"]}

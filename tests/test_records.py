@@ -1,0 +1,115 @@
+"""Raw log -> record: the verdict and its evidence, read from recorded logs of real tiny runs and
+from copies of them changed where a real failure would change them."""
+
+from __future__ import annotations
+
+
+import pytest
+from helpers import RECORDED_RUNS
+
+from containerbench import markers
+from containerbench.records import RECORD_FORMAT, parse_log
+
+
+def recorded_log(kind: str, ranks: int) -> list[str]:
+    shape = {1: "1x1_b2", 2: "1x2_b2"}[ranks] if kind == "train" else "1x2"
+    return (RECORDED_RUNS / f"{kind}_bare-metal_tcp-loopback_{shape}_rep1.log").read_text().splitlines()
+
+
+def parse_lines(tmp_path, lines: list[str], name: str = "changed") -> dict:
+    path = tmp_path / f"{name}.log"
+    path.write_text("\n".join(lines) + "\n")
+    return parse_log(path)
+
+
+def rewrite(lines: list[str], marker: str, change) -> list[str]:
+    """The log with `change` applied to the JSON of its `marker` lines."""
+    out = []
+    for line in lines:
+        if line.startswith(marker):
+            payload = markers.payload(line, marker)
+            change(payload)
+            line = markers.line(marker, payload).rstrip("\n")
+        out.append(line)
+    return out
+
+
+def test_recorded_runs_are_ok_and_their_transport_verified(recorded_runs):
+    for (kind, ranks), record in recorded_runs.items():
+        assert record["record"] == RECORD_FORMAT and record["status"] == "ok", record["reasons"]
+        assert record["reasons"] == [] and record["evidence"] is None
+        expected = "not applicable" if ranks == 1 else "ok"
+        assert record["fabric_check"]["status"] == expected, (kind, ranks, record["fabric_check"]["reason"])
+        assert record["log"]["result_line"] and len(record["log"]["sha256"]) == 64
+    train = recorded_runs[("train", 2)]
+    assert train["startup_s"] > 0 and train["wall_s"] > train["startup_s"]
+
+
+def test_a_run_that_did_not_run_what_was_planned_is_invalid(tmp_path):
+    lines = rewrite(recorded_log("train", 1), markers.LAUNCH, lambda launch: launch["spec"].update(image_size=224))
+    record = parse_lines(tmp_path, lines)
+    assert record["status"] == "invalid" and record["reasons"] == ["ran image_size=32, the plan asked for 224"]
+
+
+def test_every_setting_that_differs_from_the_plan_is_named(tmp_path):
+    lines = rewrite(recorded_log("train", 1), markers.LAUNCH,
+                    lambda launch: launch["spec"].update(image_size=224, steps=100))
+    assert parse_lines(tmp_path, lines)["reasons"] == ["ran image_size=32, the plan asked for 224",
+                                                       "ran steps=2, the plan asked for 100"]
+
+
+def test_ranks_whose_weights_differ_are_marked_invalid(tmp_path):
+    """If gradients were not averaged (the Keras 3 + Horovod trap), the run must not count."""
+    def diverge(result):
+        result["per_rank"][1]["weights"]["sha256"] = "0" * 16
+        result["weights_identical"] = False
+        result["weights_max_relative_spread"] = 3.2e-2
+
+    record = parse_lines(tmp_path, rewrite(recorded_log("train", 2), markers.RESULT, diverge))
+    assert record["status"] == "invalid"
+    assert "different weights" in record["reasons"][0] and "not data-parallel" in record["reasons"][0]
+
+
+def test_a_log_cut_off_before_its_exit_line_is_failed_with_the_last_line_as_evidence(tmp_path):
+    lines = recorded_log("train", 2)
+    cut = [line for line in lines if not line.startswith((markers.EXIT, markers.RESULT))]
+    record = parse_lines(tmp_path, cut)
+    assert record["status"] == "failed"
+    assert record["reasons"] == ["log ends without an exit line: the run was killed or is still running",
+                                 "no result line"]
+    assert record["evidence"] == cut[-1].strip()[:500]
+    assert record["kind"] == "train" and record["spec"]["ranks"] == 2  # still belongs to its sweep point
+
+
+def test_an_unreadable_result_line_fails_the_run_and_says_so(tmp_path):
+    lines = [line[:80] if line.startswith(markers.RESULT) else line for line in recorded_log("netbench", 2)]
+    record = parse_lines(tmp_path, lines)
+    assert record["status"] == "failed" and record["reasons"] == ["result line is not valid JSON"]
+    assert record["log"]["result_line"] is not None
+
+
+def test_a_failed_run_stays_failed_whatever_else_is_wrong(tmp_path):
+    lines = rewrite(recorded_log("train", 2), markers.EXIT, lambda footer: footer.update(returncode=1))
+    lines = rewrite(lines, markers.LAUNCH, lambda launch: launch["spec"].update(ranks=4))
+    record = parse_lines(tmp_path, lines)
+    assert record["status"] == "failed" and record["reasons"] == ["exit code 1"]
+
+
+def test_a_file_that_is_no_run_log_is_a_failed_record_not_a_crash(tmp_path):
+    record = parse_lines(tmp_path, ["hello"], name="train_x_rep1")
+    assert record["status"] == "failed" and record["run_id"] == "train_x_rep1"
+    assert record["reasons"][0].startswith("log has no readable launch line")
+
+
+@pytest.mark.slow
+def test_a_fresh_run_parses_into_records_of_the_recorded_shape(tiny_runs, recorded_runs):
+    """The recorded logs the fast tests read still look like what the benchmark writes today."""
+    def shape(value):
+        if isinstance(value, dict):
+            return {key: shape(item) for key, item in value.items() if key not in ("packages", "env", "observed")}
+        if isinstance(value, list):
+            return [shape(value[0])] if value and isinstance(value[0], (dict, list)) else "list"
+        return type(value).__name__ if value is not None else "none"
+
+    for key, fresh in tiny_runs.items():
+        assert shape(fresh) == shape(recorded_runs[key]), f"{key}: run tests/data/regenerate.py"
