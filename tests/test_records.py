@@ -3,7 +3,6 @@ from copies of them changed where a real failure would change them."""
 
 from __future__ import annotations
 
-
 import pytest
 from helpers import RECORDED_RUNS
 
