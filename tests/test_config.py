@@ -166,3 +166,18 @@ def test_a_slurm_time_limit_inside_a_runs_own_timeout_names_the_key_that_set_it(
         "15 minutes, so a hung run is recorded as failed instead of killed by Slurm")
     config["slurm"]["runtime_minutes"] = 16
     slurm.check_time_limit(config)
+
+
+def test_slurm_settings_become_the_executor_plugins_resources(tmp_path):
+    # Names from the SLURM resource table of Snakemake's cluster docs (docs/executing/cluster.rst,
+    # "Executing on SLURM clusters": slurm_partition, slurm_account, runtime in minutes, constraint,
+    # mem_mb, slurm_extra for any other sbatch flag) and snakemake-executor-plugin-slurm (qos).
+    config = tiny_config(tmp_path, slurm={"partition": "gpu", "account": "proj", "qos": "normal", "constraint": "a100",
+                                          "runtime_minutes": 90, "mem_mb_per_node": 64000, "gpus_per_node": 4,
+                                          "cpus_per_rank": 8, "exclusive": True})
+    assert slurm.job_resources(config["slurm"]) == {
+        "runtime": 90, "cpus_per_task": 8, "slurm_partition": "gpu", "slurm_account": "proj", "qos": "normal",
+        "constraint": "a100", "mem_mb": 64000, "slurm_extra": "--exclusive --gres=gpu:4"}
+    # Only what is set: the embedded default asks for nothing but time and CPUs (exclusive is on by default).
+    default = tiny_config(tmp_path)["slurm"]
+    assert slurm.job_resources(default) == {"runtime": 60, "cpus_per_task": 1, "slurm_extra": "--exclusive"}

@@ -15,6 +15,7 @@ import yaml
 from helpers import BENCH_PYTHON, ROOT
 
 from containerbench import config as cb_config
+from containerbench import slurm
 from containerbench.images import built_image
 from containerbench.launch import plan
 from containerbench.processes import run_group
@@ -69,6 +70,22 @@ def slurm_run(cluster, container_engines, tmp_path_factory):
     done = workflow(cluster, workdir)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
     return workdir
+
+
+def test_what_the_cluster_cannot_give_is_refused_in_one_line_before_any_job(cluster, tmp_path):
+    (tmp_path / "site.yaml").write_text(yaml.safe_dump({"bare_metal": {"python": str(BENCH_PYTHON)}}))
+    config = cb_config.load([ROOT / "tests" / "slurm" / "config.yaml", tmp_path / "site.yaml"])
+    sinfo = (str(CLUSTER), "exec", str(cluster), "sinfo")  # the controller's own sinfo
+    slurm.check_cluster(config, cb_config.plan_runs(config), sinfo)  # what the test cluster has: fine
+    for change, message in (
+        ({"slurm": {"partition": "gpu"}}, "'slurm.partition' = 'gpu' is not a partition of this cluster; allowed: cpu"),
+        ({"scaling": {"nodes": [4]}}, "'scaling.nodes' asks for 4 nodes, partition 'cpu' has 2; allowed: at most 2"),
+        ({"slurm": {"gpus_per_node": 1}}, "'slurm.gpus_per_node' = 1, nodes of partition 'cpu' have 0 GPU(s)"),
+    ):
+        wanted = cb_config.merge(config, change)
+        with pytest.raises(cb_config.ConfigError) as caught:
+            slurm.check_cluster(wanted, cb_config.plan_runs(wanted), sinfo)
+        assert str(caught.value).startswith(f"config: {message}")
 
 
 def test_every_run_used_slurm_and_the_fabric_it_asked_for(slurm_run):

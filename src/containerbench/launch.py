@@ -251,6 +251,8 @@ def prepare(config: dict, repo: Path, *, probe: bool = True) -> Sweep:
         sample = config["dataset"]["path"] = str(repo / cb_config.SAMPLE_DIR)  # one sample for every results dir
     runs = cb_config.plan_runs(config)
     cb_config.check_runs(config, runs)
-    if probe and config["launcher"]["kind"] == "srun":
-        slurm.check_request(config, runs)
+    if config["launcher"]["kind"] == "srun":
+        slurm.check_time_limit(config)
+        if probe:
+            slurm.check_cluster(config, runs)
     return Sweep(runs, {run.run_id: plan(run, config) for run in runs}, artifacts, skipped, sample)

@@ -1,8 +1,8 @@
 """What a Slurm site's config asks of its cluster: job resources, checked against sinfo.
 
 `job_resources` turns the config's `slurm` section into the resources of the
-Snakemake executor plugin; `check_request` refuses, before anything is
-submitted, what the cluster cannot give.
+Snakemake executor plugin; `check_time_limit` and `check_cluster` refuse,
+before anything is submitted, what cannot work or what the cluster cannot give.
 """
 
 from __future__ import annotations
@@ -60,10 +60,9 @@ def partitions(sinfo=("sinfo",)) -> dict[str, tuple[int, int]] | None:
     return found
 
 
-def check_request(config: dict, runs: list[RunSpec], sinfo=("sinfo",)) -> None:
-    """Refuse, before anything is submitted, what this Slurm cluster cannot give (ConfigError, one line).
-    The partition, node and GPU checks are skipped where sinfo is not available."""
-    check_time_limit(config)
+def check_cluster(config: dict, runs: list[RunSpec], sinfo=("sinfo",)) -> None:
+    """Refuse, before anything is submitted, a partition, node count or GPU count this cluster
+    cannot give (ConfigError, one line). Nothing is checked where sinfo cannot answer."""
     slurm = config["slurm"]
     found = partitions(sinfo)
     if found is None:
