@@ -57,6 +57,22 @@ def test_dry_run_of_the_example_site_config(tmp_path):
     assert "train_apptainer_" not in done.stdout
 
 
+def test_a_site_config_is_the_whole_config_as_containerbench_plan_reads_it(tmp_path):
+    # Run where config/config.yaml exists, as from the clone: the profile's replace-workflow-config
+    # keeps the default's loopback fabric out of the site's sweep.
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config" / "config.yaml").write_text((ROOT / "config" / "config.yaml").read_text())
+    here = tmp_path / "bare-metal-only.yaml"  # Apptainer and Enroot cannot run here
+    here.write_text("runtimes: [bare-metal]\n")
+    site = [str(ROOT / "config" / "site.example.yaml"), str(here)]
+    planned = snakemake(tmp_path, "--configfile", *site, "--dry-run")
+    assert planned.returncode == 0, planned.stderr
+    measured = set(re.findall(r"^\s+output: results/runs/(\S+)\.log$", planned.stdout, re.M))
+    config = cb_config.load(site)
+    assert measured == {run.run_id for run in cb_config.plan_runs(config)}
+    assert len(measured) == 86 and not any("tcp-loopback" in run_id for run_id in measured)
+
+
 def test_a_site_runtime_missing_here_stops_the_workflow(tmp_path):
     done = snakemake(tmp_path, "--configfile", str(ROOT / "config" / "site.example.yaml"), "--dry-run")
     assert done.returncode == 1
