@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 
 import pandas as pd
 import pytest
 import yaml
 from helpers import ROOT, TINY, snakemake
 
+from containerbench import cli, datasets, images, singularity
 from containerbench import config as cb_config
-from containerbench.images import resolve_images
 from containerbench.runtimes import select_runtimes
 
 
@@ -26,7 +27,7 @@ def test_dry_run_of_the_default_config(tmp_path):
     # Bare metal and every container runtime usable on this machine, each: 2 rank counts x 3
     # repetitions + 1 netbench, interleaved by repetition; the others are skipped.
     config = cb_config.load([str(ROOT / "config" / "config.yaml")])
-    skipped = select_runtimes(config, resolve_images(config))
+    skipped = select_runtimes(config, images.resolve_images(config))
     runtimes = config["runtimes"]
     assert "bare-metal" in runtimes and set(runtimes) | set(skipped) == {"bare-metal", "podman", "charliecloud", "docker"}
     counts = job_counts(done.stdout)
@@ -80,6 +81,37 @@ def test_a_site_runtime_missing_here_stops_the_workflow(tmp_path):
     assert errors == ["containerbench: config: runtime 'apptainer' cannot run here: apptainer is not installed "
                       "(not on PATH); allowed: install it, give images.<runtime>.image, or set "
                       "runtime_policy: skip-unusable"]
+
+
+# What each rule's shell command runs, and the parser that must accept its arguments.
+COMMAND_PARSERS = {"containerbench": cli.build_parser, "containerbench.images": images.parser,
+                   "containerbench.singularity": singularity.parser, "containerbench.datasets": datasets.parser}
+
+
+def test_every_shell_command_of_the_workflow_parses(tmp_path):
+    """The whole DAG, image steps and the data sample included, printed by a forced dry run; each
+    command's words go through the argument parser of the module it runs, as they would for real."""
+    real_data = tmp_path / "real.yaml"
+    real_data.write_text(yaml.safe_dump({"benchmark": {"data": ["synthetic", "real"]}}))
+    targets = sorted(set(images.image_files("localhost/containerbench:latest", ROOT / "build" / "images").values()))
+    done = snakemake(tmp_path, "--configfile", str(ROOT / "config" / "config.yaml"), str(real_data),
+                     "--dry-run", "--printshellcmds", "--forceall", "all", *targets)
+    assert done.returncode == 0, done.stderr[-3000:]
+    commands = [c for c in re.findall(r"^Shell command: (.+)$", done.stdout, re.M) if c != "None"]  # None: rule all
+    steps = set()
+    for command in commands:
+        words = shlex.split(command)
+        words = words[:next((i for i, word in enumerate(words) if word in (">", "2>", "2>&1")), len(words))]
+        module, arguments = words[words.index("-m") + 1], words[words.index("-m") + 2:]
+        try:
+            parsed = COMMAND_PARSERS[module]().parse_args(arguments)
+        except SystemExit:
+            pytest.fail(f"the command of a rule does not parse: {command}")
+        steps.add((module, getattr(parsed, "step", None) or getattr(parsed, "command", None)))
+    assert steps == {("containerbench", step) for step in ("launch", "parse", "tables", "report")} | {
+        ("containerbench.images", step) for step in ("base", "wheelhouse", "build", "export", "load", "charliecloud",
+                                                     "apptainer", "enroot", "sarus", "podman-hpc")} | {
+        ("containerbench.singularity", None), ("containerbench.datasets", "generate")}
 
 
 def test_lint_finds_only_the_explained_warning(tmp_path):

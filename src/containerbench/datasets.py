@@ -113,19 +113,24 @@ def generate(out_dir: str, images: int = 512, shards: int = 8, size: int = 256, 
     return paths
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    commands = parser.add_subparsers(dest="command", required=True)
+def parser() -> argparse.ArgumentParser:
+    cli = argparse.ArgumentParser(prog="python -m containerbench.datasets", description=__doc__.split("\n\n")[0])
+    commands = cli.add_subparsers(dest="command", required=True)
     make = commands.add_parser("generate", help="write a small ImageNet-shaped TFRecord set of random JPEGs")
     make.add_argument("out_dir")
     make.add_argument("--images", type=int, default=512)
     make.add_argument("--shards", type=int, default=8)
     make.add_argument("--size", type=int, default=256, help="JPEG side in pixels (ImageNet averages ~400x350)")
     make.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
+    return cli
+
+
+def main(argv=None) -> int:
+    cli = parser()
+    args = cli.parse_args(argv)
     for name in ("images", "shards", "size"):
         if getattr(args, name) < 1:
-            parser.error(f"--{name} must be positive, got {getattr(args, name)}")
+            cli.error(f"--{name} must be positive, got {getattr(args, name)}")
     paths = generate(args.out_dir, args.images, args.shards, args.size, args.seed)
     total = sum(os.path.getsize(p) for p in paths)
     print(f"containerbench: wrote {args.images} JPEGs ({args.size} px) in {len(paths)} TFRecord shards, "

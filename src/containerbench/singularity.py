@@ -110,17 +110,21 @@ def write_singularity_definition(out: Path, **kwargs) -> Path:
 
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser():
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m containerbench.singularity", description=__doc__.splitlines()[0])
-    parser.add_argument("--dockerfile", type=Path, default=DOCKERFILE)
-    parser.add_argument("--bootstrap", choices=("docker", "docker-daemon", "docker-archive"))
-    parser.add_argument("--from", dest="source", help="image or archive to bootstrap from")
-    parser.add_argument("--context", default=".", help="the build context COPY sources are relative to")
-    parser.add_argument("--build-arg", action="append", default=[], metavar="NAME=VALUE")
-    parser.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args(argv)
+    cli = argparse.ArgumentParser(prog="python -m containerbench.singularity", description=__doc__.splitlines()[0])
+    cli.add_argument("--dockerfile", type=Path, default=DOCKERFILE)
+    cli.add_argument("--bootstrap", choices=("docker", "docker-daemon", "docker-archive"))
+    cli.add_argument("--from", dest="source", help="image or archive to bootstrap from")
+    cli.add_argument("--context", default=".", help="the build context COPY sources are relative to")
+    cli.add_argument("--build-arg", action="append", default=[], metavar="NAME=VALUE")
+    cli.add_argument("--out", type=Path, required=True)
+    return cli
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     build_args = dict(pair.split("=", 1) for pair in args.build_arg)
     print(write_singularity_definition(args.out, dockerfile=args.dockerfile, build_args=build_args,
                                        bootstrap=args.bootstrap, source=args.source, context=args.context))

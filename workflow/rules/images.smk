@@ -78,7 +78,7 @@ rule image_build:
         **IMAGE_STEP,
     shell:
         "{params.images} --step-timeout {resources.step_timeout_s} "
-        "build --base-image {params.base:q} --apt-packages {params.apt:q} --stamp {output:q} > {log:q} 2>&1"
+        "build --base-image={params.base:q} --apt-packages={params.apt:q} --stamp {output:q} > {log:q} 2>&1"
 
 
 rule image_archive:
