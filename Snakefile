@@ -19,7 +19,13 @@ from snakemake.utils import min_version
 min_version("9.0")
 
 
-configfile: "config/config.yaml"
+# The embedded default is read only when no --configfile is given: a site's config file
+# is the whole config (its fabrics and runtimes exactly its own), in this process and in
+# every job it spawns, which get the same --configfile. An overlay names both files:
+#   --configfile config/config.yaml config/full.yaml
+if not workflow.overwrite_configfiles:
+
+    configfile: "config/config.yaml"
 
 
 include: "workflow/rules/common.smk"
