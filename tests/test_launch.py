@@ -6,11 +6,12 @@ import json
 import os
 import sys
 
+import pytest
 from helpers import BENCH_PYTHON, tiny_config
 
 from containerbench import config as cb_config
 from containerbench import markers
-from containerbench.launch import execute, plan
+from containerbench.launch import execute, plan, prepare
 from containerbench.records import parse_log
 
 BENCH_ARGS = ["--model", "resnet50", "--batch-size", "2", "--image-size", "32", "--warmup-steps", "1",
@@ -159,3 +160,42 @@ def test_real_data_and_mode_settings_reach_the_benchmark_and_the_container(tmp_p
     assert servers[-6:] == ["--runtime", "podman", "--parameter-servers", "2", "--data-dir", str(dataset)]
     # The dataset is bound into the container at the path the benchmark is given.
     assert f"{dataset}:{dataset}" in servers
+
+
+def test_prepare_plans_every_run_with_the_files_it_needs_and_probes_nothing_unasked(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")  # a probe would find no runtime and no sinfo
+    config = tiny_config(tmp_path, runtimes=["bare-metal", "podman", "charliecloud"], benchmark={"data": ["real"]})
+    sweep = prepare(config, tmp_path, probe=False)
+    assert sweep.skipped == {} and config["runtimes"] == ["bare-metal", "podman", "charliecloud"]
+    assert set(sweep.plans) == {run.run_id for run in sweep.runs} == {run.run_id for run in cb_config.plan_runs(config)}
+    sample = str(tmp_path / "build" / "data" / "imagenet-sample")
+    assert sweep.dataset_sample == sample == config["dataset"]["path"]
+    images_dir = tmp_path / "build" / "images"
+    assert sweep.inputs["train_podman_tcp-loopback_1x2_b2_real_rep1"] == {
+        "image": f"{images_dir}/podman-containerbench-latest.json", "data": sample}
+    assert sweep.inputs["train_charliecloud_tcp-loopback_1x1_b2_real_rep2"]["image"] == \
+        f"{images_dir}/containerbench-latest.ch"
+    assert sweep.inputs["train_bare-metal_tcp-loopback_1x1_b2_real_rep1"] == {"data": sample}
+    assert sweep.inputs["netbench_podman_tcp-loopback_1x2_rep1"] == {"image": f"{images_dir}/podman-containerbench-latest.json"}
+
+
+def test_prepare_with_probes_skips_what_cannot_run_here_and_says_why(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")
+    config = tiny_config(tmp_path, runtimes=["bare-metal", "podman"], runtime_policy="skip-unusable")
+    sweep = prepare(config, tmp_path)
+    assert sweep.skipped == {"podman": "podman is not installed (not on PATH)"}
+    assert {run.runtime for run in sweep.runs} == {"bare-metal"} and sweep.image_files == {}
+    config = tiny_config(tmp_path, runtimes=["bare-metal", "podman"], runtime_policy="require")
+    with pytest.raises(cb_config.ConfigError, match="^config: runtime 'podman' cannot run here: podman is not installed"):
+        prepare(config, tmp_path)
+
+
+def test_a_runtime_that_cannot_do_what_the_config_asks_is_refused_in_one_line(tmp_path):
+    # Charliecloud without --write-fake binds datasets to the image's empty directories: three at most.
+    binds = [str(tmp_path / name) for name in ("a", "b", "c", "d")]
+    config = tiny_config(tmp_path, runtimes=["bare-metal", "charliecloud"],
+                         images={"binds": binds, "charliecloud": {"write_fake": False}}, benchmark={"data": ["real"]},
+                         dataset={"path": str(tmp_path)})
+    (tmp_path / "train-00000-of-00001").write_bytes(b"")
+    with pytest.raises(cb_config.ConfigError, match=r"^config: runtime 'charliecloud': \d binds need --write-fake"):
+        prepare(config, tmp_path, probe=False)

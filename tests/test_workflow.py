@@ -124,6 +124,8 @@ def test_lint_finds_only_the_explained_warning(tmp_path):
 @pytest.mark.parametrize("override,expected", [
     ({"runtimes": ["dockr"]}, "containerbench: config: 'runtimes[0]' = 'dockr' is not allowed; allowed: one of bare-metal"),
     ({"benchmark": {"stepz": 3}}, "containerbench: config: unknown key 'stepz' in 'benchmark'; known keys: batch_sizes,"),
+    ({"images": {"podman": {"write_fake": True}}},
+     "containerbench: config: runtime 'podman': unknown option 'write_fake' in images.podman; allowed: image, "),
 ])
 def test_bad_config_stops_before_any_job_with_one_line(tmp_path, override, expected):
     bad = tmp_path / "bad.yaml"

@@ -26,7 +26,7 @@ from containerbench import config as cb_config
 from containerbench import markers, slurm
 from containerbench.config import RunSpec, dataset_dir
 from containerbench.fabrics import debug_environment, expected_transport
-from containerbench.images import resolve_images
+from containerbench.images import IMAGES, resolve_images
 from containerbench.processes import kill_group
 from containerbench.runtimes import RunRequest, check_launchers, host_environment, runtime_for, select_runtimes
 
@@ -217,12 +217,7 @@ class Sweep:
     plans: dict[str, dict]  # run id -> plan
     image_files: dict[str, str] = field(default_factory=dict)  # runtime -> the built file its runs need
     skipped: dict[str, str] = field(default_factory=dict)  # runtime -> why it cannot run here
-    dataset_sample: str | None = None  # the sample to generate for real-data runs, if any
-
-    @property
-    def sample_manifest(self) -> str | None:
-        """The file written last when the sample is whole (datasets.generate)."""
-        return f"{self.dataset_sample}/manifest.json" if self.dataset_sample else None
+    dataset_sample: str | None = None  # the sample directory to generate for real-data runs, if any
 
     @functools.cached_property
     def inputs(self) -> dict[str, dict[str, str]]:
@@ -233,7 +228,7 @@ class Sweep:
             if run.runtime in self.image_files:
                 needs[run.run_id]["image"] = self.image_files[run.runtime]
             if self.dataset_sample and run.data == "real":
-                needs[run.run_id]["data"] = self.sample_manifest
+                needs[run.run_id]["data"] = self.dataset_sample
         return needs
 
 
@@ -241,10 +236,10 @@ def prepare(config: dict, repo: Path, *, probe: bool = True) -> Sweep:
     """Everything checked before any job: runtimes' images and launchers, the dataset, the sweep,
     and (with `probe`) which runtimes can run here and what the Slurm cluster can give.
     `config` must be validated (config.validated); it is completed in place. Raises ConfigError."""
-    artifacts = resolve_images(config, repo / "build" / "images")
+    artifacts = resolve_images(config, repo / IMAGES)
+    check_launchers(config)  # also refuses, in one line, an option a runtime does not take
     skipped = select_runtimes(config, artifacts) if probe else {}
     artifacts = {name: path for name, path in artifacts.items() if name in config["runtimes"]}
-    check_launchers(config)
     cb_config.check_dataset(config)
     sample = None
     if "real" in config["benchmark"]["data"] and not config["dataset"]["path"]:
@@ -255,4 +250,10 @@ def prepare(config: dict, repo: Path, *, probe: bool = True) -> Sweep:
         slurm.check_time_limit(config)
         if probe:
             slurm.check_cluster(config, runs)
-    return Sweep(runs, {run.run_id: plan(run, config) for run in runs}, artifacts, skipped, sample)
+    try:
+        plans = {run.run_id: plan(run, config) for run in runs}
+    except cb_config.ConfigError:
+        raise
+    except ValueError as error:  # a runtime that cannot do what the config asks (e.g. a bind it cannot make)
+        raise cb_config.ConfigError(f"config: {error}") from None
+    return Sweep(runs, plans, artifacts, skipped, sample)

@@ -511,7 +511,10 @@ def select_runtimes(config: dict, built: dict[str, str]) -> dict[str, str]:
     for name in config["runtimes"]:
         if name == "bare-metal":
             continue
-        ok, reason = runtime_for(name, config).usable()
+        try:
+            ok, reason = runtime_for(name, config).usable()
+        except ValueError as error:  # an option this runtime does not take
+            raise ConfigError(f"config: {error}") from None
         if ok and name in built and not build_ok:
             ok, reason = False, f"the image cannot be built here: {build_reason}"
         if not ok:
