@@ -50,10 +50,24 @@ def test_definition_from_local_daemon_base():
 
 
 def test_definition_from_archive():
-    text = definition(bootstrap="docker-archive")
-    assert text.splitlines()[:2] == ["Bootstrap: docker-archive", "From: build/images/containerbench-base.tar"]
+    # Apptainer user guide, "Support for Docker and OCI Containers": a definition that starts from a
+    # Docker archive uses `Bootstrap: docker-archive` with the file in `From:`.
+    text = definition(build_args={"BASE_IMAGE": "/scratch/base.tar"})
+    assert text.splitlines()[:2] == ["Bootstrap: docker-archive", "From: /scratch/base.tar"]
     text = definition(bootstrap="docker-archive", source="/scratch/base.tar")
     assert text.splitlines()[:2] == ["Bootstrap: docker-archive", "From: /scratch/base.tar"]
+    # An image reference has no archive until someone saves one: it must be named.
+    with pytest.raises(ValueError, match="^bootstrap docker-archive needs the archive of the base "
+                                         "localhost/containerbench-base:bookworm"):
+        definition(bootstrap="docker-archive")
+
+
+def test_definition_command_labels_the_image_with_the_bench_venvs_hash(tmp_path, bench_python):
+    out = tmp_path / "containerbench.def"
+    assert singularity.main(["--dockerfile", str(ROOT / "containers" / "Dockerfile"), "--context", str(ROOT),
+                             "--bench-python", str(bench_python), "--out", str(out)]) == 0
+    assert section(out.read_text(), "%labels") == [
+        f"org.containerbench.provenance {singularity.host_provenance_hash(bench_python)}"]
 
 
 def test_definition_from_registry_with_site_arguments():
@@ -173,9 +187,9 @@ def test_engine_usable_names_the_daemon_that_did_not_answer(monkeypatch):
 
 def test_failing_step_names_itself():
     with pytest.raises(images.ImageStepError, match=r"^export \(podman save\) failed \(exit 1\): false x$"):
-        images.run_step("export (podman save)", ["false", "x"])
+        images.run_step("export (podman save)", ["false", "x"], timeout=60)
     with pytest.raises(images.ImageStepError, match="not installed"):
-        images.run_step("charliecloud", ["/nonexistent/ch-convert"])
+        images.run_step("charliecloud", ["/nonexistent/ch-convert"], timeout=60)
 
 
 def test_step_past_its_time_limit_fails_and_leaves_nothing_running(tmp_path):

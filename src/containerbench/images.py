@@ -48,7 +48,6 @@ BENCH_PYTHON = Path(".venv-bench/bin/python")
 BASE_IMAGE = "localhost/containerbench-base:bookworm"
 IMAGE_REPO = "localhost/containerbench"
 ARCHIVE = IMAGES / "containerbench.tar"
-BASE_ARCHIVE = IMAGES / "containerbench-base.tar"
 CHARLIECLOUD_DIR = IMAGES / "containerbench.ch"
 SIF = IMAGES / "containerbench.sif"
 SQUASHFS = IMAGES / "containerbench.sqsh"
@@ -60,6 +59,9 @@ BASE_PACKAGES = ("python3", "python3-venv", "openmpi-bin", "libopenmpi3", "ca-ce
 SUITE, GLIBC = "bookworm", (2, 36)
 # A base with apt steps or a slow mirror may need more (images.step_timeout_s in the config).
 DEFAULT_STEP_TIMEOUT_S = 3600
+# Questions that take seconds (does the image exist, its id, the venv's versions and hash): a wedged
+# engine fails them long before a step's limit.
+QUERY_TIMEOUT_S = 300
 HOROVOD_FLAGS = {"HOROVOD_WITH_TENSORFLOW": "1", "HOROVOD_WITH_GLOO": "1", "HOROVOD_WITH_MPI": "1",
                  "HOROVOD_WITHOUT_PYTORCH": "1", "HOROVOD_WITHOUT_MXNET": "1"}
 BUILD_TOOLS = ("pip", "setuptools", "wheel")  # tensorflow and astunparse depend on them: they enter the hash
@@ -85,7 +87,7 @@ class ImageSpec:
 
 # -- running ---------------------------------------------------------------------------------
 
-def run_step(step: str, argv: list[str], *, timeout: float = DEFAULT_STEP_TIMEOUT_S, env=None, capture=False,
+def run_step(step: str, argv: list[str], *, timeout: float, env=None, capture=False,
              stdin=None) -> subprocess.CompletedProcess:
     """Run one image step in its own process group (podman and ch-convert start helpers that
     would outlive a killed parent); it never reads a terminal or a CI pipe."""
@@ -136,26 +138,35 @@ def import_argv(engine: str, tag: str = BASE_IMAGE) -> list[str]:
 
 def image_exists(engine: str, tag: str) -> bool:
     argv = [engine, "image", "inspect", tag]
-    return subprocess.run(argv, capture_output=True, env=engine_env(engine)).returncode == 0
+    try:
+        return run_group(argv, timeout=QUERY_TIMEOUT_S, env=engine_env(engine)).returncode == 0
+    except FileNotFoundError:
+        raise ImageStepError(f"base: {engine} is not installed (scripts/container-engines.sh install)") from None
+    except subprocess.TimeoutExpired:
+        raise ImageStepError(f"base: `{shlex.join(argv)}` did not answer within {QUERY_TIMEOUT_S} s") from None
 
 
 def make_base(engine: str, tag: str = BASE_IMAGE, rootfs: Path = BUILD / "base" / "rootfs",
               mirror: str | None = None, force: bool = False, timeout: float = DEFAULT_STEP_TIMEOUT_S) -> str:
+    """Debootstrap a root file system into `rootfs`, import it into the engine as `tag`, and remove
+    it: the engine keeps the base, the workflow keeps only its marker."""
     if image_exists(engine, tag) and not force:
         return f"{tag} already in {engine}"
-    done_marker = rootfs.with_name(rootfs.name + ".complete")
-    if force or not done_marker.exists():
-        shutil.rmtree(rootfs, ignore_errors=True)  # a half-made rootfs from an interrupted run
-        rootfs.parent.mkdir(parents=True, exist_ok=True)
-        run_step("base (debootstrap)", debootstrap_argv(rootfs, mirror or apt_mirror()), timeout=timeout)
-        done_marker.touch()
-    tar = subprocess.Popen(rootfs_tar_argv(rootfs), stdout=subprocess.PIPE)
+    shutil.rmtree(rootfs, ignore_errors=True)  # a half-made rootfs from an interrupted run
+    rootfs.parent.mkdir(parents=True, exist_ok=True)
     try:
-        run_step("base (import)", import_argv(engine, tag), stdin=tar.stdout, env=engine_env(engine), timeout=timeout)
+        run_step("base (debootstrap)", debootstrap_argv(rootfs, mirror or apt_mirror()), timeout=timeout)
+        tar = subprocess.Popen(rootfs_tar_argv(rootfs), stdout=subprocess.PIPE)
+        try:
+            run_step("base (import)", import_argv(engine, tag), stdin=tar.stdout, env=engine_env(engine),
+                     timeout=timeout)
+        finally:
+            tar.stdout.close()
+            if tar.wait() != 0:
+                raise ImageStepError(f"base (tar) failed (exit {tar.returncode}): "
+                                     f"{shlex.join(rootfs_tar_argv(rootfs))}")
     finally:
-        tar.stdout.close()
-        if tar.wait() != 0:
-            raise ImageStepError(f"base (tar) failed (exit {tar.returncode}): {shlex.join(rootfs_tar_argv(rootfs))}")
+        shutil.rmtree(rootfs, ignore_errors=True)
     return f"{tag} imported into {engine}"
 
 
@@ -195,7 +206,7 @@ def horovod_wheel_argv(python: Path, sdist: Path, dest: Path) -> list[str]:
 
 
 def _bench_query(python: Path, code: str) -> str:
-    return run_step("bench venv", [str(python), "-c", code], capture=True).stdout.strip()
+    return run_step("bench venv", [str(python), "-c", code], capture=True, timeout=QUERY_TIMEOUT_S).stdout.strip()
 
 
 def build_tool_pins(python: Path) -> list[str]:
@@ -229,7 +240,8 @@ def make_wheelhouse(bench_python: Path = BENCH_PYTHON, dest: Path = WHEELHOUSE, 
 # -- build, inspect, stamp -------------------------------------------------------------------
 
 def host_provenance(bench_python: Path = BENCH_PYTHON) -> dict:
-    out = run_step("provenance (host)", [str(bench_python), "-m", "containerbench.provenance"], capture=True)
+    out = run_step("provenance (host)", [str(bench_python), "-m", "containerbench.provenance"], capture=True,
+                   timeout=QUERY_TIMEOUT_S)
     return json.loads(out.stdout)
 
 
@@ -248,7 +260,8 @@ def build_argv(spec: ImageSpec) -> list[str]:
 
 
 def inspect_image(engine: str, tag: str) -> dict:
-    out = run_step("inspect", [engine, "image", "inspect", tag], capture=True, env=engine_env(engine))
+    out = run_step("inspect", [engine, "image", "inspect", tag], capture=True, env=engine_env(engine),
+                   timeout=QUERY_TIMEOUT_S)
     return json.loads(out.stdout)[0]
 
 

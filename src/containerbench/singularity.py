@@ -11,13 +11,13 @@ steps as they do for later RUN steps.
 from __future__ import annotations
 
 import os
+import argparse
+import json
 import re
 import shlex
+import subprocess
+import sys
 from pathlib import Path
-
-DOCKERFILE = Path("containers/Dockerfile")
-# The base image as an archive, for sites that bootstrap from a file (images.py writes it).
-BASE_ARCHIVE = Path("build/images/containerbench-base.tar")
 
 
 def dockerfile_args(dockerfile: Path) -> dict[str, str]:
@@ -52,10 +52,12 @@ def bootstrap_for(base: str) -> str:
     return "docker-daemon" if base.startswith("localhost/") else "docker"
 
 
-def singularity_definition(dockerfile: Path = DOCKERFILE, build_args: dict | None = None,
-                           bootstrap: str | None = None, source: str | None = None,
-                           context: str = ".") -> str:
-    """spython's conversion of the Dockerfile, with what it gets wrong put right."""
+def singularity_definition(dockerfile: Path, build_args: dict | None = None, bootstrap: str | None = None,
+                           source: str | None = None, context: str = ".") -> str:
+    """spython's conversion of the Dockerfile, with what it gets wrong put right. The bootstrap
+    agent follows the base (a local daemon, an archive, a registry) unless given; `source` is
+    what it bootstraps from, the base by default, and must be given to bootstrap an image
+    reference from an archive."""
     from spython.logger import bot
     from spython.main.parse.parsers import DockerParser
     from spython.main.parse.writers import SingularityWriter
@@ -73,7 +75,9 @@ def singularity_definition(dockerfile: Path = DOCKERFILE, build_args: dict | Non
     froms = re.findall(r"^\s*FROM\s+(?:--\S+\s+)*(\S+)", dockerfile.read_text(), re.M | re.I)
     base = expand_args(froms[-1], values)  # the stage that makes the image
     bootstrap = bootstrap or bootstrap_for(base)
-    source = source or (str(BASE_ARCHIVE) if bootstrap == "docker-archive" else base)
+    if bootstrap == "docker-archive" and not source and bootstrap_for(base) != "docker-archive":
+        raise ValueError(f"bootstrap docker-archive needs the archive of the base {base} (--from ARCHIVE)")
+    source = source or base
     out, section = [f"Bootstrap: {bootstrap}", f"From: {source}"], ""
     for line in converted.splitlines():
         if re.match(r"(Bootstrap|From|Stage):", line) or (not out[-1] and not line):
@@ -108,17 +112,22 @@ def write_singularity_definition(out: Path, **kwargs) -> Path:
     return out
 
 
+def host_provenance_hash(bench_python: Path) -> str:
+    """The benchmark venv's provenance hash, for the image's label (as the image build sets it)."""
+    done = subprocess.run([str(bench_python), "-m", "containerbench.provenance"], capture_output=True, text=True,
+                          timeout=300, check=True)
+    return json.loads(done.stdout)["hash"]
 
 
-def parser():
-    import argparse
-
+def parser() -> argparse.ArgumentParser:
     cli = argparse.ArgumentParser(prog="python -m containerbench.singularity", description=__doc__.splitlines()[0])
-    cli.add_argument("--dockerfile", type=Path, default=DOCKERFILE)
+    cli.add_argument("--dockerfile", type=Path, required=True)
     cli.add_argument("--bootstrap", choices=("docker", "docker-daemon", "docker-archive"))
-    cli.add_argument("--from", dest="source", help="image or archive to bootstrap from")
+    cli.add_argument("--from", dest="source", help="image or archive to bootstrap from (default: the base)")
     cli.add_argument("--context", default=".", help="the build context COPY sources are relative to")
     cli.add_argument("--build-arg", action="append", default=[], metavar="NAME=VALUE")
+    cli.add_argument("--bench-python", type=Path,
+                     help="label the image with this benchmark venv's provenance hash (ARG PROVENANCE)")
     cli.add_argument("--out", type=Path, required=True)
     return cli
 
@@ -126,8 +135,14 @@ def parser():
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     build_args = dict(pair.split("=", 1) for pair in args.build_arg)
-    print(write_singularity_definition(args.out, dockerfile=args.dockerfile, build_args=build_args,
-                                       bootstrap=args.bootstrap, source=args.source, context=args.context))
+    if args.bench_python and "PROVENANCE" not in build_args:
+        build_args["PROVENANCE"] = host_provenance_hash(args.bench_python)
+    try:
+        print(write_singularity_definition(args.out, dockerfile=args.dockerfile, build_args=build_args,
+                                           bootstrap=args.bootstrap, source=args.source, context=args.context))
+    except ValueError as error:
+        print(f"containerbench.singularity: {error}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -35,7 +35,6 @@ for repetition in REPETITIONS:
             plan=lambda wildcards: json.dumps(PLANS[wildcards.run_id], sort_keys=True),
         priority: max(REPETITIONS) - repetition
         resources:
-            **WHOLE_MACHINE,
             # On Slurm (launcher srun): the run's nodes and ranks. A multi-rank job is an MPI job
             # for the executor plugin (`mpi` set, tasks > 1): it runs our command, which calls srun.
             **JOB_SHAPE,

@@ -24,10 +24,6 @@ BENCH_PYTHON = Path(config["bare_metal"]["python"])
 if not BENCH_PYTHON.is_absolute() and (REPO / BENCH_PYTHON).exists():
     BENCH_PYTHON = REPO / BENCH_PYTHON
 SLURM_RESOURCES = slurm.job_resources(config["slurm"])
-# Steps that would disturb a measurement (benchmarks, image builds, the data sample) take the
-# whole machine: the local profile offers one exclusive_machine, so they run one at a time.
-# On Slurm every benchmark job has nodes of its own, and this limits only the login node's steps.
-WHOLE_MACHINE = {"exclusive_machine": 1}
 
 
 wildcard_constraints:

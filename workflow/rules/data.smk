@@ -5,19 +5,16 @@
 
 
 rule dataset_sample:
-    """ImageNet-shaped TFRecords of random JPEGs; manifest.json is written last, when whole."""
+    """ImageNet-shaped TFRecords of random JPEGs, and their manifest.json."""
     output:
-        f"{REPO}/{cb_config.SAMPLE_DIR}/manifest.json",  # what SWEEP.inputs names for real-data runs
+        directory(f"{REPO}/{cb_config.SAMPLE_DIR}"),  # what SWEEP.inputs names for real-data runs
     log:
         f"{REPO}/build/logs/dataset_sample.txt",
     params:
         python=BENCH_PYTHON,
-        out_dir=lambda wildcards, output: Path(output[0]).parent,
         sample=config["dataset"],
     localrule: True
-    resources:
-        **WHOLE_MACHINE,
     shell:
-        "{params.python:q} -m containerbench.datasets generate {params.out_dir:q} "
+        "{params.python:q} -m containerbench.datasets generate {output:q} "
         "--images {params.sample[sample_images]} --shards {params.sample[sample_shards]} "
         "--size {params.sample[sample_jpeg_size]} > {log:q} 2>&1"

@@ -16,9 +16,9 @@ FILES = cb_images.image_files(TAG, IMAGES_DIR)
 # The image step's command line, shell-quoted word by word; each rule adds its step and files.
 IMAGES = shlex.join([PYTHON, "-m", "containerbench.images", "--engine", ENGINE, "--tag", TAG,
                      "--bench-python", str(BENCH_PYTHON), "--repo", str(REPO)])
-# Image steps take the whole machine, and each has a time limit. The limit is a resource, not a
-# param: raising it must not rebuild an image that was built in time.
-IMAGE_STEP = {**WHOLE_MACHINE, "step_timeout_s": config["images"]["step_timeout_s"]}
+# Each image step has a time limit. It is a resource, not a param: raising it must not rebuild
+# an image that was built in time.
+IMAGE_STEP = {"step_timeout_s": config["images"]["step_timeout_s"]}
 
 
 rule image_base:
@@ -38,7 +38,10 @@ rule image_base:
 
 
 rule image_wheelhouse:
-    """The pinned benchmark packages as wheels, so the image builds with its network off."""
+    """The pinned benchmark packages as wheels, so the image builds with its network off. The
+    wheelhouse (build/wheelhouse) is a cache that `make setup` fills too, with the Horovod wheel
+    it builds: the rule declares the list of its files, not the directory, which Snakemake would
+    delete before a rerun, and with it a Horovod build of several minutes."""
     input:
         REPO / "envs" / "bench.lock.txt",
         REPO / "envs" / "bench.txt",
@@ -124,7 +127,8 @@ rule image_charliecloud:
     input:
         rules.image_build.output,
     output:
-        directory(FILES["charliecloud"]),
+        image=directory(FILES["charliecloud"]),
+        image_id=f"{FILES['charliecloud']}.image-id",  # the id of the image it was converted from
     log:
         IMAGE_LOGS / "charliecloud.txt",
     params:
@@ -134,7 +138,7 @@ rule image_charliecloud:
         **IMAGE_STEP,
     shell:
         "{params.images} --step-timeout {resources.step_timeout_s} "
-        "charliecloud --out {output:q} --force > {log:q} 2>&1"
+        "charliecloud --out {output.image:q} --force > {log:q} 2>&1"
 
 
 rule singularity_definition:
@@ -150,11 +154,12 @@ rule singularity_definition:
     params:
         repo=REPO,
         python=PYTHON,
+        bench_python=BENCH_PYTHON,
         base=BUILD["base_image"] or cb_images.BASE_IMAGE,
     localrule: True
     shell:
         "{params.python:q} -m containerbench.singularity --dockerfile {input:q} --context {params.repo:q} "
-        "--build-arg BASE_IMAGE={params.base:q} --out {output:q} > {log:q} 2>&1"
+        "--build-arg BASE_IMAGE={params.base:q} --bench-python {params.bench_python:q} --out {output:q} > {log:q} 2>&1"
 
 
 rule image_apptainer:
