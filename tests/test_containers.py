@@ -14,6 +14,7 @@ import pytest
 import yaml
 from helpers import ROOT, TINY
 
+from containerbench import markers
 from containerbench.processes import run_group
 
 # from scratch the fixture builds the image (debootstrap, build, save, load, ch-convert) first
@@ -64,3 +65,15 @@ def test_the_report_has_an_overhead_row_per_runtime(container_run):
     assert overhead["startup_overhead_s"].notna().all()
     report = (results / "report.html").read_text()
     assert "Container overhead" in report and 'alt="container overhead with 95% intervals"' in report
+
+
+def test_runtimes_are_measured_interleaved_by_repetition(container_run):
+    # The image is made before the first measurement (on a fresh clone, in this very workflow run):
+    # every runtime's first repetition starts before any second one, so no runtime is measured
+    # alone at another time of the machine's day.
+    starts: dict[int, list[float]] = {}
+    for log in (container_run / "results" / "runs").glob("*.log"):
+        launch = markers.payload(log.read_text().splitlines()[0], markers.LAUNCH)
+        starts.setdefault(launch["spec"]["repetition"], []).append(launch["started_unix"])
+    assert sorted(starts) == [1, 2]
+    assert max(starts[1]) < min(starts[2])

@@ -24,6 +24,10 @@ BENCH_PYTHON = Path(config["bare_metal"]["python"])
 if not BENCH_PYTHON.is_absolute() and (REPO / BENCH_PYTHON).exists():
     BENCH_PYTHON = REPO / BENCH_PYTHON
 SLURM_RESOURCES = slurm.job_resources(config["slurm"])
+# What the runs need (images, the data sample) is made before the first measurement: otherwise the
+# bare-metal runs, ready first, would all run before any container run, and the runtimes would be
+# measured at different times instead of interleaved by repetition (benchmark.smk).
+BEFORE_ANY_MEASUREMENT = 1_000_000
 
 
 wildcard_constraints:

@@ -14,6 +14,7 @@ rule dataset_sample:
         python=BENCH_PYTHON,
         sample=config["dataset"],
     localrule: True
+    priority: BEFORE_ANY_MEASUREMENT
     shell:
         "{params.python:q} -m containerbench.datasets generate {output:q} "
         "--images {params.sample[sample_images]} --shards {params.sample[sample_shards]} "

@@ -30,6 +30,7 @@ rule image_base:
     params:
         images=IMAGES,
     localrule: True
+    priority: BEFORE_ANY_MEASUREMENT
     resources:
         **IMAGE_STEP,
     shell:
@@ -52,6 +53,7 @@ rule image_wheelhouse:
     params:
         images=IMAGES,
     localrule: True
+    priority: BEFORE_ANY_MEASUREMENT
     resources:
         **IMAGE_STEP,
     shell:
@@ -77,6 +79,7 @@ rule image_build:
         base=BUILD["base_image"] or cb_images.BASE_IMAGE,
         apt=BUILD["apt_packages"],
     localrule: True
+    priority: BEFORE_ANY_MEASUREMENT
     resources:
         **IMAGE_STEP,
     shell:
@@ -94,6 +97,7 @@ rule image_archive:
     params:
         images=IMAGES,
     localrule: True
+    priority: BEFORE_ANY_MEASUREMENT
     resources:
         **IMAGE_STEP,
     shell:
@@ -116,6 +120,7 @@ for other in set(cb_images.ENGINES) - {ENGINE}:
             images=IMAGES,
             engine=other,
         localrule: True
+        priority: BEFORE_ANY_MEASUREMENT
         resources:
             **IMAGE_STEP,
         shell:
@@ -134,6 +139,7 @@ rule image_charliecloud:
     params:
         images=IMAGES,
     localrule: True
+    priority: BEFORE_ANY_MEASUREMENT
     resources:
         **IMAGE_STEP,
     shell:
@@ -157,6 +163,7 @@ rule singularity_definition:
         bench_python=BENCH_PYTHON,
         base=BUILD["base_image"] or cb_images.BASE_IMAGE,
     localrule: True
+    priority: BEFORE_ANY_MEASUREMENT
     shell:
         "{params.python:q} -m containerbench.singularity --dockerfile {input:q} --context {params.repo:q} "
         "--build-arg BASE_IMAGE={params.base:q} --bench-python {params.bench_python:q} --out {output:q} > {log:q} 2>&1"
@@ -174,6 +181,7 @@ rule image_apptainer:
         images=IMAGES,
         program="singularity" if "singularity" in config["runtimes"] else "apptainer",
     localrule: True
+    priority: BEFORE_ANY_MEASUREMENT
     resources:
         **IMAGE_STEP,
     shell:
@@ -191,6 +199,7 @@ rule image_enroot:
     params:
         images=IMAGES,
     localrule: True
+    priority: BEFORE_ANY_MEASUREMENT
     resources:
         **IMAGE_STEP,
     shell:
@@ -208,6 +217,7 @@ rule image_sarus:
     params:
         images=IMAGES,
     localrule: True
+    priority: BEFORE_ANY_MEASUREMENT
     resources:
         **IMAGE_STEP,
     shell:
@@ -225,6 +235,7 @@ rule image_podman_hpc:
     params:
         images=IMAGES,
     localrule: True
+    priority: BEFORE_ANY_MEASUREMENT
     resources:
         **IMAGE_STEP,
     shell:
