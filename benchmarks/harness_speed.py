@@ -86,7 +86,7 @@ def worker(args) -> dict:
     shape = (args.image_size, args.image_size, 3)
 
     def build_ours():
-        """Ours, exactly as bench.run builds it."""
+        """Ours, exactly as bench.train builds it."""
         model, optimizer, _ = bench.build_model(tf, ours_args)
         optimizer.build(model.trainable_variables)
         next_batch, source = bench.input_source(tf, mode, ours_args, shape)
