@@ -236,24 +236,24 @@ def prepare(config: dict, repo: Path, *, probe: bool = True) -> Sweep:
     """Everything checked before any job: runtimes' images and launchers, the dataset, the sweep,
     and (with `probe`) which runtimes can run here and what the Slurm cluster can give.
     `config` must be validated (config.validated); it is completed in place. Raises ConfigError."""
-    artifacts = resolve_images(config, repo / IMAGES)
-    check_launchers(config)  # also refuses, in one line, an option a runtime does not take
-    skipped = select_runtimes(config, artifacts) if probe else {}
-    artifacts = {name: path for name, path in artifacts.items() if name in config["runtimes"]}
-    cb_config.check_dataset(config)
-    sample = None
-    if "real" in config["benchmark"]["data"] and not config["dataset"]["path"]:
-        sample = config["dataset"]["path"] = str(repo / cb_config.SAMPLE_DIR)  # one sample for every results dir
-    runs = cb_config.plan_runs(config)
-    cb_config.check_runs(config, runs)
-    if config["launcher"]["kind"] == "srun":
-        slurm.check_time_limit(config)
-        if probe:
-            slurm.check_cluster(config, runs)
     try:
+        artifacts = resolve_images(config, repo / IMAGES)
+        check_launchers(config)  # before any probe: an option a runtime does not take is a config error
+        skipped = select_runtimes(config, artifacts) if probe else {}
+        artifacts = {name: path for name, path in artifacts.items() if name in config["runtimes"]}
+        cb_config.check_dataset(config)
+        sample = None
+        if "real" in config["benchmark"]["data"] and not config["dataset"]["path"]:
+            sample = config["dataset"]["path"] = str(repo / cb_config.SAMPLE_DIR)  # one sample for every results dir
+        runs = cb_config.plan_runs(config)
+        cb_config.check_runs(config, runs)
+        if config["launcher"]["kind"] == "srun":
+            slurm.check_time_limit(config)
+            if probe:
+                slurm.check_cluster(config, runs)
         plans = {run.run_id: plan(run, config) for run in runs}
     except cb_config.ConfigError:
         raise
-    except ValueError as error:  # a runtime that cannot do what the config asks (e.g. a bind it cannot make)
+    except ValueError as error:  # a runtime refusing what the config asks (an option, a launcher, a bind)
         raise cb_config.ConfigError(f"config: {error}") from None
     return Sweep(runs, plans, artifacts, skipped, sample)
