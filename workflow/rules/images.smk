@@ -14,7 +14,7 @@ IMAGE_LOGS = REPO / "build" / "logs" / "images"
 PACKAGE_SOURCES = sorted(str(p) for p in (REPO / "src" / "containerbench").rglob("*.py"))
 FILES = cb_images.image_files(TAG, IMAGES_DIR)
 # The image step's command line, shell-quoted word by word; each rule adds its step and files.
-IMAGES = shlex.join([PYTHON, "-m", "containerbench.images", "--engine", ENGINE, "--tag", TAG,
+IMAGE_STEPS = shlex.join([PYTHON, "-m", "containerbench.images", "--engine", ENGINE, "--tag", TAG,
                      "--bench-python", str(BENCH_PYTHON), "--repo", str(REPO)])
 # Each image step has a time limit. It is a resource, not a param: raising it must not rebuild
 # an image that was built in time.
@@ -28,7 +28,7 @@ rule image_base:
     log:
         IMAGE_LOGS / "base.txt",
     params:
-        images=IMAGES,
+        images=IMAGE_STEPS,
     localrule: True
     priority: BEFORE_ANY_MEASUREMENT
     resources:
@@ -51,7 +51,7 @@ rule image_wheelhouse:
     log:
         IMAGE_LOGS / "wheelhouse.txt",
     params:
-        images=IMAGES,
+        images=IMAGE_STEPS,
     localrule: True
     priority: BEFORE_ANY_MEASUREMENT
     resources:
@@ -75,7 +75,7 @@ rule image_build:
     log:
         IMAGE_LOGS / f"build.{ENGINE}.txt",
     params:
-        images=IMAGES,
+        images=IMAGE_STEPS,
         base=BUILD["base_image"] or cb_images.BASE_IMAGE,
         apt=BUILD["apt_packages"],
     localrule: True
@@ -95,7 +95,7 @@ rule image_archive:
     log:
         IMAGE_LOGS / "archive.txt",
     params:
-        images=IMAGES,
+        images=IMAGE_STEPS,
     localrule: True
     priority: BEFORE_ANY_MEASUREMENT
     resources:
@@ -117,7 +117,7 @@ for other in set(cb_images.ENGINES) - {ENGINE}:
         log:
             IMAGE_LOGS / f"into.{other}.txt",
         params:
-            images=IMAGES,
+            images=IMAGE_STEPS,
             engine=other,
         localrule: True
         priority: BEFORE_ANY_MEASUREMENT
@@ -137,7 +137,7 @@ rule image_charliecloud:
     log:
         IMAGE_LOGS / "charliecloud.txt",
     params:
-        images=IMAGES,
+        images=IMAGE_STEPS,
     localrule: True
     priority: BEFORE_ANY_MEASUREMENT
     resources:
@@ -178,7 +178,7 @@ rule image_apptainer:
     log:
         IMAGE_LOGS / "apptainer.txt",
     params:
-        images=IMAGES,
+        images=IMAGE_STEPS,
         program="singularity" if "singularity" in config["runtimes"] else "apptainer",
     localrule: True
     priority: BEFORE_ANY_MEASUREMENT
@@ -197,7 +197,7 @@ rule image_enroot:
     log:
         IMAGE_LOGS / "enroot.txt",
     params:
-        images=IMAGES,
+        images=IMAGE_STEPS,
     localrule: True
     priority: BEFORE_ANY_MEASUREMENT
     resources:
@@ -215,7 +215,7 @@ rule image_sarus:
     log:
         IMAGE_LOGS / "sarus.txt",
     params:
-        images=IMAGES,
+        images=IMAGE_STEPS,
     localrule: True
     priority: BEFORE_ANY_MEASUREMENT
     resources:
@@ -233,7 +233,7 @@ rule image_podman_hpc:
     log:
         IMAGE_LOGS / "podman-hpc.txt",
     params:
-        images=IMAGES,
+        images=IMAGE_STEPS,
     localrule: True
     priority: BEFORE_ANY_MEASUREMENT
     resources:
