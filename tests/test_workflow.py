@@ -195,3 +195,12 @@ def test_the_workflow_runs_end_to_end_and_then_has_nothing_to_do(tmp_path):
     judged = snakemake(tmp_path, "validate", *configs, str(overlay))
     assert judged.returncode == 0, judged.stderr[-3000:]
     assert (results / "validation.txt").read_text().splitlines()[-1] == "VERDICT: PASS"
+    # A FAIL fails the workflow, and the verdict stays where the admin reads it.
+    references = yaml.safe_load((results / "references.yaml").read_text())
+    for entry in references["systems"]["ci"].values():
+        entry["reference"] *= 10 if entry["lower"] is not None else 0.1
+    (tmp_path / "unreachable.yaml").write_text(yaml.safe_dump(references))
+    overlay.write_text(yaml.safe_dump({"validation": {"references": "unreachable.yaml"}}))
+    judged = snakemake(tmp_path, "validate", *configs, str(overlay))
+    assert judged.returncode == 1
+    assert (results / "validation.txt").read_text().splitlines()[-1].startswith("VERDICT: FAIL")

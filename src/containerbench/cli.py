@@ -92,7 +92,7 @@ def cmd_validate(args) -> int:
     print(text)
     if args.out:
         Path(args.out).write_text(text + "\n")
-    return 0 if outcome.passed or args.report_only else 1
+    return 0 if outcome.passed else 1
 
 
 def cmd_baseline(args) -> int:
@@ -150,7 +150,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--slow-node-fraction", type=float, default=0.10,
                    help="a node this fraction below the median of its peers is named slow (default 0.10)")
     p.add_argument("--out", help="also write the verdict to this file")
-    p.add_argument("--report-only", action="store_true", help="print the verdict but exit 0")
     p.set_defaults(func=cmd_validate)
 
     p = sub.add_parser("baseline", help="write a references file from a good run")
