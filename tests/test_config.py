@@ -96,8 +96,10 @@ def test_site_example_sweep_crosses_fabrics_nodes_and_batches(root):
     assert {r.ranks for r in train} == {4, 8, 16, 32}
     assert {r.runtime for r in train} == {"bare-metal", "apptainer", "enroot"}
     net = [r for r in runs if r.kind == "netbench"]
-    assert {(r.fabric, r.nodes, r.ranks_per_node) for r in net} == {("infiniband", 2, 1), ("ethernet", 2, 1)}
-    assert len(net) == 3 * 2 * 3
+    # At every node count: 2 ranks on one node, else one rank per node.
+    assert {(r.fabric, r.nodes, r.ranks_per_node) for r in net} == {
+        (fabric, nodes, 2 if nodes == 1 else 1) for fabric in ("infiniband", "ethernet") for nodes in (1, 2, 4, 8)}
+    assert len(net) == 3 * 2 * 4 * 3  # runtimes x fabrics x node counts x repetitions
 
 
 def test_launcher_none_with_several_ranks_is_rejected(root, tmp_path):

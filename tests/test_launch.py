@@ -65,6 +65,16 @@ def test_netbench_plan_runs_the_netbench_module_on_two_ranks(tmp_path):
     assert run_plan["argv"][:3] == ["mpirun", "-np", "2"]
 
 
+def test_netbench_runs_at_every_node_count_with_ping_pong_on_the_first_pair_only(tmp_path):
+    config = cb_config.merge(tiny_config(tmp_path), {"scaling": {"nodes": [1, 2, 4]},
+                                                     "launcher": {"kind": "srun", "srun_mpi": "pmix"}})
+    net = {r.nodes: plan(r, config)["argv"] for r in cb_config.plan_runs(config) if r.kind == "netbench"}
+    assert sorted(net) == [1, 2, 4]
+    assert net[1][:4] == ["srun", "--mpi=pmix", "--nodes=1", "--ntasks=2"] and net[1][-2:] == ["--max-bytes", "65536"]
+    assert net[2][:4] == ["srun", "--mpi=pmix", "--nodes=2", "--ntasks=2"] and net[2][-2:] == ["--max-bytes", "65536"]
+    assert net[4][:4] == ["srun", "--mpi=pmix", "--nodes=4", "--ntasks=4"] and net[4][-1] == "--no-pingpong"
+
+
 def run_python(tmp_path, code: str, timeout_s=60):
     run_plan = {"run_id": "probe", "spec": {"kind": "train", "ranks": 1}, "argv": [sys.executable, "-c", code],
                 "env": {"PROBE": "yes"}, "timeout_s": timeout_s}

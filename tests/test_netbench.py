@@ -70,3 +70,17 @@ def test_single_rank_is_rejected(bench_python):
     assert completed.returncode == 2
     assert "netbench needs at least 2 ranks, got 1" in completed.stderr
     assert "Traceback" not in completed.stderr
+
+
+def test_larger_allocations_measure_only_the_allreduce_over_every_rank(bench_python):
+    # What a 4-node netbench run gets (launch.benchmark_args): ping-pong is the first two
+    # ranks' pair, which the 2-node run measures, so only the all-reduce spans the rest.
+    command = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "3", "--mca", "btl", "self,tcp",
+               "--mca", "btl_tcp_if_include", "lo", str(bench_python), "-m", "containerbench.netbench",
+               "--max-bytes", "4096", "--target-bytes", "65536", "--no-pingpong"]
+    completed = run_group(command, timeout=TIMEOUT_S)
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    [result] = prefixed_json(completed.stdout.splitlines(), "containerbench-result ")
+    assert result["ranks"] == 3 and result["pingpong"] == []
+    assert [entry["ranks"] for entry in result["allreduce"]] == [3] * 11  # 4 B .. 4 KiB
+    assert all(math.isclose(e["busbw_GBps"], e["algbw_GBps"] * 4 / 3) for e in result["allreduce"])

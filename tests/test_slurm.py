@@ -90,7 +90,7 @@ def test_what_the_cluster_cannot_give_is_refused_in_one_line_before_any_job(clus
 
 def test_every_run_used_slurm_and_the_fabric_it_asked_for(slurm_run):
     records = [json.loads(p.read_text()) for p in sorted((slurm_run / "results" / "runs").glob("*.json"))]
-    assert len(records) == 2 * (2 * 2 + 2)  # runtimes x (fabrics x node counts + netbench per fabric)
+    assert len(records) == 2 * 2 * 2 * 2  # runtimes x fabrics x node counts x (training, netbench)
     assert {r["spec"]["runtime"] for r in records} == {"bare-metal", "charliecloud"}
     assert len({r["result"]["provenance"]["hash"] for r in records}) == 1  # the same benchmark in both
     for record in records:
@@ -156,7 +156,7 @@ def test_a_run_on_the_wrong_interface_is_caught(cluster, slurm_run, tmp_path):
     path = tmp_path / "wrong.yaml"
     path.write_text(yaml.safe_dump({**config, "bare_metal": {"python": str(BENCH_PYTHON)}}))
     loaded = cb_config.load([str(path)])
-    spec = next(r for r in cb_config.plan_runs(loaded) if r.kind == "netbench" and r.fabric == "fast")
+    spec = next(r for r in cb_config.plan_runs(loaded) if r.kind == "netbench" and r.fabric == "fast" and r.nodes == 2)
     run_plan = plan(spec, loaded)
     plan_file = tmp_path / "plan.json"
     plan_file.write_text(json.dumps(run_plan))

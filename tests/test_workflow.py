@@ -49,9 +49,9 @@ def test_dry_run_of_the_example_site_config(tmp_path):
     done = snakemake(tmp_path, "--configfile", str(ROOT / "config" / "site.example.yaml"), str(relaxed), "--dry-run")
     assert done.returncode == 0, done.stderr
     # Bare metal: 2 fabrics x 4 node counts x 2 batch sizes = 16 runs per repetition (5),
-    # plus 2 fabrics of netbench in each of the first 3 repetitions.
-    assert job_counts(done.stdout) == {"measure_rep1": 18, "measure_rep2": 18, "measure_rep3": 18,
-                                       "measure_rep4": 16, "measure_rep5": 16, "parse_run": 86,
+    # plus netbench at each of the 4 node counts over 2 fabrics in each of the first 3 repetitions.
+    assert job_counts(done.stdout) == {"measure_rep1": 24, "measure_rep2": 24, "measure_rep3": 24,
+                                       "measure_rep4": 16, "measure_rep5": 16, "parse_run": 104,
                                        "tables": 1, "report": 1, "all": 1}
     assert "results/runs/train_bare-metal_infiniband_8x4_b128_rep5.log" in done.stdout
     assert "results/runs/netbench_bare-metal_ethernet_2x1_rep3.log" in done.stdout

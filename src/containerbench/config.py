@@ -162,11 +162,11 @@ def plan_runs(config: dict) -> list[RunSpec]:
             runs.append(RunSpec("train", runtime, fabric, nodes, per_node, repetition, batch, mode, data))
     net = config["netbench"]
     if net["enabled"]:
-        # Point to point needs two ranks; across nodes when the sweep has them.
-        nodes = 2 if max(scaling["nodes"]) >= 2 else 1
+        # At every node count of the sweep: two ranks on one node (the intra-node path),
+        # else one rank per node, so that the network, not the node, is measured.
         for repetition in range(1, net["repetitions"] + 1):
-            for runtime, fabric in itertools.product(config["runtimes"], config["fabrics"]):
-                runs.append(RunSpec("netbench", runtime, fabric, nodes, 2 // nodes, repetition))
+            for runtime, fabric, nodes in itertools.product(config["runtimes"], config["fabrics"], scaling["nodes"]):
+                runs.append(RunSpec("netbench", runtime, fabric, nodes, 2 if nodes == 1 else 1, repetition))
     return runs
 
 

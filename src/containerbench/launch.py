@@ -99,7 +99,9 @@ def launcher_for(config: dict):
 
 def benchmark_args(spec: RunSpec, config: dict) -> list[str]:
     if spec.kind == "netbench":
-        return ["--max-bytes", str(config["netbench"]["max_bytes"])]
+        # Ping-pong is always ranks 0 and 1, i.e. the first two nodes: the 2-node run has
+        # measured that pair, so larger allocations measure only the all-reduce.
+        return ["--max-bytes", str(config["netbench"]["max_bytes"]), *(["--no-pingpong"] if spec.nodes > 2 else [])]
     bench = config["benchmark"]
     args = ["--model", bench["model"], "--batch-size", str(spec.batch_size),
             "--image-size", str(bench["image_size"]), "--warmup-steps", str(bench["warmup_steps"]),

@@ -83,13 +83,19 @@ def network_plot(netbench: pd.DataFrame) -> str | None:
     figure, axes = plt.subplots(1, 3, figsize=(14, 4))
     pingpong = netbench[netbench["test"] == "pingpong"]
     allreduce = netbench[netbench["test"] == "allreduce"]
-    for (runtime, fabric), group in pingpong.groupby(["runtime", "fabric"]):
+    # One curve per runtime, fabric and layout (netbench runs at every node count).
+    curves = ["runtime", "fabric", "nodes", "ranks"]
+
+    def label(runtime, fabric, nodes, ranks):
+        return f"{runtime} / {fabric} / {nodes}x{ranks // nodes}"
+
+    for key, group in pingpong.groupby(curves):
         curve = group.groupby("bytes")[["latency_us", "bandwidth_MBps"]].median()
-        axes[0].loglog(curve.index, curve["latency_us"], marker=".", label=f"{runtime} / {fabric}")
-        axes[1].semilogx(curve.index, curve["bandwidth_MBps"], marker=".", label=f"{runtime} / {fabric}")
-    for (runtime, fabric), group in allreduce.groupby(["runtime", "fabric"]):
+        axes[0].loglog(curve.index, curve["latency_us"], marker=".", label=label(*key))
+        axes[1].semilogx(curve.index, curve["bandwidth_MBps"], marker=".", label=label(*key))
+    for key, group in allreduce.groupby(curves):
         curve = group.groupby("bytes")["busbw_GBps"].median()
-        axes[2].semilogx(curve.index, curve, marker=".", label=f"{runtime} / {fabric}")
+        axes[2].semilogx(curve.index, curve, marker=".", label=label(*key))
     axes[0].set(xlabel="message size (bytes)", ylabel="one-way latency (us)", title="Ping-pong latency")
     axes[1].set(xlabel="message size (bytes)", ylabel="bandwidth (MB/s)", title="Ping-pong bandwidth")
     axes[2].set(xlabel="buffer size (bytes)", ylabel="bus bandwidth (GB/s)", title="Allreduce bus bandwidth")
