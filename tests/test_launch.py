@@ -75,6 +75,16 @@ def test_netbench_runs_at_every_node_count_with_ping_pong_on_the_first_pair_only
     assert net[4][:4] == ["srun", "--mpi=pmix", "--nodes=4", "--ntasks=4"] and net[4][-1] == "--no-pingpong"
 
 
+def test_each_runtime_can_name_the_srun_mpi_plugin_its_image_needs(tmp_path):
+    # Slurm's MPI guide (mpi_guide.shtml, "srun --mpi"): Open MPI is started through PMIx, MPICH
+    # through PMI2; an MPICH-based image under srun needs --mpi=pmi2 while the host's Open MPI keeps pmix.
+    config = tiny_config(tmp_path, runtimes=["bare-metal", "apptainer"],
+                         launcher={"kind": "srun", "srun_mpi": "pmix"},
+                         images={"apptainer": {"image": "/images/mpich.sif", "srun_mpi": "pmi2"}})
+    plugins = {r.runtime: plan(r, config)["argv"][1] for r in cb_config.plan_runs(config)}
+    assert plugins == {"bare-metal": "--mpi=pmix", "apptainer": "--mpi=pmi2"}
+
+
 def run_python(tmp_path, code: str, timeout_s=60):
     run_plan = {"run_id": "probe", "spec": {"kind": "train", "ranks": 1}, "argv": [sys.executable, "-c", code],
                 "env": {"PROBE": "yes"}, "timeout_s": timeout_s}

@@ -18,7 +18,7 @@ MODULES = sorted(path.stem for path in PACKAGE.glob("*.py") if path.stem != "__i
 LAYERS = [
     ("leaves", {"markers", "processes", "provenance", "datasets", "distribution", "fabrics", "config"}),
     ("benchmark, runtimes, Slurm, recipes", {"bench", "netbench", "rankexec", "runtimes", "slurm", "singularity"}),
-    ("images, records", {"images", "records"}),
+    ("images, records, the pre-flight job", {"images", "records", "preflight"}),
     ("plans and launches, tables", {"launch", "results"}),
     ("report, validation", {"report", "validate"}),
     ("command line", {"cli"}),

@@ -11,7 +11,7 @@ import pytest
 import yaml
 from helpers import ROOT, TINY, snakemake
 
-from containerbench import cli, datasets, images, singularity
+from containerbench import cli, datasets, images, preflight, singularity
 from containerbench import config as cb_config
 from containerbench.runtimes import select_runtimes
 
@@ -33,7 +33,7 @@ def test_dry_run_of_the_default_config(tmp_path):
     counts = job_counts(done.stdout)
     n = len(runtimes)
     assert {k: v for k, v in counts.items() if not k.startswith("image")} == {
-        "measure_rep1": 3 * n, "measure_rep2": 2 * n, "measure_rep3": 2 * n, "parse_run": 7 * n,
+        "preflight": 1, "measure_rep1": 3 * n, "measure_rep2": 2 * n, "measure_rep3": 2 * n, "parse_run": 7 * n,
         "tables": 1, "report": 1, "all": 1}
     for runtime in runtimes:
         for ranks in (1, 2):
@@ -50,7 +50,7 @@ def test_dry_run_of_the_example_site_config(tmp_path):
     assert done.returncode == 0, done.stderr
     # Bare metal: 2 fabrics x 4 node counts x 2 batch sizes = 16 runs per repetition (5),
     # plus netbench at each of the 4 node counts over 2 fabrics in each of the first 3 repetitions.
-    assert job_counts(done.stdout) == {"measure_rep1": 24, "measure_rep2": 24, "measure_rep3": 24,
+    assert job_counts(done.stdout) == {"preflight": 1, "measure_rep1": 24, "measure_rep2": 24, "measure_rep3": 24,
                                        "measure_rep4": 16, "measure_rep5": 16, "parse_run": 104,
                                        "tables": 1, "report": 1, "all": 1}
     assert "results/runs/train_bare-metal_infiniband_8x4_b128_rep5.log" in done.stdout
@@ -71,7 +71,7 @@ def test_a_site_config_is_the_whole_config_as_containerbench_plan_reads_it(tmp_p
     measured = set(re.findall(r"^\s+output: results/runs/(\S+)\.log$", planned.stdout, re.M))
     config = cb_config.load(site)
     assert measured == {run.run_id for run in cb_config.plan_runs(config)}
-    assert len(measured) == 86 and not any("tcp-loopback" in run_id for run_id in measured)
+    assert len(measured) == 104 and not any("tcp-loopback" in run_id for run_id in measured)
 
 
 def test_a_site_runtime_missing_here_stops_the_workflow(tmp_path):
@@ -85,7 +85,8 @@ def test_a_site_runtime_missing_here_stops_the_workflow(tmp_path):
 
 # What each rule's shell command runs, and the parser that must accept its arguments.
 COMMAND_PARSERS = {"containerbench": cli.build_parser, "containerbench.images": images.parser,
-                   "containerbench.singularity": singularity.parser, "containerbench.datasets": datasets.parser}
+                   "containerbench.singularity": singularity.parser, "containerbench.datasets": datasets.parser,
+                   "containerbench.preflight": preflight.parser}
 
 
 def test_every_shell_command_of_the_workflow_parses(tmp_path):
@@ -111,7 +112,8 @@ def test_every_shell_command_of_the_workflow_parses(tmp_path):
     assert steps == {("containerbench", step) for step in ("launch", "parse", "tables", "report")} | {
         ("containerbench.images", step) for step in ("base", "wheelhouse", "build", "export", "load", "charliecloud",
                                                      "apptainer", "enroot", "sarus", "podman-hpc")} | {
-        ("containerbench.singularity", None), ("containerbench.datasets", "generate")}
+        ("containerbench.singularity", None), ("containerbench.datasets", "generate"),
+        ("containerbench.preflight", None)}
 
 
 def test_lint_finds_only_the_explained_warning(tmp_path):
@@ -166,6 +168,11 @@ def test_the_workflow_runs_end_to_end_and_then_has_nothing_to_do(tmp_path):
 
     again = snakemake(tmp_path, *configs, "--dry-run")
     assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr
+    # The pre-flight job run again (its stamp lost, or the code changed) measures nothing again.
+    assert json.loads((results / "preflight.json").read_text())["problems"] == []
+    (results / "preflight.json").unlink()
+    again = snakemake(tmp_path, *configs, "--dry-run")
+    assert again.returncode == 0 and job_counts(again.stdout) == {"preflight": 1}
 
     # Every file the workflow wrote is one a rule declares, as an output or as its log.
     summary = snakemake(tmp_path, *configs, "--summary")
@@ -183,8 +190,8 @@ def test_the_workflow_runs_end_to_end_and_then_has_nothing_to_do(tmp_path):
     before = json.loads(run_log.read_text().splitlines()[0].split(" ", 1)[1])["started_unix"]
     redo = snakemake(tmp_path, *configs, "--forcerun", "results/runs/train_bare-metal_tcp-loopback_1x1_b2_rep2.log")
     assert redo.returncode == 0, redo.stderr[-3000:]
-    assert job_counts(redo.stdout + redo.stderr) == {"measure_rep2": 1, "parse_run": 1, "tables": 1, "report": 1,
-                                                     "all": 1}
+    assert job_counts(redo.stdout + redo.stderr) == {"preflight": 1, "measure_rep2": 1, "parse_run": 1,  # lost above
+                                                     "tables": 1, "report": 1, "all": 1}
     assert json.loads(run_log.read_text().splitlines()[0].split(" ", 1)[1])["started_unix"] > before
 
     # A site baselines its healthy nodes, then validates against that baseline.

@@ -86,14 +86,16 @@ class Srun:
                 f"--cpu-bind={cpu_bind}", "--export=ALL", *self.extra_args, *runtime_options, *rank_argv]
 
 
-def launcher_for(config: dict):
+def launcher_for(config: dict, runtime=None):
+    """The configured launcher, for `runtime`'s runs (a runtime may name its own srun MPI plugin)."""
     settings = config["launcher"]
     kind, bind, extra = settings["kind"], settings.get("bind", "core"), settings.get("extra_args", [])
     if kind == "mpirun":
         return Mpirun(bind, extra)
     if kind == "srun":
         slurm = config["slurm"]
-        return Srun(settings.get("srun_mpi", "pmix"), bind, extra, slurm["cpus_per_rank"], slurm["gpus_per_node"])
+        mpi = getattr(runtime, "srun_mpi", None) or settings.get("srun_mpi", "pmix")
+        return Srun(mpi, bind, extra, slurm["cpus_per_rank"], slurm["gpus_per_node"])
     return NoLauncher()
 
 
@@ -136,7 +138,7 @@ def plan(spec: RunSpec, config: dict) -> dict:
                          gpus=config["slurm"]["gpus_per_node"] > 0, infiniband=rdma_fabric(fabric))
     runtime = runtime_for(spec.runtime, config)
     env = runtime.environment(request)
-    argv = launcher_for(config).wrap(runtime.rank_argv(request), spec, sorted(env), runtime.launcher_options(request))
+    argv = launcher_for(config, runtime).wrap(runtime.rank_argv(request), spec, sorted(env), runtime.launcher_options(request))
     timeout = config["netbench" if spec.kind == "netbench" else "benchmark"]["timeout_s"]
     settings = {}
     if spec.kind == "train":

@@ -95,11 +95,21 @@ def run_probe(argv: tuple[str, ...] | list[str], env: dict[str, str] | None = No
     return True, (done.stdout.strip().splitlines() or [""])[0]
 
 
+# Options of images.<runtime> that are about launching, not about the runtime's own argv.
+LAUNCH_OPTIONS = ("srun_mpi", "available")
+
+
 class Runtime:
     """Base class: the argv that starts one rank, and the variables it needs."""
 
     name = ""
     requires_launcher: str | None = None  # the only launcher kind this runtime works under, if any
+    # srun's MPI plugin for this runtime's runs (None: launcher.srun_mpi). An image's MPI decides it:
+    # PMIx for Open MPI, PMI2 for MPICH (Slurm's mpi_guide, "srun --mpi").
+    srun_mpi: str | None = None
+    # "compute-nodes": not installed where the workflow runs (a login node without Apptainer, say),
+    # so the pre-flight job probes it on a compute node instead of the planning step here.
+    available: str = "everywhere"
 
     def rank_argv(self, request: RunRequest) -> list[str]:
         raise NotImplementedError
@@ -466,6 +476,7 @@ def runtime_for(name: str, config: dict) -> Runtime:
     if name not in CONTAINER_RUNTIMES:
         raise ValueError(f"runtime {name!r} is not supported; allowed: {', '.join(RUNTIME_NAMES)}")
     options = dict((config.get("images") or {}).get(name) or {})
+    launch_options = {key: options.pop(key) for key in LAUNCH_OPTIONS if key in options}
     image = options.pop("image", None)
     if not isinstance(image, str) or not image:
         raise ValueError(f"runtime {name!r} needs an image reference: set images.{name}.image in the config")
@@ -477,7 +488,10 @@ def runtime_for(name: str, config: dict) -> Runtime:
                          f"allowed: image, {', '.join(allowed)}")
     if cls is Apptainer:
         options["binary"] = name
-    return cls(image, **options)
+    runtime = cls(image, **options)
+    for key, value in launch_options.items():
+        setattr(runtime, key, value)
+    return runtime
 
 
 
@@ -509,7 +523,10 @@ def select_runtimes(config: dict, built: dict[str, str]) -> dict[str, str]:
     for name in config["runtimes"]:
         if name == "bare-metal":
             continue
-        ok, reason = runtime_for(name, config).usable()
+        runtime = runtime_for(name, config)
+        if runtime.available == "compute-nodes":
+            continue  # the pre-flight job probes it where it runs (containerbench.preflight)
+        ok, reason = runtime.usable()
         if ok and name in built and not build_ok:
             ok, reason = False, f"the image cannot be built here: {build_reason}"
         if not ok:

@@ -5,7 +5,7 @@ import sys
 from pathlib import Path
 
 from containerbench import config as cb_config
-from containerbench import launch, results, slurm
+from containerbench import launch, preflight, results, runtimes, slurm
 
 REPO = Path(workflow.basedir)  # the image, the wheelhouse and the data sample belong to the clone
 try:
@@ -24,6 +24,12 @@ BENCH_PYTHON = Path(config["bare_metal"]["python"])
 if not BENCH_PYTHON.is_absolute() and (REPO / BENCH_PYTHON).exists():
     BENCH_PYTHON = REPO / BENCH_PYTHON
 SLURM_RESOURCES = slurm.job_resources(config["slurm"])
+# Runtimes installed only on the compute nodes: probed by the pre-flight job there, and their
+# images converted by jobs there too (images.smk).
+ON_COMPUTE_NODES = {name for name in config["runtimes"]
+                    if runtimes.runtime_for(name, config).available == "compute-nodes"}
+# A one-node, one-task job's resources on Slurm (the pre-flight job, conversions on the nodes).
+ON_A_NODE = {"nodes": 1, "tasks": 1, **SLURM_RESOURCES} if config["launcher"]["kind"] == "srun" else {}
 # What the runs need (images, the data sample) is made before the first measurement: otherwise the
 # bare-metal runs, ready first, would all run before any container run, and the runtimes would be
 # measured at different times instead of interleaved by repetition (benchmark.smk).
@@ -32,3 +38,24 @@ BEFORE_ANY_MEASUREMENT = 1_000_000
 
 wildcard_constraints:
     run_id=r"(train|netbench)_[^/]+_rep\d+",  # ids are made by config.RunSpec.run_id
+
+
+rule preflight:
+    """On a compute node, before any measurement: the clone at the same path, the bare-metal
+    Python, and the runtimes installed only there (containerbench.preflight)."""
+    output:
+        f"{RESULTS}/preflight.json",
+    log:
+        f"{RESULTS}/logs/preflight.txt",
+    params:
+        python=PYTHON,
+        repo=REPO,
+        digest=preflight.sources_digest(REPO),
+        bench_python=BENCH_PYTHON if "bare-metal" in config["runtimes"] else "",
+        probes=json.dumps({name: list(runtimes.runtime_for(name, config).probe) for name in sorted(ON_COMPUTE_NODES)}),
+    priority: BEFORE_ANY_MEASUREMENT
+    resources:
+        **ON_A_NODE,
+    shell:
+        "{params.python:q} -m containerbench.preflight --repo {params.repo:q} --sources-digest {params.digest} "
+        "--bench-python={params.bench_python:q} --probes {params.probes:q} --out {output:q} > {log:q} 2>&1"

@@ -19,6 +19,8 @@ IMAGE_STEPS = shlex.join([PYTHON, "-m", "containerbench.images", "--engine", ENG
 # Each image step has a time limit. It is a resource, not a param: raising it must not rebuild
 # an image that was built in time.
 IMAGE_STEP = {"step_timeout_s": config["images"]["step_timeout_s"]}
+# A conversion step runs where the workflow runs, unless its runtime exists only on the compute
+# nodes (images.<runtime>.available): then it is a job there (ON_A_NODE), like a measurement.
 
 
 rule image_base:
@@ -138,10 +140,11 @@ rule image_charliecloud:
         IMAGE_LOGS / "charliecloud.txt",
     params:
         images=IMAGE_STEPS,
-    localrule: True
+    localrule: not ON_COMPUTE_NODES & {"charliecloud"}
     priority: BEFORE_ANY_MEASUREMENT
     resources:
         **IMAGE_STEP,
+        **(ON_A_NODE if ON_COMPUTE_NODES & {"charliecloud"} else {}),
     shell:
         "{params.images} --step-timeout {resources.step_timeout_s} "
         "charliecloud --out {output.image:q} --force > {log:q} 2>&1"
@@ -180,10 +183,11 @@ rule image_apptainer:
     params:
         images=IMAGE_STEPS,
         program="singularity" if "singularity" in config["runtimes"] else "apptainer",
-    localrule: True
+    localrule: not ON_COMPUTE_NODES & {"apptainer", "singularity"}
     priority: BEFORE_ANY_MEASUREMENT
     resources:
         **IMAGE_STEP,
+        **(ON_A_NODE if ON_COMPUTE_NODES & {"apptainer", "singularity"} else {}),
     shell:
         "{params.images} --step-timeout {resources.step_timeout_s} "
         "apptainer --program {params.program} --archive {input.archive:q} --sif {output:q} > {log:q} 2>&1"
@@ -198,10 +202,11 @@ rule image_enroot:
         IMAGE_LOGS / "enroot.txt",
     params:
         images=IMAGE_STEPS,
-    localrule: True
+    localrule: not ON_COMPUTE_NODES & {"enroot"}
     priority: BEFORE_ANY_MEASUREMENT
     resources:
         **IMAGE_STEP,
+        **(ON_A_NODE if ON_COMPUTE_NODES & {"enroot"} else {}),
     shell:
         "{params.images} --step-timeout {resources.step_timeout_s} "
         "enroot --out {output:q} > {log:q} 2>&1"
@@ -216,10 +221,11 @@ rule image_sarus:
         IMAGE_LOGS / "sarus.txt",
     params:
         images=IMAGE_STEPS,
-    localrule: True
+    localrule: not ON_COMPUTE_NODES & {"sarus"}
     priority: BEFORE_ANY_MEASUREMENT
     resources:
         **IMAGE_STEP,
+        **(ON_A_NODE if ON_COMPUTE_NODES & {"sarus"} else {}),
     shell:
         "{params.images} --step-timeout {resources.step_timeout_s} "
         "sarus --archive {input:q} --stamp {output:q} > {log:q} 2>&1"
@@ -234,10 +240,11 @@ rule image_podman_hpc:
         IMAGE_LOGS / "podman-hpc.txt",
     params:
         images=IMAGE_STEPS,
-    localrule: True
+    localrule: not ON_COMPUTE_NODES & {"podman-hpc"}
     priority: BEFORE_ANY_MEASUREMENT
     resources:
         **IMAGE_STEP,
+        **(ON_A_NODE if ON_COMPUTE_NODES & {"podman-hpc"} else {}),
     shell:
         "{params.images} --step-timeout {resources.step_timeout_s} "
         "podman-hpc --archive {input:q} --stamp {output:q} > {log:q} 2>&1"

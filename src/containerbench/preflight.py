@@ -1,0 +1,116 @@
+"""The pre-flight job: what a compute node must see before any benchmark job runs there.
+
+The workflow plans on one machine (a login node) and measures on others. This job
+runs where the measurements run (a Slurm job on a compute node; here, this
+machine) and checks, in one line each:
+
+- the clone is at the same path with the same package sources (every job runs
+  `python -m containerbench` from it, and containers bind the working directory);
+- the bare-metal interpreter exists there and imports the benchmark's packages;
+- each container runtime of the sweep answers its probe there (a runtime with
+  `available: compute-nodes` is probed only here, not when planning).
+
+It writes a JSON stamp that every measurement depends on, so a node that cannot run
+the sweep stops it before the first measurement, not after hours of failed runs.
+
+    python -m containerbench.preflight --repo R --sources-digest D --bench-python P \
+        --probes '{"apptainer": ["apptainer", "--version"]}' --out results/preflight.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from containerbench.runtimes import run_probe
+
+PACKAGE = Path("src") / "containerbench"
+# What a rank imports first: fails fast, without TensorFlow's seconds-long import.
+BENCH_IMPORT_CHECK = "import containerbench.provenance, mpi4py, horovod, tensorflow"
+
+
+def sources_digest(repo: Path) -> str:
+    """A digest of the package's sources in `repo`: the same clone, at the same commit and edits."""
+    digest = hashlib.sha256()
+    for path in sorted((Path(repo) / PACKAGE).rglob("*.py")):
+        digest.update(str(path.relative_to(repo)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def check_clone(repo: Path, expected_digest: str) -> str | None:
+    if not (repo / PACKAGE).is_dir():
+        return (f"the clone is not at {repo} on this node; allowed: a clone on a filesystem the compute "
+                "nodes mount at the same path as the login node")
+    found = sources_digest(repo)
+    if found != expected_digest:
+        return (f"the clone at {repo} differs from the one the workflow planned with (package sources "
+                f"{found} here, {expected_digest} there); allowed: one shared clone")
+    return None
+
+
+def check_bench_python(python: str, timeout: float = 300) -> str | None:
+    try:
+        done = subprocess.run([python, "-c", BENCH_IMPORT_CHECK], capture_output=True, text=True, timeout=timeout)
+    except FileNotFoundError:
+        return (f"'bare_metal.python' = {python!r} does not exist on this node; allowed: a venv on a shared "
+                "filesystem (scripts/setup-venv.sh bench) or an interpreter every node has")
+    except subprocess.TimeoutExpired:
+        return f"'bare_metal.python' = {python!r} did not import the benchmark's packages within {timeout:g} s"
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        return f"'bare_metal.python' = {python!r} cannot import the benchmark's packages on this node: {last[:200]}"
+    return None
+
+
+def run_checks(repo: Path, expected_digest: str, bench_python: str | None,
+               probes: dict[str, list[str]]) -> dict:
+    """Every check, run here; the result names each problem in one line."""
+    started = time.time()
+    problems = []
+    if problem := check_clone(repo, expected_digest):
+        problems.append(problem)
+    if bench_python and (problem := check_bench_python(bench_python)):
+        problems.append(problem)
+    probed = {}
+    for runtime, argv in sorted(probes.items()):
+        ok, detail = run_probe(argv, timeout=60)
+        probed[runtime] = {"argv": argv, "ok": ok, "detail": detail}
+        if not ok:
+            problems.append(f"runtime {runtime!r} cannot run on this node: {detail}")
+    return {"host": socket.gethostname(), "repo": str(repo), "sources_digest": expected_digest,
+            "bench_python": bench_python, "probes": probed, "problems": problems,
+            "seconds": round(time.time() - started, 3)}
+
+
+def parser() -> argparse.ArgumentParser:
+    cli = argparse.ArgumentParser(prog="python -m containerbench.preflight", description=__doc__.splitlines()[0])
+    cli.add_argument("--repo", type=Path, required=True, help="the clone, as the workflow sees it")
+    cli.add_argument("--sources-digest", required=True, help="sources_digest(repo) where the workflow planned")
+    cli.add_argument("--bench-python", help="the bare-metal interpreter, when bare metal is in the sweep")
+    cli.add_argument("--probes", default="{}", help="JSON {runtime: probe argv} to run on this node")
+    cli.add_argument("--out", type=Path, required=True)
+    return cli
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    result = run_checks(args.repo, args.sources_digest, args.bench_python, json.loads(args.probes))
+    for problem in result["problems"]:
+        print(f"containerbench: preflight on {result['host']}: {problem}", file=sys.stderr)
+    if result["problems"]:
+        return 1
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+    print(f"containerbench: preflight on {result['host']}: clone, bare-metal Python and "
+          f"{len(result['probes'])} runtime probe(s) ok")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,112 @@
+"""The pre-flight job, run for real: what a compute node must see before any benchmark job.
+
+A site's runtime that exists only on the compute nodes (Apptainer, say) is stood in for by
+a stub on PATH (Apptainer cannot be installed here); its probe is Apptainer's documented
+`apptainer --version` (apptainer.org/docs/user/main/cli/apptainer.html, "Options: --version")."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+from helpers import BENCH_PYTHON, ROOT, snakemake, tiny_config
+
+from containerbench import config as cb_config
+from containerbench import preflight
+from containerbench.launch import prepare
+
+
+def run_preflight(tmp_path, *args, path=None):
+    env = {**os.environ, "PATH": path or os.environ["PATH"]}
+    return subprocess.run([sys.executable, "-m", "containerbench.preflight", "--out", str(tmp_path / "pre.json"),
+                           *args], capture_output=True, text=True, env=env, timeout=300)
+
+
+@pytest.fixture
+def apptainer_on_path(tmp_path):
+    """A compute node's PATH with an `apptainer` that answers its version, as the real one does."""
+    bin_dir = tmp_path / "node-bin"
+    bin_dir.mkdir()
+    stub = bin_dir / "apptainer"
+    stub.write_text('#!/bin/sh\n[ "$1" = --version ] && echo "apptainer version 1.4.5" && exit 0\nexit 64\n')
+    stub.chmod(0o755)
+    return f"{bin_dir}:{os.environ['PATH']}"
+
+
+def test_a_node_that_sees_the_clone_and_has_the_runtime_passes(tmp_path, apptainer_on_path):
+    probes = json.dumps({"apptainer": ["apptainer", "--version"]})
+    done = run_preflight(tmp_path, "--repo", str(ROOT), "--sources-digest", preflight.sources_digest(ROOT),
+                         "--probes", probes, path=apptainer_on_path)
+    assert done.returncode == 0, done.stderr
+    stamp = json.loads((tmp_path / "pre.json").read_text())
+    assert stamp["problems"] == [] and stamp["probes"]["apptainer"]["detail"] == "apptainer version 1.4.5"
+
+
+def test_each_problem_is_one_line_and_nothing_is_stamped(tmp_path):
+    elsewhere = tmp_path / "not-shared"
+    done = run_preflight(tmp_path, "--repo", str(elsewhere), "--sources-digest", "0" * 16,
+                         "--bench-python", str(tmp_path / "no-venv" / "bin" / "python"),
+                         "--probes", json.dumps({"apptainer": ["apptainer", "--version"]}),
+                         path="/usr/bin:/bin")
+    assert done.returncode == 1 and not (tmp_path / "pre.json").exists()
+    host = os.uname().nodename
+    assert done.stderr.splitlines() == [
+        f"containerbench: preflight on {host}: the clone is not at {elsewhere} on this node; allowed: a clone on "
+        "a filesystem the compute nodes mount at the same path as the login node",
+        f"containerbench: preflight on {host}: 'bare_metal.python' = '{tmp_path}/no-venv/bin/python' does not "
+        "exist on this node; allowed: a venv on a shared filesystem (scripts/setup-venv.sh bench) or an "
+        "interpreter every node has",
+        f"containerbench: preflight on {host}: runtime 'apptainer' cannot run on this node: apptainer is not "
+        "installed (not on PATH)",
+    ]
+
+
+def test_a_stale_copy_of_the_clone_is_not_the_clone(tmp_path):
+    copy = tmp_path / "copy"
+    (copy / "src" / "containerbench").mkdir(parents=True)
+    (copy / "src" / "containerbench" / "bench.py").write_text("# an older checkout\n")
+    done = run_preflight(tmp_path, "--repo", str(copy), "--sources-digest", preflight.sources_digest(ROOT))
+    assert done.returncode == 1
+    assert f"the clone at {copy} differs from the one the workflow planned with" in done.stderr
+
+
+@pytest.mark.bench
+def test_the_bare_metal_python_must_import_the_benchmark(tmp_path):
+    done = run_preflight(tmp_path, "--repo", str(ROOT), "--sources-digest", preflight.sources_digest(ROOT),
+                         "--bench-python", str(BENCH_PYTHON))
+    assert done.returncode == 0, done.stderr
+    done = run_preflight(tmp_path, "--repo", str(ROOT), "--sources-digest", preflight.sources_digest(ROOT),
+                         "--bench-python", sys.executable)  # the workflow venv: no TensorFlow
+    assert done.returncode == 1 and "cannot import the benchmark's packages on this node" in done.stderr
+
+
+COMPUTE_ONLY = {"runtimes": ["bare-metal", "apptainer"], "runtime_policy": "require",
+                "images": {"apptainer": {"image": "/sw/images/containerbench.sif", "available": "compute-nodes"}}}
+
+
+def test_a_runtime_only_on_compute_nodes_is_not_probed_where_the_workflow_plans(tmp_path):
+    assert subprocess.run(["sh", "-c", "command -v apptainer"]).returncode != 0  # as on a login node
+    config = tiny_config(tmp_path, **COMPUTE_ONLY)
+    sweep = prepare(config, ROOT, probe=True)  # require: a runtime that cannot run here would be refused
+    assert {run.runtime for run in sweep.runs} == {"bare-metal", "apptainer"} and sweep.skipped == {}
+    everywhere = cb_config.merge(tiny_config(tmp_path, **COMPUTE_ONLY), {"images": {"apptainer": {"available": "everywhere"}}})
+    with pytest.raises(cb_config.ConfigError, match="runtime 'apptainer' cannot run here: apptainer is not installed"):
+        prepare(everywhere, ROOT, probe=True)
+
+
+def test_the_workflow_runs_the_preflight_before_any_measurement(tmp_path):
+    site = tmp_path / "site.yaml"
+    site.write_text(json.dumps(COMPUTE_ONLY))
+    configs = ["--configfile", str(ROOT / "config" / "config.yaml"), str(site)]
+    done = snakemake(tmp_path, *configs, "--dry-run", "--printshellcmds")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("rule preflight:") == 1
+    assert f"--probes '{json.dumps({'apptainer': ['apptainer', '--version']})}'" in done.stdout
+    graph = snakemake(tmp_path, *configs, "--rulegraph")
+    assert graph.returncode == 0, graph.stderr[-3000:]
+    names = dict(re.findall(r'^\s*(\d+)\[label = "(\w+)"', graph.stdout, re.M))
+    edges = {(names[a], names[b]) for a, b in re.findall(r"^\s*(\d+) -> (\d+)", graph.stdout, re.M)}
+    measures = {name for name in names.values() if name.startswith("measure_rep")}
+    assert measures and {("preflight", name) for name in measures} <= edges
