@@ -14,7 +14,7 @@ import pytest
 from helpers import BENCH_PYTHON, ROOT, snakemake, tiny_config
 
 from containerbench import config as cb_config
-from containerbench import preflight
+from containerbench import images, preflight, runtimes
 from containerbench.launch import prepare
 
 
@@ -110,3 +110,62 @@ def test_the_workflow_runs_the_preflight_before_any_measurement(tmp_path):
     edges = {(names[a], names[b]) for a, b in re.findall(r"^\s*(\d+) -> (\d+)", graph.stdout, re.M)}
     measures = {name for name in names.values() if name.startswith("measure_rep")}
     assert measures and {("preflight", name) for name in measures} <= edges
+
+
+DIGEST = "@sha256:" + "0123456789abcdef" * 4
+
+
+@pytest.mark.parametrize("runtime,image,available,problem", [
+    # A SIF (Apptainer: "apptainer exec image.sif") or squashfs (Pyxis: a path starts with / or .) must exist.
+    ("apptainer", "/sw/images/missing.sif", "everywhere",
+     "'images.apptainer.image' = '/sw/images/missing.sif' does not exist; allowed: an existing file or directory"),
+    ("apptainer", "/sw/images/missing.sif", "compute-nodes", None),  # the pre-flight job looks on the node
+    ("enroot", "./images/missing.sqsh", "everywhere", "does not exist"),
+    # A registry reference is pinned by digest (OCI image spec, "Digests"), else two runs may measure two images.
+    ("enroot", "docker://nvcr.io#nvidia/tensorflow:24.01-tf2-py3", "everywhere",
+     "'images.enroot.image' = 'docker://nvcr.io#nvidia/tensorflow:24.01-tf2-py3' is neither a file nor pinned"),
+    ("enroot", f"docker://nvcr.io#nvidia/tensorflow{DIGEST}", "everywhere", None),
+    ("apptainer", f"docker://nvcr.io/nvidia/tensorflow{DIGEST}", "everywhere", None),
+    ("sarus", "nvcr.io/nvidia/tensorflow:24.01-tf2-py3", "everywhere", "is neither a file nor pinned by digest"),
+    ("podman-hpc", "nvcr.io/nvidia/tensorflow:24.01-tf2-py3", "everywhere", "is neither a file nor pinned"),
+    # Shifter names an image by the id `shifterimg lookup` prints (shifter(1): --image=id:<id>).
+    ("shifter", "id:" + "ab" * 32, "everywhere", None),
+    ("shifter", "docker:nvcr.io/nvidia/tensorflow:24.01-tf2-py3", "everywhere",
+     "'images.shifter.image' = 'docker:nvcr.io/nvidia/tensorflow:24.01-tf2-py3' is not pinned; allowed: id:<id>"),
+])
+def test_an_image_the_site_supplies_exists_or_is_pinned(tmp_path, runtime, image, available, problem):
+    config = tiny_config(tmp_path, runtimes=["bare-metal", runtime],
+                         images={runtime: {"image": image, "available": available}})
+    found = runtimes.runtime_for(runtime, config).site_image_problem()
+    assert found == problem if problem is None else problem in found
+
+
+@pytest.mark.containers
+def test_a_local_engine_accepts_an_image_of_its_own_store(tmp_path, container_engines):
+    built = images.built_image("podman", "localhost/containerbench:latest", ROOT / "build" / "images")
+    assert built is not None
+    for image, problem in (("localhost/containerbench:latest", None),
+                           ("localhost/containerbench:never-built", "is neither a file nor pinned by digest")):
+        config = tiny_config(tmp_path, runtimes=["bare-metal", "podman"], images={"podman": {"image": image}})
+        found = runtimes.runtime_for("podman", config).site_image_problem()
+        assert found == problem if problem is None else problem in found
+    # Before any job, in one line.
+    with pytest.raises(cb_config.ConfigError, match=r"^config: 'images.podman.image' = "
+                                                    r"'localhost/containerbench:never-built' is neither"):
+        prepare(config, ROOT, probe=True)
+
+
+def test_a_site_image_only_the_nodes_see_is_looked_for_there(tmp_path):
+    site = tmp_path / "site.yaml"
+    site.write_text(json.dumps({"runtimes": ["bare-metal", "apptainer"], "runtime_policy": "require",
+                                "images": {"apptainer": {"image": str(tmp_path / "gone.sif"),
+                                                         "available": "compute-nodes"}}}))
+    planned = snakemake(tmp_path, "--configfile", str(ROOT / "config" / "config.yaml"), str(site),
+                        "--dry-run", "--printshellcmds")
+    assert planned.returncode == 0 and f"--image-file={tmp_path}/gone.sif" in planned.stdout
+    done = run_preflight(tmp_path, "--repo", str(ROOT), "--sources-digest", preflight.sources_digest(ROOT),
+                         "--image-file", str(tmp_path / "gone.sif"))
+    assert done.returncode == 1
+    assert done.stderr.splitlines() == [f"containerbench: preflight on {os.uname().nodename}: the image "
+                                        f"{tmp_path}/gone.sif does not exist on this node; allowed: an image on a "
+                                        "filesystem the compute nodes mount"]

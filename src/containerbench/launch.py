@@ -28,7 +28,8 @@ from containerbench.config import RunSpec, dataset_dir
 from containerbench.fabrics import debug_environment, expected_transport
 from containerbench.images import IMAGES, resolve_images
 from containerbench.processes import kill_group
-from containerbench.runtimes import RunRequest, check_launchers, host_environment, runtime_for, select_runtimes
+from containerbench.runtimes import (RunRequest, check_launchers, host_environment, is_image_path, runtime_for,
+                                     select_runtimes)
 
 # Always set in every rank: unbuffered output keeps the log in step order, and
 # TensorFlow's INFO chatter would bury the lines that matter.
@@ -236,6 +237,22 @@ class Sweep:
         return needs
 
 
+def check_site_images(config: dict, built: dict[str, str]) -> None:
+    """An image the site supplies (not one the workflow builds) exists, or is pinned by digest."""
+    for name in config["runtimes"]:
+        if name != "bare-metal" and name not in built:
+            problem = runtime_for(name, config).site_image_problem()
+            if problem:
+                raise cb_config.ConfigError(f"config: {problem}")
+
+
+def site_image_files(config: dict, built: dict[str, str]) -> list[str]:
+    """The image files the site supplies: the pre-flight job checks that the compute nodes see them."""
+    images = (runtime_for(name, config).image for name in config["runtimes"]
+              if name != "bare-metal" and name not in built)
+    return sorted(os.path.abspath(image) for image in images if is_image_path(image))
+
+
 def prepare(config: dict, repo: Path, *, probe: bool = True) -> Sweep:
     """Everything checked before any job: runtimes' images and launchers, the dataset, the sweep,
     and (with `probe`) which runtimes can run here and what the Slurm cluster can give.
@@ -244,6 +261,8 @@ def prepare(config: dict, repo: Path, *, probe: bool = True) -> Sweep:
         artifacts = resolve_images(config, repo / IMAGES)
         check_launchers(config)  # before any probe: an option a runtime does not take is a config error
         skipped = select_runtimes(config, artifacts) if probe else {}
+        if probe:
+            check_site_images(config, artifacts)
         artifacts = {name: path for name, path in artifacts.items() if name in config["runtimes"]}
         cb_config.check_dataset(config)
         sample = None

@@ -7,8 +7,9 @@ machine) and checks, in one line each:
 - the clone is at the same path with the same package sources (every job runs
   `python -m containerbench` from it, and containers bind the working directory);
 - the bare-metal interpreter exists there and imports the benchmark's packages;
-- each container runtime of the sweep answers its probe there (a runtime with
-  `available: compute-nodes` is probed only here, not when planning).
+- the runtimes installed only there (`available: compute-nodes`) answer their
+  probe there (they are not probed when planning);
+- the image files the site supplies (a SIF, a squashfs) are there.
 
 It writes a JSON stamp that every measurement depends on, so a node that cannot run
 the sweep stops it before the first measurement, not after hours of failed runs.
@@ -69,7 +70,7 @@ def check_bench_python(python: str, timeout: float = 300) -> str | None:
 
 
 def run_checks(repo: Path, expected_digest: str, bench_python: str | None,
-               probes: dict[str, list[str]]) -> dict:
+               probes: dict[str, list[str]], image_files=()) -> dict:
     """Every check, run here; the result names each problem in one line."""
     started = time.time()
     problems = []
@@ -77,6 +78,10 @@ def run_checks(repo: Path, expected_digest: str, bench_python: str | None,
         problems.append(problem)
     if bench_python and (problem := check_bench_python(bench_python)):
         problems.append(problem)
+    for image in image_files:
+        if not Path(image).exists():
+            problems.append(f"the image {image} does not exist on this node; allowed: an image on a filesystem "
+                            "the compute nodes mount")
     probed = {}
     for runtime, argv in sorted(probes.items()):
         ok, detail = run_probe(argv, timeout=60)
@@ -84,7 +89,7 @@ def run_checks(repo: Path, expected_digest: str, bench_python: str | None,
         if not ok:
             problems.append(f"runtime {runtime!r} cannot run on this node: {detail}")
     return {"host": socket.gethostname(), "repo": str(repo), "sources_digest": expected_digest,
-            "bench_python": bench_python, "probes": probed, "problems": problems,
+            "bench_python": bench_python, "image_files": list(image_files), "probes": probed, "problems": problems,
             "seconds": round(time.time() - started, 3)}
 
 
@@ -94,13 +99,15 @@ def parser() -> argparse.ArgumentParser:
     cli.add_argument("--sources-digest", required=True, help="sources_digest(repo) where the workflow planned")
     cli.add_argument("--bench-python", help="the bare-metal interpreter, when bare metal is in the sweep")
     cli.add_argument("--probes", default="{}", help="JSON {runtime: probe argv} to run on this node")
+    cli.add_argument("--image-file", action="append", default=[], dest="image_files",
+                     help="an image file the site supplies, which the node must see (repeatable)")
     cli.add_argument("--out", type=Path, required=True)
     return cli
 
 
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
-    result = run_checks(args.repo, args.sources_digest, args.bench_python, json.loads(args.probes))
+    result = run_checks(args.repo, args.sources_digest, args.bench_python, json.loads(args.probes), args.image_files)
     for problem in result["problems"]:
         print(f"containerbench: preflight on {result['host']}: {problem}", file=sys.stderr)
     if result["problems"]:

@@ -31,6 +31,7 @@ import getpass
 import inspect
 import os
 import pwd
+import re
 import shlex
 import shutil
 import subprocess
@@ -150,10 +151,41 @@ def _pass_flags(prefixes) -> list[str]:
     return [word for prefix in prefixes for word in ("--pass-prefix", prefix)]
 
 
+# A registry reference pinned to one image: NAME@sha256:<64 hex digits> (OCI image spec, "Digests").
+PINNED = re.compile(r"@sha256:[0-9a-f]{64}$")
+IMAGE_FILE_SUFFIXES = (".sif", ".sqsh", ".squashfs", ".tar", ".tar.gz")
+
+
+def is_image_path(image: str) -> bool:
+    """A file or directory (SIF, squashfs, unpacked tree), not a registry reference."""
+    return image.startswith(("/", "./", "../")) or image.endswith(IMAGE_FILE_SUFFIXES)
+
+
 class ContainerRuntime(Runtime):
     """Runs the benchmark with the image's Python; `image` is the runtime's own image reference."""
 
     pmix_gds_hash = True
+    # A command that succeeds when `image` (appended) is in this machine's local image store.
+    in_local_store: tuple[str, ...] = ()
+
+    def site_image_problem(self) -> str | None:
+        """What is wrong with an image the site supplies instead of the built one, in one line:
+        a file must exist (checked on the compute nodes too, by the pre-flight job), and a registry
+        reference must be pinned by digest, so every run of the sweep measures the same image."""
+        where = f"'images.{self.name}.image' = {self.image!r}"
+        if is_image_path(self.image):
+            if self.available == "everywhere" and not os.path.exists(self.image):
+                return f"{where} does not exist; allowed: an existing file or directory, or a pinned reference"
+            return None
+        if PINNED.search(self.image):
+            return None
+        if self.in_local_store and self.available == "everywhere":
+            found = subprocess.run([*self.in_local_store, self.image], capture_output=True, timeout=60,
+                                   env=engine_env(self.in_local_store[0]))
+            if found.returncode == 0:
+                return None  # an image built here, in the engine's own store, by id or tag
+        return (f"{where} is neither a file nor pinned by digest; allowed: NAME@sha256:<digest>, "
+                "a path, or an image in the local store")
 
     def __init__(self, image: str, python: str = "python3", extra_args=()):
         self.image, self.python, self.extra_args = image, python, list(extra_args)
@@ -232,6 +264,7 @@ class Docker(OciEngine):
 
     name = binary = "docker"
     probe = ("docker", "info", "--format", "{{.ServerVersion}}")  # the daemon must answer
+    in_local_store = ("docker", "image", "inspect", "--format", "{{.Id}}")
 
     def __init__(self, image: str, python: str = "python3", extra_args=(), uid: int | None = None,
                  gid: int | None = None, host_python: str = sys.executable):
@@ -255,6 +288,7 @@ class Podman(OciEngine):
 
     name = binary = "podman"
     probe = ("podman", "info", "--format", "{{.Host.OCIRuntime.Name}}")
+    in_local_store = ("podman", "image", "exists")  # podman-image-exists(1)
     shared_paths = ("/tmp", "/dev/shm")  # podman-hpc's MPI modules bind /dev/shm besides --ipc=host
 
     def __init__(self, image: str, python: str = "python3", extra_args=(), uid: int | None = None,
@@ -286,6 +320,7 @@ class PodmanHPC(Podman):
 
     name = binary = "podman-hpc"
     probe = ("podman-hpc", "info")
+    in_local_store = ()  # podman-hpc runs its squashed copies, not podman's store
 
     # No oci_runtime: podman-hpc picks crun or runc itself (podman_hpc/siteconfig.py).
     def __init__(self, image: str, python: str = "python3", extra_args=(), uid: int | None = None,
@@ -337,6 +372,13 @@ class Shifter(ContainerRuntime):
     def __init__(self, image: str, python: str = "python3", extra_args=(), mpi_hook: bool = False):
         super().__init__(image, python, extra_args)
         self.mpi_hook = mpi_hook
+
+    def site_image_problem(self) -> str | None:
+        # An image id from `shifterimg lookup` pins the image (shifter(1): --image=id:<id>).
+        if self.image.startswith("id:") or PINNED.search(self.image):
+            return None
+        return (f"'images.shifter.image' = {self.image!r} is not pinned; allowed: id:<id> from `shifterimg lookup`, "
+                "or docker:NAME@sha256:<digest>")
 
     def rank_argv(self, request: RunRequest) -> list[str]:
         # Modules (udiRoot.conf): gpu injects the driver, mpich swaps the site's MPICH-ABI libmpi in.

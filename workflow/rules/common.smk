@@ -53,9 +53,11 @@ rule preflight:
         digest=preflight.sources_digest(REPO),
         bench_python=BENCH_PYTHON if "bare-metal" in config["runtimes"] else "",
         probes=json.dumps({name: list(runtimes.runtime_for(name, config).probe) for name in sorted(ON_COMPUTE_NODES)}),
+        image_files=[f"--image-file={path}" for path in launch.site_image_files(config, SWEEP.image_files)],
     priority: BEFORE_ANY_MEASUREMENT
     resources:
         **ON_A_NODE,
     shell:
         "{params.python:q} -m containerbench.preflight --repo {params.repo:q} --sources-digest {params.digest} "
-        "--bench-python={params.bench_python:q} --probes {params.probes:q} --out {output:q} > {log:q} 2>&1"
+        "--bench-python={params.bench_python:q} --probes {params.probes:q} {params.image_files:q} "
+        "--out {output:q} > {log:q} 2>&1"
