@@ -43,19 +43,21 @@ def test_dry_run_of_the_default_config(tmp_path):
 
 
 def test_dry_run_of_the_example_site_config(tmp_path):
-    # Apptainer and Enroot are not installable here: skipped (a site keeps `require`).
+    # Enroot is not installable here: skipped (a site keeps `require`). Apptainer is declared to be on
+    # the compute nodes only, so it is not probed here: its image is converted by a job on a node.
     relaxed = tmp_path / "relaxed.yaml"
     relaxed.write_text("runtime_policy: skip-unusable\n")
     done = snakemake(tmp_path, "--configfile", str(ROOT / "config" / "site.example.yaml"), str(relaxed), "--dry-run")
     assert done.returncode == 0, done.stderr
-    # Bare metal: 2 fabrics x 4 node counts x 2 batch sizes = 16 runs per repetition (5),
-    # plus netbench at each of the 4 node counts over 2 fabrics in each of the first 3 repetitions.
-    assert job_counts(done.stdout) == {"preflight": 1, "measure_rep1": 24, "measure_rep2": 24, "measure_rep3": 24,
-                                       "measure_rep4": 16, "measure_rep5": 16, "parse_run": 104,
-                                       "tables": 1, "report": 1, "all": 1}
-    assert "results/runs/train_bare-metal_infiniband_8x4_b128_rep5.log" in done.stdout
+    # Bare metal and Apptainer, each: 2 fabrics x 4 node counts x 2 batch sizes = 16 runs per
+    # repetition (5), plus netbench at each of the 4 node counts over 2 fabrics in repetitions 1-3.
+    assert job_counts(done.stdout) == {"preflight": 1, "measure_rep1": 48, "measure_rep2": 48, "measure_rep3": 48,
+                                       "measure_rep4": 32, "measure_rep5": 32, "parse_run": 208,
+                                       "image_build": 1, "image_archive": 1, "singularity_definition": 1,
+                                       "image_apptainer": 1, "tables": 1, "report": 1, "all": 1}
+    assert "results/runs/train_apptainer_infiniband_8x4_b128_rep5.log" in done.stdout
     assert "results/runs/netbench_bare-metal_ethernet_2x1_rep3.log" in done.stdout
-    assert "train_apptainer_" not in done.stdout
+    assert "train_enroot_" not in done.stdout
 
 
 def test_a_site_config_is_the_whole_config_as_containerbench_plan_reads_it(tmp_path):
@@ -78,7 +80,7 @@ def test_a_site_runtime_missing_here_stops_the_workflow(tmp_path):
     done = snakemake(tmp_path, "--configfile", str(ROOT / "config" / "site.example.yaml"), "--dry-run")
     assert done.returncode == 1
     errors = [line for line in done.stderr.splitlines() if line.startswith("containerbench:")]
-    assert errors == ["containerbench: config: runtime 'apptainer' cannot run here: apptainer is not installed "
+    assert errors == ["containerbench: config: runtime 'enroot' cannot run here: enroot is not installed "
                       "(not on PATH); allowed: install it, give images.<runtime>.image, or set "
                       "runtime_policy: skip-unusable"]
 
