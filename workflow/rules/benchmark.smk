@@ -21,9 +21,6 @@ for repetition in REPETITIONS:
             # The image a container run needs (images.smk), and the generated sample for a
             # real-data run (data.smk); one function, as each costs Snakemake time per job.
             unpack(lambda wildcards: SWEEP.inputs[wildcards.run_id]),
-            # What the compute nodes must see first (common.smk). ancient: a pre-flight job run again
-            # (after a code change) must not make every finished measurement look out of date.
-            preflight=ancient(rules.preflight.output),
         output:
             # The raw log: the launch line, everything the ranks print, the exit line.
             log=f"{RESULTS}/runs/{{run_id}}.log",

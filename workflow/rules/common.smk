@@ -41,8 +41,8 @@ wildcard_constraints:
 
 
 rule preflight:
-    """On a compute node, before any measurement: the clone at the same path, the bare-metal
-    Python, and the runtimes installed only there (containerbench.preflight)."""
+    """On a compute node, first of all jobs: the clone at the same path, the bare-metal Python,
+    the runtimes installed only there and the site's image files (containerbench.preflight)."""
     output:
         f"{RESULTS}/preflight.json",
     log:
@@ -54,7 +54,7 @@ rule preflight:
         bench_python=BENCH_PYTHON if "bare-metal" in config["runtimes"] else "",
         probes=json.dumps({name: list(runtimes.runtime_for(name, config).probe) for name in sorted(ON_COMPUTE_NODES)}),
         image_files=[f"--image-file={path}" for path in launch.site_image_files(config, SWEEP.image_files)],
-    priority: BEFORE_ANY_MEASUREMENT
+    priority: BEFORE_ANY_MEASUREMENT + 1  # the first job of all
     resources:
         **ON_A_NODE,
     shell:
