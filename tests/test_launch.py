@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
+import subprocess
 import sys
+import time
 
 import pytest
-from helpers import BENCH_PYTHON, tiny_config
+from helpers import BENCH_PYTHON, ROOT, tiny_config
 
 from containerbench import config as cb_config
 from containerbench import markers
@@ -219,3 +222,231 @@ def test_a_runtime_that_cannot_do_what_the_config_asks_is_refused_in_one_line(tm
     (tmp_path / "train-00000-of-00001").write_bytes(b"")
     with pytest.raises(cb_config.ConfigError, match=r"^config: runtime 'charliecloud': \d binds need --write-fake"):
         prepare(config, tmp_path, probe=False)
+
+
+
+# What a sweep costs (launch.estimate, `containerbench plan --estimate`).
+
+def recorded_records_in(directory, copies=()):
+    """The recorded real runs' records, written into `directory` as the workflow's parse step writes
+    them, plus those of changed copies: (name, recorded log, {marker: change of that line's JSON})."""
+    from helpers import RECORDED_RUNS
+
+    from containerbench.records import write_record
+
+    directory.mkdir(parents=True, exist_ok=True)
+    for log in sorted(RECORDED_RUNS.glob("*.log")):
+        write_record(log, directory / f"{log.stem}.json")
+    for name, source, changes in copies:
+        lines = []
+        for line in (RECORDED_RUNS / f"{source}.log").read_text().splitlines(keepends=True):
+            marker = next((m for m in changes if line.startswith(m)), None)
+            if marker:
+                payload = markers.payload(line, marker)
+                changes[marker](payload)
+                line = markers.line(marker, payload)
+            lines.append(line)
+        (directory / f"{name}.log").write_text("".join(lines))
+        write_record(directory / f"{name}.log", directory / f"{name}.json")
+    return directory
+
+
+def loaded(directory):
+    from containerbench.records import load_records
+
+    records, problems = load_records(sorted(directory.glob("*.json")))
+    assert problems == []
+    return records
+
+
+def test_the_example_site_costs_a_slurm_job_per_run_each_to_its_time_limit(root):
+    from containerbench.launch import estimate, one_node_jobs
+
+    config = cb_config.load([root / "config" / "site.example.yaml"])
+    sweep = prepare(config, root, probe=False)
+    # Besides the runs: the pre-flight job, and Apptainer's conversion (the example has Apptainer on the nodes only).
+    assert one_node_jobs(sweep, config) == 2
+    cost = estimate(sweep.plans.values(), config, [], node_jobs=2)
+    runs = cb_config.plan_runs(cb_config.load([root / "config" / "site.example.yaml"]))
+    assert cost.jobs == {kind: sum(r.kind == kind for r in runs) for kind in ("train", "netbench")}
+    assert cost.runs == len(runs) and cost.local_jobs == len(runs) + 2  # a parse per run, tables, report
+    assert cost.allocations == {n: sum(r.nodes == n for r in runs) for n in config["scaling"]["nodes"]}
+    assert cost.nodes == sum(r.nodes for r in runs) and cost.slurm
+    assert cost.worst_node_hours == pytest.approx((sum(r.nodes for r in runs) + 2) * config["slurm"]["runtime_minutes"] / 60)
+    timeouts = {"train": config["benchmark"]["timeout_s"], "netbench": config["netbench"]["timeout_s"]}
+    assert cost.timeout_node_hours == pytest.approx(sum(r.nodes * timeouts[r.kind] for r in runs) / 3600)
+    assert cost.expected_node_hours is None and cost.expected_runs == 0 and cost.unmeasured_runs == len(runs)
+
+
+def test_without_slurm_the_worst_case_is_every_run_to_its_own_timeout(tmp_path):
+    from containerbench.launch import estimate
+
+    config = tiny_config(tmp_path, netbench={"timeout_s": 300})
+    cost = estimate(prepare(config, tmp_path, probe=False).plans.values(), config, [])
+    runs = cb_config.plan_runs(config)
+    assert not cost.slurm and cost.timeout_node_hours is None
+    timeouts = {"train": 600, "netbench": 300}  # TINY's benchmark.timeout_s, and the override above
+    assert cost.worst_node_hours == pytest.approx(sum(r.nodes * timeouts[r.kind] for r in runs) / 3600)
+    assert cost.worst_basis == "every run to its own timeout, benchmark.timeout_s = 600 s, netbench.timeout_s = 300 s"
+
+
+def test_the_expected_cost_is_the_wall_time_of_the_last_ok_run_at_each_point(tmp_path):
+    from containerbench.launch import estimate
+
+    config = tiny_config(tmp_path)  # the sweep the recorded runs are the first repetition of
+    records = loaded(recorded_records_in(tmp_path / "runs"))
+    wall = {(r["kind"], r["spec"]["ranks"]): r["wall_s"] for r in records}
+    runs = cb_config.plan_runs(config)
+    cost = estimate(prepare(config, tmp_path, probe=False).plans.values(), config, records)
+    assert cost.expected_node_hours == pytest.approx(sum(r.nodes * wall[(r.kind, r.ranks)] for r in runs) / 3600)
+    assert (cost.expected_runs, cost.unmeasured_runs, cost.records_used, cost.records_read) == (len(runs), 0, 3, 3)
+    assert cost.measured_unix == (min(r["started_unix"] for r in records), max(r["started_unix"] for r in records))
+
+
+def test_a_later_ok_run_replaces_an_earlier_one_and_a_failed_run_is_no_measurement(tmp_path):
+    from containerbench.launch import estimate
+
+    day_later = {markers.LAUNCH: lambda launch: launch.update(started_unix=launch["started_unix"] + 86400),
+                 markers.EXIT: lambda exit_: exit_.update(wall_s=40.0)}
+    failed = {markers.LAUNCH: lambda launch: launch.update(started_unix=launch["started_unix"] + 2 * 86400),
+              markers.EXIT: lambda exit_: exit_.update(returncode=1, wall_s=99.0)}
+    records = loaded(recorded_records_in(tmp_path / "runs", [
+        ("later", "train_bare-metal_tcp-loopback_1x1_b2_rep1", day_later),
+        ("failed", "train_bare-metal_tcp-loopback_1x2_b2_rep1", failed)]))
+    status = {r["log"]["path"].rsplit("/", 1)[1]: r["status"] for r in records}
+    assert status["later.log"] == "ok" and status["failed.log"] == "failed"
+    first_2_ranks = next(r["wall_s"] for r in records if r["run_id"] == "train_bare-metal_tcp-loopback_1x2_b2_rep1"
+                         and r["status"] == "ok")
+    config = tiny_config(tmp_path, netbench={"enabled": False})
+    cost = estimate(prepare(config, tmp_path, probe=False).plans.values(), config, records)
+    per_point = config["benchmark"]["repetitions"]
+    assert cost.expected_node_hours == pytest.approx(per_point * (40.0 + first_2_ranks) / 3600)
+    assert cost.records_used == 2 and cost.records_ok == 4 and cost.records_read == 5
+
+
+def test_more_steps_than_measured_add_the_measured_step_time(tmp_path):
+    import statistics
+
+    from containerbench.launch import estimate
+
+    config = tiny_config(tmp_path, benchmark={"steps": 12, "warmup_steps": 2})  # recorded: 1 + 2 (+ 1 probe)
+    records = loaded(recorded_records_in(tmp_path / "runs"))
+    expected = {}
+    for record in records:
+        more = 0 if record["kind"] == "netbench" else (12 - 2) + (2 - 1)
+        steps = [s for rank in (record["result"].get("per_rank") or []) for s in rank["step_s"]]
+        expected[(record["kind"], record["spec"]["ranks"])] = record["wall_s"] + (
+            more * statistics.median(steps) if more else 0)
+    cost = estimate(prepare(config, tmp_path, probe=False).plans.values(), config, records)
+    runs = cb_config.plan_runs(config)
+    assert cost.expected_node_hours == pytest.approx(sum(r.nodes * expected[(r.kind, r.ranks)] for r in runs) / 3600)
+    assert cost.unmeasured_runs == 0
+
+
+def test_points_never_measured_are_counted_not_guessed(tmp_path):
+    from containerbench.launch import estimate
+
+    config = tiny_config(tmp_path, benchmark={"batch_sizes": [4]})  # recorded: batch 2 only
+    records = loaded(recorded_records_in(tmp_path / "runs"))
+    cost = estimate(prepare(config, tmp_path, probe=False).plans.values(), config, records)
+    trains = sum(r.kind == "train" for r in cb_config.plan_runs(config))
+    netbench = next(r["wall_s"] for r in records if r["kind"] == "netbench")
+    assert (cost.expected_runs, cost.unmeasured_runs) == (1, trains)
+    assert cost.expected_node_hours == pytest.approx(netbench / 3600)
+    other_site = tiny_config(tmp_path, system="elsewhere")  # the same shapes measured on another system
+    cost = estimate(prepare(other_site, tmp_path, probe=False).plans.values(), other_site, records)
+    assert cost.expected_node_hours is None and cost.records_used == 0
+
+
+def plan_estimate(argv, capsys):
+    from containerbench.cli import main
+
+    returncode = main(["plan", "--estimate", *argv])
+    out, err = capsys.readouterr()
+    return returncode, out, err
+
+
+def test_plan_estimate_prints_jobs_allocations_and_the_expected_cost_from_the_records(tmp_path, capsys):
+    config = tiny_config(tmp_path)
+    records = loaded(recorded_records_in(tmp_path / "measured"))
+    runs = cb_config.plan_runs(config)
+    wall = {(r["kind"], r["spec"]["ranks"]): r["wall_s"] for r in records}
+    expected_hours = sum(r.nodes * wall[(r.kind, r.ranks)] for r in runs) / 3600
+    returncode, out, err = plan_estimate(["--config", str(ROOT / "config" / "config.yaml"),
+                                          "--config", str(tmp_path / "tiny.yaml"),
+                                          "--records", str(tmp_path / "measured")], capsys)
+    assert returncode == 0 and err == ""
+    trains = sum(r.kind == "train" for r in runs)
+    worst_hours = (trains * 600 + (len(runs) - trains) * 900) / 3600
+    measured = sorted({time.strftime("%Y-%m-%d", time.gmtime(r["started_unix"])) for r in records})
+    assert len(measured) == 1  # the recorded runs ran on one day
+    assert out.splitlines() == [
+        "What this sweep costs:",
+        f"  jobs         {len(runs)} measurement jobs, one per run ({trains} train, {len(runs) - trains} netbench), "
+        "run here by mpirun, no Slurm job",
+        "               1 one-node job besides: the pre-flight job",
+        f"               {len(runs) + 2} more: a parse per run, tables, report",
+        f"  allocations  {len(runs)} nodes in {len(runs)} runs: {len(runs)} of 1 node",
+        f"  worst case   {worst_hours:.2g} node-hours: every run to its own timeout, benchmark.timeout_s = 600 s, "
+        "netbench.timeout_s = 900 s",
+        f"  expected     {expected_hours:.2g} node-hours for {len(runs)} of {len(runs)} runs, "
+        "from the last ok run at each point",
+        f"  rates from   3 of 3 records in {tmp_path / 'measured'} (3 ok), measured {measured[0]} (UTC)",
+    ]
+
+
+def test_plan_estimate_of_one_run_as_json(tmp_path, capsys):
+    tiny_config(tmp_path)
+    recorded_records_in(tmp_path / "measured")
+    configs = ["--config", str(ROOT / "config" / "config.yaml"), "--config", str(tmp_path / "tiny.yaml")]
+    returncode, out, _ = plan_estimate([*configs, "--records", str(tmp_path / "measured" / "*.json"), "--json",
+                                        "--run-id", "train_bare-metal_tcp-loopback_1x2_b2_rep2"], capsys)
+    cost = json.loads(out)
+    assert returncode == 0 and cost["jobs"] == {"train": 1} and cost["allocations"] == {"1": 1}
+    wall = parse_log(ROOT / "tests" / "data" / "runs" / "train_bare-metal_tcp-loopback_1x2_b2_rep1.log")["wall_s"]
+    assert cost["expected_node_hours"] == pytest.approx(wall / 3600) and cost["records_used"] == 1
+    returncode, out, err = plan_estimate([*configs, "--run-id", "train_nothing_rep1"], capsys)
+    assert returncode == 2 and err == "plan: --run-id 'train_nothing_rep1' is not a run of this sweep\n"
+
+
+def test_plan_reads_records_only_for_an_estimate(tmp_path, capsys):
+    from containerbench.cli import main
+
+    assert main(["plan", "--records", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == "plan: --records is read only with --estimate\n"
+
+
+def test_plan_estimate_reads_the_configs_results_by_default_and_says_when_there_are_none(tmp_path, capsys):
+    results = tmp_path / "results"
+    runs = cb_config.plan_runs(tiny_config(tmp_path, results_dir=str(results), scaling={"nodes": [1, 2]}))
+    on = {n: sum(r.nodes == n for r in runs) for n in (1, 2)}  # the recorded runs ran on 1 node
+    configs = ["--config", str(ROOT / "config" / "config.yaml"), "--config", str(tmp_path / "tiny.yaml")]
+    returncode, out, _ = plan_estimate(configs, capsys)
+    assert returncode == 0
+    assert f"  expected     none: no earlier ok run at the point of any of the {len(runs)} runs" in out.splitlines()
+    assert out.splitlines()[-1] == f"  rates from   no run records in {results}/runs/*.json"
+    assert (f"  allocations  {on[1] + 2 * on[2]} nodes in {len(runs)} runs: {on[1]} of 1 node, {on[2]} of 2 nodes"
+            in out.splitlines())
+    recorded_records_in(results / "runs")
+    returncode, out, _ = plan_estimate(configs, capsys)
+    assert returncode == 0 and f"node-hours for {on[1]} of {len(runs)} runs, from the last ok run at each point; " \
+        f"{on[2]} runs without an earlier ok run at its point, no figure for those" in out
+    assert f"  rates from   3 of 3 records in {results}/runs/*.json (3 ok)" in out
+
+
+@pytest.mark.parametrize("given,what", [("no-such-dir", "does not exist"), ("no-such-dir/*.json", "matches no file")])
+def test_plan_estimate_names_records_it_cannot_read_in_one_line(tmp_path, capsys, given, what):
+    tiny_config(tmp_path)
+    path = str(tmp_path / given)
+    returncode, out, err = plan_estimate(["--config", str(ROOT / "config" / "config.yaml"),
+                                          "--config", str(tmp_path / "tiny.yaml"), "--records", path], capsys)
+    assert returncode == 2 and out == ""
+    assert err == (f"records: {path!r} {what}; allowed: a directory of run records, a record file, "
+                   "or a glob that matches some\n")
+
+
+def test_plan_piped_into_head_stops_quietly():
+    done = subprocess.run(f"{shlex.quote(sys.executable)} -m containerbench plan --config config/site.example.yaml "
+                          "| head -1", shell=True, cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          executable="/bin/bash")
+    assert done.stdout == "train_bare-metal_infiniband_1x4_b64_rep1\n" and done.stderr == ""

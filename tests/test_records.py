@@ -40,6 +40,7 @@ def test_recorded_runs_are_ok_and_their_transport_verified(recorded_runs):
         expected = "not applicable" if ranks == 1 else "ok"
         assert record["fabric_check"]["status"] == expected, (kind, ranks, record["fabric_check"]["reason"])
         assert record["log"]["result_line"] and len(record["log"]["sha256"]) == 64
+        assert record["started_unix"] > 0  # when it was launched: the last run of a point is the freshest rate
     train = recorded_runs[("train", 2)]
     assert train["startup_s"] > 0 and train["wall_s"] > train["startup_s"]
 

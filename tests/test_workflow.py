@@ -58,6 +58,11 @@ def test_dry_run_of_the_example_site_config(tmp_path):
     assert "results/runs/train_apptainer_infiniband_8x4_b128_rep5.log" in done.stdout
     assert "results/runs/netbench_bare-metal_ethernet_2x1_rep3.log" in done.stdout
     assert "train_enroot_" not in done.stdout
+    # What the sweep costs, said once before anything is submitted, for the runs this dry run lists.
+    measured = sum(count for rule, count in job_counts(done.stdout).items() if rule.startswith("measure_"))
+    assert done.stderr.count("What this sweep costs:") == 1
+    assert f"  jobs         {measured} measurement jobs, one per run (" in done.stderr
+    assert "node-hours: every job to its time limit, slurm.runtime_minutes = 90" in done.stderr
 
 
 def test_a_site_config_is_the_whole_config_as_containerbench_plan_reads_it(tmp_path):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -16,11 +17,21 @@ from containerbench import config as cb_config
 
 
 def cmd_plan(args) -> int:
-    from containerbench.launch import prepare
+    from containerbench.launch import estimate, format_estimate, one_node_jobs, prepare, sweep_records
 
+    if args.records and not args.estimate:
+        raise cb_config.ConfigError("plan: --records is read only with --estimate")
     config = cb_config.load(args.config)
     # What each runtime would run, from this clone; nothing is probed here.
     sweep = prepare(config, Path.cwd(), probe=False)
+    if args.estimate:
+        if args.run_id and args.run_id not in sweep.plans:
+            raise cb_config.ConfigError(f"plan: --run-id {args.run_id!r} is not a run of this sweep")
+        records, source = sweep_records(config, args.records)
+        plans = [plan for run_id, plan in sweep.plans.items() if not args.run_id or run_id == args.run_id]
+        cost = estimate(plans, config, records, one_node_jobs(sweep, config))
+        print(json.dumps(cost.as_dict(), sort_keys=True) if args.json else format_estimate(cost, source))
+        return 0
     for spec in sweep.runs:
         if args.run_id and spec.run_id != args.run_id:
             continue
@@ -117,7 +128,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("plan", help="print every run of the sweep with its exact argv and environment")
     p.add_argument("--config", action="append", default=None, help="YAML file(s), later ones override (default config/config.yaml)")
     p.add_argument("--run-id", help="only this run")
-    p.add_argument("--json", action="store_true", help="one JSON plan per line")
+    p.add_argument("--json", action="store_true", help="one JSON plan per line (with --estimate: the estimate)")
+    p.add_argument("--estimate", action="store_true",
+                   help="print what the sweep costs instead: jobs, allocations, worst-case and expected node-hours")
+    p.add_argument("--records", action="append", metavar="DIR_OR_GLOB",
+                   help="run records of earlier runs the expected figure comes from "
+                        "(default: <results_dir>/runs/*.json of the config)")
     p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("launch", help="run one plan, writing its raw log")
@@ -171,6 +187,9 @@ def main(argv=None) -> int:
     except cb_config.ConfigError as error:
         print(error, file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `containerbench plan | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        return 0
 
 
 if __name__ == "__main__":

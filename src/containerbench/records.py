@@ -173,6 +173,7 @@ def parse_log(log_path: str | Path) -> dict:
         "host": launch.get("host"),
         "returncode": (found.exit or {}).get("returncode"),
         "wall_s": (found.exit or {}).get("wall_s"),
+        "started_unix": launch.get("started_unix"),  # which of a point's runs is the last (launch.estimate)
         "startup_s": startup_seconds(launch, found.result),
         "result": found.result,
         "image": launch.get("image"),

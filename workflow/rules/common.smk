@@ -16,6 +16,10 @@ except cb_config.ConfigError as error:
     # Stop before any job starts, with the one line and no traceback.
     sys.exit(f"containerbench: {error}")
 
+if workflow.is_main_process:
+    # What the sweep costs, once, before anything is submitted; on stderr, so a dry run shows it too.
+    print(launch.cost_summary(SWEEP, config), file=sys.stderr)
+
 PLANS = SWEEP.plans
 RESULTS = config["results_dir"]
 PYTHON = sys.executable  # the workflow's interpreter, with this package installed
