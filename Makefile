@@ -6,7 +6,7 @@ BENCH_VENV := .venv-bench
 PROFILE ?= profiles/local
 SNAKEMAKE_ARGS ?=
 
-.PHONY: setup run test test-fast dry-run lock clean-results help
+.PHONY: setup run test test-fast dry-run lock clean-results help gpu-env test-gpu-env
 
 help:
 	@echo "make run        set up, then run the benchmark workflow ($(PROFILE), config/config.yaml)"
@@ -14,6 +14,8 @@ help:
 	@echo "make test-fast  the developer loop: tests that need only the workflow venv (no root, minutes)"
 	@echo "make dry-run    show what the workflow would run"
 	@echo "make lock       re-resolve envs/*.lock.txt from envs/*.txt"
+	@echo "make gpu-env    the GPU benchmark venv (.venv-bench-gpu) and its NCCL Horovod wheel (benchmark_env: gpu)"
+	@echo "make test-gpu-env  build it, and the GPU image from it, and test both (opt-in: 5 GB, 15-30 minutes)"
 
 setup: $(VENV)/.containerbench-ready $(BENCH_VENV)/.containerbench-ready build/engines/containers.conf
 
@@ -41,12 +43,24 @@ dry-run: $(VENV)/.containerbench-ready
 	$(VENV)/bin/snakemake --profile $(PROFILE) --dry-run $(SNAKEMAKE_ARGS)
 
 test: setup
-	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest -m "not gpu_env" $(PYTEST_ARGS)
 
 # No training, no container engine, no Slurm, no root: what each marker means is in pyproject.toml.
-FAST := not slow and not bench and not root and not containers and not slurm and not netns
+FAST := not slow and not bench and not root and not containers and not slurm and not netns and not gpu_env
 test-fast: $(VENV)/.containerbench-ready
 	$(VENV)/bin/python -m pytest -m "$(FAST)" $(PYTEST_ARGS)
+
+# benchmark_env: gpu. Compiling Horovod's NCCL operations needs CUDA 11.8's nvcc and gcc 11
+# (installed when root on Debian); the GPU venv and image need no GPU to be built.
+BENCH_GPU_VENV := .venv-bench-gpu
+gpu-env: $(BENCH_GPU_VENV)/.containerbench-ready
+
+$(BENCH_GPU_VENV)/.containerbench-ready: envs/bench-gpu.lock.txt envs/bench-gpu.txt envs/build-tools.txt pyproject.toml scripts/setup-venv.sh
+	scripts/install-system-deps.sh --gpu-build
+	PYTHON=$(PYTHON) scripts/setup-venv.sh bench-gpu $(BENCH_GPU_VENV)
+
+test-gpu-env: setup gpu-env
+	$(VENV)/bin/python -m pytest -m gpu_env $(PYTEST_ARGS)
 
 lock:
 	scripts/lock-envs.sh

@@ -51,10 +51,12 @@ def test_dry_run_of_the_example_site_config(tmp_path):
     assert done.returncode == 0, done.stderr
     # Bare metal and Apptainer, each: 2 fabrics x 4 node counts x 2 batch sizes = 16 runs per
     # repetition (5), plus netbench at each of the 4 node counts over 2 fabrics in repetitions 1-3.
-    assert job_counts(done.stdout) == {"preflight": 1, "measure_rep1": 48, "measure_rep2": 48, "measure_rep3": 48,
-                                       "measure_rep4": 32, "measure_rep5": 32, "parse_run": 208,
-                                       "image_build": 1, "image_archive": 1, "singularity_definition": 1,
-                                       "image_apptainer": 1, "tables": 1, "report": 1, "all": 1}
+    counts = job_counts(done.stdout)
+    counts.pop("image_wheelhouse", None)  # made once per clone: by an earlier test or not yet
+    assert counts == {"preflight": 1, "measure_rep1": 48, "measure_rep2": 48, "measure_rep3": 48,
+                      "measure_rep4": 32, "measure_rep5": 32, "parse_run": 208, "image_build": 1,
+                      "image_archive": 1, "singularity_definition": 1, "image_apptainer": 1, "tables": 1,
+                      "report": 1, "all": 1}
     assert "results/runs/train_apptainer_infiniband_8x4_b128_rep5.log" in done.stdout
     assert "results/runs/netbench_bare-metal_ethernet_2x1_rep3.log" in done.stdout
     assert "train_enroot_" not in done.stdout

@@ -198,6 +198,26 @@ def check_runs(config: dict, runs: list[RunSpec]) -> None:
 SAMPLE_DIR = "build/data/imagenet-sample"
 
 
+@dataclass(frozen=True)
+class BenchEnv:
+    """A benchmark environment: the one lock that the bare-metal venv (scripts/setup-venv.sh) and
+    the image (containers/Dockerfile) both install, so that their provenance hashes can match."""
+
+    name: str
+    pins: str  # the top-level pins, Horovod's version among them
+    lock: str  # the full closure
+    wheelhouse: str  # the image's offline wheels, with the Horovod wheel setup-venv.sh built
+    horovod_gpu_operations: str  # "" = Horovod's CPU collectives (Gloo, MPI)
+    venv: str  # where `make setup` / `make gpu-env` puts the bare-metal venv
+
+
+BENCH_ENVS = {
+    "cpu": BenchEnv("cpu", "envs/bench.txt", "envs/bench.lock.txt", "build/wheelhouse", "", ".venv-bench"),
+    "gpu": BenchEnv("gpu", "envs/bench-gpu.txt", "envs/bench-gpu.lock.txt", "build/wheelhouse-gpu", "NCCL",
+                    ".venv-bench-gpu"),
+}
+
+
 def dataset_dir(config: dict, sample_dir: str = SAMPLE_DIR) -> str:
     return config["dataset"]["path"] or sample_dir
 

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
-from containerbench.config import ConfigError
+from containerbench.config import BENCH_ENVS, BenchEnv, ConfigError
 from containerbench.processes import run_group
 from containerbench.runtimes import DEFAULT_PATH, engine_env
 
@@ -172,10 +172,10 @@ def make_base(engine: str, tag: str = BASE_IMAGE, rootfs: Path = BUILD / "base" 
 
 # -- wheelhouse ------------------------------------------------------------------------------
 
-def horovod_version(root: Path = Path(".")) -> str:
-    match = re.search(r"^horovod==(\S+)", (root / "envs" / "bench.txt").read_text(), re.M)
+def horovod_version(root: Path = Path("."), env: BenchEnv = BENCH_ENVS["cpu"]) -> str:
+    match = re.search(r"^horovod==(\S+)", (root / env.pins).read_text(), re.M)
     if not match:
-        raise ImageStepError("wheelhouse: no horovod==VERSION pin in envs/bench.txt")
+        raise ImageStepError(f"wheelhouse: no horovod==VERSION pin in {env.pins}")
     return match.group(1)
 
 
@@ -216,20 +216,26 @@ def build_tool_pins(python: Path) -> list[str]:
 
 
 def make_wheelhouse(bench_python: Path = BENCH_PYTHON, dest: Path = WHEELHOUSE, root: Path = Path("."),
-                    python_version: str | None = None, timeout: float = DEFAULT_STEP_TIMEOUT_S) -> list[str]:
+                    python_version: str | None = None, timeout: float = DEFAULT_STEP_TIMEOUT_S,
+                    env: BenchEnv = BENCH_ENVS["cpu"]) -> list[str]:
     """Fill `dest` for an offline image build; the Horovod wheel is built only when missing."""
     dest.mkdir(parents=True, exist_ok=True)
     pins = build_tool_pins(bench_python)
     (dest / "build-tools.txt").write_text("\n".join(pins) + "\n")
     host_version = _bench_query(bench_python, "import sys; print('%d.%d' % sys.version_info[:2])")
-    run_step("wheelhouse (download)", download_argv(bench_python, root / "envs" / "bench.lock.txt", dest, pins,
+    run_step("wheelhouse (download)", download_argv(bench_python, root / env.lock, dest, pins,
                                                     python_version or host_version), timeout=timeout)
-    version = horovod_version(root)
+    version = horovod_version(root, env)
+    abi = "cp" + host_version.replace(".", "")
+    wheel = dest / f"horovod-{version}-{abi}-{abi}-linux_x86_64.whl"
+    if env.horovod_gpu_operations and not wheel.exists():
+        # Compiling NCCL operations needs nvcc and the venv's NCCL: scripts/setup-venv.sh does it, once.
+        raise ImageStepError(f"wheelhouse: {wheel} is missing: benchmark_env '{env.name}' installs the Horovod "
+                             f"wheel built with {env.horovod_gpu_operations} operations by `scripts/setup-venv.sh "
+                             f"bench-{env.name} VENV` (make gpu-env), which needs CUDA 11.8's nvcc")
     sdist = dest / f"horovod-{version}.tar.gz"
     if not sdist.exists():
         run_step("wheelhouse (horovod sdist)", sdist_argv(bench_python, dest, version), timeout=timeout)
-    abi = "cp" + host_version.replace(".", "")
-    wheel = dest / f"horovod-{version}-{abi}-{abi}-linux_x86_64.whl"
     if not wheel.exists():  # 3-5 minutes; links the host's Debian Open MPI, which the base also has
         env = {**os.environ, **HOROVOD_FLAGS, "MAKEFLAGS": os.environ.get("MAKEFLAGS", f"-j{os.cpu_count()}")}
         run_step("wheelhouse (horovod wheel)", horovod_wheel_argv(bench_python, sdist, dest), env=env,
@@ -462,6 +468,18 @@ def resolve_images(config: dict, build_dir: Path | str = IMAGES) -> dict[str, st
     return artifacts
 
 
+def check_bench_env(config: dict, repo: Path | str) -> None:
+    """The GPU environment's image installs a Horovod wheel that only `make gpu-env` can build
+    (it needs nvcc): say so before any job, instead of failing the build an hour in."""
+    env = BENCH_ENVS[config["benchmark_env"]]
+    wheels = Path(repo) / env.wheelhouse
+    if env.horovod_gpu_operations and not any(wheels.glob("horovod-*-linux_x86_64.whl")):
+        raise ConfigError(f"config: 'benchmark_env' = '{env.name}' builds its image with the Horovod wheel that "
+                          f"`make gpu-env` puts in {env.wheelhouse} ({env.horovod_gpu_operations} operations, "
+                          f"compiled by CUDA 11.8's nvcc), and there is none; allowed: run `make gpu-env` "
+                          "first, or benchmark_env: cpu")
+
+
 # -- command line ----------------------------------------------------------------------------
 
 def _build_args(pairs: list[str]) -> dict[str, str]:
@@ -480,6 +498,8 @@ def parser() -> argparse.ArgumentParser:
                      help="the engine that builds (and holds) the image")
     cli.add_argument("--tag", help=f"default {IMAGE_REPO}:<provenance hash of the bench venv>")
     cli.add_argument("--bench-python", type=Path, default=BENCH_PYTHON)
+    cli.add_argument("--env", choices=sorted(BENCH_ENVS), default="cpu",
+                     help="the benchmark environment: its lock and wheelhouse (config key benchmark_env)")
     cli.add_argument("--repo", type=Path, default=Path("."),
                      help="the repository: build context, containers/Dockerfile, envs/, build/ (default: .)")
     cli.add_argument("--step-timeout", type=float, default=DEFAULT_STEP_TIMEOUT_S, metavar="SECONDS",
@@ -491,7 +511,7 @@ def parser() -> argparse.ArgumentParser:
     step.add_argument("--force", action="store_true")
     step.add_argument("--marker", type=Path, help="write the base's name here when done")
     step = steps.add_parser("wheelhouse", help="the lock as wheels, and the Horovod wheel, for an offline build")
-    step.add_argument("--dest", type=Path, help="default REPO/build/wheelhouse")
+    step.add_argument("--dest", type=Path, help="default: the environment's, e.g. REPO/build/wheelhouse")
     step.add_argument("--python-version", help="the image's Python, e.g. 3.10 for another base")
     step.add_argument("--marker", type=Path, help="write the wheelhouse's file names here when done")
     step = steps.add_parser("build", help="build containers/Dockerfile; refuse an image whose provenance differs")
@@ -527,7 +547,7 @@ def parser() -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> str:
     """Do one step; return what it made, for the log."""
-    timeout, repo = args.step_timeout, args.repo
+    timeout, repo, env = args.step_timeout, args.repo, BENCH_ENVS[args.env]
     needs_tag = args.step not in ("base", "wheelhouse", "apptainer")
     tag = args.tag or (default_tag(args.bench_python) if needs_tag else None)
     if args.step == "base":
@@ -536,11 +556,13 @@ def run(args: argparse.Namespace) -> str:
         _write(args.marker, args.base_image + "\n")
         return done
     if args.step == "wheelhouse":
-        names = make_wheelhouse(args.bench_python, args.dest or repo / WHEELHOUSE, repo, args.python_version, timeout)
+        names = make_wheelhouse(args.bench_python, args.dest or repo / env.wheelhouse, repo, args.python_version,
+                                timeout, env)
         _write(args.marker, "\n".join(names) + "\n")
         return "\n".join(names)
     if args.step == "build":
-        build_args = {**({"APT_PACKAGES": args.apt_packages} if args.apt_packages else {}), **_build_args(args.build_arg)}
+        build_args = {"LOCK": env.lock, "WHEELHOUSE": env.wheelhouse,
+                      **({"APT_PACKAGES": args.apt_packages} if args.apt_packages else {}), **_build_args(args.build_arg)}
         # apt packages at build time need the network; the default base needs nothing from outside.
         network = args.network or ("host" if args.apt_packages else "none")
         spec = ImageSpec(args.engine, tag, args.base_image, build_args, repo / DOCKERFILE, repo, network)

@@ -32,7 +32,7 @@ from containerbench import config as cb_config
 from containerbench import markers, slurm
 from containerbench.config import RunSpec, dataset_dir
 from containerbench.fabrics import debug_environment, expected_transport
-from containerbench.images import IMAGES, resolve_images
+from containerbench.images import IMAGES, check_bench_env, resolve_images
 from containerbench.processes import kill_group
 from containerbench.records import load_records
 from containerbench.runtimes import (RunRequest, check_launchers, host_environment, is_image_path, runtime_for,
@@ -270,6 +270,8 @@ def prepare(config: dict, repo: Path, *, probe: bool = True) -> Sweep:
         skipped = select_runtimes(config, artifacts) if probe else {}
         if probe:
             check_site_images(config, artifacts)
+            if artifacts:
+                check_bench_env(config, repo)
         artifacts = {name: path for name, path in artifacts.items() if name in config["runtimes"]}
         cb_config.check_dataset(config)
         sample = None

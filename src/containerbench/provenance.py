@@ -26,6 +26,9 @@ BENCH_SOURCES = ("bench.py", "datasets.py", "distribution.py", "markers.py", "ne
 # Whichever of these is installed roots the dependency walk (a GPU image holds
 # `tensorflow`, a CPU venv `tensorflow-cpu`).
 ROOT_DISTRIBUTIONS = ("tensorflow", "tensorflow-cpu", "horovod", "mpi4py", "numpy")
+# And every installed distribution named so: the CUDA libraries TensorFlow loads come from an
+# extra (tensorflow[and-cuda]), which the dependency walk does not follow.
+ROOT_PREFIXES = ("nvidia-",)
 
 
 def code_digest(package_dir: Path | None = None) -> str:
@@ -46,10 +49,12 @@ def _requirement_applies(requirement: Requirement) -> bool:
         return False
 
 
-def installed_closure(roots=ROOT_DISTRIBUTIONS) -> dict[str, str]:
-    """Map each installed distribution reachable from `roots` to its version."""
+def installed_closure(roots=ROOT_DISTRIBUTIONS, prefixes=ROOT_PREFIXES) -> dict[str, str]:
+    """Map each installed distribution reachable from `roots` (and those named with `prefixes`) to its version."""
     versions: dict[str, str] = {}
     pending = [canonicalize_name(name) for name in roots]
+    pending += [canonicalize_name(dist.metadata["Name"]) for dist in metadata.distributions()
+                if canonicalize_name(dist.metadata["Name"] or "").startswith(prefixes)]
     while pending:
         name = pending.pop()
         if name in versions:

@@ -5,6 +5,7 @@
 from containerbench import images as cb_images
 
 BUILD = config["images"]["build"]
+BENCH_ENV = cb_config.BENCH_ENVS[config["benchmark_env"]]  # its lock and wheelhouse, bare metal and image
 ENGINE = BUILD["engine"]
 TAG = BUILD["tag"]
 # The image belongs to the repository (its build context, its build/ cache), not to
@@ -15,7 +16,7 @@ PACKAGE_SOURCES = sorted(str(p) for p in (REPO / "src" / "containerbench").rglob
 FILES = cb_images.image_files(TAG, IMAGES_DIR)
 # The image step's command line, shell-quoted word by word; each rule adds its step and files.
 IMAGE_STEPS = shlex.join([PYTHON, "-m", "containerbench.images", "--engine", ENGINE, "--tag", TAG,
-                     "--bench-python", str(BENCH_PYTHON), "--repo", str(REPO)])
+                          "--bench-python", str(BENCH_PYTHON), "--repo", str(REPO), "--env", BENCH_ENV.name])
 # Each image step has a time limit. It is a resource, not a param: raising it must not rebuild
 # an image that was built in time.
 IMAGE_STEP = {"step_timeout_s": config["images"]["step_timeout_s"]}
@@ -46,10 +47,10 @@ rule image_wheelhouse:
     it builds: the rule declares the list of its files, not the directory, which Snakemake would
     delete before a rerun, and with it a Horovod build of several minutes."""
     input:
-        REPO / "envs" / "bench.lock.txt",
-        REPO / "envs" / "bench.txt",
+        REPO / BENCH_ENV.lock,
+        REPO / BENCH_ENV.pins,
     output:
-        IMAGES_DIR / "wheelhouse.done",
+        IMAGES_DIR / f"wheelhouse.{BENCH_ENV.name}.done",
     log:
         IMAGE_LOGS / "wheelhouse.txt",
     params:
@@ -70,7 +71,7 @@ rule image_build:
         base=[] if BUILD["base_image"] else rules.image_base.output,
         wheelhouse=rules.image_wheelhouse.output,
         definition=REPO / "containers" / "Dockerfile",
-        lock=REPO / "envs" / "bench.lock.txt",
+        lock=REPO / BENCH_ENV.lock,
         sources=PACKAGE_SOURCES,
     output:
         FILES[ENGINE],
@@ -165,11 +166,14 @@ rule singularity_definition:
         python=PYTHON,
         bench_python=BENCH_PYTHON,
         base=BUILD["base_image"] or cb_images.BASE_IMAGE,
+        lock=BENCH_ENV.lock,
+        wheelhouse=BENCH_ENV.wheelhouse,
     localrule: True
     priority: BEFORE_ANY_MEASUREMENT
     shell:
         "{params.python:q} -m containerbench.singularity --dockerfile {input:q} --context {params.repo:q} "
-        "--build-arg BASE_IMAGE={params.base:q} --bench-python {params.bench_python:q} --out {output:q} > {log:q} 2>&1"
+        "--build-arg BASE_IMAGE={params.base:q} --build-arg LOCK={params.lock:q} "
+        "--build-arg WHEELHOUSE={params.wheelhouse:q} --bench-python {params.bench_python:q} --out {output:q} > {log:q} 2>&1"
 
 
 rule image_apptainer:
