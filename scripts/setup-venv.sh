@@ -18,6 +18,13 @@ case "$side" in
   bench) pins=envs/bench.txt lock=envs/bench.lock.txt wheelhouse="$root/build/wheelhouse" ;;
   bench-gpu) pins=envs/bench-gpu.txt lock=envs/bench-gpu.lock.txt wheelhouse="$root/build/wheelhouse-gpu" ;;
 esac
+lock_path="$root/${lock:-}"
+# BENCH_LOCK: another lock, e.g. what a vendor's image carries (containerbench freeze-image); its
+# Horovod, compiled against its TensorFlow, gets a wheelhouse of its own.
+if [ -n "${BENCH_LOCK:-}" ]; then
+  lock_path=$(realpath "$BENCH_LOCK")
+  wheelhouse="$root/build/wheelhouse-$(basename "$lock_path" .txt)"
+fi
 
 pip_install() { "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "$@"; }
 
@@ -28,8 +35,9 @@ case "$side" in
     pip_install -r "$root/envs/workflow.lock.txt"
     ;;
   bench|bench-gpu)
-    horovod_version=$(sed -n 's/^horovod==//p' "$root/$pins")
-    pip_install -r "$root/$lock"
+    horovod_version=$(sed -n 's/^# horovod==//p' "$lock_path" | head -1)
+    horovod_version=${horovod_version:-$(sed -n 's/^horovod==//p' "$root/$pins")}
+    pip_install -r "$lock_path"
     # Horovod compiles against the TensorFlow just installed, hence no build
     # isolation; MPI support needs an MPI compiler wrapper (scripts/install-system-deps.sh).
     # The wheel goes to the wheelhouse the container build installs from, so the

@@ -121,6 +121,23 @@ def cmd_baseline(args) -> int:
     return 0
 
 
+def cmd_freeze_image(args) -> int:
+    from containerbench.images import ImageStepError, image_lock
+    from containerbench.runtimes import runtime_for
+
+    config = cb_config.load(args.config)
+    try:
+        runtime = runtime_for(args.runtime, config)
+        if runtime.name == "bare-metal":
+            raise ValueError("runtime 'bare-metal' has no image; allowed: a container runtime of the config")
+        lock = image_lock(runtime)
+    except (ValueError, ImageStepError) as error:
+        raise cb_config.ConfigError(f"freeze-image: {error}") from None
+    Path(args.out).write_text(lock)
+    print(f"containerbench: {lock.count(chr(10)) - 2} pins of {runtime.image} written to {args.out}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="containerbench", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -135,6 +152,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run records of earlier runs the expected figure comes from "
                         "(default: <results_dir>/runs/*.json of the config)")
     p.set_defaults(func=cmd_plan)
+
+    p = sub.add_parser("freeze-image", help="write what a runtime's image carries as a lock for a bare-metal venv")
+    p.add_argument("--config", action="append", default=None, help="YAML file(s) (default config/config.yaml)")
+    p.add_argument("--runtime", required=True, help="the container runtime whose image (images.<runtime>.image)")
+    p.add_argument("--out", required=True, help="the lock file to write")
+    p.set_defaults(func=cmd_freeze_image)
 
     p = sub.add_parser("launch", help="run one plan, writing its raw log")
     p.add_argument("--plan", required=True, help="the plan as JSON, or @FILE")

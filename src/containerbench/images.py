@@ -38,7 +38,7 @@ from pathlib import Path
 
 from containerbench.config import BENCH_ENVS, BenchEnv, ConfigError
 from containerbench.processes import run_group
-from containerbench.runtimes import DEFAULT_PATH, engine_env
+from containerbench.runtimes import DEFAULT_PATH, RunRequest, engine_env, host_environment
 
 BUILD = Path("build")
 IMAGES = BUILD / "images"
@@ -466,6 +466,29 @@ def resolve_images(config: dict, build_dir: Path | str = IMAGES) -> dict[str, st
                               f"{runtime} runs (the workflow cannot build a {runtime} image locally)")
         settings["image"], artifacts[runtime] = built
     return artifacts
+
+
+# What an image carries, as pip sees it: the lock of a bare-metal venv to compare it with.
+FREEZE_ARGS = ("list", "--format=freeze", "--disable-pip-version-check")
+NOT_LOCKED = ("containerbench", "horovod")  # the package comes from the clone; Horovod is compiled
+
+
+def image_lock(runtime, timeout: float = QUERY_TIMEOUT_S) -> str:
+    """The distributions installed in `runtime`'s image, as a lock for scripts/setup-venv.sh
+    (BENCH_LOCK=...): a bare-metal venv with the versions a vendor's image carries. Horovod's version
+    is a comment: setup-venv.sh compiles it against the TensorFlow of the lock."""
+    if runtime.requires_launcher:
+        raise ImageStepError(f"freeze: runtime {runtime.name!r} starts only under {runtime.requires_launcher}; "
+                             f"run this command inside an allocation's step there")
+    request = RunRequest(module="pip", args=FREEZE_ARGS, workdir=os.getcwd())
+    done = run_step(f"freeze ({runtime.name})", runtime.rank_argv(request), capture=True, timeout=timeout,
+                    env={**host_environment(), **runtime.environment(request)})
+    pins = sorted((line.strip() for line in done.stdout.splitlines() if "==" in line), key=str.lower)
+    locked = [pin for pin in pins if pin.split("==")[0].lower() not in NOT_LOCKED]
+    horovod = [f"# {pin.split('+')[0]}" for pin in pins if pin.lower().startswith("horovod==")]
+    image = getattr(runtime, "image", "")
+    return "\n".join([f"# What {image} carries ({runtime.name}: pip list --format=freeze), for a bare-metal venv:",
+                      "#   BENCH_LOCK=<this file> scripts/setup-venv.sh bench VENV", *horovod, *locked]) + "\n"
 
 
 def check_bench_env(config: dict, repo: Path | str) -> None:

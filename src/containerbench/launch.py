@@ -35,8 +35,14 @@ from containerbench.fabrics import debug_environment, expected_transport
 from containerbench.images import IMAGES, check_bench_env, resolve_images
 from containerbench.processes import kill_group
 from containerbench.records import load_records
-from containerbench.runtimes import (RunRequest, check_launchers, host_environment, is_image_path, runtime_for,
-                                     select_runtimes)
+from containerbench.runtimes import (
+    RunRequest,
+    check_launchers,
+    host_environment,
+    is_image_path,
+    runtime_for,
+    select_runtimes,
+)
 
 # Always set in every rank: unbuffered output keeps the log in step order, and
 # TensorFlow's INFO chatter would bury the lines that matter.
@@ -128,6 +134,15 @@ def benchmark_args(spec: RunSpec, config: dict) -> list[str]:
     return args + (["--xla"] if bench["xla"] else [])
 
 
+def clone_sources() -> str:
+    """The src/ directory of the clone this package runs from, for `package: clone`."""
+    source = Path(__file__).resolve().parent.parent
+    if not (source.name == "src" and (source.parent / "pyproject.toml").is_file()):
+        raise ValueError(f"package: clone needs containerbench run from a clone (editable install), "
+                         f"not from {source}")
+    return str(source)
+
+
 def rdma_fabric(fabric: dict) -> bool:
     """Does this fabric ask for InfiniBand/RoCE? Then containers get the RDMA devices and memlock."""
     return expected_transport(fabric).transport == "ib"
@@ -140,11 +155,14 @@ def plan(spec: RunSpec, config: dict) -> dict:
     fabric_env = {k: str(v) for k, v in fabric["env"].items()}
     # Every layer logs which network it chose, so the parser can verify the fabric.
     rank_env = {**RANK_ENV, **debug_environment(fabric_env), **fabric_env}
-    request = RunRequest(module=module, args=tuple(benchmark_args(spec, config)), env=rank_env,
-                         workdir=os.getcwd(), binds=tuple(config["images"]["binds"]) + (
-                             (dataset_dir(config),) if spec.data == "real" else ()),
-                         gpus=config["slurm"]["gpus_per_node"] > 0, infiniband=rdma_fabric(fabric))
     runtime = runtime_for(spec.runtime, config)
+    binds = tuple(config["images"]["binds"]) + ((dataset_dir(config),) if spec.data == "real" else ())
+    if runtime.package == "clone":
+        source = clone_sources()
+        binds, rank_env = binds + (source,), {**rank_env, "PYTHONPATH": source}
+    request = RunRequest(module=module, args=tuple(benchmark_args(spec, config)), env=rank_env,
+                         workdir=os.getcwd(), binds=binds,
+                         gpus=config["slurm"]["gpus_per_node"] > 0, infiniband=rdma_fabric(fabric))
     env = runtime.environment(request)
     argv = launcher_for(config, runtime).wrap(runtime.rank_argv(request), spec, sorted(env), runtime.launcher_options(request))
     timeout = config["netbench" if spec.kind == "netbench" else "benchmark"]["timeout_s"]

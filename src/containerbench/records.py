@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -74,9 +75,17 @@ class Verdict:
         return self.status == "ok"
 
 
+# A Python exception named in a line (ModuleNotFoundError, RuntimeError, ...): the cause, where
+# the launcher's own summary after it ("the job has been aborted") only says that something failed.
+PYTHON_EXCEPTION = re.compile(r"\b[A-Z]\w*(Error|Exception)\b")
+
+
 def evidence_line(lines: list[str]) -> str | None:
-    """The line most likely to explain a failure: the last error-looking one."""
+    """The line most likely to explain a failure: the last Python exception, else the last error-looking one."""
     candidates = [l.strip() for l in lines if l.strip() and not l.startswith("containerbench-")]
+    for line in reversed(candidates):
+        if PYTHON_EXCEPTION.search(line):
+            return line[:500]
     for line in reversed(candidates):
         if any(word in line for word in ("Error", "error:", "ERROR", "Killed", "Abort", "abort")):
             return line[:500]

@@ -97,7 +97,7 @@ def run_probe(argv: tuple[str, ...] | list[str], env: dict[str, str] | None = No
 
 
 # Options of images.<runtime> that are about launching, not about the runtime's own argv.
-LAUNCH_OPTIONS = ("srun_mpi", "available")
+LAUNCH_OPTIONS = ("srun_mpi", "available", "package")
 
 
 class Runtime:
@@ -111,6 +111,9 @@ class Runtime:
     # "compute-nodes": not installed where the workflow runs (a login node without Apptainer, say),
     # so the pre-flight job probes it on a compute node instead of the planning step here.
     available: str = "everywhere"
+    # "clone": the ranks import containerbench from the workflow's clone, bound into the container
+    # (an image the site supplies, e.g. a vendor's, has TensorFlow and Horovod but not this package).
+    package: str = "image"
 
     def rank_argv(self, request: RunRequest) -> list[str]:
         raise NotImplementedError
