@@ -39,7 +39,3 @@ rule all:
     default_target: True
     input:
         rules.report.output,
-        # Scheduled first, but not an input of the measurements: Snakemake has no order-only
-        # dependency, and a gating job that runs again (after a code or config change) would
-        # make every finished measurement run again.
-        rules.preflight.output,

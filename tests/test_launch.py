@@ -264,7 +264,7 @@ def test_the_example_site_costs_a_slurm_job_per_run_each_to_its_time_limit(root)
 
     config = cb_config.load([root / "config" / "site.example.yaml"])
     sweep = prepare(config, root, probe=False)
-    # Besides the runs: the pre-flight job, and Apptainer's conversion (the example has Apptainer on the nodes only).
+    # Besides the runs: the pre-flight check, and Apptainer's conversion (the example has Apptainer on the nodes only).
     assert one_node_jobs(sweep, config) == 2
     cost = estimate(sweep.plans.values(), config, [], node_jobs=2)
     runs = cb_config.plan_runs(cb_config.load([root / "config" / "site.example.yaml"]))
@@ -384,7 +384,7 @@ def test_plan_estimate_prints_jobs_allocations_and_the_expected_cost_from_the_re
         "What this sweep costs:",
         f"  jobs         {len(runs)} measurement jobs, one per run ({trains} train, {len(runs) - trains} netbench), "
         "run here by mpirun, no Slurm job",
-        "               1 one-node job besides: the pre-flight job",
+        "               1 one-node job besides: the pre-flight check",
         f"               {len(runs) + 2} more: a parse per run, tables, report",
         f"  allocations  {len(runs)} nodes in {len(runs)} runs: {len(runs)} of 1 node",
         f"  worst case   {worst_hours:.2g} node-hours: every run to its own timeout, benchmark.timeout_s = 600 s, "

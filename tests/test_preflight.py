@@ -6,7 +6,6 @@ a stub on PATH (Apptainer cannot be installed here); its probe is Apptainer's do
 
 import json
 import os
-import re
 import subprocess
 import sys
 
@@ -15,7 +14,7 @@ from helpers import BENCH_PYTHON, ROOT, snakemake, tiny_config
 
 from containerbench import config as cb_config
 from containerbench import images, preflight, runtimes
-from containerbench.launch import prepare
+from containerbench.launch import prepare, site_image_files
 
 
 def run_preflight(tmp_path, *args, path=None):
@@ -96,21 +95,32 @@ def test_a_runtime_only_on_compute_nodes_is_not_probed_where_the_workflow_plans(
         prepare(everywhere, ROOT, probe=True)
 
 
-def test_the_workflow_runs_the_preflight_first_without_gating_what_is_measured(tmp_path):
-    site = tmp_path / "site.yaml"
-    site.write_text(json.dumps(COMPUTE_ONLY))
-    configs = ["--configfile", str(ROOT / "config" / "config.yaml"), str(site)]
-    done = snakemake(tmp_path, *configs, "--dry-run", "--printshellcmds")
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.count("rule preflight:") == 1
-    assert f"--probes '{json.dumps({'apptainer': ['apptainer', '--version']})}'" in done.stdout
-    # A target of `all`, not an input of any measurement: were it one, its running again would
-    # make every finished measurement run again (Snakemake: "Input files updated by another job").
-    graph = snakemake(tmp_path, *configs, "--rulegraph")
-    assert graph.returncode == 0, graph.stderr[-3000:]
-    names = dict(re.findall(r'^\s*(\d+)\[label = "(\w+)"', graph.stdout, re.M))
-    edges = {(names[a], names[b]) for a, b in re.findall(r"^\s*(\d+) -> (\d+)", graph.stdout, re.M)}
-    assert {edge for edge in edges if "preflight" in edge} == {("preflight", "all")}
+def test_under_slurm_the_check_runs_on_one_compute_node_through_srun(tmp_path):
+    config = tiny_config(tmp_path, **COMPUTE_ONLY, launcher={"kind": "srun"},
+                         slurm={"partition": "gpu", "account": "proj", "qos": None, "constraint": "a100"})
+    argv = preflight.check_argv(config, ROOT, "/sw/cb/.venv/bin/python", "/sw/cb/.venv-bench/bin/python",
+                                {"apptainer": ["apptainer", "--version"]}, ["/sw/images/tf.sif"])
+    assert argv == ["srun", "--nodes=1", "--ntasks=1", "--time=10", "--job-name=containerbench-preflight",
+                    "--partition=gpu", "--account=proj", "--constraint=a100",
+                    "/sw/cb/.venv/bin/python", "-m", "containerbench.preflight", "--repo", str(ROOT),
+                    "--sources-digest", preflight.sources_digest(ROOT), "--bench-python", "/sw/cb/.venv-bench/bin/python",
+                    "--probes", '{"apptainer": ["apptainer", "--version"]}', "--image-file=/sw/images/tf.sif"]
+    preflight.parser().parse_args(argv[8 + 3:])  # what follows `python -m containerbench.preflight` parses
+    local = preflight.check_argv(tiny_config(tmp_path), ROOT, sys.executable, None, {})
+    assert local[:3] == [sys.executable, "-m", "containerbench.preflight"]  # mpirun or none: here
+
+
+def test_the_workflow_stops_before_any_job_when_a_node_cannot_run_it(tmp_path):
+    # A real run, not a dry run (the check is Snakemake's onstart hook): nothing is started.
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(json.dumps({"runtimes": ["bare-metal"], "bare_metal": {"python": str(tmp_path / "no-venv")}}))
+    done = snakemake(tmp_path, "--configfile", str(ROOT / "config" / "config.yaml"), str(bad))
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert [line for line in done.stderr.splitlines() if line.startswith("containerbench:")] == [
+        f"containerbench: preflight on {os.uname().nodename}: 'bare_metal.python' = '{tmp_path}/no-venv' does not "
+        "exist on this node; allowed: a venv on a shared filesystem (scripts/setup-venv.sh bench) or an "
+        "interpreter every node has"]
+    assert not (tmp_path / "results").exists()
 
 
 DIGEST = "@sha256:" + "0123456789abcdef" * 4
@@ -157,13 +167,10 @@ def test_a_local_engine_accepts_an_image_of_its_own_store(tmp_path, container_en
 
 
 def test_a_site_image_only_the_nodes_see_is_looked_for_there(tmp_path):
-    site = tmp_path / "site.yaml"
-    site.write_text(json.dumps({"runtimes": ["bare-metal", "apptainer"], "runtime_policy": "require",
-                                "images": {"apptainer": {"image": str(tmp_path / "gone.sif"),
-                                                         "available": "compute-nodes"}}}))
-    planned = snakemake(tmp_path, "--configfile", str(ROOT / "config" / "config.yaml"), str(site),
-                        "--dry-run", "--printshellcmds")
-    assert planned.returncode == 0 and f"--image-file={tmp_path}/gone.sif" in planned.stdout
+    config = tiny_config(tmp_path, runtimes=["bare-metal", "apptainer"], runtime_policy="require",
+                         images={"apptainer": {"image": str(tmp_path / "gone.sif"), "available": "compute-nodes"}})
+    sweep = prepare(config, ROOT, probe=True)  # not refused here: only the nodes see it
+    assert site_image_files(config, sweep.image_files) == [f"{tmp_path}/gone.sif"]
     done = run_preflight(tmp_path, "--repo", str(ROOT), "--sources-digest", preflight.sources_digest(ROOT),
                          "--image-file", str(tmp_path / "gone.sif"))
     assert done.returncode == 1

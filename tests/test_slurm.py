@@ -69,6 +69,9 @@ def slurm_run(cluster, container_engines, tmp_path_factory):
     assert built.returncode == 0, built.stderr[-3000:]
     done = workflow(cluster, workdir)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    # Before any job: the pre-flight check, on a compute node through srun.
+    assert re.search(r"^containerbench: preflight on n[12]: clone, bare-metal Python and 0 runtime probe\(s\) ok$",
+                     done.stdout + done.stderr, re.M), done.stderr[-3000:]
     return workdir
 
 
@@ -138,8 +141,7 @@ def test_a_killed_workflow_resubmits_only_what_is_missing(cluster, slurm_run):
     for path in [results / "runs" / f"train_bare-metal_slow_1x1_b2_rep1{suffix}" for suffix in (".log", ".json")]:
         path.unlink()
     for path in results.glob("*.*"):
-        if path.name != "preflight.json":  # the pre-flight job ran before any measurement
-            path.unlink()
+        path.unlink()
     done = workflow(cluster, slurm_run)
     assert done.returncode == 0, done.stderr[-3000:]
     output = done.stdout + done.stderr

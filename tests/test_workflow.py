@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 
@@ -11,7 +12,7 @@ import pytest
 import yaml
 from helpers import ROOT, TINY, snakemake
 
-from containerbench import cli, datasets, images, preflight, singularity
+from containerbench import cli, datasets, images, singularity
 from containerbench import config as cb_config
 from containerbench.runtimes import select_runtimes
 
@@ -33,7 +34,7 @@ def test_dry_run_of_the_default_config(tmp_path):
     counts = job_counts(done.stdout)
     n = len(runtimes)
     assert {k: v for k, v in counts.items() if not k.startswith("image")} == {
-        "preflight": 1, "measure_rep1": 3 * n, "measure_rep2": 2 * n, "measure_rep3": 2 * n, "parse_run": 7 * n,
+        "measure_rep1": 3 * n, "measure_rep2": 2 * n, "measure_rep3": 2 * n, "parse_run": 7 * n,
         "tables": 1, "report": 1, "all": 1}
     for runtime in runtimes:
         for ranks in (1, 2):
@@ -55,7 +56,7 @@ def test_dry_run_of_the_example_site_config(tmp_path):
     # repetition (5), plus netbench at each of the 4 node counts over 2 fabrics in repetitions 1-3.
     counts = job_counts(done.stdout)
     counts.pop("image_wheelhouse", None)  # made once per clone: by an earlier test or not yet
-    assert counts == {"preflight": 1, "measure_rep1": 48, "measure_rep2": 48, "measure_rep3": 48,
+    assert counts == {"measure_rep1": 48, "measure_rep2": 48, "measure_rep3": 48,
                       "measure_rep4": 32, "measure_rep5": 32, "parse_run": 208, "image_build": 1,
                       "image_archive": 1, "singularity_definition": 1, "image_apptainer": 1, "tables": 1,
                       "report": 1, "all": 1}
@@ -96,8 +97,7 @@ def test_a_site_runtime_missing_here_stops_the_workflow(tmp_path):
 
 # What each rule's shell command runs, and the parser that must accept its arguments.
 COMMAND_PARSERS = {"containerbench": cli.build_parser, "containerbench.images": images.parser,
-                   "containerbench.singularity": singularity.parser, "containerbench.datasets": datasets.parser,
-                   "containerbench.preflight": preflight.parser}
+                   "containerbench.singularity": singularity.parser, "containerbench.datasets": datasets.parser}
 
 
 def test_every_shell_command_of_the_workflow_parses(tmp_path):
@@ -123,8 +123,7 @@ def test_every_shell_command_of_the_workflow_parses(tmp_path):
     assert steps == {("containerbench", step) for step in ("launch", "parse", "tables", "report")} | {
         ("containerbench.images", step) for step in ("base", "wheelhouse", "build", "export", "load", "charliecloud",
                                                      "apptainer", "enroot", "sarus", "podman-hpc")} | {
-        ("containerbench.singularity", None), ("containerbench.datasets", "generate"),
-        ("containerbench.preflight", None)}
+        ("containerbench.singularity", None), ("containerbench.datasets", "generate")}
 
 
 def test_lint_finds_only_the_explained_warning(tmp_path):
@@ -158,6 +157,9 @@ def test_the_workflow_runs_end_to_end_and_then_has_nothing_to_do(tmp_path):
     configs = ["--configfile", str(ROOT / "config" / "config.yaml"), str(tiny)]
     done = snakemake(tmp_path, *configs)
     assert done.returncode == 0, done.stderr[-4000:]
+    # The pre-flight check ran before any job (here: this machine is the compute node).
+    assert f"containerbench: preflight on {os.uname().nodename}: clone, bare-metal Python and 0 runtime probe(s) ok" \
+        in done.stderr
 
     results = tmp_path / "results"
     logs, records = sorted((results / "runs").glob("*.log")), sorted((results / "runs").glob("*.json"))
@@ -179,11 +181,6 @@ def test_the_workflow_runs_end_to_end_and_then_has_nothing_to_do(tmp_path):
 
     again = snakemake(tmp_path, *configs, "--dry-run")
     assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr
-    # The pre-flight stamp lost: it runs again, and nothing measured is out of date.
-    assert json.loads((results / "preflight.json").read_text())["problems"] == []
-    (results / "preflight.json").unlink()
-    again = snakemake(tmp_path, *configs, "--dry-run")
-    assert again.returncode == 0 and job_counts(again.stdout) == {"preflight": 1, "all": 1}
 
     # Every file the workflow wrote is one a rule declares, as an output or as its log.
     summary = snakemake(tmp_path, *configs, "--summary")
@@ -201,8 +198,8 @@ def test_the_workflow_runs_end_to_end_and_then_has_nothing_to_do(tmp_path):
     before = json.loads(run_log.read_text().splitlines()[0].split(" ", 1)[1])["started_unix"]
     redo = snakemake(tmp_path, *configs, "--forcerun", "results/runs/train_bare-metal_tcp-loopback_1x1_b2_rep2.log")
     assert redo.returncode == 0, redo.stderr[-3000:]
-    assert job_counts(redo.stdout + redo.stderr) == {"preflight": 1, "measure_rep2": 1, "parse_run": 1,  # lost above
-                                                     "tables": 1, "report": 1, "all": 1}
+    assert job_counts(redo.stdout + redo.stderr) == {"measure_rep2": 1, "parse_run": 1, "tables": 1, "report": 1,
+                                                     "all": 1}
     assert json.loads(run_log.read_text().splitlines()[0].split(" ", 1)[1])["started_unix"] > before
 
     # A site baselines its healthy nodes, then validates against that baseline.

@@ -272,7 +272,7 @@ def check_site_images(config: dict, built: dict[str, str]) -> None:
 
 
 def site_image_files(config: dict, built: dict[str, str]) -> list[str]:
-    """The image files the site supplies: the pre-flight job checks that the compute nodes see them."""
+    """The image files the site supplies: the pre-flight check checks that the compute nodes see them."""
     images = (runtime_for(name, config).image for name in config["runtimes"]
               if name != "bare-metal" and name not in built)
     return sorted(os.path.abspath(image) for image in images if is_image_path(image))
@@ -325,7 +325,7 @@ class Estimate:
 
     jobs: dict[str, int]  # measurement jobs by kind (train, netbench): one per run
     local_jobs: int  # a parse per run, tables, report: the workflow's own node, no allocation
-    node_jobs: int  # one-node jobs besides the runs: the pre-flight job, image conversions on the nodes
+    node_jobs: int  # one-node jobs besides the runs: the pre-flight check, image conversions on the nodes
     allocations: dict[int, int]  # nodes of an allocation -> how many runs allocate that many
     slurm: bool  # launcher srun: each run is a Slurm job of its own
     launcher: str
@@ -483,7 +483,7 @@ def format_estimate(cost: Estimate, source: str) -> str:
     lines = [
         "What this sweep costs:",
         f"  jobs         {cost.runs} measurement jobs, one per run ({kinds}), {where}",
-        f"               {cost.node_jobs} one-node job{'' if cost.node_jobs == 1 else 's'} besides: the pre-flight job"
+        f"               {cost.node_jobs} one-node job{'' if cost.node_jobs == 1 else 's'} besides: the pre-flight check"
         f"{', image conversions on the nodes' if cost.node_jobs > 1 else ''}",
         f"               {cost.local_jobs} more{' on the workflow node, in no allocation' if cost.slurm else ''}: "
         "a parse per run, tables, report",
@@ -544,7 +544,7 @@ def cost_summary(sweep: Sweep, config: dict, given_records=None) -> str:
 
 
 def one_node_jobs(sweep: Sweep, config: dict) -> int:
-    """The jobs besides the runs that hold a node: the pre-flight job, and the image conversions of
+    """The jobs besides the runs that hold a node: the pre-flight check, and the image conversions of
     runtimes installed only on the compute nodes (images.smk runs those there)."""
     converted_on_nodes = {path for name, path in sweep.image_files.items()
                           if runtime_for(name, config).available == "compute-nodes"}

@@ -1,8 +1,9 @@
-"""The pre-flight job: what a compute node must see before any benchmark job runs there.
+"""The pre-flight check: what a compute node must see before any benchmark job runs there.
 
-The workflow plans on one machine (a login node) and measures on others. This job
-runs where the measurements run (a Slurm job on a compute node; here, this
-machine) and checks, in one line each:
+The workflow plans on one machine (a login node) and measures on others. Before it
+submits any job (Snakemake's onstart, not in a dry run), it runs this check where
+the measurements run (`srun` on one compute node; here, this machine) and stops
+with one line per problem:
 
 - the clone is at the same path with the same package sources (every job runs
   `python -m containerbench` from it, and containers bind the working directory);
@@ -11,11 +12,11 @@ machine) and checks, in one line each:
   probe there (they are not probed when planning);
 - the image files the site supplies (a SIF, a squashfs) are there.
 
-It writes a JSON stamp that every measurement depends on, so a node that cannot run
-the sweep stops it before the first measurement, not after hours of failed runs.
+It is not a rule: a job that every measurement depended on would, whenever it ran
+again (after a code or config change), make every finished measurement run again.
 
     python -m containerbench.preflight --repo R --sources-digest D --bench-python P \
-        --probes '{"apptainer": ["apptainer", "--version"]}' --out results/preflight.json
+        --probes '{"apptainer": ["apptainer", "--version"]}' [--out preflight.json]
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import shlex
 import socket
 import subprocess
 import sys
@@ -32,6 +34,10 @@ from pathlib import Path
 from containerbench.runtimes import run_probe
 
 PACKAGE = Path("src") / "containerbench"
+# The srun allocation's time limit: the check takes seconds, the queue may take longer.
+SRUN_MINUTES = 10
+# How long the workflow waits for it, queue included.
+TIMEOUT_S = 3600
 # What a rank imports first: fails fast, without TensorFlow's seconds-long import.
 BENCH_IMPORT_CHECK = "import containerbench.provenance, mpi4py, horovod, tensorflow"
 
@@ -93,6 +99,35 @@ def run_checks(repo: Path, expected_digest: str, bench_python: str | None,
             "seconds": round(time.time() - started, 3)}
 
 
+def check_argv(config: dict, repo: Path, python: str, bench_python: str | None, probes: dict[str, list[str]],
+               image_files=()) -> list[str]:
+    """The check's command line: on one compute node through srun when the runs use srun, else here."""
+    argv = [python, "-m", "containerbench.preflight", "--repo", str(repo), "--sources-digest", sources_digest(repo),
+            *(["--bench-python", str(bench_python)] if bench_python else []), "--probes", json.dumps(probes),
+            *(f"--image-file={path}" for path in image_files)]
+    if config["launcher"]["kind"] != "srun":
+        return argv
+    slurm = config["slurm"]
+    placement = [f"--{key}={slurm[key]}" for key in ("partition", "account", "qos", "constraint") if slurm[key]]
+    return ["srun", "--nodes=1", "--ntasks=1", f"--time={SRUN_MINUTES}", "--job-name=containerbench-preflight",
+            *placement, *argv]
+
+
+def run_before_jobs(argv: list[str], timeout: float = TIMEOUT_S) -> None:
+    """Run the check before any job is submitted; its problems, one line each, stop the workflow."""
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    except FileNotFoundError:
+        sys.exit(f"containerbench: preflight: {argv[0]} is not installed here")
+    except subprocess.TimeoutExpired:
+        sys.exit(f"containerbench: preflight: no answer within {timeout:g} s from {shlex.join(argv[:6])} ...")
+    if done.returncode != 0:
+        problems = [line for line in done.stderr.splitlines() if line.startswith("containerbench: ")]
+        sys.exit("\n".join(problems) or f"containerbench: preflight failed (exit {done.returncode}): "
+                 f"{(done.stderr.strip().splitlines() or ['no output'])[-1]}")
+    print(done.stdout.strip(), file=sys.stderr)
+
+
 def parser() -> argparse.ArgumentParser:
     cli = argparse.ArgumentParser(prog="python -m containerbench.preflight", description=__doc__.splitlines()[0])
     cli.add_argument("--repo", type=Path, required=True, help="the clone, as the workflow sees it")
@@ -101,7 +136,7 @@ def parser() -> argparse.ArgumentParser:
     cli.add_argument("--probes", default="{}", help="JSON {runtime: probe argv} to run on this node")
     cli.add_argument("--image-file", action="append", default=[], dest="image_files",
                      help="an image file the site supplies, which the node must see (repeatable)")
-    cli.add_argument("--out", type=Path, required=True)
+    cli.add_argument("--out", type=Path, help="also write the result as JSON here")
     return cli
 
 
@@ -112,8 +147,9 @@ def main(argv=None) -> int:
         print(f"containerbench: preflight on {result['host']}: {problem}", file=sys.stderr)
     if result["problems"]:
         return 1
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
     print(f"containerbench: preflight on {result['host']}: clone, bare-metal Python and "
           f"{len(result['probes'])} runtime probe(s) ok")
     return 0

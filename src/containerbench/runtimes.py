@@ -109,7 +109,7 @@ class Runtime:
     # PMIx for Open MPI, PMI2 for MPICH (Slurm's mpi_guide, "srun --mpi").
     srun_mpi: str | None = None
     # "compute-nodes": not installed where the workflow runs (a login node without Apptainer, say),
-    # so the pre-flight job probes it on a compute node instead of the planning step here.
+    # so the pre-flight check probes it on a compute node instead of the planning step here.
     available: str = "everywhere"
     # "clone": the ranks import containerbench from the workflow's clone, bound into the container
     # (an image the site supplies, e.g. a vendor's, has TensorFlow and Horovod but not this package).
@@ -173,7 +173,7 @@ class ContainerRuntime(Runtime):
 
     def site_image_problem(self) -> str | None:
         """What is wrong with an image the site supplies instead of the built one, in one line:
-        a file must exist (checked on the compute nodes too, by the pre-flight job), and a registry
+        a file must exist (checked on the compute nodes too, by the pre-flight check), and a registry
         reference must be pinned by digest, so every run of the sweep measures the same image."""
         where = f"'images.{self.name}.image' = {self.image!r}"
         if is_image_path(self.image):
@@ -570,7 +570,7 @@ def select_runtimes(config: dict, built: dict[str, str]) -> dict[str, str]:
             continue
         runtime = runtime_for(name, config)
         if runtime.available == "compute-nodes":
-            continue  # the pre-flight job probes it where it runs (containerbench.preflight)
+            continue  # the pre-flight check probes it where it runs (containerbench.preflight)
         ok, reason = runtime.usable()
         if ok and name in built and not build_ok:
             ok, reason = False, f"the image cannot be built here: {build_reason}"

@@ -44,24 +44,17 @@ wildcard_constraints:
     run_id=r"(train|netbench)_[^/]+_rep\d+",  # ids are made by config.RunSpec.run_id
 
 
-rule preflight:
-    """On a compute node, first of all jobs: the clone at the same path, the bare-metal Python,
-    the runtimes installed only there and the site's image files (containerbench.preflight)."""
-    output:
-        f"{RESULTS}/preflight.json",
-    log:
-        f"{RESULTS}/logs/preflight.txt",
-    params:
-        python=PYTHON,
-        repo=REPO,
-        digest=preflight.sources_digest(REPO),
-        bench_python=BENCH_PYTHON if "bare-metal" in config["runtimes"] else "",
-        probes=json.dumps({name: list(runtimes.runtime_for(name, config).probe) for name in sorted(ON_COMPUTE_NODES)}),
-        image_files=[f"--image-file={path}" for path in launch.site_image_files(config, SWEEP.image_files)],
-    priority: BEFORE_ANY_MEASUREMENT + 1  # the first job of all
-    resources:
-        **ON_A_NODE,
-    shell:
-        "{params.python:q} -m containerbench.preflight --repo {params.repo:q} --sources-digest {params.digest} "
-        "--bench-python={params.bench_python:q} --probes {params.probes:q} {params.image_files:q} "
-        "--out {output:q} > {log:q} 2>&1"
+
+# What the compute nodes must see (the clone and the bare-metal Python at the same path, the
+# runtimes installed only there, the site's image files), checked on one of them before any job
+# is submitted; not in a dry run. A hook, not a rule: see containerbench/preflight.py.
+PREFLIGHT = preflight.check_argv(
+    config, REPO, PYTHON, BENCH_PYTHON if "bare-metal" in config["runtimes"] else None,
+    {name: list(runtimes.runtime_for(name, config).probe) for name in sorted(ON_COMPUTE_NODES)},
+    launch.site_image_files(config, SWEEP.image_files))
+
+
+onstart:
+    # Only when something is to be measured (not for `snakemake report`, or images alone).
+    if any(job.rule.name.startswith("measure_") for job in workflow.dag.needrun_jobs()):
+        preflight.run_before_jobs(PREFLIGHT)
