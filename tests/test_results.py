@@ -96,6 +96,23 @@ def test_container_overhead_with_interval_and_significance(recorded_runs):
     assert charliecloud["significance"] == "not significant"
 
 
+def test_zero_spread_on_both_sides_gives_no_interval_and_no_verdict(recorded_runs):
+    # Issue 13: with identical repetitions the interval has zero width; it is not "significant".
+    one = recorded_runs[("train", 1)]
+    records = [variant(one, f"bare{i}", 100.0, i) for i in (1, 2)]
+    records += [variant(one, f"pod{i}", 99.0, i, runtime="podman") for i in (1, 2)]
+    [row] = build_tables(records)["overhead"].to_dict("records")
+    assert row["overhead_percent"] == pytest.approx(1.0)
+    assert np.isnan(row["overhead_ci95_low"]) and np.isnan(row["overhead_ci95_high"])
+    assert row["significance"] == "n/a: no spread in either side's repetitions"
+
+
+def test_the_step_time_median_of_an_even_count_is_the_mean_of_the_middle_two(recorded_runs):
+    record = copy.deepcopy(recorded_runs[("train", 1)])
+    record["result"]["per_rank"] = [dict(record["result"]["per_rank"][0], step_s=[0.4, 0.1, 0.3, 0.2])]
+    assert runs_table([record]).loc[0, "step_s_median"] == pytest.approx(0.25)  # not the upper median 0.3
+
+
 def test_overhead_is_refused_between_different_benchmarks(recorded_runs):
     one = recorded_runs[("train", 1)]
     other = variant(one, "pod1", 90.0, 1, runtime="podman")

@@ -48,7 +48,7 @@ def _train_row(record: dict) -> dict:
         "rank_images_per_sec_max": max(rank_rates, default=np.nan),
         "rank_spread_percent": 100 * (max(rank_rates) - min(rank_rates)) * len(rank_rates) / sum(rank_rates)
         if rank_rates else np.nan,
-        "step_s_median": steps[len(steps) // 2] if steps else np.nan,
+        "step_s_median": float(np.median(steps)) if steps else np.nan,  # of an even count: the mean of the middle two
         "peak_host_memory_gib": max((r["peak_host_memory_bytes"] for r in per_rank), default=np.nan) / 2**30,
         "peak_gpu_memory_gib": max(gpu_peaks) / 2**30 if gpu_peaks else np.nan,
         "startup_s": record.get("startup_s"),
@@ -177,7 +177,11 @@ def overhead_table(runs: pd.DataFrame, provenance: dict[str, dict]) -> pd.DataFr
             difference = b.mean() - r.mean()
             row["overhead_percent"] = 100 * difference / b.mean()
             row["startup_overhead_s"] = contained["startup_s"].median() - bare["startup_s"].median()
-            if b.count() >= 2 and r.count() >= 2:
+            if b.count() >= 2 and r.count() >= 2 and b.var(ddof=1) + r.var(ddof=1) == 0:
+                # Identical repetitions on both sides: no spread to build an interval from, and a
+                # zero-width "interval" would call any difference significant.
+                row["significance"] = "n/a: no spread in either side's repetitions"
+            elif b.count() >= 2 and r.count() >= 2:
                 var_b, var_r = b.var(ddof=1) / b.count(), r.var(ddof=1) / r.count()
                 dof = (var_b + var_r) ** 2 / (var_b**2 / (b.count() - 1) + var_r**2 / (r.count() - 1)) if var_b + var_r else 1
                 half = _t_quantile(0.975, dof) * np.sqrt(var_b + var_r)
