@@ -15,7 +15,7 @@ from pathlib import Path
 import yaml
 
 from containerbench import config as cb_config
-from containerbench.launch import execute, plan
+from containerbench.launch import measure, plan
 from containerbench.processes import run_group
 from containerbench.records import parse_log
 from containerbench.runtimes import RunRequest
@@ -40,7 +40,7 @@ TINY = {
 
 def tiny_config(tmp_path: Path, **overrides) -> dict:
     """The embedded default with TINY (and `overrides`) merged in, checked and defaulted."""
-    data = copy.deepcopy(TINY)
+    data = {**copy.deepcopy(TINY), "results_dir": str(tmp_path / "results")}  # the runs' telemetry goes there
     for key, value in overrides.items():
         data[key] = {**data.get(key, {}), **value} if isinstance(value, dict) else value
     path = tmp_path / "tiny.yaml"
@@ -52,7 +52,7 @@ def run_and_parse(runs, config: dict, workdir: Path):
     """Execute each planned run as the workflow does (raw log in workdir), then parse its record."""
     for spec in runs:
         log = workdir / f"{spec.run_id}.log"
-        execute(plan(spec, config), log, echo=None)
+        measure(plan(spec, config), log, echo=None)
         yield spec, parse_log(log)
 
 

@@ -77,3 +77,24 @@ def test_runtimes_are_measured_interleaved_by_repetition(container_run):
         starts.setdefault(launch["spec"]["repetition"], []).append(launch["started_unix"])
     assert sorted(starts) == [1, 2]
     assert max(starts[1]) < min(starts[2])
+
+
+def test_every_run_has_telemetry_and_each_rank_proves_where_it_ran(container_run):
+    results = container_run / "results"
+    records = [json.loads(p.read_text()) for p in (results / "runs").glob("*.json")]
+    for record in records:
+        telemetry = record["telemetry"]
+        assert Path(telemetry["file"]) == results / "telemetry" / f"{record['run_id']}.csv"
+        [node] = telemetry["nodes"].values()  # one node, one sampler, in every runtime
+        assert node["ranks"] == record["spec"]["ranks"] and node["run_cpu_percent"] > 0
+        assert telemetry["series"] and record["status"] in ("ok", "disturbed")
+        host = record["launch_context"]
+        for process in record["result"]["processes"]:
+            if record["spec"]["runtime"] == "bare-metal":
+                assert process["context"]["mnt_ns"] == host["mnt_ns"]
+            else:  # its own mount namespace, whatever markers the host itself carries
+                assert process["context"]["mnt_ns"] != host["mnt_ns"], record["run_id"]
+            assert len(process["context"]["affinity"]) == 1  # mpirun --bind-to core, in every runtime
+    series = pd.read_csv(results / "telemetry.csv")
+    assert set(series["run_id"]) == {r["run_id"] for r in records}
+    assert 'alt="CPU use and packets per node over time"' in (results / "report.html").read_text()

@@ -11,8 +11,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import ROOT, ch_run_argv, exported
+from helpers import BENCH_PYTHON, ROOT, ch_run_argv, exported, run_and_parse, tiny_config
 
+from containerbench import config as cb_config
 from containerbench import images
 from containerbench.images import ImageSpec
 from containerbench.processes import run_group
@@ -123,3 +124,35 @@ def test_charliecloud_ranks_report_host_provenance(podman_image):
     # --tag-output prefixes each rank's lines with [job,rank]; the two JSON documents interleave
     hashes = dict(re.findall(r'\[\d+,(\d+)\]<stdout>:\s*"hash": "(\w+)"', done.stdout))
     assert hashes == {"0": podman_image["host"]["hash"], "1": podman_image["host"]["hash"]}
+
+
+def test_a_container_run_that_ran_on_the_host_is_invalid(podman_image, tmp_path, monkeypatch):
+    """Each rank proves from inside where it ran (telemetry.rank_context): triggered for real by a
+    broken `ch-run` first on PATH, which drops the image and runs the command on the host, as a
+    misconfigured site wrapper would. The genuine ch-run beside it passes."""
+    image_dir = images.charliecloud_image("podman", podman_image["tag"])
+    config = tiny_config(tmp_path, runtimes=["charliecloud"], images={"charliecloud": {"image": str(image_dir)}},
+                         scaling={"nodes": [1], "ranks_per_node": [1]}, netbench={"enabled": False},
+                         benchmark={"repetitions": 1})
+    [run] = cb_config.plan_runs(config)
+    genuine_dir, broken_dir, shim_dir = tmp_path / "genuine", tmp_path / "broken", tmp_path / "shim"
+    for directory in (genuine_dir, broken_dir, shim_dir):
+        directory.mkdir()
+    [(_, genuine)] = run_and_parse([run], config, genuine_dir)
+    assert genuine["status"] == "ok", (genuine["reasons"], genuine["evidence"])
+    [process] = genuine["result"]["processes"]
+    assert process["context"]["mnt_ns"] != genuine["launch_context"]["mnt_ns"]
+    assert {"charliecloud", "$CH_RUNNING"} <= set(process["context"]["markers"])  # ch-run(1): CH_RUNNING
+
+    shim = shim_dir / "ch-run"
+    shim.write_text(f"#!/bin/sh\nwhile [ \"$1\" != -- ]; do shift; done; shift; shift\nexec {BENCH_PYTHON} \"$@\"\n")
+    shim.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{shim_dir}:{os.environ['PATH']}")
+    [(_, on_host)] = run_and_parse([run], config, broken_dir)
+    [process] = on_host["result"]["processes"]
+    assert process["context"]["mnt_ns"] == on_host["launch_context"]["mnt_ns"]
+    assert process["context"]["markers"] == on_host["launch_context"]["markers"]
+    assert on_host["status"] == "invalid"
+    assert on_host["reasons"] == [
+        f"ran on the host, not in charliecloud: rank 0 on {process['hostname']} has the host's mount namespace "
+        f"({process['context']['mnt_ns']}) and no container marker the host lacks"]

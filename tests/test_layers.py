@@ -16,8 +16,9 @@ MODULES = sorted(path.stem for path in PACKAGE.glob("*.py") if path.stem != "__i
 # Each layer may use the layers before it, never one after it or its own (so no cycle can form).
 # The benchmark side (bench, netbench and what they use) is what the provenance hash covers.
 LAYERS = [
-    ("leaves", {"markers", "processes", "provenance", "datasets", "distribution", "fabrics", "config"}),
-    ("benchmark, runtimes, Slurm, recipes", {"bench", "netbench", "rankexec", "runtimes", "slurm", "singularity"}),
+    ("leaves", {"markers", "processes", "provenance", "datasets", "distribution", "fabrics", "config", "telemetry"}),
+    ("benchmark, runtimes, Slurm, recipes, telemetry read back",
+     {"bench", "netbench", "rankexec", "runtimes", "slurm", "singularity", "usage"}),
     ("images, records, the pre-flight job", {"images", "records", "preflight"}),
     ("plans and launches, tables", {"launch", "results"}),
     ("report, validation", {"report", "validate"}),
@@ -25,7 +26,7 @@ LAYERS = [
     ("python -m containerbench", {"__main__"}),
 ]
 # Imported by the ranks, in the benchmark venv (TensorFlow, mpi4py); the rest runs in the workflow venv.
-BENCHMARK_SIDE = {"bench", "netbench", "distribution", "datasets", "provenance", "markers"}
+BENCHMARK_SIDE = {"bench", "netbench", "distribution", "datasets", "provenance", "markers", "telemetry"}
 
 
 def package_imports(module: str) -> set[str]:

@@ -6,6 +6,7 @@ shim is run for real with a harmless program in place of docker.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -62,12 +63,12 @@ RUNTIMES = {
 CASES = {
     # --- docker: the shim adds the rank variables after `run` at rank start ---
     ("docker", "site"): (
-        [HOST_PY, "-m", "containerbench.rankexec", *PASS_RANK_VARS, "--",
+        [HOST_PY, "-m", "containerbench.rankexec", *PASS_RANK_VARS, "--cpuset-from-affinity", "--",
          "docker", "run", *HOST_NS, "--user", "1000:1000", "--log-driver", "none", "--gpus", "all", *RDMA,
          "--volume", "/tmp:/tmp", *SITE_VOLUMES, "--workdir", WD, *SITE_OWN_ENV, "containerbench:latest", *IN_IMAGE],
         container_env("docker", SITE_ENV)),
     ("docker", "cpu"): (
-        [HOST_PY, "-m", "containerbench.rankexec", *PASS_RANK_VARS, "--",
+        [HOST_PY, "-m", "containerbench.rankexec", *PASS_RANK_VARS, "--cpuset-from-affinity", "--",
          "docker", "run", *HOST_NS, "--user", "1000:1000", "--log-driver", "none", *NO_GPU,
          "--volume", "/tmp:/tmp", "--volume", "/work/x:/work/x", "--workdir", "/work/x", *CPU_OWN_ENV,
          "containerbench:latest", *IN_IMAGE],
@@ -297,6 +298,19 @@ def test_shim_adds_the_devices_present_on_the_node(tmp_path):
                       "/bin/sh", "-c", 'echo "$@"', "sh", "run", "img", env={"PATH": "/usr/bin:/bin"})
     assert result.returncode == 0, result.stderr
     assert result.stdout == f"run --device={tmp_path}/rdma_cm --device={tmp_path}/uverbs0 --device={tmp_path}/uverbs1 img\n"
+
+
+def test_shim_gives_docker_the_cpus_the_rank_is_bound_to():
+    """docker run reference, "--cpuset-cpus": CPUs in which to allow execution (0-3, 0,1)."""
+    def shim_on(cpus: str) -> str:
+        done = subprocess.run(["taskset", "-c", cpus, sys.executable, "-m", "containerbench.rankexec",
+                               "--cpuset-from-affinity", "--", "/bin/sh", "-c", 'echo "$@"', "sh", "run", "img"],
+                              env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    assert shim_on("0") == "run --cpuset-cpus=0 img\n"
+    assert shim_on(f"0-{os.cpu_count() - 1}") == "run img\n"  # every CPU: nothing to pin
 
 
 def test_shim_passes_the_exit_status_and_refuses_a_missing_command():

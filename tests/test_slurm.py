@@ -109,6 +109,25 @@ def test_every_run_used_slurm_and_the_fabric_it_asked_for(slurm_run):
     assert {r["result"]["launcher"] for r in records if r["kind"] == "train"} == {"srun"}
 
 
+def test_the_gradients_crossed_the_fabric_asked_for_by_the_counters(slurm_run):
+    """Not only the logs: each node's sampler counted the bytes on each interface while the
+    ranks measured, and every node of a 2-node run sent what the all-reduce must move on the
+    fabric's interface, next to nothing on the other network."""
+    records = [json.loads(p.read_text()) for p in sorted((slurm_run / "results" / "runs").glob("train_*_2x1_*.json"))]
+    assert len(records) == 2 * 2  # runtimes x fabrics
+    for record in records:
+        telemetry = record["telemetry"]
+        assert set(telemetry["nodes"]) == {"n1", "n2"}  # one sampler per node, under srun
+        check = telemetry["traffic_check"]
+        mine, other = ("fast0", "slow0") if record["spec"]["fabric"] == "fast" else ("slow0", "fast0")
+        assert check["status"] == "ok" and mine in check["reason"], check
+        expected = check["expected_bytes_per_step"]  # parameters x 4 B x 2(n-1)/n, n = 2
+        assert expected == record["result"]["parameters"] * 4
+        for host in ("n1", "n2"):
+            sent = check["observed"][host]["by_interface"]
+            assert sent[mine] >= 0.6 * expected and sent[other] < 0.05 * expected, (host, sent)
+
+
 def test_the_report_shows_scaling_across_nodes_and_the_fabric_difference(slurm_run):
     results = slurm_run / "results"
     summary = pd.read_csv(results / "summary.csv")
@@ -172,3 +191,32 @@ def test_a_run_on_the_wrong_interface_is_caught(cluster, slurm_run, tmp_path):
     assert record["reasons"][0].startswith("fabric: ") and "slow0" in record["reasons"][0]
     assert any("slow0" in line for line in record["fabric_check"]["evidence"])
     assert record["evidence"] == record["fabric_check"]["evidence"][0]
+
+
+def test_training_on_the_wrong_wire_is_caught_by_the_counters(cluster, tmp_path):
+    """Training asked for the fast network, but its MPI was pointed at the slow one: the bytes
+    counted on the interfaces say so, with the numbers."""
+    with open(ROOT / "tests" / "slurm" / "config.yaml") as handle:
+        config = yaml.safe_load(handle)
+    config["fabrics"]["fast"]["env"]["OMPI_MCA_btl_tcp_if_include"] = "slow0"  # the mistake
+    config["fabrics"]["fast"]["expect"] = {"transport": "tcp", "interface": "fast0"}
+    config["results_dir"] = str(tmp_path / "results")
+    path = tmp_path / "wrong.yaml"
+    path.write_text(yaml.safe_dump({**config, "bare_metal": {"python": str(BENCH_PYTHON)}}))
+    loaded = cb_config.load([str(path)])
+    spec = next(r for r in cb_config.plan_runs(loaded) if r.kind == "train" and r.fabric == "fast" and r.nodes == 2
+                and r.runtime == "bare-metal")
+    plan_file = tmp_path / "plan.json"
+    plan_file.write_text(json.dumps(plan(spec, loaded)))
+    log = tmp_path / "wrong.log"
+    done = on_controller(cluster, "salloc", "-N2", "--ntasks-per-node=1", "-p", "cpu", sys.executable, "-m",
+                         "containerbench", "launch", "--plan", f"@{plan_file}", "--log", str(log), timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    record = parse_log(log)
+    check = record["telemetry"]["traffic_check"]
+    assert check["status"] == "mismatch"
+    for host in ("n1", "n2"):
+        sent = check["observed"][host]["by_interface"]
+        assert sent["slow0"] >= 0.6 * check["expected_bytes_per_step"] and sent["fast0"] < 0.05 * sent["slow0"]
+        assert f"{host} sent " in check["reason"] and "per step on fast0; slow0 carried" in check["reason"]
+    assert record["status"] == "invalid"  # the logs' check names it first; the counters agree

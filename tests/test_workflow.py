@@ -80,7 +80,7 @@ def test_a_site_config_is_the_whole_config_as_containerbench_plan_reads_it(tmp_p
     site = [str(ROOT / "config" / "site.example.yaml"), str(here)]
     planned = snakemake(tmp_path, "--configfile", *site, "--dry-run")
     assert planned.returncode == 0, planned.stderr
-    measured = set(re.findall(r"^\s+output: results/runs/(\S+)\.log$", planned.stdout, re.M))
+    measured = set(re.findall(r"^\s+output: results/runs/(\S+)\.log\b", planned.stdout, re.M))
     config = cb_config.load(site)
     assert measured == {run.run_id for run in cb_config.plan_runs(config)}
     assert len(measured) == 104 and not any("tcp-loopback" in run_id for run_id in measured)

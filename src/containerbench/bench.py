@@ -25,7 +25,7 @@ import socket
 import sys
 import time
 
-from containerbench import markers
+from containerbench import markers, telemetry
 from containerbench.distribution import MODES  # no TensorFlow import: parsing stays instant
 
 ENTRY_UNIX_TIME = time.time()  # before TensorFlow's import: start-up cost counts
@@ -56,6 +56,8 @@ def parse_args(argv=None):
                              "per rank: finds a slow node that synchronous training hides")
     parser.add_argument("--threads", type=int, default=0, help="TF intra-op threads; 0 = the CPUs this rank may use")
     parser.add_argument("--runtime", default=os.environ.get("CONTAINERBENCH_RUNTIME", "bare-metal"))
+    parser.add_argument("--telemetry-dir", help="each node's local rank 0 samples the node into DIR/<host>.csv")
+    parser.add_argument("--telemetry-interval", type=float, default=0.5, help="seconds between samples")
     args = parser.parse_args(argv)
     for name in ("batch_size", "image_size", "steps", "warmup_steps", "probe_steps", "parameter_servers"):
         if getattr(args, name) < (0 if name in ("warmup_steps", "probe_steps") else 1):
@@ -184,12 +186,15 @@ def local_compute_rate(tf, model, images, labels, args) -> float:
 
 
 def measure(train_step, source, args, rank: int, images_per_step: int) -> tuple[list, list, float]:
-    """Warmup, then measured steps; each step's wall time includes waiting for its result."""
+    """Warmup, then measured steps; each step's wall time includes waiting for its result.
+    Also the measured window (wall clock and this rank's CPU time), for the telemetry."""
     warmup_times, step_times = [], []
     loop_started = time.perf_counter()
+    window = {"start_unix": time.time(), "cpu_s": telemetry.cpu_seconds()}
     for step in range(args.warmup_steps + args.steps):
         if step == args.warmup_steps:
             loop_started = time.perf_counter()
+            window = {"start_unix": time.time(), "cpu_s": telemetry.cpu_seconds()}
         started = time.perf_counter()
         loss = float(train_step(*source))
         elapsed = time.perf_counter() - started
@@ -199,13 +204,14 @@ def measure(train_step, source, args, rank: int, images_per_step: int) -> tuple[
             label = f"step {step - args.warmup_steps + 1}/{args.steps}" if measured else f"warmup {step + 1}/{args.warmup_steps}"
             print(f"  {label}: {elapsed:.3f} s  {images_per_step / elapsed:8.2f} img/s (rank 0)  loss {loss:.3f}", flush=True)
     loop_s = time.perf_counter() - loop_started
-    return warmup_times, step_times, (loop_s - sum(step_times)) / sum(step_times)
+    window = {**window, "end_unix": time.time(), "cpu_s": telemetry.cpu_seconds() - window["cpu_s"]}
+    return warmup_times, step_times, (loop_s - sum(step_times)) / sum(step_times), window
 
 
 def train(tf, np, mode, args, gpu_names: list[str]) -> dict:
     """This rank's part: build, warm up, time the measured steps, probe, checksum the weights."""
     mine = {"rank": mode.rank, "local_rank": mode.local_rank, "hostname": socket.gethostname(),
-            "entry_unix_time": ENTRY_UNIX_TIME, "cpus": len(os.sched_getaffinity(0))}
+            "entry_unix_time": ENTRY_UNIX_TIME, "cpus": len(os.sched_getaffinity(0)), "context": telemetry.rank_context()}
     if mode.coordinator:
         with mode.scope():
             model, optimizer, shape = build_model(tf, args)
@@ -222,7 +228,7 @@ def train(tf, np, mode, args, gpu_names: list[str]) -> dict:
                   f"{'data ' + args.data_dir if args.data_dir else 'synthetic data'}, "
                   f"{args.precision}{', XLA' if args.xla else ''}, "
                   f"{args.warmup_steps} warmup + {args.steps} measured steps", flush=True)
-        mine["warmup_step_s"], mine["step_s"], mine["harness_overhead_fraction"] = measure(
+        mine["warmup_step_s"], mine["step_s"], mine["harness_overhead_fraction"], mine["window"] = measure(
             train_step, source, args, mode.rank, per_step)
         mine["images_per_sec"] = per_step * args.steps / sum(mine["step_s"])
         mine["probe_images_per_sec"] = mine["peak_gpu_memory_bytes"] = None
@@ -231,6 +237,7 @@ def train(tf, np, mode, args, gpu_names: list[str]) -> dict:
             images, labels = next_batch(*source)
             mine["probe_images_per_sec"] = local_compute_rate(tf, model, images, labels, args)
         mine["weights"] = weights_checksum(np, model.trainable_variables)
+        mine["parameters"] = int(sum(np.prod(v.shape) for v in model.trainable_variables))
         if gpu_names:
             mine["peak_gpu_memory_bytes"] = tf.config.experimental.get_memory_info("GPU:0")["peak"]
     mode.finish()
@@ -264,8 +271,10 @@ def run_result(args, mode, ranks: list[dict], gpu_names: list[str], versions: di
         "runtime": args.runtime,
         "images_per_sec": sum(r["images_per_sec"] for r in measured),
         "per_rank": measured,
-        "processes": [{k: r[k] for k in ("rank", "hostname", "entry_unix_time", "peak_host_memory_bytes")}
+        "processes": [{k: r[k] for k in ("rank", "hostname", "entry_unix_time", "peak_host_memory_bytes", "context")}
                       for r in ranks],
+        # What one step's gradient all-reduce must move (the traffic check, records.py).
+        "parameters": sum(r.get("parameters", 0) for r in measured[:1]),
         "weights_identical": len({r["weights"]["sha256"] for r in measured}) == 1,
         "weights_max_relative_spread": (max(sums) - min(sums)) / scale,
         "gpus": gpu_names,
@@ -310,12 +319,19 @@ def main(argv=None) -> int:
     from containerbench.distribution import ModeUnsupported
     from containerbench.provenance import provenance
 
+    sampler = None
+    if args.telemetry_dir:
+        telemetry.register_rank(args.telemetry_dir)
+        if local_rank_hint() == 0:
+            sampler = telemetry.start_sampler(args.telemetry_dir, args.telemetry_interval)
     try:
         result = run(args)
     except ModeUnsupported as error:
         # A mode this TensorFlow cannot do is a failed run with its reason, not a traceback to dig in.
         print(markers.FAILURE + str(error), flush=True)
         return 3
+    finally:
+        telemetry.stop_sampler(sampler)
     if result is not None:
         result["provenance"] = provenance()
         print(markers.line(markers.RESULT, result), end="", flush=True)

@@ -45,10 +45,10 @@ def cmd_plan(args) -> int:
 
 
 def cmd_launch(args) -> int:
-    from containerbench.launch import execute
+    from containerbench.launch import measure
 
     run_plan = json.loads(Path(args.plan[1:]).read_text()) if args.plan.startswith("@") else json.loads(args.plan)
-    returncode = execute(run_plan, Path(args.log))
+    returncode = measure(run_plan, Path(args.log))
     if returncode != 0:
         print(f"containerbench: {run_plan['run_id']} exited with {returncode}; kept as a failed run, "
               f"see {args.log}", file=sys.stderr)

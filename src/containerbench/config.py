@@ -89,6 +89,8 @@ def _filling_defaults(validator_class):
 def validated(config: dict) -> dict:
     """Check `config` (ConfigError on the first violation), then fill in the schema's defaults in place."""
     schema = load_schema()
+    if isinstance(config.get("telemetry"), bool):  # `telemetry: false` is short for enabled: false
+        config["telemetry"] = {"enabled": config["telemetry"]}
     check(config, schema)
     for error in _filling_defaults(jsonschema.Draft202012Validator)(schema).iter_errors(config):
         raise ConfigError(f"config: {describe(error)}")  # a default the schema itself got wrong

@@ -311,7 +311,7 @@ def _ucx_observation(state: dict) -> Observation | None:
 
 # --- the comparison --------------------------------------------------------------------------------
 
-def _interface_ok(name: str, address: str | None, patterns: tuple[str, ...]) -> bool | None:
+def interface_ok(name: str, address: str | None, patterns: tuple[str, ...]) -> bool | None:
     """Does an observed interface satisfy the patterns? None: cannot tell from the log."""
     exclude = patterns[0].startswith("^")
     results = []
@@ -338,7 +338,7 @@ def check_grpc(check: dict, interface: str | None, address: str | None, evidence
     """
     patterns = tuple(check.get("expected", {}).get("interface") or ())
     seen = f"grpc: tcp over {interface or 'the hostname'}" + (f" ({address})" if address else "")
-    if interface and patterns and _interface_ok(interface, address, patterns) is False:
+    if interface and patterns and interface_ok(interface, address, patterns) is False:
         return {**check, "status": "mismatch", "evidence": [evidence, *check.get("evidence", [])],
                 "reason": f"grpc: the fabric asks for interface {_describe(patterns)}, the benchmark bound "
                           f"{interface} ({address})"}
@@ -381,7 +381,7 @@ def verify(lines, fabric: dict, layers=None) -> TransportCheck:
                                      f"the log shows {seen}{fell_back}", o.evidence)
         patterns = want.interfaces.get(o.transport) or want.interfaces.get("*")
         addresses = dict(zip(o.interfaces, o.addresses)) if len(o.addresses) == len(o.interfaces) else {}
-        wrong = [i for i in o.interfaces if patterns and _interface_ok(i, addresses.get(i), patterns) is False]
+        wrong = [i for i in o.interfaces if patterns and interface_ok(i, addresses.get(i), patterns) is False]
         if wrong:
             return check("mismatch", f"{o.layer}: the fabric asks for interface {_describe(patterns)} "
                                      f"({want.source}), the log shows {seen}", o.evidence)

@@ -16,9 +16,11 @@ same points, expected node-hours (`containerbench plan --estimate`).
 
 from __future__ import annotations
 
+import csv
 import functools
 import glob
 import os
+import shutil
 import socket
 import statistics
 import subprocess
@@ -43,6 +45,7 @@ from containerbench.runtimes import (
     runtime_for,
     select_runtimes,
 )
+from containerbench.telemetry import rank_context
 
 # Always set in every rank: unbuffered output keeps the log in step order, and
 # TensorFlow's INFO chatter would bury the lines that matter.
@@ -148,6 +151,57 @@ def rdma_fabric(fabric: dict) -> bool:
     return expected_transport(fabric).transport == "ib"
 
 
+def telemetry_settings(spec: RunSpec, config: dict) -> dict | None:
+    """Where the run's samplers write (one CSV per node, merged into `file` after the run) and
+    the limits its record is judged by; None with `telemetry: false`."""
+    settings = config["telemetry"]
+    if not settings["enabled"]:
+        return None
+    root = Path(config["results_dir"], "telemetry").absolute()
+    return {"dir": str(root / spec.run_id), "file": str(root / f"{spec.run_id}.csv"),
+            **{key: settings[key] for key in ("interval_s", "disturbed_cpu_share", "max_steal_share",
+                                                "exclude_disturbed")}}
+
+
+def clear_telemetry(run_plan: dict) -> None:
+    """Before the run: an empty directory for the nodes' samplers (nothing left from a killed attempt)."""
+    if run_plan.get("telemetry"):
+        directory = Path(run_plan["telemetry"]["dir"])
+        shutil.rmtree(directory, ignore_errors=True)
+        directory.mkdir(parents=True)
+
+
+def collect_telemetry(run_plan: dict) -> Path | None:
+    """After the run: the nodes' samples as one CSV (a host column added), the per-node files removed."""
+    settings = run_plan.get("telemetry")
+    if not settings:
+        return None
+    directory, merged = Path(settings["dir"]), Path(settings["file"])
+    partial = merged.with_name(merged.name + ".partial")
+    with open(partial, "w", newline="") as out:
+        writer = csv.writer(out)
+        writer.writerow(["time_unix", "host", "metric", "device", "value"])
+        for node_file in sorted(directory.glob("*.csv")):
+            with open(node_file, newline="") as samples:
+                rows = csv.reader(samples)
+                next(rows, None)  # the node file's header
+                writer.writerows([row[0], node_file.stem, *row[1:]] for row in rows if len(row) == 4)
+    partial.replace(merged)  # whole or not at all
+    shutil.rmtree(directory, ignore_errors=True)
+    return merged
+
+
+def measure(run_plan: dict, log_path: Path, echo=sys.stdout) -> int:
+    """One run as the workflow makes it: its raw log (execute) and its nodes' samples beside it."""
+    clear_telemetry(run_plan)
+    # Where the launch ran, for the ranks' own view to be compared with (records.judge_container).
+    run_plan = {**run_plan, "launch_context": rank_context()}
+    try:
+        return execute(run_plan, log_path, echo)
+    finally:
+        collect_telemetry(run_plan)
+
+
 def plan(spec: RunSpec, config: dict) -> dict:
     """Everything needed to start the run, as plain JSON-able data."""
     module = "containerbench.netbench" if spec.kind == "netbench" else "containerbench.bench"
@@ -160,7 +214,12 @@ def plan(spec: RunSpec, config: dict) -> dict:
     if runtime.package == "clone":
         source = clone_sources()
         binds, rank_env = binds + (source,), {**rank_env, "PYTHONPATH": source}
-    request = RunRequest(module=module, args=tuple(benchmark_args(spec, config)), env=rank_env,
+    arguments = benchmark_args(spec, config)
+    telemetry = telemetry_settings(spec, config)
+    if telemetry:
+        arguments += ["--telemetry-dir", telemetry["dir"], "--telemetry-interval", str(telemetry["interval_s"])]
+        binds += (telemetry["dir"],)  # the samplers write it from inside the container
+    request = RunRequest(module=module, args=tuple(arguments), env=rank_env,
                          workdir=os.getcwd(), binds=binds,
                          gpus=config["slurm"]["gpus_per_node"] > 0, infiniband=rdma_fabric(fabric))
     env = runtime.environment(request)
@@ -178,6 +237,7 @@ def plan(spec: RunSpec, config: dict) -> dict:
         "timeout_s": timeout,
         "image": getattr(runtime, "image", None),
         "fabric": {"name": spec.fabric, "env": fabric_env, "expect": fabric.get("expect")},
+        "telemetry": telemetry,
     }
 
 
@@ -316,6 +376,8 @@ def prepare(config: dict, repo: Path, *, probe: bool = True) -> Sweep:
 STEP_FLAGS = ("--warmup-steps", "--steps", "--probe-steps")
 # What does not make a run another sweep point: which repetition it is, and how many steps it takes.
 NOT_THE_POINT = {"run_id", "repetition", "warmup_steps", "steps"}
+# Benchmark flags that say where a run writes, not what it measures (the path holds the run id).
+NOT_THE_POINT_FLAGS = ("--telemetry-dir", "--telemetry-interval")
 BENCHMARK_MODULES = ("containerbench.bench", "containerbench.netbench")
 
 
@@ -374,6 +436,8 @@ def _point_and_steps(spec: dict, argv) -> tuple[tuple, int] | None:
                 steps += int(args[index + 1])
             except ValueError:
                 return None
+            index += 2
+        elif args[index] in NOT_THE_POINT_FLAGS:
             index += 2
         else:
             rest.append(args[index])

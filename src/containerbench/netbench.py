@@ -15,7 +15,7 @@ import mpi4py
 import numpy as np
 from mpi4py import MPI
 
-from containerbench import markers
+from containerbench import markers, telemetry
 from containerbench.provenance import provenance
 
 WARMUP_ITERATIONS = 2
@@ -41,6 +41,8 @@ def build_parser():
                         help="time budget per message size, estimated from the warmup")
     parser.add_argument("--no-pingpong", action="store_true")
     parser.add_argument("--no-allreduce", action="store_true")
+    parser.add_argument("--telemetry-dir", help="each node's local rank 0 samples the node into DIR/<host>.csv")
+    parser.add_argument("--telemetry-interval", type=float, default=0.5, help="seconds between samples")
     return parser
 
 
@@ -167,8 +169,12 @@ def run(options, comm):
     """Runs the enabled benchmarks on every rank of comm and returns the result dict on all ranks."""
     started = time.perf_counter()
     hostnames = comm.allgather(socket.gethostname())
+    window = {"start_unix": time.time(), "cpu_s": telemetry.cpu_seconds()}
     pingpong = [] if options.no_pingpong else run_pingpong(comm, options)
     allreduce = [] if options.no_allreduce else run_allreduce(comm, options)
+    window = {**window, "end_unix": time.time(), "cpu_s": telemetry.cpu_seconds() - window["cpu_s"]}
+    processes = comm.allgather({"rank": comm.Get_rank(), "hostname": socket.gethostname(), "window": window,
+                                "context": telemetry.rank_context()})
     result = {
         "kind": "netbench",
         "ranks": comm.Get_size(),
@@ -180,6 +186,7 @@ def run(options, comm):
         "provenance": provenance(),
         "pingpong": pingpong,
         "allreduce": allreduce,
+        "processes": processes,
         "wall_s": time.perf_counter() - started,
     }
     result = comm.bcast(result, root=0)  # rank 0 holds the ping-pong view everyone should share
@@ -194,7 +201,15 @@ def main(argv=None):
     if comm.Get_size() < 2:
         print(f"netbench needs at least 2 ranks, got {comm.Get_size()}", file=sys.stderr)
         raise SystemExit(2)
-    run(options, comm)
+    sampler = None
+    if options.telemetry_dir:
+        telemetry.register_rank(options.telemetry_dir)
+        if comm.Split_type(MPI.COMM_TYPE_SHARED).Get_rank() == 0:  # one sampler per node
+            sampler = telemetry.start_sampler(options.telemetry_dir, options.telemetry_interval)
+    try:
+        run(options, comm)
+    finally:
+        telemetry.stop_sampler(sampler)
 
 
 if __name__ == "__main__":

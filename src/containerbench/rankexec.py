@@ -13,7 +13,10 @@ variable whose name starts with a --pass-prefix (the engine copies the value
 from this environment) and `--device=PATH` for every path matching a
 --device-glob. With --env-prefix X it instead exports X+NAME=value for those
 variables and leaves the command alone (Apptainer's APPTAINERENV_ mechanism,
-which also works under --cleanenv). Then it replaces itself with the command
+which also works under --cleanenv). With --cpuset-from-affinity it inserts
+`--cpuset-cpus=LIST`, the CPUs mpirun/srun bound this rank to: dockerd creates
+the container outside the rank's process tree, so the binding would not reach it
+(docker run reference, "--cpuset-cpus"). Then it replaces itself with the command
 (os.execvp): no process is left behind and the exit status is the command's.
 """
 
@@ -31,6 +34,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--pass-prefix", action="append", default=[], metavar="PREFIX")
     parser.add_argument("--env-prefix", metavar="PREFIX", help="export PREFIX+NAME instead of inserting --env NAME")
     parser.add_argument("--device-glob", action="append", default=[], metavar="PATTERN")
+    parser.add_argument("--cpuset-from-affinity", action="store_true")
     at = argv.index("--") if "--" in argv else len(argv)
     args, command = parser.parse_args(argv[:at]), argv[at + 1:]
     if not command:
@@ -42,6 +46,9 @@ def main(argv: list[str] | None = None) -> None:
     else:
         inserted = [word for name in names for word in ("--env", name)]
     inserted += [f"--device={path}" for pattern in args.device_glob for path in sorted(glob.glob(pattern))]
+    bound = sorted(os.sched_getaffinity(0))
+    if args.cpuset_from_affinity and len(bound) < os.cpu_count():  # unbound: nothing to pass on
+        inserted.append("--cpuset-cpus=" + ",".join(map(str, bound)))
     if inserted:
         if "run" not in command[1:]:
             parser.error(f"no 'run' word in the command to insert {inserted[0]!r} after")

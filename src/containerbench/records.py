@@ -18,6 +18,7 @@ from pathlib import Path
 
 from containerbench import markers
 from containerbench.fabrics import check_grpc, verify
+from containerbench.usage import read_telemetry
 
 RECORD_FORMAT = "containerbench.record/1"
 # Ranks that averaged their gradients hold the same weights to rounding; ranks
@@ -57,7 +58,7 @@ class LogLines:
 
 @dataclass
 class Verdict:
-    status: str = "ok"  # ok | failed | invalid
+    status: str = "ok"  # ok | failed | invalid | disturbed
     reasons: list[str] = field(default_factory=list)
 
     def fail(self, reason: str) -> None:
@@ -69,6 +70,12 @@ class Verdict:
         if self.status == "ok" and reasons:
             self.status = "invalid"
             self.reasons.extend(reasons)
+
+    def disturb(self, reason: str) -> None:
+        """A valid measurement of a machine that was busy with something else: kept, not compared."""
+        if self.status == "ok":
+            self.status = "disturbed"
+            self.reasons.append(f"disturbed: {reason}")
 
     @property
     def ok(self) -> bool:
@@ -143,6 +150,39 @@ def check_fabric(found: LogLines, spec: dict) -> dict:
     return check
 
 
+def ran_on_the_host(process: dict, launch: dict) -> bool:
+    """A rank with no container marker the launching host lacks and, on that host, its mount namespace."""
+    context, host = process.get("context") or {}, launch.get("launch_context") or {}
+    new_markers = set(context.get("markers") or []) - set(host.get("markers") or [])
+    same_namespace = process.get("hostname") == launch.get("host") and context.get("mnt_ns") == host.get("mnt_ns")
+    return not new_markers and (same_namespace or process.get("hostname") != launch.get("host"))
+
+
+def judge_container(launch: dict, spec: dict, result: dict, verdict: Verdict) -> None:
+    """A container run's ranks prove from inside that they ran in a container (telemetry.rank_context)."""
+    if spec.get("runtime") in (None, "bare-metal") or not launch.get("launch_context"):
+        return
+    on_host = [p for p in result.get("processes") or [] if p.get("context") and ran_on_the_host(p, launch)]
+    for process in on_host[:1]:
+        verdict.invalidate(f"ran on the host, not in {spec['runtime']}: rank {process['rank']} on {process['hostname']} "
+                           f"has the host's mount namespace ({process['context']['mnt_ns']}) and no container "
+                           "marker the host lacks")
+
+
+def judge_telemetry(launch: dict, found: LogLines, spec: dict, verdict: Verdict) -> dict | None:
+    """The nodes' samples of the measured window: traffic on the wrong wire invalidates, a busy machine disturbs."""
+    settings = launch.get("telemetry")
+    if not settings or not Path(settings["file"]).is_file():
+        return None
+    fabric = launch.get("fabric") or {"env": launch.get("env") or {}}
+    block = read_telemetry(settings["file"], found.result, spec, fabric, settings)
+    if block["traffic_check"]["status"] == "mismatch":
+        verdict.invalidate(f"traffic: {block['traffic_check']['reason']}")
+    if block["disturbed"] and settings["exclude_disturbed"]:
+        verdict.disturb(block["disturbed"])
+    return block
+
+
 def startup_seconds(launch: dict, result: dict | None) -> float | None:
     """From the launch to the earliest rank's first line of Python: what a runtime adds to start-up."""
     per_rank = (result or {}).get("per_rank") or []
@@ -161,9 +201,11 @@ def parse_log(log_path: str | Path) -> dict:
     if verdict.ok:
         judge_against_plan(spec, found.result, verdict)
         judge_weights(found.result, verdict)
+        judge_container(launch, spec, found.result, verdict)
     fabric_check = check_fabric(found, spec)
     if fabric_check["status"] == "mismatch":
         verdict.invalidate(f"fabric: {fabric_check['reason']}")
+    telemetry = judge_telemetry(launch, found, spec, verdict) if found.result else None
     evidence = None
     if verdict.status == "failed":
         evidence = evidence_line(found.lines)
@@ -186,7 +228,9 @@ def parse_log(log_path: str | Path) -> dict:
         "startup_s": startup_seconds(launch, found.result),
         "result": found.result,
         "image": launch.get("image"),
+        "launch_context": launch.get("launch_context"),
         "fabric_check": fabric_check,
+        "telemetry": telemetry,
         "log": {"path": str(log_path), "sha256": hashlib.sha256(raw).hexdigest(), "result_line": found.result_line},
     }
 

@@ -77,6 +77,51 @@ def throughput_plot(summary: pd.DataFrame) -> str | None:
     return _png(figure)
 
 
+# Utilisation and traffic over time: at most this many runs, one row of plots each.
+USAGE_PLOT_RUNS = 6
+
+
+def usage_runs(telemetry: pd.DataFrame) -> list[str]:
+    """One run per (kind, mode, runtime, fabric): the largest layout, its last repetition; the UIUC study's
+    comparison of parameter server and all-reduce, per runtime."""
+    if telemetry.empty or "run_id" not in telemetry:
+        return []
+    runs = telemetry.drop_duplicates("run_id").sort_values(["nodes", "ranks", "repetition"])
+    chosen = runs.groupby(["kind", "mode", "runtime", "fabric"], dropna=False).tail(1)
+    chosen = chosen.sort_values(["kind", "mode", "runtime", "fabric"], ascending=[False, True, True, True])
+    return list(chosen["run_id"])[:USAGE_PLOT_RUNS]
+
+
+def usage_plot(telemetry: pd.DataFrame) -> str | None:
+    """Per chosen run and node: CPU busy (the run's processes and everything else) and packets per second."""
+    runs = usage_runs(telemetry)
+    if not runs:
+        return None
+    figure, axes = plt.subplots(len(runs), 2, figsize=(12, 2.6 * len(runs)), squeeze=False)
+    for (cpu, net), run_id in zip(axes, runs):
+        run = telemetry[telemetry["run_id"] == run_id]
+        first = run.iloc[0]
+        what = f"train, {first['mode']}" if first["kind"] == "train" else first["kind"]
+        title = f"{what} / {first['runtime']} / {first['fabric']} / {first['nodes']}x{first['ranks'] // first['nodes']}"
+        for host, samples in run.groupby("host"):
+            line = cpu.plot(samples["t_s"], samples["run_cpu_percent"], marker=".", label=f"{host}: the run")[0]
+            cpu.plot(samples["t_s"], samples["other_cpu_percent"], marker=".", linestyle=":", color=line.get_color(),
+                     label=f"{host}: everything else")
+            line = net.plot(samples["t_s"], samples["tx_packets_per_s"], marker=".", label=f"{host}: sent")[0]
+            net.plot(samples["t_s"], samples["rx_packets_per_s"], marker=".", linestyle=":", color=line.get_color(),
+                     label=f"{host}: received")
+        cpu.set(ylabel="CPU busy (% of node)", ylim=(0, 105), title=title)
+        net.set(ylabel="packets/s", title="packets on the fabric's interface")
+        for axis in (cpu, net):
+            axis.axvline(0, color="grey", linewidth=0.8)  # the measured window starts
+            axis.grid(alpha=0.3)
+            axis.legend(fontsize=7)
+    for axis in axes[-1]:
+        axis.set_xlabel("seconds from the first measured step")
+    figure.tight_layout()
+    return _png(figure)
+
+
 def network_plot(netbench: pd.DataFrame) -> str | None:
     if netbench.empty:
         return None
@@ -187,7 +232,8 @@ def environment_rows(records: list[dict]) -> list[tuple[str, str]]:
 RUN_COLUMNS = {
     "run_id": "run", "runtime": "runtime", "fabric": "fabric", "nodes": "nodes", "ranks": "ranks",
     "status": "status", "images_per_sec": "img/s", "startup_s": "start-up s", "fabric_check": "transport check",
-    "transport": "what the logs show", "hosts": "hosts",
+    "transport": "what the logs show", "cpu_utilisation_percent": "CPU busy %",
+    "foreign_cpu_percent": "others' CPU %", "traffic_check": "traffic check", "hosts": "hosts",
 }
 OVERHEAD_COLUMNS = {
     "runtime": "runtime", "fabric": "fabric", "ranks": "ranks", "batch_size": "batch/rank",
@@ -230,7 +276,8 @@ def render(table_files, record_paths, out_path: str | Path, skipped: dict | None
     environment = Environment(loader=PackageLoader("containerbench"), autoescape=select_autoescape())
     page = environment.get_template("report.html.j2").render(
         generated=time.strftime("%Y-%m-%d %H:%M %Z"),
-        counts={status: sum(r["status"] == status for r in records) for status in ("ok", "failed", "invalid")},
+        counts={status: sum(r["status"] == status for r in records)
+                for status in ("ok", "failed", "invalid", "disturbed")},
         environment=environment_rows(records),
         summary_table=_table(tables["summary"], SUMMARY_COLUMNS),
         throughput_plot=throughput_plot(tables["summary"]) if not tables["summary"].empty else None,
@@ -245,6 +292,7 @@ def render(table_files, record_paths, out_path: str | Path, skipped: dict | None
         memory_table=_table(tables["memory"], MEMORY_COLUMNS),
         study_table=_table(tables["table1"]),
         network_plot=network_plot(tables["netbench"]),
+        usage_plot=usage_plot(tables["telemetry"]),
         failures_table=_table(tables["failures"]),
         runs_table=_table(tables["runs"], RUN_COLUMNS),
         skipped=sorted((skipped or {}).items()),

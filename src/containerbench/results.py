@@ -23,8 +23,21 @@ SERIES = [c for c in POINT if c not in ("nodes", "ranks")]
 RUN_COLUMNS = ["run_id", "status", "reason", "evidence", "system", *POINT, "repetition", "images_per_sec",
                "rank_images_per_sec_min", "rank_images_per_sec_max", "rank_spread_percent", "step_s_median",
                "peak_host_memory_gib", "peak_gpu_memory_gib", "startup_s", "wall_s", "provenance", "image",
-               "fabric_check", "transport", "hosts", "log"]
+               "fabric_check", "transport", "cpu_utilisation_percent", "foreign_cpu_percent", "disturbed",
+               "traffic_check", "hosts", "log"]
 BASELINE_RUNTIME = "bare-metal"
+
+def _usage(record: dict) -> dict:
+    """The telemetry's figures for the runs table: the busiest node's foreign share, the mean utilisation."""
+    telemetry = record.get("telemetry") or {}
+    nodes = list((telemetry.get("nodes") or {}).values())
+    return {
+        "cpu_utilisation_percent": float(np.mean([n["cpu_utilisation_percent"] for n in nodes])) if nodes else np.nan,
+        "foreign_cpu_percent": 100 * max(n["foreign_cpu_share"] for n in nodes) if nodes else np.nan,
+        "disturbed": telemetry.get("disturbed"),
+        "traffic_check": (telemetry.get("traffic_check") or {}).get("status"),
+    }
+
 
 def _train_row(record: dict) -> dict:
     spec, result = record["spec"], record.get("result") or {}
@@ -57,6 +70,7 @@ def _train_row(record: dict) -> dict:
         "image": (record.get("image") or None),
         "fabric_check": (record.get("fabric_check") or {}).get("status"),
         "transport": (record.get("fabric_check") or {}).get("reason"),
+        **_usage(record),
         "hosts": ",".join(sorted(set(result.get("hostnames") or []))),
         "log": record["log"]["path"],
     }
@@ -287,6 +301,21 @@ def netbench_table(records: list[dict]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+TELEMETRY_KEYS = ["run_id", "kind", "runtime", "mode", "fabric", "nodes", "ranks", "repetition"]
+
+
+def telemetry_table(records: list[dict]) -> pd.DataFrame:
+    """Long table of every run's sampled rates per node over time (t_s = 0: the measured window starts)."""
+    rows = []
+    for record in records:
+        spec = record.get("spec") or {}
+        keys = {"run_id": record["run_id"], "kind": record.get("kind"),
+                **{key: spec.get(key) for key in TELEMETRY_KEYS[2:]}}
+        for host, samples in ((record.get("telemetry") or {}).get("series") or {}).items():
+            rows += [{**keys, "host": host, **sample} for sample in samples]
+    return pd.DataFrame(rows, columns=None if rows else [*TELEMETRY_KEYS, "host", "t_s"])
+
+
 def failures_table(records: list[dict], problems=()) -> pd.DataFrame:
     rows = [{"run_id": r["run_id"], "kind": r.get("kind"), "status": r["status"], "reason": "; ".join(r["reasons"]),
              "evidence": r.get("evidence"), "log": r["log"]["path"]} for r in records if r["status"] != "ok"]
@@ -312,7 +341,7 @@ def markdown_summary(tables: dict[str, pd.DataFrame]) -> str:
         ("Distribution modes (ratio to Horovod)", tables["modes"]),
         ("Input overhead (%)", tables["input"]),
         ("Table 1 (ranks, mode, data, images/s)", tables["table1"]),
-        ("Failed, invalid and unreadable runs", tables["failures"]),
+        ("Failed, invalid, disturbed and unreadable runs", tables["failures"]),
     ]
     return "\n\n".join(f"### {title}\n\n{_markdown(frame)}" for title, frame in sections) + "\n"
 
@@ -332,12 +361,14 @@ def build_tables(records: list[dict], problems=()) -> dict[str, pd.DataFrame]:
         "memory": memory_table(runs),
         "table1": study_table(summary),
         "netbench": netbench_table(records),
+        "telemetry": telemetry_table(records),
         "failures": failures_table(records, problems),
     }
 
 
 # Every file write_tables makes, by name: the workflow declares each as an output.
-TABLES = ("runs", "summary", "overhead", "fabrics", "modes", "input", "memory", "table1", "netbench", "failures")
+TABLES = ("runs", "summary", "overhead", "fabrics", "modes", "input", "memory", "table1", "netbench", "telemetry",
+          "failures")
 TABLE_FILES = {**{name: f"{name}.csv" for name in TABLES}, "table1_md": "table1.md", "summary_md": "summary.md"}
 
 

@@ -281,7 +281,9 @@ class Docker(OciEngine):
         return ["--gpus", "all"]  # NVIDIA Container Toolkit, "docker run --gpus" (Docker >= 19.03)
 
     def rank_argv(self, request: RunRequest) -> list[str]:
-        return [self.host_python, "-m", RANKEXEC, *_pass_flags(RANK_PREFIXES), "--", *self.run_argv(request)]
+        # The rank's CPU binding, passed on by the shim: dockerd starts the container outside it.
+        return [self.host_python, "-m", RANKEXEC, *_pass_flags(RANK_PREFIXES), "--cpuset-from-affinity", "--",
+                *self.run_argv(request)]
 
 
 class Podman(OciEngine):
@@ -424,6 +426,23 @@ class Charliecloud(ContainerRuntime):
         own = sorted(name for name in self.environment(request) if not name.startswith(RANK_PREFIXES))
         return "!(" + "|".join([*keep, *SLURM_GPU_VARS, "HOME", *own]) + ")"
 
+    def moved_binds(self, request: RunRequest) -> dict[str, str]:
+        """Without --write-fake (ch-run < 0.32) a bind needs its mount point in the image ("can't mkdir:
+        Read-only file system"): each bind goes to an empty directory every Debian-based image has, and
+        the arguments and variables naming it (a dataset, the clone's src/ on PYTHONPATH, the telemetry
+        directory) are rewritten to match."""
+        if self.write_fake:
+            return {}
+        sources = list(dict.fromkeys(map(os.path.abspath, request.binds)))
+        if len(sources) > len(self.MOUNT_POINTS):
+            raise ValueError(f"runtime 'charliecloud': {len(sources)} binds need --write-fake (ch-run >= 0.32); "
+                             f"allowed without it: at most {len(self.MOUNT_POINTS)}")
+        return dict(zip(sources, self.MOUNT_POINTS))
+
+    def environment(self, request: RunRequest) -> dict[str, str]:
+        moved = self.moved_binds(request)
+        return {name: moved.get(value, value) for name, value in super().environment(request).items()}
+
     def rank_argv(self, request: RunRequest) -> list[str]:
         # --join: ranks of a node share one container, else cross-memory attach between them fails.
         # --unset-env and --set-env apply in command-line order: drop all but what is kept, then load
@@ -433,14 +452,8 @@ class Charliecloud(ContainerRuntime):
         if self.write_fake:
             argv += [f"--bind={path}" for path in self.mounts(request)]
             return [*argv, f"--cd={self.workdir(request)}", *self.extra_args, self.image, "--", *self.command(request)]
-        # Without --write-fake (ch-run < 0.32) a bind needs its mount point in the image ("can't mkdir:
-        # Read-only file system"): the benchmark needs nothing from the work directory, and each dataset
-        # goes to an empty directory every Debian-based image has, its path in the arguments rewritten.
-        sources = list(dict.fromkeys(map(os.path.abspath, request.binds)))
-        if len(sources) > len(self.MOUNT_POINTS):
-            raise ValueError(f"runtime 'charliecloud': {len(sources)} binds need --write-fake (ch-run >= 0.32); "
-                             f"allowed without it: at most {len(self.MOUNT_POINTS)}")
-        moved = dict(zip(sources, self.MOUNT_POINTS))
+        # The benchmark needs nothing else from the work directory.
+        moved = self.moved_binds(request)
         argv += [f"--bind={source}:{target}" for source, target in moved.items()]
         command = [moved.get(word, word) for word in self.command(request)]
         return [*argv, "--cd=/", *self.extra_args, self.image, "--", *command]

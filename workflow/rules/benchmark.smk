@@ -6,6 +6,7 @@
 # interleave and a drift of the machine does not land on one runtime only.
 
 REPETITIONS = sorted({run.repetition for run in SWEEP.runs})
+TELEMETRY_OUTPUT = {"telemetry": f"{RESULTS}/telemetry/{{run_id}}.csv"} if config["telemetry"]["enabled"] else {}
 JOB_SHAPE = {
     "nodes": lambda wildcards: PLANS[wildcards.run_id]["spec"]["nodes"],
     "tasks": lambda wildcards: PLANS[wildcards.run_id]["spec"]["ranks"],
@@ -24,6 +25,8 @@ for repetition in REPETITIONS:
         output:
             # The raw log: the launch line, everything the ranks print, the exit line.
             log=f"{RESULTS}/runs/{{run_id}}.log",
+            # What each node's sampler saw while the run measured (launch.collect_telemetry).
+            **TELEMETRY_OUTPUT,
         log:
             # The launcher's own complaints (a launcher that cannot start, the exit status).
             f"{RESULTS}/logs/launch/{{run_id}}.txt",
@@ -45,7 +48,9 @@ for repetition in REPETITIONS:
 
 rule parse_run:
     input:
-        f"{RESULTS}/runs/{{run_id}}.log",
+        log=f"{RESULTS}/runs/{{run_id}}.log",
+        # Read by the parser through the path the log's launch line names.
+        **TELEMETRY_OUTPUT,
     output:
         f"{RESULTS}/runs/{{run_id}}.json",
     log:
@@ -54,4 +59,4 @@ rule parse_run:
         cb=CB,
     localrule: True
     shell:
-        "{params.cb} parse {input:q} --out {output:q} 2> {log:q}"
+        "{params.cb} parse {input.log:q} --out {output:q} 2> {log:q}"

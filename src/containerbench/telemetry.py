@@ -1,0 +1,262 @@
+"""What each node did while a run measured: one light sampler per node, and each rank's own view.
+
+The node's local rank 0 starts the sampler (`start_sampler`) before anything heavy is
+imported; it runs beside the ranks in the same runtime (bare metal or inside the
+container), so it works wherever the ranks work, under mpirun or srun. Every `interval`
+seconds it appends raw cumulative counters to DIR/<host>.csv (time_unix, metric, device,
+value), flushed per sample so a crash keeps what was sampled:
+
+    cpu_busy_s / cpu_idle_s / cpu_steal_s   per core, from /proc/stat (host-wide: not namespaced)
+    run_cpu_s, run_rss_bytes                the run's registered rank processes (/proc/<pid>/stat, statm)
+    sampler_cpu_s                           the sampler itself, so its cost is known
+    load1, mem_used_bytes                   /proc/loadavg, /proc/meminfo
+    net_{rx,tx}_{bytes,packets}             per interface, /proc/net/dev
+    ib_{rx,tx}_{bytes,packets}              per InfiniBand port, /sys/class/infiniband/*/ports/*/counters
+    gpu_util_percent, gpu_mem_used_bytes, gpu_power_w, gpu_sm_clock_mhz   NVML, else nvidia-smi's loop
+
+Counters stay raw (rates are differences), so a measured window is integrated exactly.
+Every rank registers its PID in DIR/<host>.pids (with its PID namespace: a PID from another
+namespace is not followed) and records its own CPU time over the measured window, its CPU
+affinity, its cgroup and evidence of the container it runs in (`rank_context`).
+
+    python -m containerbench.telemetry --out F.csv --pids F.pids --interval 0.5 --parent PID
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import glob
+import os
+import resource
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
+# /proc/stat per-CPU fields: user nice system idle iowait irq softirq steal (guest time is inside user).
+BUSY_FIELDS, IDLE_FIELDS, STEAL_FIELD = (0, 1, 2, 5, 6), (3, 4), 7
+IB_COUNTERS = {"port_xmit_data": ("ib_tx_bytes", 4), "port_rcv_data": ("ib_rx_bytes", 4),  # in 4-octet units
+               "port_xmit_packets": ("ib_tx_packets", 1), "port_rcv_packets": ("ib_rx_packets", 1)}
+GPU_QUERY = "index,utilization.gpu,memory.used,power.draw,clocks.sm"
+# What each runtime leaves inside its containers, by its own documentation.
+CONTAINER_MARKERS = {
+    "/.dockerenv": "docker",
+    "/run/.containerenv": "podman",  # podman-run(1): "a file ... /run/.containerenv"
+    "/.singularity.d": "apptainer",
+    "/ch/environment": "charliecloud",  # written by ch-convert / ch-image
+}
+CONTAINER_VARIABLES = ("CH_RUNNING", "APPTAINER_CONTAINER", "SINGULARITY_CONTAINER", "SHIFTER_RUNTIME",
+                       "ENROOT_ROOTFS", "SARUS_VERSION", "PODMAN_HPC")
+
+
+def _namespace(kind: str, pid: str = "self") -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/{kind}")
+    except OSError:  # another user's process, or no such namespace
+        return None
+
+
+def rank_context() -> dict:
+    """Where this process runs: CPU affinity, cgroup, mount namespace, and the markers container
+    runtimes leave. The parser compares a rank's with the launching host's (records.judge_container):
+    inside a container the mount namespace differs, or the runtime left a marker the host lacks."""
+    try:
+        cgroup = Path("/proc/self/cgroup").read_text().strip().splitlines()
+    except OSError:
+        cgroup = []
+    markers = [name for path, name in CONTAINER_MARKERS.items() if os.path.exists(path)]
+    markers += [f"${name}" for name in CONTAINER_VARIABLES if name in os.environ]
+    mount, init_mount = _namespace("mnt"), _namespace("mnt", "1")  # init's: unreadable without privileges
+    return {"affinity": sorted(os.sched_getaffinity(0)), "cgroup": cgroup[-1] if cgroup else None,
+            "mnt_ns": mount, "init_mnt_ns": init_mount, "pid_ns": _namespace("pid"), "markers": markers}
+
+
+def cpu_seconds() -> float:
+    """This process's CPU time, every thread."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def register_rank(directory: str) -> None:
+    """Tell this node's sampler which process is a rank of the run (one short O_APPEND write)."""
+    line = f"{os.getpid()} {_namespace('pid') or '-'}\n".encode()
+    Path(directory).mkdir(parents=True, exist_ok=True)
+    fd = os.open(Path(directory) / f"{socket.gethostname()}.pids", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line)
+    finally:
+        os.close(fd)
+
+
+def start_sampler(directory: str, interval: float) -> subprocess.Popen:
+    """The node's sampler, a child of this rank that ends with it."""
+    host = socket.gethostname()
+    Path(directory).mkdir(parents=True, exist_ok=True)
+    return subprocess.Popen([sys.executable, "-m", "containerbench.telemetry", "--out",
+                             str(Path(directory) / f"{host}.csv"), "--pids", str(Path(directory) / f"{host}.pids"),
+                             "--interval", str(interval), "--parent", str(os.getpid())],
+                            stdin=subprocess.DEVNULL)
+
+
+def stop_sampler(sampler: subprocess.Popen | None) -> None:
+    if sampler is None:
+        return
+    sampler.send_signal(signal.SIGTERM)  # it writes one last sample, so the window's end is covered
+    try:
+        sampler.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        sampler.kill()
+
+
+class Sampler:
+    def __init__(self, pids_file: str):
+        self.pids_file = Path(pids_file)
+        self.own_pid_ns = _namespace("pid")
+        self.gpus = GpuReader()
+
+    def run_processes(self) -> list[str]:
+        try:
+            lines = self.pids_file.read_text().split("\n")
+        except OSError:
+            return []
+        pids = []
+        for line in lines:
+            pid, _, namespace = line.partition(" ")
+            if pid and namespace in ("-", self.own_pid_ns):
+                pids.append(pid)
+        return pids
+
+    def sample(self) -> list[tuple[str, str, float]]:
+        rows = []
+        with open("/proc/stat") as stat:
+            for line in stat:
+                if line.startswith("cpu") and line[3].isdigit():
+                    name, *values = line.split()
+                    ticks = [int(v) for v in values]
+                    rows += [("cpu_busy_s", name, sum(ticks[i] for i in BUSY_FIELDS) / CLOCK_TICKS),
+                             ("cpu_idle_s", name, sum(ticks[i] for i in IDLE_FIELDS) / CLOCK_TICKS),
+                             ("cpu_steal_s", name, ticks[STEAL_FIELD] / CLOCK_TICKS)]
+        run_cpu = run_rss = 0.0
+        pids = self.run_processes()
+        for pid in pids:
+            try:
+                fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+                run_cpu += (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime, stime
+                run_rss += int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE_SIZE
+            except (OSError, IndexError, ValueError):  # the rank has ended
+                continue
+        own = os.times()
+        rows += [("run_cpu_s", "node", run_cpu), ("run_rss_bytes", "node", run_rss),
+                 ("run_processes", "node", len(pids)), ("sampler_cpu_s", "node", own.user + own.system),
+                 ("load1", "node", float(Path("/proc/loadavg").read_text().split()[0]))]
+        memory = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines() if ":" in line)
+        kib = {key: int(memory[key].split()[0]) for key in ("MemTotal", "MemAvailable") if key in memory}
+        if len(kib) == 2:
+            rows.append(("mem_used_bytes", "node", (kib["MemTotal"] - kib["MemAvailable"]) * 1024))
+        with open("/proc/net/dev") as net:
+            for line in list(net)[2:]:
+                interface, _, counters = line.partition(":")
+                values = counters.split()
+                rows += [("net_rx_bytes", interface.strip(), int(values[0])),
+                         ("net_rx_packets", interface.strip(), int(values[1])),
+                         ("net_tx_bytes", interface.strip(), int(values[8])),
+                         ("net_tx_packets", interface.strip(), int(values[9]))]
+        for path in glob.glob("/sys/class/infiniband/*/ports/*/counters/port_*"):
+            if Path(path).name in IB_COUNTERS:
+                metric, unit = IB_COUNTERS[Path(path).name]
+                device = "{}/{}".format(*Path(path).parts[4:7:2])  # mlx5_0/1
+                try:
+                    rows.append((metric, device, int(Path(path).read_text()) * unit))
+                except (OSError, ValueError):
+                    continue
+        return rows + self.gpus.sample()
+
+
+class GpuReader:
+    """Per-GPU utilisation, memory, power and SM clock: NVML (nvidia-ml-py), else `nvidia-smi -lms`."""
+
+    def __init__(self):
+        self.nvml, self.latest, self.loop = None, {}, None
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self.nvml = pynvml
+            self.handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        except Exception:  # no nvidia-ml-py, or no driver: try the command-line tool
+            self.nvml = None
+            if shutil.which("nvidia-smi"):
+                self.loop = subprocess.Popen(["nvidia-smi", f"--query-gpu={GPU_QUERY}", "--format=csv,noheader,nounits",
+                                              "-lms", "500"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+                threading.Thread(target=self._follow, daemon=True).start()
+
+    def _follow(self):
+        for line in self.loop.stdout:
+            fields = [f.strip() for f in line.split(",")]
+            if len(fields) == 5:
+                self.latest[fields[0]] = fields[1:]
+
+    def sample(self) -> list[tuple[str, str, float]]:
+        rows = []
+        if self.nvml:
+            nvml = self.nvml
+            for index, handle in enumerate(self.handles):
+                rows += [("gpu_util_percent", f"gpu{index}", nvml.nvmlDeviceGetUtilizationRates(handle).gpu),
+                         ("gpu_mem_used_bytes", f"gpu{index}", nvml.nvmlDeviceGetMemoryInfo(handle).used),
+                         ("gpu_power_w", f"gpu{index}", nvml.nvmlDeviceGetPowerUsage(handle) / 1000),
+                         ("gpu_sm_clock_mhz", f"gpu{index}", nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM))]
+        for index, (util, memory, power, clock) in sorted(self.latest.items()):
+            for metric, value, scale in (("gpu_util_percent", util, 1), ("gpu_mem_used_bytes", memory, 2**20),
+                                         ("gpu_power_w", power, 1), ("gpu_sm_clock_mhz", clock, 1)):
+                try:
+                    rows.append((metric, f"gpu{index}", float(value) * scale))
+                except ValueError:  # "[N/A]"
+                    continue
+        return rows
+
+    def close(self):
+        if self.loop:
+            self.loop.terminate()
+
+
+def sample_until_stopped(out: str, pids: str, interval: float, parent: int) -> None:
+    stopping = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
+    sampler = Sampler(pids)
+    with open(out, "a", newline="") as handle:
+        writer = csv.writer(handle)
+        if handle.tell() == 0:
+            writer.writerow(["time_unix", "metric", "device", "value"])
+        while True:
+            now = time.time()
+            writer.writerows((f"{now:.3f}", metric, device, value) for metric, device, value in sampler.sample())
+            handle.flush()
+            # The rank that started us is gone (killed): stop, leave nothing running.
+            if stopping.wait(interval) or os.getppid() != parent:
+                break
+        now = time.time()  # one last sample: the end of the measured window is inside the series
+        writer.writerows((f"{now:.3f}", metric, device, value) for metric, device, value in sampler.sample())
+    sampler.gpus.close()
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m containerbench.telemetry", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--pids", required=True)
+    parser.add_argument("--interval", type=float, default=0.5)
+    parser.add_argument("--parent", type=int, default=os.getppid())
+    args = parser.parse_args(argv)
+    if args.interval <= 0:
+        parser.error(f"--interval must be positive, got {args.interval}")
+    sample_until_stopped(args.out, args.pids, args.interval, args.parent)
+
+
+if __name__ == "__main__":
+    main()
