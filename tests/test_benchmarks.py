@@ -40,3 +40,9 @@ def test_aggregate_times_the_tables(root, tiny_runs, tmp_path):
     record.write_text(json.dumps(tiny_runs[("train", 2)]))
     out = run([sys.executable, "benchmarks/aggregate.py", "--records", "2000", "--from", str(record)], root)
     assert out.startswith("records: 2000") and re.search(r"^total: .* records/s$", out, re.M)
+
+
+def test_telemetry_cost_prints_the_samplers_share_of_a_core_and_the_ratio(root, bench_python):
+    out = run([sys.executable, "benchmarks/telemetry_cost.py", "--quick", "--bench-python", str(bench_python)], root)
+    assert re.search(r"^  every 0\.5 s: \d+\.\d{3}% of one core$", out, re.M)
+    assert re.search(r"^  with / without\s+\d+\.\d{3}$", out, re.M)

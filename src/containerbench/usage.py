@@ -25,8 +25,10 @@ from pathlib import Path
 
 from containerbench.fabrics import expected_transport, interface_ok
 
-# A window shorter than this share of sampler coverage is not judged: too few samples.
+# CPU shares are judged only where samples inside the measured window span this share of it, and
+# at least this many: a window of a few sampling intervals says nothing about who used the CPUs.
 MIN_COVERAGE = 0.5
+MIN_SAMPLES_INSIDE = 3
 # Traffic on the fabric below this share of what the all-reduce must move: it went elsewhere.
 MIN_TRAFFIC_SHARE = 0.5
 # Modes whose gradients travel as a ring all-reduce (parameter servers move other volumes).
@@ -77,18 +79,21 @@ def _device_name(metric: str, device: str) -> str:
 
 
 def node_windows(result: dict) -> dict[str, dict]:
-    """host -> the measured window of its ranks: earliest start, latest end, their CPU seconds and cores."""
-    windows: dict[str, dict] = {}
+    """host -> the run's measured window (earliest start, latest end over every rank that times steps),
+    the CPU seconds its ranks there reported for it, and the cores they were bound to. A rank that times
+    nothing (a parameter-server worker) still counts for its node's cores and, via the sampler, its CPU."""
     per_rank = {r["rank"]: r for r in result.get("per_rank") or []}
-    for process in result.get("processes") or []:
-        window = process.get("window") or per_rank.get(process["rank"], {}).get("window")
-        if not window:  # a coordinator that only schedules
-            continue
-        node = windows.setdefault(process["hostname"], {"start_unix": window["start_unix"], "end_unix": window["end_unix"],
-                                                        "cpu_s": 0.0, "cores": set(), "ranks": 0})
-        node["start_unix"] = min(node["start_unix"], window["start_unix"])
-        node["end_unix"] = max(node["end_unix"], window["end_unix"])
-        node["cpu_s"] += window["cpu_s"]
+    processes = [{**p, "window": p.get("window") or per_rank.get(p["rank"], {}).get("window")}
+                 for p in result.get("processes") or []]
+    timed = [p["window"] for p in processes if p["window"]]
+    if not timed:
+        return {}
+    start, end = min(w["start_unix"] for w in timed), max(w["end_unix"] for w in timed)
+    windows: dict[str, dict] = {}
+    for process in processes:
+        node = windows.setdefault(process["hostname"], {"start_unix": start, "end_unix": end, "cpu_s": 0.0,
+                                                        "cores": set(), "ranks": 0})
+        node["cpu_s"] += (process["window"] or {}).get("cpu_s", 0.0)
         node["cores"] |= set((process.get("context") or {}).get("affinity") or [])
         node["ranks"] += 1
     return windows
@@ -97,17 +102,26 @@ def node_windows(result: dict) -> dict[str, dict]:
 def summarise_node(samples: dict, window: dict, steps: int | None) -> dict:
     start, end = window["start_unix"], window["end_unix"]
     seconds = max(end - start, 1e-9)
-    times = sorted({t for points in samples.values() for t, _ in points})
-    covered = (min(end, times[-1]) - max(start, times[0])) / seconds if times else 0.0
+    # CPU shares come from the samples inside the window, where /proc/stat and the ranks' counters
+    # were read at the same instants: interpolating across the window's edges would mix in start-up
+    # and warmup, which the ranks' own window figures leave out. Too few samples inside: not judged.
+    inside = sorted({t for points in samples.values() for t, _ in points if start <= t <= end})
+    first, last = (inside[0], inside[-1]) if len(inside) >= 2 else (start, end)
+    span = max(last - first, 1e-9)
+    coverage = span / seconds if len(inside) >= MIN_SAMPLES_INSIDE else 0.0
     cores = sorted(window["cores"]) or sorted(int(d[3:]) for m, d in samples if m == "cpu_busy_s")
-    capacity = seconds * len(cores)
+    capacity = span * len(cores)
 
-    def on_cores(metric):
-        return sum(_delta(samples[(metric, f"cpu{c}")], start, end) for c in cores if (metric, f"cpu{c}") in samples)
+    def between(metric, device="node"):
+        return _delta(samples[(metric, device)], first, last) if (metric, device) in samples else 0.0
 
-    busy, steal = on_cores("cpu_busy_s"), on_cores("cpu_steal_s")
-    sampler = _delta(samples[("sampler_cpu_s", "node")], start, end) if ("sampler_cpu_s", "node") in samples else 0.0
-    foreign = max(0.0, busy - window["cpu_s"] - sampler)
+    busy = sum(between("cpu_busy_s", f"cpu{c}") for c in cores)
+    steal = sum(between("cpu_steal_s", f"cpu{c}") for c in cores)
+    sampler = between("sampler_cpu_s")
+    # The run's own CPU: what the sampler saw of the ranks' processes, or what the ranks reported for
+    # the window where that is more (a rank the sampler cannot see, in another PID namespace).
+    own = max(between("run_cpu_s"), window["cpu_s"] * span / seconds)
+    foreign = max(0.0, busy - own - sampler)
     per_step = max(steps or 1, 1)
     traffic = {}
     for (metric, device), points in samples.items():
@@ -119,10 +133,10 @@ def summarise_node(samples: dict, window: dict, steps: int | None) -> dict:
             if metric == "gpu_util_percent"}
     in_window = [v for t, v in samples.get(("run_rss_bytes", "node"), []) if start <= t <= end]
     return {
-        "window_s": round(seconds, 3), "coverage": round(max(0.0, min(covered, 1.0)), 3), "cores": cores,
+        "window_s": round(seconds, 3), "coverage": round(min(coverage, 1.0), 3), "cores": cores,
         "ranks": window["ranks"], "cpu_utilisation_percent": 100 * busy / capacity,
-        "run_cpu_percent": 100 * window["cpu_s"] / capacity, "foreign_cpu_share": foreign / capacity,
-        "steal_share": steal / capacity, "sampler_cpu_percent_of_a_core": 100 * sampler / seconds,
+        "run_cpu_percent": 100 * own / capacity, "foreign_cpu_share": foreign / capacity,
+        "steal_share": steal / capacity, "sampler_cpu_percent_of_a_core": 100 * sampler / span,
         "traffic": traffic,
         "gpu_util_percent": {d: sum(v) / len(v) for d, v in gpus.items() if v},
         "run_rss_bytes_max": max(in_window, default=None),
