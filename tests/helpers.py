@@ -60,7 +60,7 @@ def recorded_records() -> dict:
     """Records parsed from the recorded raw logs, by (kind, ranks) as tiny runs are."""
     records = {}
     for log in sorted(RECORDED_RUNS.glob("*.log")):
-        record = parse_log(log)
+        record = parse_log(log, log.with_suffix(".telemetry.csv"))
         records[(record["kind"], record["spec"]["ranks"])] = record
     return records
 

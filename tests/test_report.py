@@ -24,10 +24,13 @@ def test_report_shows_throughput_scaling_network_and_failures(recorded_runs, tmp
     render(sorted(tmp_path.glob("*.csv")), paths, tmp_path / "report.html")
     page = (tmp_path / "report.html").read_text()
 
-    assert len(re.findall(r'<img alt="[^"]+" src="data:image/png;base64,[A-Za-z0-9+/=]{1000,}">', page)) == 2
+    plots = re.findall(r'<img alt="([^"]+)" src="data:image/png;base64,[A-Za-z0-9+/=]{1000,}">', page)
+    assert plots == ["throughput and scaling efficiency", "ping-pong latency, bandwidth and allreduce bus bandwidth",
+                     "CPU use and packets per node over time"]  # the recorded runs' telemetry samples
     assert "http://" not in page and "https://" not in page  # nothing fetched: readable offline
     for section in ("Environment", "Training throughput", "Container overhead", "Interconnects", "Input pipeline",
-                    "Memory", "Table 1", "Network", "Every training run", "Failed and invalid runs"):
+                    "Memory", "Table 1", "Network", "Utilisation and traffic", "Every training run",
+                    "Failed, invalid and disturbed runs"):
         assert f"<h2>{section}</h2>" in page
     assert page.count("<table") == 6  # environment, summary, memory, table 1, runs, failures (the rest: no rows here)
     assert "transport check" in page and "not applicable" in page  # one rank: no traffic to check

@@ -15,8 +15,11 @@ value), flushed per sample so a crash keeps what was sampled:
     gpu_util_percent, gpu_mem_used_bytes, gpu_power_w, gpu_sm_clock_mhz   NVML, else nvidia-smi's loop
 
 Counters stay raw (rates are differences), so a measured window is integrated exactly.
-Every rank registers its PID in DIR/<host>.pids (with its PID namespace: a PID from another
-namespace is not followed) and records its own CPU time over the measured window, its CPU
+Every rank registers its PID in DIR/kernel-<boot id>.pids (with its PID namespace: a PID from
+another namespace is not followed). The file is per kernel, not per host name, because /proc/stat
+is: where several Slurm nodes share one kernel (a test cluster's slurmd per UTS namespace), every
+rank on it is the run's own CPU, not a stranger's. Each rank also records its own CPU time over
+the measured window its CPU
 affinity, its cgroup and evidence of the container it runs in (`rank_context`).
 
     python -m containerbench.telemetry --out F.csv --pids F.pids --interval 0.5 --parent PID
@@ -84,11 +87,20 @@ def cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def pids_file(directory: str) -> Path:
+    """Where the ranks on this kernel register (boot_id is the kernel's, in every namespace)."""
+    try:
+        kernel = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        kernel = socket.gethostname()
+    return Path(directory) / f"kernel-{kernel}.pids"
+
+
 def register_rank(directory: str) -> None:
-    """Tell this node's sampler which process is a rank of the run (one short O_APPEND write)."""
+    """Tell this kernel's samplers which process is a rank of the run (one short O_APPEND write)."""
     line = f"{os.getpid()} {_namespace('pid') or '-'}\n".encode()
     Path(directory).mkdir(parents=True, exist_ok=True)
-    fd = os.open(Path(directory) / f"{socket.gethostname()}.pids", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = os.open(pids_file(directory), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, line)
     finally:
@@ -100,7 +112,7 @@ def start_sampler(directory: str, interval: float) -> subprocess.Popen:
     host = socket.gethostname()
     Path(directory).mkdir(parents=True, exist_ok=True)
     return subprocess.Popen([sys.executable, "-m", "containerbench.telemetry", "--out",
-                             str(Path(directory) / f"{host}.csv"), "--pids", str(Path(directory) / f"{host}.pids"),
+                             str(Path(directory) / f"{host}.csv"), "--pids", str(pids_file(directory)),
                              "--interval", str(interval), "--parent", str(os.getpid())],
                             stdin=subprocess.DEVNULL)
 
@@ -227,6 +239,12 @@ class GpuReader:
 
 
 def sample_until_stopped(out: str, pids: str, interval: float, parent: int) -> None:
+    # Off the rank's own core (its binding is inherited): the sampler is the node's, and wherever
+    # it runs its CPU time is counted apart. The kernel keeps the mask inside the job's cpuset.
+    try:
+        os.sched_setaffinity(0, range(os.cpu_count() or 1))
+    except OSError:
+        pass
     stopping = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())
     sampler = Sampler(pids)

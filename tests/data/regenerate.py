@@ -3,7 +3,7 @@
     .venv/bin/python tests/data/regenerate.py
 
 Trains ResNet-50 (32 px, batch 2) on 1 and 2 ranks and runs netbench on 2 ranks,
-bare metal with mpirun, and keeps the three raw logs in tests/data/runs. Run it
+bare metal with mpirun, and keeps the three raw logs and their telemetry samples in tests/data/runs. Run it
 again when the log format changes; tests/test_records.py checks (slow) that a fresh
 run still parses into records of the same shape.
 """
@@ -27,13 +27,14 @@ def main() -> int:
         config = tiny_config(workdir)
         runs = [r for r in cb_config.plan_runs(config) if r.repetition == 1]
         RECORDED_RUNS.mkdir(parents=True, exist_ok=True)
-        for old in RECORDED_RUNS.glob("*.log"):
+        for old in [*RECORDED_RUNS.glob("*.log"), *RECORDED_RUNS.glob("*.telemetry.csv")]:
             old.unlink()
         for spec, record in run_and_parse(runs, config, workdir):
             if record["status"] != "ok":
                 print(f"{spec.run_id}: {record['status']}: {record['reasons']}", file=sys.stderr)
                 return 1
             shutil.copy(workdir / f"{spec.run_id}.log", RECORDED_RUNS / f"{spec.run_id}.log")
+            shutil.copy(record["telemetry"]["file"], RECORDED_RUNS / f"{spec.run_id}.telemetry.csv")
             print(RECORDED_RUNS / f"{spec.run_id}.log")
     return 0
 
