@@ -60,8 +60,11 @@ def test_the_report_has_an_overhead_row_per_runtime(container_run):
     results = container_run / "results"
     overhead = pd.read_csv(results / "overhead.csv")
     assert set(overhead["runtime"]) == {"podman", "docker", "charliecloud"}
-    assert overhead["overhead_percent"].notna().all() and overhead["note"].isna().all()
-    assert overhead["significance"].isin(["significant", "not significant"]).all()
+    assert overhead["overhead_percent_of_means"].notna().all() and overhead["note"].isna().all()
+    # Two repetitions a side: where the bare-metal mean's interval reaches 0 Fieller's set is
+    # unbounded, and the table says why instead of printing an interval (intervals.ratio_interval).
+    judged = overhead["significance"].isin(["significant", "not significant"])
+    assert (judged | overhead["significance"].str.startswith("n/a: ")).all(), overhead["significance"]
     assert overhead["startup_overhead_s"].notna().all()
     report = (results / "report.html").read_text()
     assert "Container overhead" in report and 'alt="container overhead with 95% intervals"' in report

@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from containerbench.intervals import ratio_interval, t_quantile
 from containerbench.records import load_records
 from containerbench.results import (build_tables, markdown_summary, netbench_table,
                                     runs_table, summary_table, write_tables)
@@ -89,9 +90,9 @@ def test_container_overhead_with_interval_and_significance(recorded_runs):
     records += [variant(one, f"ch{i}", rate, i, runtime="charliecloud") for i, rate in enumerate([99.0, 103.0, 98.0], 1)]
     overhead = build_tables(records)["overhead"].set_index("runtime")
     podman, charliecloud = overhead.loc["podman"], overhead.loc["charliecloud"]
-    assert podman["overhead_percent"] == pytest.approx(10.0)  # (100 - 90) / 100
+    assert podman["overhead_percent_of_means"] == pytest.approx(10.0)  # (100 - 90) / 100
     assert podman["overhead_ci95_low"] > 0 and podman["significance"] == "significant"
-    assert charliecloud["overhead_percent"] == pytest.approx(0.0)
+    assert charliecloud["overhead_percent_of_means"] == pytest.approx(0.0)
     assert charliecloud["overhead_ci95_low"] < 0 < charliecloud["overhead_ci95_high"]
     assert charliecloud["significance"] == "not significant"
 
@@ -102,7 +103,7 @@ def test_zero_spread_on_both_sides_gives_no_interval_and_no_verdict(recorded_run
     records = [variant(one, f"bare{i}", 100.0, i) for i in (1, 2)]
     records += [variant(one, f"pod{i}", 99.0, i, runtime="podman") for i in (1, 2)]
     [row] = build_tables(records)["overhead"].to_dict("records")
-    assert row["overhead_percent"] == pytest.approx(1.0)
+    assert row["overhead_percent_of_means"] == pytest.approx(1.0)
     assert np.isnan(row["overhead_ci95_low"]) and np.isnan(row["overhead_ci95_high"])
     assert row["significance"] == "n/a: no spread in either side's repetitions"
 
@@ -120,12 +121,136 @@ def test_overhead_is_refused_between_different_benchmarks(recorded_runs):
                                          packages={**other["result"]["provenance"]["packages"], "tensorflow-cpu": "2.16.2"})
     overhead = build_tables([variant(one, "bare1", 100.0, 1), other])["overhead"]
     assert overhead.loc[0, "note"] == "not comparable: packages differ: tensorflow-cpu 2.15.1 vs 2.16.2"
-    assert np.isnan(overhead.loc[0, "overhead_percent"])
+    assert np.isnan(overhead.loc[0, "overhead_percent_of_means"])
 
 
 def test_overhead_without_a_bare_metal_baseline_says_so(recorded_runs):
     overhead = build_tables([variant(recorded_runs[("train", 1)], "pod1", 90.0, 1, runtime="podman")])["overhead"]
     assert overhead.loc[0, "note"] == "no bare-metal baseline at this point"
+
+
+# Fieller's interval for a ratio of means (containerbench.intervals), checked against independent computations.
+# Two small samples with unequal spread: the numerator's CV 2%, the denominator's 6%.
+NUMERATOR, DENOMINATOR = [91.0, 94.0, 89.5, 92.5], [100.0, 108.0, 95.0]
+
+
+def test_fieller_endpoints_are_where_welchs_test_of_the_ratio_turns_significant():
+    """The interval is the set of R that Welch's test of mean(x) = R * mean(y) keeps: at each endpoint
+    scipy's Welch statistic of x against R * y is exactly the t quantile, with scipy's Welch degrees
+    of freedom at the estimate (Tamhane and Logan 2004; mratios::ttestratio, var.equal = FALSE)."""
+    from scipy import stats
+
+    interval = ratio_interval(NUMERATOR, DENOMINATOR)
+    x, y = np.array(NUMERATOR), np.array(DENOMINATOR)
+    assert interval.ratio == pytest.approx(x.mean() / y.mean())
+    assert interval.dof == pytest.approx(stats.ttest_ind(x, interval.ratio * y, equal_var=False).df)
+    t = t_quantile(0.975, interval.dof)
+    assert stats.ttest_ind(x, interval.low * y, equal_var=False).statistic == pytest.approx(t)
+    assert stats.ttest_ind(x, interval.high * y, equal_var=False).statistic == pytest.approx(-t)
+    assert interval.low < interval.ratio < interval.high
+    # 1 lies inside (0.79..1.06): Welch's ordinary test of equal means does not reject either.
+    assert interval.significance() == "not significant" and stats.ttest_ind(x, y, equal_var=False).pvalue > 0.05
+
+
+def test_fieller_meets_the_delta_method_when_the_denominator_is_precise_and_leans_up_when_it_is_not():
+    """Delta method: R +- t * sqrt(v_x + R^2 v_y) / mean(y), symmetric. Fieller's interval tends to it
+    as the denominator's relative error shrinks; with a noisy denominator it reaches further up
+    than down (a low denominator mean inflates the ratio more than a high one deflates it)."""
+    def delta(x, y):
+        x, y = pd.Series(x), pd.Series(y)
+        ratio = x.mean() / y.mean()
+        se = np.sqrt(x.var() / x.count() + ratio**2 * y.var() / y.count()) / y.mean()
+        t = t_quantile(0.975, ratio_interval(x, y).dof)
+        return ratio - t * se, ratio + t * se
+
+    precise_y = [100 + 0.01 * (v - 100) for v in DENOMINATOR]  # the same shape, CV 0.06%
+    fieller = ratio_interval(NUMERATOR, precise_y)
+    assert (fieller.low, fieller.high) == pytest.approx(delta(NUMERATOR, precise_y), rel=1e-5)
+    noisy = ratio_interval(NUMERATOR, DENOMINATOR)
+    delta_low, delta_high = delta(NUMERATOR, DENOMINATOR)
+    assert noisy.high - noisy.ratio > noisy.ratio - noisy.low
+    assert noisy.high > delta_high and noisy.low > delta_low
+
+
+def test_fieller_covers_the_true_ratio_95_times_in_100():
+    """Brute force with a known answer: 4000 experiments of 3 repetitions a side (the default),
+    true ratio 95 / 100, unequal spreads. Welch-Satterthwaite with 3 values a side is known to be
+    slightly conservative, so the bounds leave room above 95%."""
+    rng = np.random.default_rng(13)
+    covered = [ratio_interval(rng.normal(95, 5, 3), rng.normal(100, 3, 3)) for _ in range(4000)]
+    assert 0.94 <= np.mean([i.low <= 0.95 <= i.high for i in covered]) <= 0.97
+
+
+def test_no_interval_when_the_denominator_mean_is_not_distinguishable_from_zero(recorded_runs):
+    # A bare-metal side this noisy (4.7 +- 4.5 img/s over 3 runs) leaves every ratio in Fieller's set.
+    one = recorded_runs[("train", 1)]
+    records = [variant(one, f"bare{i}", rate, i) for i, rate in enumerate([0.1, 5.0, 9.0], 1)]
+    records += [variant(one, f"pod{i}", rate, i, runtime="podman") for i, rate in enumerate([4.0, 5.0, 6.0], 1)]
+    [row] = build_tables(records)["overhead"].to_dict("records")
+    assert row["significance"] == "n/a: bare-metal mean not distinguishable from 0"
+    assert np.isnan(row["overhead_ci95_low"]) and np.isnan(row["overhead_ci95_high"])
+    assert row["overhead_percent_of_means"] == pytest.approx(100 * (1 - 5.0 / (14.1 / 3)))
+
+
+def test_the_overhead_table_says_it_is_computed_from_means_and_shows_them_beside_the_medians(recorded_runs):
+    # Skewed repetitions: the medians say 5%, the means 13.6%; the figure and its name must agree.
+    one = recorded_runs[("train", 1)]
+    records = [variant(one, f"bare{i}", rate, i) for i, rate in enumerate([100.0, 100.0, 130.0], 1)]
+    records += [variant(one, f"pod{i}", rate, i, runtime="podman") for i, rate in enumerate([90.0, 95.0, 100.0], 1)]
+    overhead = build_tables(records)["overhead"]
+    assert "overhead_percent" not in overhead  # a bare percentage could be read as a ratio of medians
+    [row] = overhead.to_dict("records")
+    assert (row["bare_metal_runs"], row["runtime_runs"]) == (3, 3)
+    assert (row["bare_metal_median"], row["runtime_median"]) == (100.0, 95.0)
+    assert (row["bare_metal_mean"], row["runtime_mean"]) == (110.0, 95.0)
+    assert row["overhead_percent_of_means"] == pytest.approx(100 * 15 / 110)
+    interval = ratio_interval([90.0, 95.0, 100.0], [100.0, 100.0, 130.0])
+    assert row["overhead_ci95_low"] == pytest.approx(100 * (1 - interval.high))
+    assert row["overhead_ci95_high"] == pytest.approx(100 * (1 - interval.low))
+
+
+def test_fabric_modes_and_input_tables_carry_counts_means_and_intervals(recorded_runs):
+    two = recorded_runs[("train", 2)]
+    rates = {("horovod", "infiniband", "synthetic"): [130.0, 128.0, 133.0],
+             ("horovod", "ethernet", "synthetic"): [100.0, 97.0, 102.0],
+             ("horovod", "infiniband", "real"): [104.0, 101.0, 106.0],
+             ("collective", "infiniband", "synthetic"): [120.0, 126.0, 118.0],
+             ("local", "infiniband", "synthetic"): [150.0, 149.0, 153.0, 151.0]}
+    records = [variant(two, f"{mode}-{fabric}-{data}-{i}", rate, i, mode=mode, fabric=fabric, data=data)
+               for (mode, fabric, data), values in rates.items() for i, rate in enumerate(values, 1)]
+    tables = build_tables(records)
+
+    [fabric] = tables["fabrics"].query("mode == 'horovod' and data == 'synthetic'").to_dict("records")
+    horovod = rates[("horovod", "infiniband", "synthetic")]
+    expected = ratio_interval(horovod, rates[("horovod", "ethernet", "synthetic")])
+    assert (fabric["faster_fabric"], fabric["faster_runs"], fabric["slower_runs"]) == ("infiniband", 3, 3)
+    assert fabric["faster_mean"] == pytest.approx(391 / 3) and fabric["slower_median"] == 100.0
+    assert (fabric["ratio_of_means"], fabric["ratio_ci95_low"], fabric["ratio_ci95_high"]) == pytest.approx(
+        (expected.ratio, expected.low, expected.high))
+    assert fabric["ratio_ci95_low"] > 1 and fabric["significance"] == "significant"
+
+    modes = tables["modes"].query("fabric == 'infiniband' and data == 'synthetic'").set_index("mode")
+    collective = modes.loc["collective"]
+    expected = ratio_interval(rates[("collective", "infiniband", "synthetic")], horovod)
+    assert (collective["mode_runs"], collective["horovod_runs"]) == (3, 3)
+    assert (collective["ratio_to_horovod_of_means"], collective["ratio_ci95_low"], collective["ratio_ci95_high"]) == \
+        pytest.approx((expected.ratio, expected.low, expected.high))
+    assert np.isnan(collective["communication_overhead_percent_of_means"])  # only the local mode has one
+    # Communication overhead = 1 - horovod / local; its interval is the local/horovod interval turned over.
+    row = modes.loc["local"]
+    assert row["mode_runs"] == 4 and row["mode_mean"] == pytest.approx(150.75)
+    assert row["communication_overhead_percent_of_means"] == pytest.approx(100 * (1 - (391 / 3) / 150.75))
+    assert row["communication_overhead_ci95_low"] == pytest.approx(100 * (1 - 1 / row["ratio_ci95_low"]))
+    assert row["communication_overhead_ci95_high"] == pytest.approx(100 * (1 - 1 / row["ratio_ci95_high"]))
+    assert 0 < row["communication_overhead_ci95_low"] < row["communication_overhead_percent_of_means"]
+
+    [inputs] = tables["input"].query("mode == 'horovod'").to_dict("records")
+    expected = ratio_interval(rates[("horovod", "infiniband", "real")], horovod)
+    assert (inputs["synthetic_runs"], inputs["real_runs"]) == (3, 3)
+    assert inputs["input_overhead_percent_of_means"] == pytest.approx(100 * (1 - expected.ratio))
+    assert (inputs["input_overhead_ci95_low"], inputs["input_overhead_ci95_high"]) == pytest.approx(
+        (100 * (1 - expected.high), 100 * (1 - expected.low)))
+    assert inputs["input_overhead_ci95_low"] > 0 and inputs["significance"] == "significant"
 
 
 def test_fabric_ratio_and_input_overhead_at_the_same_point(recorded_runs):
@@ -136,10 +261,10 @@ def test_fabric_ratio_and_input_overhead_at_the_same_point(recorded_runs):
     fabrics = tables["fabrics"]
     synthetic = fabrics[fabrics["data"] == "synthetic"].iloc[0]
     assert (synthetic["faster_fabric"], synthetic["slower_fabric"]) == ("infiniband", "ethernet")
-    assert synthetic["ratio"] == pytest.approx(1.3)
+    assert synthetic["ratio_of_means"] == pytest.approx(1.3)
     inputs = tables["input"]
     assert len(inputs) == 1 and inputs.loc[0, "fabric"] == "infiniband"
-    assert inputs.loc[0, "input_overhead_percent"] == pytest.approx(20.0)  # (130 - 104) / 130
+    assert inputs.loc[0, "input_overhead_percent_of_means"] == pytest.approx(20.0)  # (130 - 104) / 130
 
 
 def test_memory_per_batch_and_the_study_table(recorded_runs):
@@ -152,7 +277,8 @@ def test_memory_per_batch_and_the_study_table(recorded_runs):
     assert list(table1["ranks"]) == [1, 2] and set(table1["mode"]) == {"horovod"}
     markdown = markdown_summary(tables)
     assert re.search(r"^\|\s+ranks \| mode\s+\| data\s+\|", markdown, re.M)
-    assert "### Container overhead vs bare metal (%)" in markdown and "_none_" in markdown
+    assert "### Container overhead vs bare metal (% of the means, Fieller 95% interval)" in markdown
+    assert "_none_" in markdown
 
 
 def test_corrupt_and_truncated_records_are_reported_and_skipped(recorded_runs, tmp_path):

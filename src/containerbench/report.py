@@ -151,17 +151,18 @@ def network_plot(netbench: pd.DataFrame) -> str | None:
 
 
 def overhead_plot(overhead: pd.DataFrame) -> str | None:
-    measured = overhead.dropna(subset=["overhead_percent"]) if not overhead.empty else overhead
+    measured = overhead.dropna(subset=["overhead_percent_of_means"]) if not overhead.empty else overhead
     if measured.empty:
         return None
     labels = [f"{r.runtime} / {r.fabric}\n{r.ranks} rank(s), b{r.batch_size}" for r in measured.itertuples()]
-    low = (measured["overhead_percent"] - measured["overhead_ci95_low"]).fillna(0)
-    high = (measured["overhead_ci95_high"] - measured["overhead_percent"]).fillna(0)
+    low = (measured["overhead_percent_of_means"] - measured["overhead_ci95_low"]).fillna(0)
+    high = (measured["overhead_ci95_high"] - measured["overhead_percent_of_means"]).fillna(0)
     figure, axis = plt.subplots(figsize=(max(6, 1.6 * len(measured)), 4.5))
-    axis.bar(range(len(measured)), measured["overhead_percent"], yerr=[low, high], capsize=5, color="#7986cb")
+    axis.bar(range(len(measured)), measured["overhead_percent_of_means"], yerr=[low, high], capsize=5, color="#7986cb")
     axis.axhline(0, color="black", linewidth=0.8)
     axis.set_xticks(range(len(measured)), labels, fontsize=8, rotation=20, ha="right")
-    axis.set(ylabel="overhead vs bare metal (%)\n(bars: 95% CI; > 0 = slower)", title="Container overhead")
+    axis.set(ylabel="overhead vs bare metal (% of the means)\n(bars: Fieller 95% CI; > 0 = slower)",
+             title="Container overhead")
     axis.grid(alpha=0.3, axis="y")
     return _png(figure)
 
@@ -235,21 +236,39 @@ RUN_COLUMNS = {
     "transport": "what the logs show", "cpu_utilisation_percent": "CPU busy %",
     "foreign_cpu_percent": "others' CPU %", "traffic_check": "traffic check", "hosts": "hosts",
 }
+# Each comparison is computed from the means of the repetitions; the column names say so, and the
+# medians stand beside them for reading.
 OVERHEAD_COLUMNS = {
     "runtime": "runtime", "fabric": "fabric", "ranks": "ranks", "batch_size": "batch/rank",
-    "bare_metal_median": "bare metal img/s", "runtime_median": "runtime img/s", "overhead_percent": "overhead %",
-    "overhead_ci95_low": "95% CI low", "overhead_ci95_high": "95% CI high", "significance": "significance",
-    "startup_overhead_s": "start-up +s", "note": "note",
+    "bare_metal_runs": "bare metal runs", "runtime_runs": "runtime runs",
+    "bare_metal_median": "bare metal img/s median", "runtime_median": "runtime img/s median",
+    "bare_metal_mean": "bare metal img/s mean", "runtime_mean": "runtime img/s mean",
+    "overhead_percent_of_means": "overhead % (of means)", "overhead_ci95_low": "95% CI low",
+    "overhead_ci95_high": "95% CI high", "significance": "significance", "startup_overhead_s": "start-up +s",
+    "note": "note",
 }
 FABRIC_COLUMNS = {"runtime": "runtime", "ranks": "ranks", "batch_size": "batch/rank", "faster_fabric": "faster",
-                  "slower_fabric": "slower", "ratio": "ratio"}
+                  "slower_fabric": "slower", "faster_runs": "faster runs", "slower_runs": "slower runs",
+                  "faster_median": "faster img/s median", "slower_median": "slower img/s median",
+                  "faster_mean": "faster img/s mean", "slower_mean": "slower img/s mean",
+                  "ratio_of_means": "ratio (of means)", "ratio_ci95_low": "95% CI low",
+                  "ratio_ci95_high": "95% CI high", "significance": "significance"}
 MODE_COLUMNS = {"runtime": "runtime", "fabric": "fabric", "data": "data", "ranks": "ranks", "batch_size": "batch/rank",
-                "mode": "mode", "horovod_median": "horovod img/s", "horovod_cv_percent": "horovod CV %",
-                "mode_median": "mode img/s", "mode_cv_percent": "mode CV %", "ratio_to_horovod": "ratio to horovod",
+                "mode": "mode", "horovod_runs": "horovod runs", "mode_runs": "mode runs",
+                "horovod_median": "horovod img/s median", "mode_median": "mode img/s median",
+                "horovod_mean": "horovod img/s mean", "mode_mean": "mode img/s mean",
+                "horovod_cv_percent": "horovod CV %", "mode_cv_percent": "mode CV %",
+                "ratio_to_horovod_of_means": "ratio to horovod (of means)", "ratio_ci95_low": "95% CI low",
+                "ratio_ci95_high": "95% CI high", "significance": "significance",
+                "communication_overhead_percent_of_means": "communication overhead % (of means)",
+                "communication_overhead_ci95_low": "its 95% CI low", "communication_overhead_ci95_high": "its 95% CI high",
                 "note": "note"}
 INPUT_COLUMNS = {"runtime": "runtime", "fabric": "fabric", "mode": "mode", "ranks": "ranks", "batch_size": "batch/rank",
-                 "synthetic_median": "synthetic img/s", "real_median": "real img/s",
-                 "input_overhead_percent": "input overhead %"}
+                 "synthetic_runs": "synthetic runs", "real_runs": "real runs",
+                 "synthetic_median": "synthetic img/s median", "real_median": "real img/s median",
+                 "synthetic_mean": "synthetic img/s mean", "real_mean": "real img/s mean",
+                 "input_overhead_percent_of_means": "input overhead % (of means)", "input_overhead_ci95_low": "95% CI low",
+                 "input_overhead_ci95_high": "95% CI high", "significance": "significance"}
 MEMORY_COLUMNS = {"runtime": "runtime", "model": "model", "image_size": "image px", "precision": "precision",
                   "batch_size": "batch/rank", "peak_host_memory_gib": "peak host GiB/rank",
                   "peak_gpu_memory_gib": "peak GPU GiB/rank", "runs": "runs"}

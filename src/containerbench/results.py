@@ -13,6 +13,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from containerbench.config import point_id_of
+from containerbench.intervals import RatioInterval, ratio_interval, t_quantile
+from containerbench.provenance import difference as provenance_difference
 from containerbench.records import load_records
 
 # A sweep point: runs that differ only in repetition.
@@ -88,24 +91,18 @@ def _ok_runs(runs: pd.DataFrame) -> pd.DataFrame:
     return runs[runs["status"] == "ok"]
 
 
-def _t_quantile(probability: float, dof: float) -> float:
-    """Student's t quantile. scipy.stats is imported here, when a table needs it: the workflow
-    imports this module to declare TABLE_FILES, and scipy.stats alone takes 0.4 s to import."""
-    from scipy import stats
-
-    return stats.t.ppf(probability, dof)
-
-
 def _ci95(values: pd.Series) -> tuple[float, float]:
     n = values.count()
     if n < 2:
         return np.nan, np.nan
-    half = _t_quantile(0.975, n - 1) * values.std(ddof=1) / np.sqrt(n)
+    half = t_quantile(0.975, n - 1) * values.std(ddof=1) / np.sqrt(n)
     return values.mean() - half, values.mean() + half
 
 
-def summary_table(runs: pd.DataFrame) -> pd.DataFrame:
-    """One row per sweep point: repetitions, spread, and scaling vs the fewest ranks."""
+def summary_table(runs: pd.DataFrame, stops: dict[str, str] | None = None) -> pd.DataFrame:
+    """One row per sweep point: repetitions, spread, and scaling vs the fewest ranks. With `stops`
+    (point id -> why its repetitions stopped, from the rounds of `repetitions: auto`), a
+    repetitions_stop column says it."""
     if runs.empty:
         return pd.DataFrame()
     ok = _ok_runs(runs)
@@ -129,6 +126,7 @@ def summary_table(runs: pd.DataFrame) -> pd.DataFrame:
             "per_rank_median": rates.median() / point[POINT.index("ranks")],
             "rank_spread_percent_median": good["rank_spread_percent"].median(),
             "startup_s_median": good["startup_s"].median(),
+            **({"repetitions_stop": stops.get(point_id_of(group["run_id"].iloc[0]))} if stops is not None else {}),
         })
     summary = pd.DataFrame(rows)
     summary["speedup"] = np.nan
@@ -144,107 +142,114 @@ def summary_table(runs: pd.DataFrame) -> pd.DataFrame:
     return summary
 
 
-def provenance_difference(a: dict | None, b: dict | None) -> str | None:
-    """Name what differs between two provenance blocks, or None if they match."""
-    if not a or not b:
-        return "provenance missing"
-    if a.get("hash") == b.get("hash"):
-        return None
-    if a.get("code_sha256") != b.get("code_sha256"):
-        return "benchmark code differs"
-    if a.get("python") != b.get("python"):
-        return f"python {a.get('python')} vs {b.get('python')}"
-    packages_a, packages_b = a.get("packages", {}), b.get("packages", {})
-    differing = [f"{name} {packages_a.get(name, 'absent')} vs {packages_b.get(name, 'absent')}"
-                 for name in sorted(set(packages_a) | set(packages_b)) if packages_a.get(name) != packages_b.get(name)]
-    return "packages differ: " + ", ".join(differing) if differing else "provenance hash differs"
+def _basis(side: str, rates: pd.Series) -> dict:
+    """What a comparison is computed from, shown with it: count, mean (the figures) and median (for reading)."""
+    return {f"{side}_runs": int(rates.count()), f"{side}_median": rates.median(), f"{side}_mean": rates.mean()}
+
+
+def _ratio_columns(name: str, interval: RatioInterval) -> dict:
+    return {f"{name}_of_means": interval.ratio, "ratio_ci95_low": interval.low, "ratio_ci95_high": interval.high,
+            "significance": interval.significance()}
+
+
+def _overhead_columns(name: str, interval: RatioInterval) -> dict:
+    """How much slower a side is than its reference, in percent: 100 * (1 - R) and its interval, from
+    Fieller's interval of R = mean(side) / mean(reference); the interval turns over with the sign."""
+    return {f"{name}_percent_of_means": 100 * (1 - interval.ratio),
+            f"{name}_ci95_low": 100 * (1 - interval.high), f"{name}_ci95_high": 100 * (1 - interval.low)}
 
 
 def overhead_table(runs: pd.DataFrame, provenance: dict[str, dict]) -> pd.DataFrame:
-    """Each runtime's cost relative to bare metal at the same point, with a Welch 95% interval.
+    """Each runtime's cost relative to bare metal at the same point, with Fieller's 95% interval.
 
-    (bare - runtime) / bare in percent: positive means the container is slower.
-    Refused, with the differing field named, when the two did not run the same
-    benchmark (provenance hashes differ).
+    (bare - runtime) / bare in percent of the means of the repetitions, 100 * (1 - R)
+    with R = runtime mean / bare-metal mean; its interval is 1 - Fieller's interval of
+    R (intervals.ratio_interval), so the bare-metal mean's own uncertainty counts.
+    Positive means the container is slower. Counts and medians stand beside the
+    means for reading; nothing is computed from the medians. Refused, with the
+    differing field named, when the two did not run the same benchmark
+    (provenance hashes differ).
     """
-    columns = [*[c for c in POINT if c != "runtime"], "runtime", "bare_metal_median", "runtime_median",
-               "overhead_percent", "overhead_ci95_low", "overhead_ci95_high", "significance",
-               "startup_overhead_s", "note"]
+    others = [c for c in POINT if c != "runtime"]
+    columns = [*others, "runtime", "bare_metal_runs", "runtime_runs", "bare_metal_median", "runtime_median",
+               "bare_metal_mean", "runtime_mean", "overhead_percent_of_means", "overhead_ci95_low",
+               "overhead_ci95_high", "significance", "startup_overhead_s", "note"]
     ok = _ok_runs(runs)
     rows = []
-    others = [c for c in POINT if c != "runtime"]
     for point, group in ok.groupby(others, dropna=False, sort=True):
         bare = group[group["runtime"] == BASELINE_RUNTIME]
         for runtime, contained in group[group["runtime"] != BASELINE_RUNTIME].groupby("runtime"):
-            row = {**dict(zip(others, point)), "runtime": runtime, "runtime_median": contained["images_per_sec"].median()}
+            row = {**dict(zip(others, point)), "runtime": runtime, **_basis("runtime", contained["images_per_sec"])}
             if bare.empty:
                 rows.append({**row, "note": "no bare-metal baseline at this point"})
                 continue
-            row["bare_metal_median"] = bare["images_per_sec"].median()
+            row |= _basis("bare_metal", bare["images_per_sec"])
             mismatch = next((provenance_difference(provenance.get(a), provenance.get(b))
                              for a in bare["provenance"].unique() for b in contained["provenance"].unique()
                              if provenance_difference(provenance.get(a), provenance.get(b))), None)
             if mismatch:
                 rows.append({**row, "note": f"not comparable: {mismatch}"})
                 continue
-            b, r = bare["images_per_sec"], contained["images_per_sec"]
-            difference = b.mean() - r.mean()
-            row["overhead_percent"] = 100 * difference / b.mean()
+            interval = ratio_interval(contained["images_per_sec"], bare["images_per_sec"], "bare-metal")
+            row |= _overhead_columns("overhead", interval)
+            row["significance"] = interval.significance()
             row["startup_overhead_s"] = contained["startup_s"].median() - bare["startup_s"].median()
-            if b.count() >= 2 and r.count() >= 2 and b.var(ddof=1) + r.var(ddof=1) == 0:
-                # Identical repetitions on both sides: no spread to build an interval from, and a
-                # zero-width "interval" would call any difference significant.
-                row["significance"] = "n/a: no spread in either side's repetitions"
-            elif b.count() >= 2 and r.count() >= 2:
-                var_b, var_r = b.var(ddof=1) / b.count(), r.var(ddof=1) / r.count()
-                dof = (var_b + var_r) ** 2 / (var_b**2 / (b.count() - 1) + var_r**2 / (r.count() - 1)) if var_b + var_r else 1
-                half = _t_quantile(0.975, dof) * np.sqrt(var_b + var_r)
-                row["overhead_ci95_low"] = 100 * (difference - half) / b.mean()
-                row["overhead_ci95_high"] = 100 * (difference + half) / b.mean()
-                row["significance"] = ("not significant" if row["overhead_ci95_low"] <= 0 <= row["overhead_ci95_high"]
-                                       else "significant")
-            else:
-                row["significance"] = "n/a: needs 2+ repetitions each"
             rows.append(row)
     return pd.DataFrame(rows, columns=columns)
 
 
 def fabric_table(runs: pd.DataFrame) -> pd.DataFrame:
-    """Throughput ratio of each pair of fabrics at the same point, faster over slower."""
+    """Throughput ratio of each pair of fabrics at the same point: faster over slower, of the means of
+    the repetitions, with Fieller's 95% interval ("significant": it leaves out 1)."""
     others = [c for c in POINT if c != "fabric"]
-    columns = [*others, "faster_fabric", "slower_fabric", "faster_median", "slower_median", "ratio"]
-    medians = _ok_runs(runs).groupby([*others, "fabric"], dropna=False)["images_per_sec"].median().reset_index()
+    columns = [*others, "faster_fabric", "slower_fabric", "faster_runs", "slower_runs", "faster_median",
+               "slower_median", "faster_mean", "slower_mean", "ratio_of_means", "ratio_ci95_low", "ratio_ci95_high",
+               "significance"]
     rows = []
-    for point, group in medians.groupby(others, dropna=False, sort=True):
-        ranked = group.sort_values("images_per_sec", ascending=False).to_dict("records")
+    for point, group in _ok_runs(runs).groupby(others, dropna=False, sort=True):
+        rates = dict(list(group.groupby("fabric", dropna=False)["images_per_sec"]))
+        ranked = sorted(rates, key=lambda fabric: rates[fabric].mean(), reverse=True)
         for i, fast in enumerate(ranked):
             for slow in ranked[i + 1:]:
-                rows.append({**dict(zip(others, point)), "faster_fabric": fast["fabric"], "slower_fabric": slow["fabric"],
-                             "faster_median": fast["images_per_sec"], "slower_median": slow["images_per_sec"],
-                             "ratio": fast["images_per_sec"] / slow["images_per_sec"]})
+                rows.append({**dict(zip(others, point)), "faster_fabric": fast, "slower_fabric": slow,
+                             **_basis("faster", rates[fast]), **_basis("slower", rates[slow]),
+                             **_ratio_columns("ratio", ratio_interval(rates[fast], rates[slow], slow))})
     return pd.DataFrame(rows, columns=columns)
 
 
-def modes_table(runs: pd.DataFrame) -> pd.DataFrame:
-    """Each distribution mode beside Horovod at the same point: medians, spread and their ratio.
+# The benchmark mode in which every rank trains alone: the compute-only bound of the others.
+LOCAL_MODE = "local"
 
-    The ratio is mode / horovod (above 1: faster than Horovod); the CV of each
-    side says how far the ratio can be trusted.
+
+def modes_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """Each distribution mode beside Horovod at the same point.
+
+    ratio_to_horovod_of_means = mean(mode) / mean(horovod) over the repetitions (above 1:
+    faster than Horovod), with Fieller's 95% interval; medians and CVs stand beside it.
+    For the `local` mode (no gradient exchange), communication_overhead_percent_of_means
+    = 100 * (1 - horovod / local): what exchanging gradients costs, with its interval.
     """
     others = [c for c in POINT if c != "mode"]
-    columns = [*others, "mode", "horovod_median", "horovod_cv_percent", "mode_median", "mode_cv_percent",
-               "ratio_to_horovod", "note"]
+    columns = [*others, "mode", "horovod_runs", "mode_runs", "horovod_median", "mode_median", "horovod_mean",
+               "mode_mean", "horovod_cv_percent", "mode_cv_percent", "ratio_to_horovod_of_means", "ratio_ci95_low",
+               "ratio_ci95_high", "significance", "communication_overhead_percent_of_means",
+               "communication_overhead_ci95_low", "communication_overhead_ci95_high", "note"]
     ok = _ok_runs(runs)
     rows = []
     for point, group in ok.groupby(others, dropna=False, sort=True):
         horovod = group.loc[group["mode"] == "horovod", "images_per_sec"]
         for mode, rates in group[group["mode"] != "horovod"].groupby("mode")["images_per_sec"]:
-            row = {**dict(zip(others, point)), "mode": mode, "mode_median": rates.median(), "mode_cv_percent": _cv(rates)}
+            row = {**dict(zip(others, point)), "mode": mode, **_basis("mode", rates), "mode_cv_percent": _cv(rates)}
             if horovod.empty:
                 rows.append({**row, "note": "no horovod run at this point"})
                 continue
-            rows.append({**row, "horovod_median": horovod.median(), "horovod_cv_percent": _cv(horovod),
-                         "ratio_to_horovod": rates.median() / horovod.median()})
+            row |= {**_basis("horovod", horovod), "horovod_cv_percent": _cv(horovod),
+                    **_ratio_columns("ratio_to_horovod", ratio_interval(rates, horovod, "horovod"))}
+            if mode == LOCAL_MODE:
+                # Fieller's set for horovod / local is the inverse of the set for local / horovod
+                # (same inequality, same degrees of freedom): the same interval, turned over.
+                row |= _overhead_columns("communication_overhead", ratio_interval(horovod, rates, LOCAL_MODE))
+            rows.append(row)
     return pd.DataFrame(rows, columns=columns)
 
 
@@ -253,15 +258,22 @@ def _cv(rates: pd.Series) -> float:
 
 
 def input_overhead_table(runs: pd.DataFrame) -> pd.DataFrame:
-    """(synthetic - real) / synthetic in percent at the same point: the cost of reading real data."""
+    """(synthetic - real) / synthetic in percent of the means at the same point: the cost of reading
+    real data, with its interval from Fieller's interval of real / synthetic."""
     others = [c for c in POINT if c != "data"]
-    medians = _ok_runs(runs).pivot_table(index=others, columns="data", values="images_per_sec", aggfunc="median")
-    if not {"synthetic", "real"} <= set(medians.columns):
-        return pd.DataFrame(columns=[*others, "synthetic_median", "real_median", "input_overhead_percent"])
-    paired = medians.dropna(subset=["synthetic", "real"]).reset_index()
-    paired = paired.rename(columns={"synthetic": "synthetic_median", "real": "real_median"})
-    paired["input_overhead_percent"] = 100 * (paired["synthetic_median"] - paired["real_median"]) / paired["synthetic_median"]
-    return paired[[*others, "synthetic_median", "real_median", "input_overhead_percent"]]
+    columns = [*others, "synthetic_runs", "real_runs", "synthetic_median", "real_median", "synthetic_mean",
+               "real_mean", "input_overhead_percent_of_means", "input_overhead_ci95_low", "input_overhead_ci95_high",
+               "significance"]
+    rows = []
+    for point, group in _ok_runs(runs).groupby(others, dropna=False, sort=True):
+        synthetic = group.loc[group["data"] == "synthetic", "images_per_sec"]
+        real = group.loc[group["data"] == "real", "images_per_sec"]
+        if synthetic.empty or real.empty:
+            continue
+        interval = ratio_interval(real, synthetic, "synthetic")
+        rows.append({**dict(zip(others, point)), **_basis("synthetic", synthetic), **_basis("real", real),
+                     **_overhead_columns("input_overhead", interval), "significance": interval.significance()})
+    return pd.DataFrame(rows, columns=columns)
 
 
 def memory_table(runs: pd.DataFrame) -> pd.DataFrame:
@@ -332,23 +344,23 @@ def markdown_summary(tables: dict[str, pd.DataFrame]) -> str:
     """The headline tables as Markdown, for pasting into a ticket."""
     summary = tables["summary"]
     headline = summary[[c for c in ("runtime", "fabric", "mode", "data", "nodes", "ranks", "batch_size", "repetitions",
-                                    "images_per_sec_median", "cv_percent", "scaling_efficiency_percent")
+                                    "images_per_sec_median", "cv_percent", "scaling_efficiency_percent", "repetitions_stop")
                         if c in summary]] if not summary.empty else summary
     sections = [
         ("Throughput (images/s, median over repetitions)", headline),
-        ("Container overhead vs bare metal (%)", tables["overhead"]),
-        ("Interconnects (throughput ratio)", tables["fabrics"]),
-        ("Distribution modes (ratio to Horovod)", tables["modes"]),
-        ("Input overhead (%)", tables["input"]),
+        ("Container overhead vs bare metal (% of the means, Fieller 95% interval)", tables["overhead"]),
+        ("Interconnects (ratio of mean throughputs, Fieller 95% interval)", tables["fabrics"]),
+        ("Distribution modes (ratio of means to Horovod, Fieller 95% interval)", tables["modes"]),
+        ("Input overhead (% of the means, Fieller 95% interval)", tables["input"]),
         ("Table 1 (ranks, mode, data, images/s)", tables["table1"]),
         ("Failed, invalid, disturbed and unreadable runs", tables["failures"]),
     ]
     return "\n\n".join(f"### {title}\n\n{_markdown(frame)}" for title, frame in sections) + "\n"
 
 
-def build_tables(records: list[dict], problems=()) -> dict[str, pd.DataFrame]:
+def build_tables(records: list[dict], problems=(), stops: dict[str, str] | None = None) -> dict[str, pd.DataFrame]:
     runs = runs_table(records)
-    summary = summary_table(runs)
+    summary = summary_table(runs, stops)
     provenance = {(r["result"].get("provenance") or {}).get("hash"): r["result"].get("provenance")
                   for r in records if r.get("kind") == "train" and r.get("result")}
     return {
@@ -372,12 +384,12 @@ TABLES = ("runs", "summary", "overhead", "fabrics", "modes", "input", "memory", 
 TABLE_FILES = {**{name: f"{name}.csv" for name in TABLES}, "table1_md": "table1.md", "summary_md": "summary.md"}
 
 
-def write_tables(record_paths, out_dir: str | Path) -> dict[str, pd.DataFrame]:
+def write_tables(record_paths, out_dir: str | Path, stops: dict[str, str] | None = None) -> dict[str, pd.DataFrame]:
     """Every table as OUT_DIR/<name>.csv, plus table1.md and summary.md (TABLE_FILES)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     records, problems = load_records(record_paths)
-    tables = build_tables(records, problems)
+    tables = build_tables(records, problems, stops)
     for name in TABLES:
         tables[name].to_csv(out_dir / TABLE_FILES[name], index=False, float_format="%.6g")
     (out_dir / TABLE_FILES["table1_md"]).write_text(_markdown(tables["table1"]) + "\n")
