@@ -183,3 +183,46 @@ def test_slurm_settings_become_the_executor_plugins_resources(tmp_path):
     # Only what is set: the embedded default asks for nothing but time and CPUs (exclusive is on by default).
     default = tiny_config(tmp_path)["slurm"]
     assert slurm.job_resources(default) == {"runtime": 60, "cpus_per_task": 1, "slurm_extra": "--exclusive"}
+
+
+AUTO = {"repetitions": "auto", "target_ci_percent": 2}
+
+
+@pytest.mark.parametrize("benchmark,message", [
+    ({"repetitions": "auto"},
+     "config: 'benchmark.target_ci_percent' is required with benchmark.repetitions auto; allowed: a number above 0"),
+    ({**AUTO, "target_ci_percent": 0},
+     "config: 'benchmark.target_ci_percent' = 0 is not allowed; allowed: exclusiveMinimum: 0"),
+    ({**AUTO, "min_repetitions": 5, "max_repetitions": 4},
+     "config: 'benchmark.max_repetitions' = 4 is below 'benchmark.min_repetitions' = 5; allowed: at least 5"),
+    ({**AUTO, "min_repetitions": 1}, "config: 'benchmark.min_repetitions' = 1 is not allowed; allowed: minimum 2"),
+    ({"repetitions": "many"},
+     "config: 'benchmark.repetitions' = 'many' is not allowed; allowed: type integer minimum 1, or 'auto'"),
+], ids=["no target", "target 0", "max below min", "min 1", "not a number"])
+def test_bad_auto_repetitions_are_refused_in_one_line_naming_the_key(tmp_path, benchmark, message):
+    with pytest.raises(cb_config.ConfigError) as caught:
+        tiny_config(tmp_path, benchmark=benchmark)
+    assert str(caught.value).startswith(message) and "\n" not in str(caught.value)
+
+
+def test_auto_repetitions_plan_every_run_up_to_the_most_and_first_the_fewest(tmp_path):
+    config = tiny_config(tmp_path, benchmark={**AUTO, "max_repetitions": 5})
+    assert cb_config.repetition_bounds(config["benchmark"]) == (3, 5)  # min_repetitions defaults to 3
+    runs = cb_config.plan_runs(config)
+    train = [r for r in runs if r.kind == "train"]
+    # Still repetition-major: each point's next repetition before any point's following one.
+    assert [(r.repetition, r.ranks) for r in train] == [(rep, n) for rep in range(1, 6) for n in (1, 2)]
+    assert {r.point_id for r in train} == {"train_bare-metal_tcp-loopback_1x1_b2", "train_bare-metal_tcp-loopback_1x2_b2"}
+    assert all(cb_config.point_id_of(r.run_id) == r.point_id for r in runs)
+    first = cb_config.first_runs(config, runs)
+    assert [r.run_id for r in first if r.kind == "train"] == [r.run_id for r in train if r.repetition <= 3]
+    # Netbench keeps its own fixed count.
+    assert [r.run_id for r in first if r.kind == "netbench"] == ["netbench_bare-metal_tcp-loopback_1x2_rep1"]
+
+
+def test_numeric_repetitions_plan_as_before(tmp_path):
+    config = tiny_config(tmp_path, benchmark={"repetitions": 4})
+    runs = cb_config.plan_runs(config)
+    assert cb_config.repetition_bounds(config["benchmark"]) == (4, 4)
+    assert cb_config.first_runs(config, runs) == runs
+    assert max(r.repetition for r in runs) == 4 and len(runs) == 4 * 2 + 1

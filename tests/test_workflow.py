@@ -138,6 +138,8 @@ def test_lint_finds_only_the_explained_warning(tmp_path):
     ({"benchmark": {"stepz": 3}}, "containerbench: config: unknown key 'stepz' in 'benchmark'; known keys: batch_sizes,"),
     ({"images": {"podman": {"write_fake": True}}},
      "containerbench: config: runtime 'podman': unknown option 'write_fake' in images.podman; allowed: image, "),
+    ({"benchmark": {"repetitions": "auto"}},
+     "containerbench: config: 'benchmark.target_ci_percent' is required with benchmark.repetitions auto; allowed: "),
 ])
 def test_bad_config_stops_before_any_job_with_one_line(tmp_path, override, expected):
     bad = tmp_path / "bad.yaml"
@@ -175,7 +177,7 @@ def test_the_workflow_runs_end_to_end_and_then_has_nothing_to_do(tmp_path):
     assert summary.loc[0, "scaling_efficiency_percent"] == 100.0
 
     report = (results / "report.html").read_text()
-    assert report.count('src="data:image/png;base64,') == 2  # throughput/scaling, network curves
+    assert report.count('src="data:image/png;base64,') == 3  # throughput/scaling, network curves, CPU and traffic
     assert "img/s median" in report and "scaling eff. %" in report and "Ping-pong" in report
     assert "0 failed" in report
 
@@ -219,3 +221,78 @@ def test_the_workflow_runs_end_to_end_and_then_has_nothing_to_do(tmp_path):
     judged = snakemake(tmp_path, "validate", *configs, str(overlay))
     assert judged.returncode == 1
     assert (results / "validation.txt").read_text().splitlines()[-1].startswith("VERDICT: FAIL")
+
+
+def round_files(results) -> list[dict]:
+    return sorted((json.loads(path.read_text()) for path in (results / "rounds").glob("round-*.json")),
+                  key=lambda decision: decision["round"])
+
+
+def measured(results) -> dict[str, list[int]]:
+    """point id -> the repetitions whose raw log is there."""
+    found = {}
+    for log in sorted((results / "runs").glob("*.log")):
+        point, repetition = log.stem.rsplit("_rep", 1)
+        found.setdefault(point, []).append(int(repetition))
+    return {point: sorted(reps) for point, reps in found.items()}
+
+
+@pytest.mark.slow
+def test_auto_repetitions_add_rounds_until_the_target_or_the_most_without_measuring_a_run_twice(tmp_path):
+    # Two cheap points (1 rank, two batch sizes), so that the rounds have runs to interleave.
+    auto = {**TINY, "scaling": {"nodes": [1], "ranks_per_node": [1]}, "netbench": {"enabled": False},
+            "benchmark": {**TINY["benchmark"], "batch_sizes": [2, 4], "repetitions": "auto", "target_ci_percent": 50,
+                          "min_repetitions": 2, "max_repetitions": 4}}
+    (tmp_path / "auto.yaml").write_text(yaml.safe_dump(auto))
+    configs = ["--configfile", str(ROOT / "config" / "config.yaml"), str(tmp_path / "auto.yaml")]
+    planned = snakemake(tmp_path, *configs, "--dry-run")
+    assert planned.returncode == 0, planned.stderr[-3000:]
+    # Only the minimum is planned up front, and the cost estimate says the most.
+    assert job_counts(planned.stdout)["measure_rep1"] == 2 and job_counts(planned.stdout)["measure_rep2"] == 2
+    assert "measure_rep3" not in job_counts(planned.stdout)
+    assert "  repetitions  auto: 2 per train point counted above, more until the 95% interval of the mean is " \
+           "within +-50%; at most 4 each: 8 measurement jobs" in planned.stderr
+
+    done = snakemake(tmp_path, *configs)
+    assert done.returncode == 0, done.stderr[-4000:]
+    results = tmp_path / "results"
+    rounds, runs = round_files(results), measured(results)
+    assert len(runs) == 2 and [decision["round"] for decision in rounds] == list(range(2, len(rounds) + 2))
+    # Each round sent on exactly the points whose interval was wider than the target, while they could go on.
+    for decision in rounds:
+        for point, entry in decision["points"].items():
+            if entry["repetitions"] != decision["round"]:
+                continue  # stopped in an earlier round, carried over
+            if entry["stop"] is None:
+                assert entry["ci95_percent"] is None or entry["ci95_percent"] > 50
+                assert f"{point}_rep{decision['round'] + 1}" in decision["next"]
+            elif entry["stop"].startswith("target reached: "):
+                assert entry["ci95_percent"] <= 50 and entry["stop"] == f"target reached: ci95 +-{entry['ci95_percent']:.3g}%"
+            else:
+                assert decision["round"] == 4 and entry["stop"].startswith("max_repetitions (4) reached: ci95 ")
+    stops = rounds[-1]["points"]
+    assert rounds[-1]["next"] == [] and runs == {point: list(range(1, stops[point]["repetitions"] + 1)) for point in stops}
+    # Every point's next repetition ran before any point's following one.
+    records = [json.loads(path.read_text()) for path in (results / "runs").glob("*.json")]
+    order = [r["spec"]["repetition"] for r in sorted(records, key=lambda record: record["started_unix"])]
+    assert order == sorted(order)
+    summary = pd.read_csv(results / "summary.csv")
+    assert sorted(summary["repetitions_stop"]) == sorted(entry["stop"] for entry in stops.values())
+    assert sorted(summary["repetitions"]) == sorted(entry["repetitions"] for entry in stops.values())
+
+    # An impossible target: the rounds are decided again, no finished run is measured again, and every
+    # point goes on to max_repetitions, which the summary says.
+    before = {log.name: log.stat().st_mtime_ns for log in (results / "runs").glob("*.log")}
+    (tmp_path / "strict.yaml").write_text(yaml.safe_dump({"benchmark": {"target_ci_percent": 0.01}}))
+    strict = [*configs, str(tmp_path / "strict.yaml")]
+    again = snakemake(tmp_path, *strict)
+    assert again.returncode == 0, again.stderr[-4000:]
+    assert {name: (results / "runs" / name).stat().st_mtime_ns for name in before} == before
+    assert measured(results) == {point: [1, 2, 3, 4] for point in runs}
+    summary = pd.read_csv(results / "summary.csv")
+    assert list(summary["repetitions"]) == [4, 4]
+    assert all(stop.startswith("max_repetitions (4) reached: ci95 +-") for stop in summary["repetitions_stop"])
+
+    # Nothing left to do: a dry run says so.
+    idle = snakemake(tmp_path, *strict, "--dry-run")
+    assert idle.returncode == 0 and "Nothing to be done" in idle.stdout + idle.stderr

@@ -17,7 +17,16 @@ from containerbench import config as cb_config
 
 
 def cmd_plan(args) -> int:
-    from containerbench.launch import estimate, format_estimate, one_node_jobs, prepare, sweep_records
+    from containerbench.launch import (
+        estimate,
+        first_plans,
+        format_estimate,
+        format_most,
+        most_estimate,
+        one_node_jobs,
+        prepare,
+        sweep_records,
+    )
 
     if args.records and not args.estimate:
         raise cb_config.ConfigError("plan: --records is read only with --estimate")
@@ -28,9 +37,14 @@ def cmd_plan(args) -> int:
         if args.run_id and args.run_id not in sweep.plans:
             raise cb_config.ConfigError(f"plan: --run-id {args.run_id!r} is not a run of this sweep")
         records, source = sweep_records(config, args.records)
-        plans = [plan for run_id, plan in sweep.plans.items() if not args.run_id or run_id == args.run_id]
+        # With repetitions auto: the minimum counted, and what the most would cost beside it.
+        plans = [sweep.plans[args.run_id]] if args.run_id else first_plans(sweep, config)
         cost = estimate(plans, config, records, one_node_jobs(sweep, config))
-        print(json.dumps(cost.as_dict(), sort_keys=True) if args.json else format_estimate(cost, source))
+        most = None if args.run_id else most_estimate(sweep, config, records)
+        if args.json:
+            print(json.dumps({**cost.as_dict(), **({"at_most": most.as_dict()} if most else {})}, sort_keys=True))
+        else:
+            print(format_estimate(cost, source) + (f"\n{format_most(most, config)}" if most else ""))
         return 0
     for spec in sweep.runs:
         if args.run_id and spec.run_id != args.run_id:
@@ -58,7 +72,7 @@ def cmd_launch(args) -> int:
 def cmd_parse(args) -> int:
     from containerbench.records import write_record
 
-    record = write_record(args.log, args.out)
+    record = write_record(args.log, args.out, args.telemetry)
     if record["status"] != "ok":
         print(f"containerbench: {record['run_id']} {record['status']}: {'; '.join(record['reasons'])}", file=sys.stderr)
     return 0
@@ -67,7 +81,27 @@ def cmd_parse(args) -> int:
 def cmd_tables(args) -> int:
     from containerbench.results import write_tables
 
-    write_tables(args.records, args.out_dir)
+    if args.repetition_stops:
+        from containerbench.repetitions import stops
+
+        write_tables(args.records, args.out_dir, stops(args.repetition_stops))
+    else:
+        write_tables(args.records, args.out_dir)
+    return 0
+
+
+def cmd_round(args) -> int:
+    from containerbench.repetitions import write_round
+
+    try:
+        decision = write_round(args.records, args.round, args.target_ci_percent, args.max_repetitions, args.out,
+                               args.previous)
+    except ValueError as error:
+        print(f"containerbench: round {args.round}: {error}", file=sys.stderr)
+        return 1
+    stopped = sum(entry["stop"] is not None for entry in decision["points"].values())
+    print(f"containerbench: round {args.round}: {len(decision['next'])} point(s) go on to repetition "
+          f"{args.round + 1}, {stopped} stopped")
     return 0
 
 
@@ -167,12 +201,24 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("parse", help="turn a raw log into a run record")
     p.add_argument("log")
     p.add_argument("--out", required=True)
+    p.add_argument("--telemetry", metavar="CSV", help="the run's merged samples (default: the path its launch line names)")
     p.set_defaults(func=cmd_parse)
 
     p = sub.add_parser("tables", help="aggregate run records into CSV tables")
     p.add_argument("records", nargs="*")
     p.add_argument("--out-dir", required=True)
+    p.add_argument("--repetition-stops", metavar="ROUND_JSON",
+                   help="repetitions auto: the last round's file, for the summary's repetitions_stop column")
     p.set_defaults(func=cmd_tables)
+
+    p = sub.add_parser("round", help="repetitions auto: which points need another repetition after this round")
+    p.add_argument("records", nargs="*", help="the records of repetitions 1..ROUND of the points still going")
+    p.add_argument("--round", type=int, required=True, help="the repetitions every point going has made")
+    p.add_argument("--previous", help="the previous round's file (none in the first round)")
+    p.add_argument("--target-ci-percent", type=float, required=True)
+    p.add_argument("--max-repetitions", type=int, required=True)
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=cmd_round)
 
     p = sub.add_parser("report", help="render the HTML report from the tables")
     p.add_argument("records", nargs="*")

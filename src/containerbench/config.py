@@ -46,6 +46,9 @@ def _allowed(error: jsonschema.ValidationError) -> str:
         return "required keys: " + ", ".join(schema["required"])
     if validator in ("minimum", "maximum", "minItems", "minProperties", "type", "pattern", "uniqueItems"):
         return f"{validator} {error.validator_value}"
+    if validator == "anyOf":  # e.g. benchmark.repetitions: "type integer minimum 1, or 'auto'"
+        return ", or ".join(" ".join(repr(v) if k == "const" else f"{k} {v}" for k, v in alternative.items())
+                            for alternative in error.validator_value)
     return f"{validator}: {error.validator_value}"
 
 
@@ -94,7 +97,39 @@ def validated(config: dict) -> dict:
     check(config, schema)
     for error in _filling_defaults(jsonschema.Draft202012Validator)(schema).iter_errors(config):
         raise ConfigError(f"config: {describe(error)}")  # a default the schema itself got wrong
+    check_repetitions(config["benchmark"])
     return config
+
+
+# `benchmark.repetitions: auto`: each train point runs min_repetitions, then one more repetition per
+# round until the 95% interval of its mean is within target_ci_percent of it, or max_repetitions ran
+# (containerbench.repetitions decides, workflow/rules/rounds.smk and benchmark.smk schedule the rounds).
+AUTO = "auto"
+
+
+def check_repetitions(bench: dict) -> None:
+    """What the schema cannot say about `repetitions: auto`: it needs a target, and a maximum not below the minimum."""
+    if bench["repetitions"] != AUTO:
+        return
+    if bench.get("target_ci_percent") is None:
+        raise ConfigError("config: 'benchmark.target_ci_percent' is required with benchmark.repetitions auto; "
+                          "allowed: a number above 0, the 95% interval's half-width in percent of the mean (e.g. 2)")
+    if bench["max_repetitions"] < bench["min_repetitions"]:
+        raise ConfigError(f"config: 'benchmark.max_repetitions' = {bench['max_repetitions']} is below "
+                          f"'benchmark.min_repetitions' = {bench['min_repetitions']}; "
+                          f"allowed: at least {bench['min_repetitions']}")
+
+
+def repetition_bounds(bench: dict) -> tuple[int, int]:
+    """The fewest and the most repetitions of a train point: N and N for `repetitions: N`."""
+    if bench["repetitions"] == AUTO:
+        return bench["min_repetitions"], bench["max_repetitions"]
+    return bench["repetitions"], bench["repetitions"]
+
+
+def point_id_of(run_id: str) -> str:
+    """A run's sweep point: its id without the repetition (RunSpec.point_id)."""
+    return run_id.rsplit("_rep", 1)[0]
 
 
 def merge(base: dict, overlay: dict) -> dict:
@@ -140,23 +175,30 @@ class RunSpec:
         return self.nodes * self.ranks_per_node
 
     @property
-    def run_id(self) -> str:
+    def point_id(self) -> str:
+        """The sweep point: what every repetition of this run has in common."""
         shape = f"{self.nodes}x{self.ranks_per_node}"
         batch = f"_b{self.batch_size}" if self.batch_size else ""
         # The defaults leave the id as it was: old results stay where a resumed sweep finds them.
         variant = "".join(f"_{value}" for value, default in ((self.mode, "horovod"), (self.data, "synthetic"))
                           if value != default)
-        return f"{self.kind}_{self.runtime}_{self.fabric}_{shape}{batch}{variant}_rep{self.repetition}"
+        return f"{self.kind}_{self.runtime}_{self.fabric}_{shape}{batch}{variant}"
+
+    @property
+    def run_id(self) -> str:
+        return f"{self.point_id}_rep{self.repetition}"
 
     def as_dict(self) -> dict:
         return {**asdict(self), "ranks": self.ranks, "run_id": self.run_id}
 
 
 def plan_runs(config: dict) -> list[RunSpec]:
-    """Every run of the sweep, repetition-major, so repetitions interleave the points."""
+    """Every run of the sweep, repetition-major, so repetitions interleave the points. With
+    `repetitions: auto`, every run a point may need (up to max_repetitions): the workflow asks for
+    the minimum and then what the rounds decide (first_runs)."""
     bench, scaling = config["benchmark"], config["scaling"]
     runs: list[RunSpec] = []
-    for repetition in range(1, bench["repetitions"] + 1):
+    for repetition in range(1, repetition_bounds(bench)[1] + 1):
         for runtime, fabric, nodes, per_node, batch, mode, data in itertools.product(
             config["runtimes"], config["fabrics"], scaling["nodes"], scaling["ranks_per_node"], bench["batch_sizes"],
             bench["modes"], bench["data"],
@@ -170,6 +212,13 @@ def plan_runs(config: dict) -> list[RunSpec]:
             for runtime, fabric, nodes in itertools.product(config["runtimes"], config["fabrics"], scaling["nodes"]):
                 runs.append(RunSpec("netbench", runtime, fabric, nodes, 2 if nodes == 1 else 1, repetition))
     return runs
+
+
+def first_runs(config: dict, runs: list[RunSpec]) -> list[RunSpec]:
+    """The runs made whatever the results: all of them, except with `repetitions: auto` the train
+    repetitions after min_repetitions (netbench keeps its own fixed netbench.repetitions)."""
+    fewest = repetition_bounds(config["benchmark"])[0]
+    return [run for run in runs if run.kind != "train" or run.repetition <= fewest]
 
 
 def check_runs(config: dict, runs: list[RunSpec]) -> None:

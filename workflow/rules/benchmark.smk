@@ -46,6 +46,32 @@ for repetition in REPETITIONS:
             "{params.cb} launch --log {output.log:q} --plan {params.plan:q} 2> {log:q}"
 
 
+# `benchmark.repetitions: auto`: the rounds (rounds.smk says how), each a checkpoint.
+include: "rounds.smk"
+
+
+if AUTO_REPETITIONS:
+
+    checkpoint repetition_round:
+        input:
+            unpack(round_inputs),
+        output:
+            f"{RESULTS}/rounds/round-{{round}}.json",
+        log:
+            f"{RESULTS}/logs/rounds/round-{{round}}.txt",
+        wildcard_constraints:
+            round=r"\d+",
+        params:
+            cb=CB,
+            previous=lambda wildcards, input: ["--previous", input.previous] if "previous" in input.keys() else [],
+            target=config["benchmark"].get("target_ci_percent"),
+            most=MOST_REPETITIONS,
+        localrule: True
+        shell:
+            "{params.cb} round {input.records:q} --round {wildcards.round} {params.previous:q} "
+            "--target-ci-percent {params.target} --max-repetitions {params.most} --out {output:q} > {log:q} 2>&1"
+
+
 rule parse_run:
     input:
         log=f"{RESULTS}/runs/{{run_id}}.log",

@@ -1,11 +1,14 @@
 # Records -> tables -> report. Nothing here reads a raw log.
 
-RECORDS = expand(f"{RESULTS}/runs/{{run_id}}.json", run_id=PLANS)
+RECORDS = auto_records if AUTO_REPETITIONS else expand(f"{RESULTS}/runs/{{run_id}}.json", run_id=PLANS)
+# With auto, the tables read why each point's repetitions stopped from the last round (rounds.smk).
+REPETITION_STOPS = {"stops": lambda wildcards: repetition_rounds()[1]} if AUTO_REPETITIONS else {}
 
 
 rule tables:
     input:
-        RECORDS,
+        records=RECORDS,
+        **REPETITION_STOPS,
     output:
         # Every file `containerbench tables` writes, by name (results.TABLE_FILES).
         **{name: f"{RESULTS}/{file}" for name, file in results.TABLE_FILES.items()},
@@ -14,9 +17,10 @@ rule tables:
     params:
         cb=CB,
         out_dir=lambda wildcards, output: Path(output.summary).parent,
+        stops=lambda wildcards, input: ["--repetition-stops", input.stops] if "stops" in input.keys() else [],
     localrule: True
     shell:
-        "{params.cb} tables {input:q} --out-dir {params.out_dir:q} > {log:q} 2>&1"
+        "{params.cb} tables {input.records:q} {params.stops:q} --out-dir {params.out_dir:q} > {log:q} 2>&1"
 
 
 rule report:

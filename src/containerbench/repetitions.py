@@ -1,0 +1,88 @@
+"""`benchmark.repetitions: auto`: which sweep points need another repetition.
+
+The workflow runs min_repetitions of every train point, then rounds: round r
+reads the records of repetitions 1..r of the points still going and decides,
+for each, whether the 95% interval of its mean images/s (Student's t interval,
+the summary's ci95_low..ci95_high) is within +-target_ci_percent of the mean, or
+max_repetitions ran; a point that is neither gets repetition r + 1. A round's
+file carries the points stopped earlier, so the last round says why every point
+stopped (the summary's repetitions_stop). Failed and disturbed runs count as
+repetitions made but give no figure to the interval, as in the summary.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from containerbench.config import point_id_of
+from containerbench.records import load_records
+from containerbench.results import runs_table, summary_table
+
+INTERVAL = "95% Student's t interval of the mean images/s of the ok repetitions"
+
+
+def _half_width_percent(runs) -> float:
+    """The summary's 95% interval of the mean at one point, as +- percent of that mean (nan: fewer than 2 ok runs)."""
+    row = summary_table(runs).iloc[0]
+    half = (row["ci95_high"] - row["ci95_low"]) / 2
+    return 100 * half / row["images_per_sec_mean"] if row["images_per_sec_mean"] > 0 else math.nan
+
+
+def _interval_words(half: float) -> str:
+    return f"ci95 +-{half:.3g}%" if not math.isnan(half) else "ci95 n/a (fewer than 2 ok runs)"
+
+
+def decide(records: list[dict], round_number: int, target_ci_percent: float, max_repetitions: int,
+           previous: dict | None = None) -> dict:
+    """Round `round_number`'s decision from the records of repetitions 1..round_number of the points
+    still going (all train points in the first round, else those `previous` sent on).
+
+    Returns {"round", "target_ci_percent", "max_repetitions", "interval", "points": {point id:
+    {"repetitions", "ok", "ci95_percent", "stop"}}, "next": [run ids of the next repetition]}; a point
+    whose "stop" is None goes on. Points stopped in earlier rounds are carried over unchanged."""
+    carried = {point: entry for point, entry in (previous or {}).get("points", {}).items() if entry["stop"]}
+    going = None if previous is None else {point_id_of(run_id) for run_id in previous["next"]}
+    runs = runs_table(records)
+    runs = runs.assign(point=runs["run_id"].map(point_id_of))
+    points, following = dict(carried), []
+    for point, group in runs.groupby("point", sort=True):
+        if point in carried or (going is not None and point not in going):
+            continue
+        made = int(group["repetition"].max())
+        if made != round_number:
+            raise ValueError(f"round {round_number}: point {point} has {made} repetitions, expected {round_number}")
+        half = _half_width_percent(group)
+        if half <= target_ci_percent:  # nan compares false: no interval yet, go on
+            stop = f"target reached: {_interval_words(half)}"
+        elif made >= max_repetitions:
+            stop = f"max_repetitions ({max_repetitions}) reached: {_interval_words(half)}"
+        else:
+            stop = None
+            following.append(f"{point}_rep{made + 1}")
+        points[point] = {"repetitions": made, "ok": int((group["status"] == "ok").sum()),
+                         "ci95_percent": None if math.isnan(half) else round(half, 4), "stop": stop}
+    missing = sorted((going or set()) - set(points))
+    if missing:
+        raise ValueError(f"round {round_number}: no records of {', '.join(missing)}")
+    return {"round": round_number, "target_ci_percent": target_ci_percent, "max_repetitions": max_repetitions,
+            "interval": INTERVAL, "points": dict(sorted(points.items())), "next": following}
+
+
+def write_round(record_paths, round_number: int, target_ci_percent: float, max_repetitions: int, out: str | Path,
+                previous: str | Path | None = None) -> dict:
+    """decide() on the records at `record_paths` (records.load_records), written as JSON to `out`."""
+    records, problems = load_records(record_paths)
+    if problems:
+        raise ValueError("unreadable records: " + "; ".join(f"{path}: {why}" for path, why in problems))
+    earlier = json.loads(Path(previous).read_text()) if previous else None
+    decision = decide(records, round_number, target_ci_percent, max_repetitions, earlier)
+    Path(out).write_text(json.dumps(decision, indent=1) + "\n")
+    return decision
+
+
+def stops(round_path: str | Path) -> dict[str, str]:
+    """point id -> why its repetitions stopped, from the last round's file (for results.summary_table)."""
+    points = json.loads(Path(round_path).read_text())["points"]
+    return {point: entry["stop"] for point, entry in points.items() if entry["stop"]}
