@@ -1,15 +1,19 @@
 """The real offline build of containers/Dockerfile with podman and docker, run under mpirun
-and as a Charliecloud directory, each reporting the bare-metal venv's provenance hash."""
+and as a Charliecloud directory, each reporting the bare-metal venv's provenance hash; and
+the two refusals of an environment one package apart, triggered for real: the overhead
+comparison of a real run, and the build step of a real image."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from helpers import BENCH_PYTHON, ROOT, ch_run_argv, exported, run_and_parse, tiny_config
 
@@ -17,6 +21,7 @@ from containerbench import config as cb_config
 from containerbench import images
 from containerbench.images import ImageSpec
 from containerbench.processes import run_group
+from containerbench.results import write_tables
 from containerbench.runtimes import engine_env, engine_usable
 
 pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.containers]
@@ -156,3 +161,89 @@ def test_a_container_run_that_ran_on_the_host_is_invalid(podman_image, tmp_path,
     assert on_host["reasons"] == [
         f"ran on the host, not in charliecloud: rank 0 on {process['hostname']} has the host's mount namespace "
         f"({process['context']['mnt_ns']}) and no container marker the host lacks"]
+
+
+# One distribution of TensorFlow's dependency closure at another version than the lock's:
+# termcolor is pure Python, has no dependencies and the same API in both, so the benchmark
+# runs unchanged and only the provenance tells the two environments apart.
+OTHER_TERMCOLOR = "3.2.0"
+REFUSED_TAG = "localhost/containerbench-refused-test:latest"
+
+
+@pytest.fixture(scope="module")
+def other_termcolor(tmp_path_factory, bench_python) -> dict:
+    """The locked termcolor version, and a wheel of another one downloaded from the index."""
+    locked = re.search(r"^termcolor==(\S+)$", (ROOT / "envs" / "bench.lock.txt").read_text(), re.MULTILINE)[1]
+    assert locked != OTHER_TERMCOLOR
+    dest = tmp_path_factory.mktemp("wheels")
+    subprocess.run([str(bench_python), "-m", "pip", "download", "--no-deps", "--only-binary", ":all:", "--dest",
+                    str(dest), f"termcolor=={OTHER_TERMCOLOR}"], check=True, capture_output=True, timeout=300)
+    [wheel] = dest.glob("termcolor-*.whl")
+    return {"locked": locked, "wheel": wheel}
+
+
+def site_venv(path: Path, bench_python: Path, wheel: Path) -> Path:
+    """A site's venv that differs from the bench venv by one distribution: the wheel installed in
+    its own site-packages, which come first, and the bench venv's (with their .pth files) after
+    them. Seconds and a few kB, where a copy of the 1.3 GB bench venv would take minutes."""
+    subprocess.run([str(bench_python), "-m", "venv", "--without-pip", str(path)], check=True, timeout=120)
+    [site_packages] = path.glob("lib/python3*/site-packages")
+    subprocess.run([str(bench_python), "-m", "pip", "install", "--no-deps", "--no-index", "--target",
+                    str(site_packages), str(wheel)], check=True, capture_output=True, timeout=300)
+    bench_site = subprocess.run([str(bench_python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                                capture_output=True, text=True, check=True, timeout=60).stdout.strip()
+    (site_packages / "zz-bench-venv.pth").write_text(f"import site; site.addsitedir({bench_site!r})\n")
+    return path / "bin" / "python"
+
+
+def test_a_bare_metal_venv_one_package_apart_is_not_compared(podman_image, other_termcolor, bench_python, tmp_path):
+    """bare_metal.python is a venv with another termcolor than the image's: both runs are real and
+    ok, and the overhead table shows their throughput but refuses the comparison, naming it."""
+    python = site_venv(tmp_path / "site-venv", bench_python, other_termcolor["wheel"])
+    config = tiny_config(tmp_path, runtimes=["bare-metal", "podman"], runtime_policy="require",
+                         bare_metal={"python": str(python)}, images={"podman": {"image": podman_image["tag"]}},
+                         scaling={"nodes": [1], "ranks_per_node": [1]}, netbench={"enabled": False},
+                         benchmark={"repetitions": 1})
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    records = {spec.runtime: record for spec, record in run_and_parse(cb_config.plan_runs(config), config, runs)}
+    assert {name: r["status"] for name, r in records.items()} == {"bare-metal": "ok", "podman": "ok"}, \
+        [r["reasons"] for r in records.values()]
+    bare, image = (records[name]["result"]["provenance"] for name in ("bare-metal", "podman"))
+    assert image["hash"] == podman_image["host"]["hash"] != bare["hash"]
+    assert set(bare["packages"].items()) ^ set(image["packages"].items()) == {
+        ("termcolor", OTHER_TERMCOLOR), ("termcolor", other_termcolor["locked"])}
+
+    for record in records.values():
+        (runs / f"{record['run_id']}.json").write_text(json.dumps(record))
+    write_tables(sorted(str(p) for p in runs.glob("*.json")), tmp_path / "tables")
+    [row] = pd.read_csv(tmp_path / "tables" / "overhead.csv").to_dict("records")
+    assert row["runtime"] == "podman" and row["runtime_median"] > 0 and row["bare_metal_median"] > 0
+    assert pd.isna(row["overhead_percent_of_means"])
+    assert row["note"] == f"not comparable: packages differ: termcolor {OTHER_TERMCOLOR} vs {other_termcolor['locked']}"
+
+
+def test_the_build_refuses_an_image_one_package_apart(podman_image, other_termcolor, tmp_path, capsys):
+    """The images command's real build step, given a Dockerfile that installs another termcolor over
+    the built image (offline, from the wheel in its context): refused, naming the package; neither
+    the tag nor the stamp of an earlier good build is left to claim the image is good."""
+    repo, wheel = tmp_path / "repo", other_termcolor["wheel"]
+    (repo / "containers").mkdir(parents=True)
+    shutil.copy(wheel, repo)
+    (repo / "containers" / "Dockerfile").write_text(
+        "ARG BASE_IMAGE\nFROM ${BASE_IMAGE}\n"
+        f"COPY {wheel.name} /tmp/\n"
+        f"RUN python3 -m pip install --no-cache-dir --no-index --no-deps /tmp/{wheel.name} && rm /tmp/{wheel.name}\n")
+    stamp = tmp_path / "containerbench.podman.json"
+    stamp.write_text(json.dumps(podman_image["stamp"]))
+    try:
+        assert images.main(["--engine", "podman", "--tag", REFUSED_TAG, "--repo", str(repo), "build",
+                            "--base-image", podman_image["tag"], "--stamp", str(stamp)]) == 1
+        assert capsys.readouterr().err.splitlines() == [(
+            f"containerbench.images: build: refused {REFUSED_TAG}: the provenance measured in it differs: packages "
+            f"differ: termcolor {other_termcolor['locked']} vs {OTHER_TERMCOLOR} (bench venv vs image)")]
+        assert not stamp.exists()
+        assert run_group(["podman", "image", "exists", REFUSED_TAG], timeout=120).returncode == 1
+        assert run_group(["podman", "image", "exists", podman_image["tag"]], timeout=120).returncode == 0
+    finally:
+        run_group(["podman", "rmi", "--force", REFUSED_TAG], timeout=300, capture=True)

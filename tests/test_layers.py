@@ -16,12 +16,13 @@ MODULES = sorted(path.stem for path in PACKAGE.glob("*.py") if path.stem != "__i
 # Each layer may use the layers before it, never one after it or its own (so no cycle can form).
 # The benchmark side (bench, netbench and what they use) is what the provenance hash covers.
 LAYERS = [
-    ("leaves", {"markers", "processes", "provenance", "datasets", "distribution", "fabrics", "config", "telemetry"}),
+    ("leaves", {"markers", "processes", "provenance", "datasets", "distribution", "fabrics", "config", "telemetry",
+                "intervals"}),
     ("benchmark, runtimes, Slurm, recipes, telemetry read back",
      {"bench", "netbench", "rankexec", "runtimes", "slurm", "singularity", "usage"}),
     ("images, records, the pre-flight job", {"images", "records", "preflight"}),
     ("plans and launches, tables", {"launch", "results"}),
-    ("report, validation", {"report", "validate"}),
+    ("report, validation, repetition rounds", {"report", "validate", "repetitions"}),
     ("command line", {"cli"}),
     ("python -m containerbench", {"__main__"}),
 ]

@@ -12,7 +12,7 @@ from helpers import run_and_parse, tiny_config
 from containerbench import config as cb_config
 from containerbench.config import RunSpec
 from containerbench.launch import execute, plan
-from containerbench.records import parse_log
+from containerbench.records import WEIGHT_SPREAD_TOLERANCE, Verdict, judge_batches, judge_weights, parse_log
 from containerbench.results import build_tables
 
 pytestmark = pytest.mark.slow
@@ -41,6 +41,19 @@ def mode_records(tmp_path_factory, sample):
     runs = cb_config.plan_runs(config)
     cb_config.check_runs(config, runs)
     return {(spec.mode, spec.data): record for spec, record in run_and_parse(runs, config, workdir)}
+
+
+@pytest.fixture(scope="module")
+def local_records(tmp_path_factory, sample):
+    """2 ranks in mode local (no gradient exchange), synthetic and real data: two real trainings."""
+    workdir = tmp_path_factory.mktemp("local")
+    config = tiny_config(workdir, benchmark={"modes": ["local"], "data": ["synthetic", "real"], "repetitions": 1,
+                                             "node_probe_steps": 0},
+                         scaling={"nodes": [1], "ranks_per_node": [2]}, dataset={"path": str(sample)},
+                         netbench={"enabled": False})
+    runs = cb_config.plan_runs(config)
+    cb_config.check_runs(config, runs)
+    return {spec.data: record for spec, record in run_and_parse(runs, config, workdir)}
 
 
 def test_generator_writes_imagenet_shaped_shards(sample):
@@ -80,9 +93,62 @@ def test_tables_put_modes_and_data_sources_side_by_side(mode_records):
     tables = build_tables(list(mode_records.values()))
     modes = tables["modes"]
     assert sorted(modes["mode"]) == ["collective", "collective", "parameter_server", "parameter_server"]
-    assert (modes["ratio_to_horovod"] > 0).all() and modes["note"].isna().all()
+    assert (modes["ratio_to_horovod_of_means"] > 0).all() and modes["note"].isna().all()
     inputs = tables["input"]
-    assert sorted(inputs["mode"]) == sorted(BACKENDS) and inputs["input_overhead_percent"].notna().all()
+    assert sorted(inputs["mode"]) == sorted(BACKENDS) and inputs["input_overhead_percent_of_means"].notna().all()
+
+
+@pytest.mark.parametrize("data", ["synthetic", "real"])
+def test_local_ranks_train_alone_and_the_weight_checksum_sees_them_drift_apart(local_records, data):
+    """No gradient exchange, each rank its own batches, the same start: the ranks' weights must differ,
+    and in this mode that is the expected, valid outcome."""
+    record = local_records[data]
+    assert record["status"] == "ok", (record["reasons"], record["evidence"])
+    result = record["result"]
+    assert (result["mode"], result["data"], result["ranks"]) == ("local", data, 2)
+    assert result["distribution"]["backend"] == "none: no gradient exchange"
+    assert [r["rank"] for r in result["per_rank"]] == [0, 1] and result["images_per_sec"] > 0
+    assert result["weights_identical"] is False
+    assert len({r["weights"]["sha256"] for r in result["per_rank"]}) == 2
+    # Real divergence, orders of magnitude past the rounding the averaging modes are allowed.
+    assert result["weights_max_relative_spread"] > 1000 * WEIGHT_SPREAD_TOLERANCE
+
+
+@pytest.mark.parametrize("mode", ["horovod", "collective"])
+@pytest.mark.parametrize("data", ["synthetic", "real"])
+def test_every_rank_trains_on_its_own_batches(mode_records, local_records, mode, data):
+    """Data parallel means different data per rank: synthetic batches by a seed per rank, real ones
+    by a shard per rank; the per-rank digests show it, beside the weights averaging made identical."""
+    result = mode_records[(mode, data)]["result"]
+    digests = [r["batch_digest"] for r in result["per_rank"]]
+    assert len(digests) == 2 and digests[0]["images"] != digests[1]["images"] and result["batches_distinct"] is True
+    assert result["weights_identical"] is True and result["weights_max_relative_spread"] <= WEIGHT_SPREAD_TOLERANCE
+    local = local_records[data]["result"]
+    assert local["batches_distinct"] is True
+    assert local["per_rank"][0]["batch_digest"] != local["per_rank"][1]["batch_digest"]
+
+
+def test_the_checksum_rules_judge_the_real_weights_of_each_mode(mode_records, local_records):
+    """The parser's rules applied to real results: horovod's identical weights pass and local's diverged
+    ones pass, each in its own mode; local ranks that end identical, or ranks sharing a batch, do not.
+    (The last two are this run's own per-rank parts taken twice: no 2-rank run here makes them.)"""
+    horovod, local = mode_records[("horovod", "synthetic")]["result"], local_records["synthetic"]["result"]
+    for result in (horovod, local):
+        verdict = Verdict()
+        judge_weights(result, verdict)
+        judge_batches(result, verdict)
+        assert verdict.ok, verdict.reasons
+    twice = {**local, "per_rank": [local["per_rank"][0], {**local["per_rank"][0], "rank": 1}],
+             "weights_identical": True, "weights_max_relative_spread": 0.0}
+    verdict = Verdict()
+    judge_weights(twice, verdict)
+    assert verdict.status == "invalid" and verdict.reasons[0].startswith("mode local, yet the ranks ended with the "
+                                                                         "same weights")
+    verdict = Verdict()
+    judge_batches(twice, verdict)
+    digest = local["per_rank"][0]["batch_digest"]["images"]
+    assert verdict.status == "invalid" and f"ranks 0 and 1 trained on the same batch (images digest {digest}" \
+        in verdict.reasons[0]
 
 
 def test_a_mode_the_run_cannot_do_is_a_failed_record_with_its_reason(tmp_path):

@@ -162,6 +162,12 @@ def weights_checksum(np, variables) -> dict:
     return {"sha256": digest.hexdigest()[:16], "sum": float(np.sum(sums)), "abs_sum": float(np.sum(np.abs(sums)))}
 
 
+def batch_digest(images, labels) -> dict:
+    """Short digests of one batch: ranks that trained on the same data show the same ones (records.py)."""
+    return {"images": hashlib.sha256(images.numpy().tobytes()).hexdigest()[:16],
+            "labels": hashlib.sha256(labels.numpy().tobytes()).hexdigest()[:16]}
+
+
 def local_compute_rate(tf, model, images, labels, args) -> float:
     """Images/s of forward + backward on this rank alone, no allreduce, no update.
 
@@ -231,11 +237,15 @@ def train(tf, np, mode, args, gpu_names: list[str]) -> dict:
         mine["warmup_step_s"], mine["step_s"], mine["harness_overhead_fraction"], mine["window"] = measure(
             train_step, source, args, mode.rank, per_step)
         mine["images_per_sec"] = per_step * args.steps / sum(mine["step_s"])
-        mine["probe_images_per_sec"] = mine["peak_gpu_memory_bytes"] = None
-        # The probe times this rank's own compute; a coordinator that only schedules has none.
-        if args.probe_steps and mode.measures_all_ranks:
+        mine["probe_images_per_sec"] = mine["peak_gpu_memory_bytes"] = mine["batch_digest"] = None
+        # One batch of this rank's input, outside the timed steps: the evidence that each rank had its
+        # own data, and what the probe times this rank's own compute on (a coordinator that only
+        # schedules has neither: its workers read their batches themselves).
+        if mode.measures_all_ranks:
             images, labels = next_batch(*source)
-            mine["probe_images_per_sec"] = local_compute_rate(tf, model, images, labels, args)
+            mine["batch_digest"] = batch_digest(images, labels)
+            if args.probe_steps:
+                mine["probe_images_per_sec"] = local_compute_rate(tf, model, images, labels, args)
         mine["weights"] = weights_checksum(np, model.trainable_variables)
         mine["parameters"] = int(sum(np.prod(v.shape) for v in model.trainable_variables))
         if gpu_names:
@@ -275,7 +285,11 @@ def run_result(args, mode, ranks: list[dict], gpu_names: list[str], versions: di
                       for r in ranks],
         # What one step's gradient all-reduce must move (the traffic check, records.py).
         "parameters": sum(r.get("parameters", 0) for r in measured[:1]),
-        "weights_identical": len({r["weights"]["sha256"] for r in measured}) == 1,
+        "weights_identical": len({r["weights"]["sha256"] for r in measured}) == 1,  # mode local: must be false
+        # Each rank trained on its own data (digests of one batch each); None where the ranks that
+        # measured read no batch themselves (parameter_server: the workers do).
+        "batches_distinct": (len({str(r["batch_digest"]) for r in measured}) == len(measured)
+                             if all(r.get("batch_digest") for r in measured) else None),
         "weights_max_relative_spread": (max(sums) - min(sums)) / scale,
         "gpus": gpu_names,
         "versions": versions,

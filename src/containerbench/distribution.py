@@ -5,6 +5,9 @@
 - parameter_server: TensorFlow's ParameterServerStrategy; rank 0 coordinates,
   every rank is a worker, and the parameter servers run inside worker
   processes spread over the nodes (co-located, which the CSCS study found faster).
+- local: no gradient exchange, every rank trains alone on its own batches: the
+  compute-only bound (communication overhead = 1 - horovod/local), and the run
+  whose ranks' weights must drift apart (the weight checksum is shown to catch it).
 
 Each mode gives the harness (bench.py) the same things, written down as the
 abstract class `Mode`: rank and size, a scope to build the model in, who reads
@@ -27,7 +30,7 @@ import socket
 import struct
 import time
 
-MODES = ("horovod", "collective", "parameter_server")
+MODES = ("horovod", "collective", "parameter_server", "local")
 
 
 class ModeUnsupported(RuntimeError):
@@ -60,6 +63,25 @@ def _gradients_fn(tf, model, optimizer, args, global_batch: int | None = None):
         return loss, _scaled_gradients(tape, optimizer, loss, model.trainable_variables, mixed)
 
     return tf.function(gradients, jit_compile=True) if args.xla else gradients
+
+
+def _tape_step(tf, model, optimizer, next_batch, args, exchange):
+    """One batch, its gradients through `exchange(tape)` (Horovod's all-reduce, or none), one update."""
+    mixed = args.precision == "mixed_float16"
+
+    @tf.function(jit_compile=args.xla)
+    def train_step(*source):
+        images, labels = next_batch(*source)
+        with tf.GradientTape() as tape:
+            loss = training_loss(tf, model, images, labels)
+        tape = exchange(tape)
+        gradients = _scaled_gradients(tape, optimizer, loss, model.trainable_variables, mixed)
+        update = optimizer.apply_gradients(zip(gradients, model.trainable_variables))
+        # A value ordered after the update makes the host wait for the whole step.
+        with tf.control_dependencies([update]):
+            return tf.identity(loss)
+
+    return train_step
 
 
 def interface_address(name: str) -> str:
@@ -177,21 +199,7 @@ class Horovod(_EveryRankTrains):
         return contextlib.nullcontext()
 
     def make_step(self, tf, model, optimizer, next_batch, args):
-        mixed = args.precision == "mixed_float16"
-
-        @tf.function(jit_compile=args.xla)
-        def train_step(*source):
-            images, labels = next_batch(*source)
-            with tf.GradientTape() as tape:
-                loss = training_loss(tf, model, images, labels)
-            tape = self.hvd.DistributedGradientTape(tape)
-            gradients = _scaled_gradients(tape, optimizer, loss, model.trainable_variables, mixed)
-            update = optimizer.apply_gradients(zip(gradients, model.trainable_variables))
-            # A value ordered after the update makes the host wait for the whole step.
-            with tf.control_dependencies([update]):
-                return tf.identity(loss)
-
-        return train_step
+        return _tape_step(tf, model, optimizer, next_batch, args, exchange=self.hvd.DistributedGradientTape)
 
     def start(self, model, optimizer):
         self.hvd.broadcast_variables(model.variables + optimizer.variables, root_rank=0)
@@ -206,6 +214,41 @@ class Horovod(_EveryRankTrains):
                 "controller": "mpi" if hvd.mpi_enabled() else "gloo",
                 "mpi_built": bool(hvd.mpi_built()), "gloo_built": bool(hvd.gloo_built()),
                 "nccl_built": bool(hvd.nccl_built())}
+
+
+class Local(_EveryRankTrains):
+    """Every rank trains alone: Horovod's step without the all-reduce, a plain local update.
+
+    MPI gives the ranks, starts them from rank 0's initial weights (once, before
+    the first step) and gathers the results; nothing else crosses between ranks.
+    So each rank's own batches make its weights drift from the others': a run of
+    this mode whose ranks end identical did exchange, or trained on the same data.
+    """
+
+    name = "local"
+
+    def __init__(self, args):
+        self.ranks = MpiRanks()
+        self.rank, self.size, self.local_rank = self.ranks.rank, self.ranks.size, self.ranks.local_rank
+        self.coordinator = True
+        self.measures_all_ranks = True
+
+    def scope(self):
+        return contextlib.nullcontext()
+
+    def make_step(self, tf, model, optimizer, next_batch, args):
+        return _tape_step(tf, model, optimizer, next_batch, args, exchange=lambda tape: tape)
+
+    def start(self, model, optimizer):
+        # The same start as Horovod's broadcast: the ranks' weights then differ by their training alone.
+        for variable in model.variables + optimizer.variables:
+            variable.assign(self.ranks.comm.bcast(variable.numpy() if self.rank == 0 else None, root=0))
+
+    def allgather(self, obj):
+        return self.ranks.allgather(obj)
+
+    def describe(self, gpus: bool) -> dict:
+        return {"backend": "none: no gradient exchange", "initial_weights": "broadcast from rank 0 over MPI"}
 
 
 class _TensorFlowCluster:
@@ -369,4 +412,5 @@ class ParameterServer(_TensorFlowCluster, Mode):
 
 
 def mode_for(args) -> Mode:
-    return {"horovod": Horovod, "collective": Collective, "parameter_server": ParameterServer}[args.mode](args)
+    return {"horovod": Horovod, "collective": Collective, "parameter_server": ParameterServer,
+            "local": Local}[args.mode](args)

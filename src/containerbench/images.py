@@ -36,6 +36,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
+from containerbench import provenance
 from containerbench.config import BENCH_ENVS, BenchEnv, ConfigError
 from containerbench.processes import run_group
 from containerbench.runtimes import DEFAULT_PATH, RunRequest, engine_env, host_environment
@@ -277,6 +278,11 @@ def image_digest(engine: str, tag: str, info: dict | None = None) -> str:
     return image_id if image_id.startswith("sha256:") else f"sha256:{image_id}"
 
 
+def rmi_argv(engine: str, tag: str) -> list[str]:
+    """Remove the tag (and the image, when no other tag names it)."""
+    return [engine, "rmi", tag]
+
+
 def image_run_argv(engine: str, tag: str, command: list[str]) -> list[str]:
     return [engine, "run", "--rm", "--network", "none", tag, *command]
 
@@ -286,9 +292,10 @@ def image_provenance(engine: str, tag: str, timeout: float = DEFAULT_STEP_TIMEOU
     return json.loads(run_step("provenance (image)", argv, capture=True, env=engine_env(engine), timeout=timeout).stdout)
 
 
-def build_stamp(engine: str, tag: str, host_hash: str | None = None, timeout: float = DEFAULT_STEP_TIMEOUT_S) -> dict:
+def build_stamp(engine: str, tag: str, host_hash: str | None = None, timeout: float = DEFAULT_STEP_TIMEOUT_S,
+                measured: dict | None = None) -> dict:
     info = inspect_image(engine, tag)
-    measured = image_provenance(engine, tag, timeout)
+    measured = measured or image_provenance(engine, tag, timeout)
     return {"engine": engine, "image": tag, "image_id": image_digest(engine, tag, info),
             "label_provenance": ((info.get("Config") or {}).get("Labels") or {}).get(PROVENANCE_LABEL),
             "measured_provenance": measured["hash"], "host_provenance": host_hash,
@@ -301,16 +308,28 @@ def stamp_path(engine: str) -> Path:
 
 def build_image(spec: ImageSpec, bench_python: Path = BENCH_PYTHON, stamp: Path | None = None,
                 timeout: float = DEFAULT_STEP_TIMEOUT_S) -> dict:
-    """Build, then measure the provenance inside the image; refuse an image that differs from bare metal."""
-    host_hash = host_provenance(bench_python)["hash"]
+    """Build, then measure the provenance inside the image; refuse an image that differs from bare metal:
+    name what differs, and leave neither the tag nor a stamp that would claim it is good."""
+    host = host_provenance(bench_python)
+    host_hash = host["hash"]
     spec = replace(spec, build_args={"PROVENANCE": host_hash, **spec.build_args})
     run_step(f"build ({spec.engine})", build_argv(spec), env=engine_env(spec.engine), timeout=timeout)
-    record = build_stamp(spec.engine, spec.tag, host_hash, timeout)
-    for what in ("measured_provenance", "label_provenance"):
-        if record[what] != host_hash:  # e.g. the sources changed during the build
-            raise ImageStepError(f"build: {spec.tag} has {what} {record[what]}, the bench venv {host_hash}: "
-                                 "the image holds another benchmark")
+    measured = image_provenance(spec.engine, spec.tag, timeout)
+    record = build_stamp(spec.engine, spec.tag, host_hash, timeout, measured)
     stamp = stamp or stamp_path(spec.engine)
+    if record["measured_provenance"] != host_hash:  # another lock or wheel, or the sources changed during the build
+        differs = provenance.difference(host, measured)
+        refusal = f"the provenance measured in it differs: {differs} (bench venv vs image)"
+    elif record["label_provenance"] != host_hash:
+        refusal = f"its label {PROVENANCE_LABEL} is {record['label_provenance']}, not the bench venv's {host_hash}"
+    else:
+        refusal = None
+    if refusal:
+        stamp.unlink(missing_ok=True)  # an older build's stamp would name this tag, which no longer holds it
+        untagged = run_group(rmi_argv(spec.engine, spec.tag), timeout=QUERY_TIMEOUT_S, env=engine_env(spec.engine),
+                             capture=True, stdin=subprocess.DEVNULL)
+        left = "" if untagged.returncode == 0 else f"; removing the tag failed too: {untagged.stderr.strip()[-200:]}"
+        raise ImageStepError(f"build: refused {spec.tag}: {refusal}{left}")
     stamp.parent.mkdir(parents=True, exist_ok=True)
     stamp.write_text(json.dumps(record, indent=2) + "\n")
     return record

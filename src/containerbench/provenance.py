@@ -85,5 +85,21 @@ def provenance() -> dict:
     }
 
 
+def difference(a: dict | None, b: dict | None) -> str | None:
+    """Name what differs between two provenance blocks (`a`'s value first), or None if they match."""
+    if not a or not b:
+        return "provenance missing"
+    if a.get("hash") == b.get("hash"):
+        return None
+    if a.get("code_sha256") != b.get("code_sha256"):
+        return "benchmark code differs"
+    if a.get("python") != b.get("python"):
+        return f"python {a.get('python')} vs {b.get('python')}"
+    packages_a, packages_b = a.get("packages", {}), b.get("packages", {})
+    differing = [f"{name} {packages_a.get(name, 'absent')} vs {packages_b.get(name, 'absent')}"
+                 for name in sorted(set(packages_a) | set(packages_b)) if packages_a.get(name) != packages_b.get(name)]
+    return "packages differ: " + ", ".join(differing) if differing else "provenance hash differs"
+
+
 if __name__ == "__main__":
     print(json.dumps(provenance(), indent=2))

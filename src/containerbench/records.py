@@ -125,13 +125,33 @@ def judge_against_plan(spec: dict, result: dict, verdict: Verdict) -> None:
 
 
 def judge_weights(result: dict, verdict: Verdict) -> None:
-    """Ranks that averaged their gradients end with the same weights."""
+    """Ranks that averaged their gradients end with the same weights; in mode local (no exchange,
+    each rank its own batches) they must have drifted apart."""
     if result.get("kind") != "train":
         return
     spread = result.get("weights_max_relative_spread", 0.0)
-    if not result.get("weights_identical") and spread > WEIGHT_SPREAD_TOLERANCE:
+    diverged = not result.get("weights_identical") and spread > WEIGHT_SPREAD_TOLERANCE
+    if result.get("mode") == "local":
+        if result.get("ranks", 1) > 1 and not diverged:
+            verdict.invalidate(f"mode local, yet the ranks ended with the same weights (relative spread {spread:.2e}): "
+                               "they exchanged gradients or trained on the same data")
+    elif diverged:
         verdict.invalidate(f"ranks ended with different weights (relative spread {spread:.2e}): "
                            "gradients were not averaged, this was not data-parallel training")
+
+
+def judge_batches(result: dict, verdict: Verdict) -> None:
+    """Each rank trains on its own batches: two ranks with the same batch digest were not data parallel."""
+    digests = [(r["rank"], r["batch_digest"]) for r in result.get("per_rank") or [] if r.get("batch_digest")]
+    first_with = {}
+    for rank, digest in digests:
+        key = (digest.get("images"), digest.get("labels"))
+        if key in first_with:
+            verdict.invalidate(f"ranks {first_with[key]} and {rank} trained on the same batch (images digest "
+                               f"{key[0]}, labels {key[1]}): data-parallel training on the same data is not "
+                               "data parallel")
+            return
+        first_with[key] = rank
 
 
 def check_fabric(found: LogLines, spec: dict) -> dict:
@@ -169,13 +189,16 @@ def judge_container(launch: dict, spec: dict, result: dict, verdict: Verdict) ->
                            "marker the host lacks")
 
 
-def judge_telemetry(launch: dict, found: LogLines, spec: dict, verdict: Verdict) -> dict | None:
-    """The nodes' samples of the measured window: traffic on the wrong wire invalidates, a busy machine disturbs."""
+def judge_telemetry(launch: dict, found: LogLines, spec: dict, verdict: Verdict,
+                    telemetry_file: str | Path | None = None) -> dict | None:
+    """The nodes' samples of the measured window: traffic on the wrong wire invalidates, a busy machine disturbs.
+    The samples are read from `telemetry_file`, else from where the launch line says they were merged."""
     settings = launch.get("telemetry")
-    if not settings or not Path(settings["file"]).is_file():
+    samples = telemetry_file or (settings or {}).get("file")
+    if not settings or not samples or not Path(samples).is_file():
         return None
     fabric = launch.get("fabric") or {"env": launch.get("env") or {}}
-    block = read_telemetry(settings["file"], found.result, spec, fabric, settings)
+    block = read_telemetry(samples, found.result, spec, fabric, settings)
     if block["traffic_check"]["status"] == "mismatch":
         verdict.invalidate(f"traffic: {block['traffic_check']['reason']}")
     if block["disturbed"] and settings["exclude_disturbed"]:
@@ -190,7 +213,7 @@ def startup_seconds(launch: dict, result: dict | None) -> float | None:
     return min(r["entry_unix_time"] for r in per_rank) - started if per_rank and started else None
 
 
-def parse_log(log_path: str | Path) -> dict:
+def parse_log(log_path: str | Path, telemetry_file: str | Path | None = None) -> dict:
     log_path = Path(log_path)
     raw = log_path.read_bytes()
     found = LogLines.read(raw.decode("utf-8", errors="replace").splitlines())
@@ -201,11 +224,12 @@ def parse_log(log_path: str | Path) -> dict:
     if verdict.ok:
         judge_against_plan(spec, found.result, verdict)
         judge_weights(found.result, verdict)
+        judge_batches(found.result, verdict)
         judge_container(launch, spec, found.result, verdict)
     fabric_check = check_fabric(found, spec)
     if fabric_check["status"] == "mismatch":
         verdict.invalidate(f"fabric: {fabric_check['reason']}")
-    telemetry = judge_telemetry(launch, found, spec, verdict) if found.result else None
+    telemetry = judge_telemetry(launch, found, spec, verdict, telemetry_file) if found.result else None
     evidence = None
     if verdict.status == "failed":
         evidence = evidence_line(found.lines)
@@ -235,8 +259,8 @@ def parse_log(log_path: str | Path) -> dict:
     }
 
 
-def write_record(log_path: str | Path, out: str | Path) -> dict:
-    record = parse_log(log_path)
+def write_record(log_path: str | Path, out: str | Path, telemetry_file: str | Path | None = None) -> dict:
+    record = parse_log(log_path, telemetry_file)
     Path(out).write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
     return record
 
