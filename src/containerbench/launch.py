@@ -35,7 +35,7 @@ from containerbench import markers, slurm
 from containerbench.config import RunSpec, dataset_dir
 from containerbench.fabrics import debug_environment, expected_transport
 from containerbench.images import IMAGES, check_bench_env, resolve_images
-from containerbench.processes import kill_group
+from containerbench.processes import die_with_parent, stop_session, watch_controller
 from containerbench.records import load_records
 from containerbench.runtimes import (
     RunRequest,
@@ -253,50 +253,80 @@ def _final_argv(argv: list[str]) -> list[str]:
     return argv
 
 
+class RunAbandoned(SystemExit):
+    """The workflow controller is gone, so no one will collect this run: `containerbench launch`
+    ends with this line and a non-zero status (after measure's finally), and the run's output is
+    left incomplete for the next invocation to run again (rerun-incomplete)."""
+
+
 def execute(run_plan: dict, log_path: Path, echo=sys.stdout) -> int:
     """Run the plan, copying its output to the log (and to `echo`); return its exit code.
 
     A failing benchmark is a result, not an error of the workflow: the log keeps
-    the evidence and the parser marks the record failed.
+    the evidence and the parser marks the record failed. A run whose workflow
+    controller is gone is stopped and raises RunAbandoned.
     """
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     argv = _final_argv(run_plan["argv"])
     header = {**run_plan, "argv": argv, "host": socket.gethostname(), "started_unix": time.time()}
     started = time.monotonic()
-    timed_out = threading.Event()
+    timed_out, abandoned = threading.Event(), []
     with open(log_path, "w") as log:
         log.write(markers.line(markers.LAUNCH, header))
         log.flush()
         try:
+            # Nothing of the run may outlive the workflow. Two guards, as each covers what the other
+            # cannot: if this process is killed (SIGKILL: no finally runs), the kernel signals the run
+            # (die_with_parent); if the controller is killed, this process lives on, orphaned with its
+            # job's shell, and only the watch below notices. Popen from this thread, before any other
+            # starts: the death signal follows the thread that forks, and preexec_fn is unsafe with threads.
             process = subprocess.Popen(
                 argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
                 env={**host_environment(), **run_plan["env"]}, start_new_session=True,
+                preexec_fn=die_with_parent(),  # noqa: PLW1509 (it only calls prctl, getppid, kill)
             )
         except OSError as error:
             log.write(f"containerbench: cannot start {argv[0]!r}: {error}\n")
             returncode = 127
         else:
-            def time_out():
-                timed_out.set()
-                kill_group(process.pid)
-
-            watchdog = threading.Timer(run_plan["timeout_s"], time_out)
-            watchdog.start()
-            try:
-                for line in process.stdout:
-                    log.write(line)
-                    if echo:
-                        echo.write(line)
-                returncode = process.wait()
-            finally:
-                watchdog.cancel()
-                if process.poll() is None:  # interrupted: leave no ranks behind
-                    kill_group(process.pid)
+            returncode = _follow(process, log, echo, run_plan["timeout_s"], timed_out, abandoned)
+        if abandoned:
+            log.write(f"containerbench: {abandoned[0]}: run abandoned\n")
         footer = {"returncode": returncode, "wall_s": round(time.monotonic() - started, 3),
                   "timed_out": timed_out.is_set(), "ended_unix": time.time()}
         log.write(markers.line(markers.EXIT, footer))
+    if abandoned:
+        raise RunAbandoned(f"containerbench: {run_plan['run_id']}: {abandoned[0]}: run abandoned")
     return returncode
+
+
+def _follow(process, log, echo, timeout_s: float, timed_out: threading.Event, abandoned: list) -> int:
+    """Copy the run's output until it ends; stop its whole session on a timeout, when the controller
+    is gone (its description appended to `abandoned`), when this process is interrupted, and after."""
+    def time_out():
+        timed_out.set()
+        stop_session(process.pid)
+
+    def controller_gone(what: str):
+        abandoned.append(what)
+        stop_session(process.pid)
+
+    watchdog = threading.Timer(timeout_s, time_out)
+    watchdog.start()
+    watch = watch_controller(controller_gone)
+    try:
+        for line in process.stdout:
+            log.write(line)
+            if echo:
+                echo.write(line)
+        return process.wait()
+    finally:
+        watchdog.cancel()
+        if watch:
+            watch.set()
+        # Interrupted, or a process of the run still there after it ended: none outlives the run.
+        stop_session(process.pid, grace_s=1.0)
 
 
 @dataclass
@@ -601,10 +631,35 @@ def sweep_records(config: dict, given=None) -> tuple[list[dict], str]:
     return records, source + (f" ({_plural(len(problems), 'unreadable file')} skipped)" if problems else "")
 
 
+def first_plans(sweep: Sweep, config: dict) -> list[dict]:
+    """The plans of the runs made whatever the results: every plan, except with `repetitions: auto`
+    the repetitions after the minimum, which only the rounds ask for (config.first_runs)."""
+    return [sweep.plans[run.run_id] for run in cb_config.first_runs(config, sweep.runs)]
+
+
+def most_estimate(sweep: Sweep, config: dict, records) -> Estimate | None:
+    """With `repetitions: auto`: what the sweep costs if every point runs max_repetitions (None otherwise)."""
+    if config["benchmark"]["repetitions"] != cb_config.AUTO:
+        return None
+    return estimate(sweep.plans.values(), config, records, one_node_jobs(sweep, config))
+
+
+def format_most(most: Estimate, config: dict) -> str:
+    """The line format_estimate's block gets with `repetitions: auto`: the minimum was counted, this is the most."""
+    bench = config["benchmark"]
+    fewest, at_most = cb_config.repetition_bounds(bench)
+    return (f"  repetitions  auto: {fewest} per train point counted above, more until the 95% interval of the mean "
+            f"is within +-{bench['target_ci_percent']:g}%; at most {at_most} each: {most.runs} measurement jobs, "
+            f"{_node_hours(most.worst_node_hours)} node-hours worst case")
+
+
 def cost_summary(sweep: Sweep, config: dict, given_records=None) -> str:
-    """The estimate of the whole sweep, from the records of earlier runs, as format_estimate prints it."""
+    """The estimate of the whole sweep, from the records of earlier runs, as format_estimate prints it
+    (with `repetitions: auto`: of the minimum, and a line for the most)."""
     records, source = sweep_records(config, given_records)
-    return format_estimate(estimate(sweep.plans.values(), config, records, one_node_jobs(sweep, config)), source)
+    text = format_estimate(estimate(first_plans(sweep, config), config, records, one_node_jobs(sweep, config)), source)
+    most = most_estimate(sweep, config, records)
+    return text if most is None else f"{text}\n{format_most(most, config)}"
 
 
 def one_node_jobs(sweep: Sweep, config: dict) -> int:

@@ -1,11 +1,12 @@
 # Configuration checked before any job starts, and the sweep expanded into plans.
 import json
+import os
 import shlex
 import sys
 from pathlib import Path
 
 from containerbench import config as cb_config
-from containerbench import launch, preflight, results, runtimes, slurm
+from containerbench import launch, preflight, processes, results, runtimes, slurm
 
 REPO = Path(workflow.basedir)  # the image, the wheelhouse and the data sample belong to the clone
 try:
@@ -15,6 +16,16 @@ try:
 except cb_config.ConfigError as error:
     # Stop before any job starts, with the one line and no traceback.
     sys.exit(f"containerbench: {error}")
+
+# A controller killed outright (SIGKILL, a lost login session) leaves its lock behind, and its jobs:
+# each job's launcher stops its run once the controller named here is gone (launch.execute), and
+# the next invocation removes the lock when its recorded owner is gone (Snakemake leaves that to
+# `--unlock`: its lock files do not say who holds them). Jobs on other nodes ignore the name.
+SNAKEMAKE_LOCKS = Path(".snakemake", "locks")
+if workflow.is_main_process:
+    os.environ[processes.CONTROLLER_VARIABLE] = processes.identity(os.getpid())
+    if stale := processes.remove_stale_lock(SNAKEMAKE_LOCKS):
+        print(stale, file=sys.stderr)
 
 if workflow.is_main_process:
     # What the sweep costs, once, before anything is submitted; on stderr, so a dry run shows it too.
@@ -55,6 +66,8 @@ PREFLIGHT = preflight.check_argv(
 
 
 onstart:
+    if workflow.execution_settings.lock:  # the locks are held now: say whose they are
+        processes.record_lock_owner(SNAKEMAKE_LOCKS)
     # Only when something is to be measured (not for `snakemake report`, or images alone).
     if any(job.rule.name.startswith("measure_") for job in workflow.dag.needrun_jobs()):
         preflight.run_before_jobs(PREFLIGHT)

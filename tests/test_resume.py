@@ -1,0 +1,205 @@
+"""A workflow whose controller is killed: nothing of it keeps running, and the next invocation
+resumes it without measuring a finished run again."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from helpers import ROOT, SNAKEMAKE, TINY, snakemake
+
+from containerbench import markers, processes
+from containerbench.launch import RunAbandoned, execute
+from containerbench.processes import kill_session
+
+
+def command_lines_mentioning(text: str) -> dict[int, str]:
+    """pid -> command line of every live process whose command line contains `text`."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        try:
+            words = (entry / "cmdline").read_bytes().split(b"\0") if entry.name.isdigit() else []
+        except OSError:  # ended meanwhile
+            continue
+        line = b" ".join(words).decode(errors="replace")
+        if text in line and int(entry.name) != os.getpid():
+            found[int(entry.name)] = line
+    return found
+
+
+def finished(log: Path) -> bool:
+    return log.exists() and markers.EXIT in log.read_text()
+
+
+def wait_for(condition, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if value := condition():
+            return value
+        time.sleep(0.2)
+    pytest.fail(f"gave up after {timeout_s} s waiting for {what}")
+
+
+def sleeper() -> subprocess.Popen:
+    """A process to stand for a controller or a launcher, in a session of its own."""
+    return subprocess.Popen(["sleep", "300"], start_new_session=True)
+
+
+def test_stopping_a_run_stops_every_process_of_its_session_whatever_its_group():
+    # As Open MPI does with its ranks (each in a process group of its own, in mpirun's session):
+    # killing the leader's group alone would leave the two sleeps running.
+    shell = subprocess.Popen(["bash", "-c", "set -m; sleep 301 & sleep 301 & wait"], start_new_session=True)
+    def all_three():
+        members = processes.session_members(shell.pid)
+        return members if len(members) == 3 else None
+
+    try:
+        members = wait_for(all_three, 10, "the shell and its two jobs")
+        assert len({os.getpgid(pid) for pid in members}) == 3
+        processes.stop_session(shell.pid, grace_s=2)
+        assert processes.session_members(shell.pid) == []
+    finally:
+        kill_session(shell.pid)
+        shell.wait()
+
+
+def test_a_launched_run_dies_with_its_launcher_even_by_sigkill(tmp_path):
+    pid_file = tmp_path / "child.pid"
+    launcher = subprocess.Popen([sys.executable, "-c", (
+        "import subprocess, sys, time\n"
+        "from containerbench.processes import die_with_parent\n"
+        "child = subprocess.Popen(['sleep', '302'], start_new_session=True, preexec_fn=die_with_parent())\n"
+        f"open({str(pid_file)!r}, 'w').write(str(child.pid))\n"
+        "child.wait()\n")])
+    try:
+        child = int(wait_for(lambda: pid_file.exists() and pid_file.read_text(), 20, "the launcher's child"))
+        ticks = processes.start_ticks(child)
+        os.kill(launcher.pid, signal.SIGKILL)
+        launcher.wait()
+        wait_for(lambda: not processes.running(child, ticks), 5, "the child to get its parent's death signal")
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+
+
+def test_a_run_is_abandoned_when_its_controller_is_gone(tmp_path, monkeypatch):
+    controller = sleeper()
+    monkeypatch.setenv(processes.CONTROLLER_VARIABLE, processes.identity(controller.pid))
+    run_plan = {"run_id": "sleep", "argv": ["sleep", "303"], "env": {}, "timeout_s": 60}
+    threading.Timer(1.0, lambda: (controller.kill(), controller.wait())).start()
+    started = time.monotonic()
+    with pytest.raises(RunAbandoned, match=rf"^containerbench: sleep: workflow controller {controller.pid} on "):
+        execute(run_plan, tmp_path / "sleep.log", echo=None)
+    assert time.monotonic() - started < 10
+    lines = (tmp_path / "sleep.log").read_text().splitlines()
+    assert lines[-2] == f"containerbench: workflow controller {controller.pid} on {socket.gethostname()} gone: run abandoned"
+    assert markers.payload(lines[-1], markers.EXIT)["timed_out"] is False
+    assert not command_lines_mentioning("sleep 303")
+
+
+def test_a_controller_elsewhere_is_not_watched(monkeypatch):
+    # A Slurm job's node: the controller named runs on the login node, which this one cannot see.
+    here = processes.identity(os.getpid())
+    host, rest = here.split(":", 1)
+    monkeypatch.setenv(processes.CONTROLLER_VARIABLE, f"{host}-login:{rest}")
+    assert processes.watch_controller(lambda what: None) is None
+    monkeypatch.setenv(processes.CONTROLLER_VARIABLE, here)
+    watch = processes.watch_controller(lambda what: pytest.fail(what))
+    assert watch is not None
+    watch.set()
+
+
+def test_a_lock_is_removed_only_when_its_owner_is_gone(tmp_path, monkeypatch):
+    locks = tmp_path / "locks"
+    locks.mkdir()
+    (locks / "0.input.lock").write_text("results/runs/a.log\n")
+    controller = sleeper()
+    monkeypatch.setenv(processes.CONTROLLER_VARIABLE, processes.identity(controller.pid))
+    processes.record_lock_owner(locks)
+    time.sleep(0.05)
+    (locks / "1.output.lock").write_text("results/runs/b.log\n")  # a controller that started since
+    try:
+        assert processes.remove_stale_lock(locks) is None  # alive: its lock stays
+        assert len(list(locks.iterdir())) == 3
+    finally:
+        controller.kill()
+        controller.wait()
+    assert processes.remove_stale_lock(locks).startswith(
+        f"containerbench: removed the lock of workflow controller {controller.pid}, which is gone")
+    assert [path.name for path in locks.iterdir()] == ["1.output.lock"]
+
+
+# Two runs of one repetition, no netbench: the first finishes, the second is killed while it trains.
+ONE_REPETITION = {**TINY, "benchmark": {**TINY["benchmark"], "repetitions": 1}, "netbench": {"enabled": False}}
+RUNS = ("train_bare-metal_tcp-loopback_1x1_b2_rep1", "train_bare-metal_tcp-loopback_1x2_b2_rep1")
+
+
+def one_finished_and_the_next_running(runs: Path) -> tuple[Path, Path] | None:
+    """(finished log, running log) once a run has ended and the next one's mpirun runs. The next job
+    starts only after Snakemake has recorded the first as finished: every job needs the one
+    exclusive_machine (profiles/local), which Snakemake frees after it records the job's outputs."""
+    logs = [runs / f"{run_id}.log" for run_id in RUNS]
+    done = [log for log in logs if finished(log)]
+    running = [log for log in logs if log.exists() and not finished(log)]
+    mpirun = [line for line in command_lines_mentioning(str(runs.parent)).values() if line.startswith("mpirun ")]
+    if done and running and any(running[0].stem in line for line in mpirun):
+        return done[0], running[0]
+    return None
+
+
+@pytest.mark.slow
+def test_a_killed_controller_leaves_nothing_running_and_resumes_without_losing_a_run(tmp_path, bench_python):
+    if shutil.which("mpirun") is None:
+        pytest.fail("mpirun missing (run `make setup`, which installs Open MPI)")
+    tiny = tmp_path / "tiny.yaml"
+    tiny.write_text(yaml.safe_dump(ONE_REPETITION))
+    configs = ["--configfile", str(ROOT / "config" / "config.yaml"), str(tiny)]
+    results = tmp_path / "results"
+    controller = subprocess.Popen(
+        [SNAKEMAKE, "--snakefile", str(ROOT / "Snakefile"), "--directory", str(tmp_path),
+         "--profile", str(ROOT / "profiles" / "local"), *configs],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        kept, killed = wait_for(lambda: one_finished_and_the_next_running(results / "runs"), 240,
+                                "one run finished and the next one's mpirun running")
+        kept_before = (hashlib.sha256(kept.read_bytes()).hexdigest(), kept.stat().st_mtime_ns)
+
+        os.kill(controller.pid, signal.SIGKILL)  # the controller alone: its jobs are left to fend for themselves
+        controller.wait()
+        # Its job's launcher notices within a second, then stops mpirun and the ranks (SIGTERM, SIGKILL
+        # after 5 s); the job's shell ends with it.
+        deadline = time.monotonic() + 15
+        while command_lines_mentioning(str(tmp_path)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert command_lines_mentioning(str(tmp_path)) == {}
+        assert "workflow controller" in killed.read_text() and "gone: run abandoned" in killed.read_text()
+        # What a killed controller leaves: its lock (Snakemake's files, and who held them).
+        locks = tmp_path / ".snakemake" / "locks"
+        assert list(locks.glob("*.lock")) and (locks / "containerbench-controller").exists()
+    finally:
+        kill_session(controller.pid)  # what is left of the workflow's session, if the test failed
+
+    # The next invocation: the stale lock is removed (its owner is gone) and the abandoned run, left
+    # incomplete, is measured again (rerun-incomplete, profiles/local); the finished one is kept.
+    resumed = snakemake(tmp_path, *configs, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    assert f"removed the lock of workflow controller {controller.pid}, which is gone" in resumed.stderr
+    assert (hashlib.sha256(kept.read_bytes()).hexdigest(), kept.stat().st_mtime_ns) == kept_before
+    assert "gone: run abandoned" not in killed.read_text() and finished(killed)
+    for run_id in RUNS:
+        record = json.loads((results / "runs" / f"{run_id}.json").read_text())
+        assert record["status"] == "ok", record["reasons"]
+    assert (results / "report.html").exists()
+    assert not (tmp_path / ".snakemake" / "locks" / "containerbench-controller").exists()
