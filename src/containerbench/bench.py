@@ -288,8 +288,8 @@ def run_result(args, mode, ranks: list[dict], gpu_names: list[str], versions: di
         "weights_identical": len({r["weights"]["sha256"] for r in measured}) == 1,  # mode local: must be false
         # Each rank trained on its own data (digests of one batch each); None where the ranks that
         # measured read no batch themselves (parameter_server: the workers do).
-        "batches_distinct": (len({str(r["batch_digest"]) for r in measured}) == len(measured)
-                             if all(r.get("batch_digest") for r in measured) else None),
+        "batches_distinct": (len({(r["batch_digest"]["images"], r["batch_digest"]["labels"]) for r in measured})
+                             == len(measured) if all(r.get("batch_digest") for r in measured) else None),
         "weights_max_relative_spread": (max(sums) - min(sums)) / scale,
         "gpus": gpu_names,
         "versions": versions,

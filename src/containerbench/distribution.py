@@ -30,7 +30,8 @@ import socket
 import struct
 import time
 
-MODES = ("horovod", "collective", "parameter_server", "local")
+LOCAL = "local"  # no gradient exchange: each rank trains alone (records and results judge it apart)
+MODES = ("horovod", "collective", "parameter_server", LOCAL)
 
 
 class ModeUnsupported(RuntimeError):
@@ -225,7 +226,7 @@ class Local(_EveryRankTrains):
     this mode whose ranks end identical did exchange, or trained on the same data.
     """
 
-    name = "local"
+    name = LOCAL
 
     def __init__(self, args):
         self.ranks = MpiRanks()
@@ -413,4 +414,4 @@ class ParameterServer(_TensorFlowCluster, Mode):
 
 def mode_for(args) -> Mode:
     return {"horovod": Horovod, "collective": Collective, "parameter_server": ParameterServer,
-            "local": Local}[args.mode](args)
+            LOCAL: Local}[args.mode](args)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from containerbench import markers
+from containerbench.distribution import LOCAL
 from containerbench.fabrics import check_grpc, verify
 from containerbench.usage import read_telemetry
 
@@ -131,7 +132,7 @@ def judge_weights(result: dict, verdict: Verdict) -> None:
         return
     spread = result.get("weights_max_relative_spread", 0.0)
     diverged = not result.get("weights_identical") and spread > WEIGHT_SPREAD_TOLERANCE
-    if result.get("mode") == "local":
+    if result.get("mode") == LOCAL:
         if result.get("ranks", 1) > 1 and not diverged:
             verdict.invalidate(f"mode local, yet the ranks ended with the same weights (relative spread {spread:.2e}): "
                                "they exchanged gradients or trained on the same data")

@@ -28,6 +28,7 @@ SUMMARY_COLUMNS = {
     "images_per_sec_std": "std", "cv_percent": "CV %", "ci95_low": "95% CI low", "ci95_high": "95% CI high",
     "images_per_sec_min": "min", "images_per_sec_max": "max", "per_rank_median": "img/s per rank",
     "speedup": "speedup", "scaling_efficiency_percent": "scaling eff. %",
+    "repetitions_stop": "reps stopped",  # repetitions: auto only (why the point stopped)
 }
 
 

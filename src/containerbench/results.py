@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from containerbench.config import point_id_of
+from containerbench.distribution import LOCAL as LOCAL_MODE
 from containerbench.intervals import RatioInterval, ratio_interval, t_quantile
 from containerbench.provenance import difference as provenance_difference
 from containerbench.records import load_records
@@ -215,10 +216,6 @@ def fabric_table(runs: pd.DataFrame) -> pd.DataFrame:
                              **_basis("faster", rates[fast]), **_basis("slower", rates[slow]),
                              **_ratio_columns("ratio", ratio_interval(rates[fast], rates[slow], slow))})
     return pd.DataFrame(rows, columns=columns)
-
-
-# The benchmark mode in which every rank trains alone: the compute-only bound of the others.
-LOCAL_MODE = "local"
 
 
 def modes_table(runs: pd.DataFrame) -> pd.DataFrame:

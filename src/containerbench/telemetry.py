@@ -19,8 +19,8 @@ Every rank registers its PID in DIR/kernel-<boot id>.pids (with its PID namespac
 another namespace is not followed). The file is per kernel, not per host name, because /proc/stat
 is: where several Slurm nodes share one kernel (a test cluster's slurmd per UTS namespace), every
 rank on it is the run's own CPU, not a stranger's. Each rank also records its own CPU time over
-the measured window its CPU
-affinity, its cgroup and evidence of the container it runs in (`rank_context`).
+the measured window, its CPU affinity, its cgroup and evidence of the container it runs in
+(`rank_context`).
 
     python -m containerbench.telemetry --out F.csv --pids F.pids --interval 0.5 --parent PID
 """
