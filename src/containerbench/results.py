@@ -185,9 +185,9 @@ def overhead_table(runs: pd.DataFrame, provenance: dict[str, dict]) -> pd.DataFr
                 rows.append({**row, "note": "no bare-metal baseline at this point"})
                 continue
             row |= _basis("bare_metal", bare["images_per_sec"])
-            mismatch = next((provenance_difference(provenance.get(a), provenance.get(b))
-                             for a in bare["provenance"].unique() for b in contained["provenance"].unique()
-                             if provenance_difference(provenance.get(a), provenance.get(b))), None)
+            differences = (provenance_difference(provenance.get(a), provenance.get(b))
+                           for a in bare["provenance"].unique() for b in contained["provenance"].unique())
+            mismatch = next(filter(None, differences), None)
             if mismatch:
                 rows.append({**row, "note": f"not comparable: {mismatch}"})
                 continue
@@ -208,7 +208,7 @@ def fabric_table(runs: pd.DataFrame) -> pd.DataFrame:
                "significance"]
     rows = []
     for point, group in _ok_runs(runs).groupby(others, dropna=False, sort=True):
-        rates = dict(list(group.groupby("fabric", dropna=False)["images_per_sec"]))
+        rates = {fabric: series for fabric, series in group.groupby("fabric", dropna=False)["images_per_sec"]}
         ranked = sorted(rates, key=lambda fabric: rates[fabric].mean(), reverse=True)
         for i, fast in enumerate(ranked):
             for slow in ranked[i + 1:]:
