@@ -61,6 +61,16 @@ def test_failed_repetitions_count_but_give_no_interval(recorded_runs):
     assert stopped["points"][ONE]["stop"] == "max_repetitions (3) reached: ci95 n/a (fewer than 2 ok runs)"
 
 
+def test_a_point_that_never_ran_ok_is_not_repeated_up_to_the_maximum(recorded_runs):
+    # Say a runtime that always times out: each more repetition would cost its timeout, for nothing.
+    records = [repetition(recorded_runs, ONE, n, 0.0, status="failed") for n in (1, 2, 3)]
+    records += [repetition(recorded_runs, TWO, n, rate) for n, rate in ((1, 100.0), (2, 120.0), (3, 80.0))]
+    decision = repetitions.decide(records, 3, target_ci_percent=2, max_repetitions=10)
+    assert decision["points"][ONE] == {"repetitions": 3, "ok": 0, "ci95_percent": None,
+                                       "stop": "no ok run in 3 repetition(s): not repeated further"}
+    assert decision["next"] == [f"{TWO}_rep4"]
+
+
 def test_a_round_missing_a_point_it_should_read_is_refused(recorded_runs):
     previous = {"points": {ONE: {"repetitions": 2, "ok": 2, "ci95_percent": 80.0, "stop": None}},
                 "next": [f"{ONE}_rep3"]}

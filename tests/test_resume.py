@@ -141,6 +141,31 @@ def test_a_lock_is_removed_only_when_its_owner_is_gone(tmp_path, monkeypatch):
     assert [path.name for path in locks.iterdir()] == ["1.output.lock"]
 
 
+def test_a_dead_controllers_lock_stays_while_its_jobs_still_run(tmp_path, monkeypatch):
+    locks = tmp_path / "locks"
+    controller = sleeper()
+    named = processes.identity(controller.pid)
+    monkeypatch.setenv(processes.CONTROLLER_VARIABLE, named)
+    locks.mkdir()
+    (locks / "0.input.lock").write_text("results/runs/a.log\n")  # Snakemake's, then whose it is
+    processes.record_lock_owner(locks)
+    # One of its jobs, still stopping after the controller was killed: it carries the identity.
+    job = subprocess.Popen(["sleep", "30"], env={**os.environ, processes.CONTROLLER_VARIABLE: named})
+    controller.kill()
+    controller.wait()
+    try:
+        assert processes.processes_of(named) == [job.pid]
+        assert processes.remove_stale_lock(locks, wait_s=0.5) == (
+            f"containerbench: the lock of workflow controller {controller.pid} (gone) stays: its runs "
+            f"(pids {job.pid}) are still stopping; run again when they have")
+        assert sorted(path.name for path in locks.iterdir()) == ["0.input.lock", processes.LOCK_OWNER]
+    finally:
+        job.kill()
+        job.wait()
+    assert processes.remove_stale_lock(locks, wait_s=0.5).startswith("containerbench: removed the lock")
+    assert list(locks.iterdir()) == []
+
+
 # Two runs of one repetition, no netbench: the first finishes, the second is killed while it trains.
 ONE_REPETITION = {**TINY, "benchmark": {**TINY["benchmark"], "repetitions": 1}, "netbench": {"enabled": False}}
 RUNS = ("train_bare-metal_tcp-loopback_1x1_b2_rep1", "train_bare-metal_tcp-loopback_1x2_b2_rep1")

@@ -228,3 +228,48 @@ def test_training_on_the_wrong_wire_is_caught_by_the_counters(cluster, tmp_path)
         assert sent["slow0"] >= 0.6 * check["expected_bytes_per_step"] and sent["fast0"] < 0.05 * sent["slow0"]
         assert f"{host} sent " in check["reason"] and "per step on fast0; slow0 carried" in check["reason"]
     assert record["status"] == "invalid"  # the logs' check names it first; the counters agree
+
+
+# A controller killed on the login node leaves its Slurm jobs running on their nodes: a rerun that
+# unlocked would submit the same run ids beside them. Played on the controller with a real sbatch job.
+LOCK_SCRIPT = """
+import json, os, subprocess, sys, time
+from pathlib import Path
+from containerbench import processes
+os.chdir(sys.argv[1])
+locks = Path(".snakemake", "locks")
+controller = subprocess.Popen(["sleep", "600"])
+os.environ[processes.CONTROLLER_VARIABLE] = processes.identity(controller.pid)
+locks.mkdir(parents=True)
+(locks / "0.input.lock").write_text("results/runs/a.log\\n")  # Snakemake's, then whose it is
+processes.record_lock_owner(locks)
+controller.kill()
+controller.wait()
+# Without the identity: on this test cluster the nodes share the login node's kernel, and the
+# local check (its runs still stopping) would answer first; a real site's nodes are elsewhere.
+clean = {k: v for k, v in os.environ.items() if k != processes.CONTROLLER_VARIABLE}
+job = subprocess.run(["sbatch", "--parsable", "--partition=cpu", "--account=cbtest-account", "--wrap", "sleep 300"],
+                     capture_output=True, text=True, check=True, env=clean).stdout.strip().split(";")[0]
+kept = processes.remove_stale_lock(locks, slurm=True, wait_s=0)
+subprocess.run(["scancel", job], check=True)
+for _ in range(120):
+    if not subprocess.run(["squeue", "--noheader", "--jobs", job], capture_output=True, text=True).stdout.strip():
+        break
+    time.sleep(0.5)
+removed = processes.remove_stale_lock(locks, slurm=True, wait_s=0)
+print(json.dumps({"controller": controller.pid, "job": job, "kept": kept, "removed": removed,
+                  "left": sorted(os.listdir(locks))}))
+"""
+
+
+def test_a_dead_controllers_lock_stays_while_its_slurm_jobs_run(cluster, tmp_path):
+    script = tmp_path / "lock.py"
+    script.write_text(LOCK_SCRIPT)
+    done = on_controller(cluster, sys.executable, str(script), str(tmp_path), timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.splitlines()[-1])
+    assert seen["kept"] == (f"containerbench: the lock of workflow controller {seen['controller']} (gone) stays: "
+                            f"its Slurm jobs {seen['job']} still run from this directory; `scancel {seen['job']}`, "
+                            "then run again")
+    assert seen["removed"].startswith(f"containerbench: removed the lock of workflow controller {seen['controller']}")
+    assert seen["left"] == []

@@ -286,7 +286,7 @@ def execute(run_plan: dict, log_path: Path, echo=sys.stdout) -> int:
                 env={**host_environment(), **run_plan["env"]}, start_new_session=True,
                 preexec_fn=die_with_parent(),  # noqa: PLW1509 (it only calls prctl, getppid, kill)
             )
-        except OSError as error:
+        except (OSError, subprocess.SubprocessError) as error:  # the latter: preexec_fn failed
             log.write(f"containerbench: cannot start {argv[0]!r}: {error}\n")
             returncode = 127
         else:
@@ -305,12 +305,14 @@ def _follow(process, log, echo, timeout_s: float, timed_out: threading.Event, ab
     """Copy the run's output until it ends; stop its whole session on a timeout, when the controller
     is gone (its description appended to `abandoned`), when this process is interrupted, and after."""
     def time_out():
-        timed_out.set()
-        stop_session(process.pid)
+        if process.poll() is None:  # a run that ended at its deadline did not time out
+            timed_out.set()
+            stop_session(process.pid)
 
     def controller_gone(what: str):
-        abandoned.append(what)
-        stop_session(process.pid)
+        if process.poll() is None:
+            abandoned.append(what)
+            stop_session(process.pid)
 
     watchdog = threading.Timer(timeout_s, time_out)
     watchdog.start()

@@ -164,10 +164,48 @@ def record_lock_owner(lock_dir: Path) -> None:
     (lock_dir / LOCK_OWNER).write_text(os.environ[CONTROLLER_VARIABLE] + "\n")
 
 
-def remove_stale_lock(lock_dir: Path) -> str | None:
+def processes_of(named: str) -> list[int]:
+    """Live processes on this host that carry controller identity `named` in their environment: the
+    jobs of that controller, which stop themselves within seconds once it is gone (launch.execute)."""
+    wanted = f"{CONTROLLER_VARIABLE}={named}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            variables = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:  # gone meanwhile, or another user's
+            continue
+        stat = _stat(int(entry.name))
+        if wanted in variables and stat and stat[0] not in "ZX":
+            found.append(int(entry.name))
+    return found
+
+
+def slurm_jobs_from(directory: Path, timeout: float = 30.0) -> list[str] | None:
+    """Ids of this user's Slurm jobs pending or running with `directory` as their working directory
+    (Snakemake's Slurm executor submits from there), but the allocation this runs in; None when
+    squeue cannot say."""
+    try:
+        listed = run_group(["squeue", "--me", "--noheader", "--format=%i|%Z"], timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if listed.returncode != 0:
+        return None
+    here = directory.resolve()
+    inside = os.environ.get("SLURM_JOB_ID")
+    return [job for job, _, workdir in (line.strip().partition("|") for line in listed.stdout.splitlines())
+            if workdir and Path(workdir).resolve() == here and job != inside]
+
+
+def remove_stale_lock(lock_dir: Path, slurm: bool = False, wait_s: float = 30.0) -> str | None:
     """Remove the locks of a controller that is gone (on this host: one elsewhere cannot be checked),
     as `snakemake --unlock` would; say so in one line, or return None when there is none. Lock files
-    newer than the owner's record belong to a controller that started since, and stay."""
+    newer than the owner's record belong to a controller that started since, and stay.
+
+    The lock stays, and the line says why, while the dead controller's runs still go: its local jobs
+    (waited for up to `wait_s`: they stop within seconds) or, with `slurm`, its Slurm jobs, which run
+    on their nodes whatever happens here and would measure beside a rerun of the same run ids."""
     record = lock_dir / LOCK_OWNER
     try:
         named, recorded = record.read_text().strip(), record.stat().st_mtime
@@ -176,6 +214,20 @@ def remove_stale_lock(lock_dir: Path) -> str | None:
     owner = checkable(named)
     if owner is None or running(*owner):
         return None
+    deadline = time.monotonic() + wait_s
+    while (left := processes_of(named)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    if left:
+        return (f"containerbench: the lock of workflow controller {owner[0]} (gone) stays: its runs "
+                f"(pids {' '.join(map(str, left))}) are still stopping; run again when they have")
+    if slurm:
+        jobs = slurm_jobs_from(Path.cwd())
+        if jobs is None:
+            return (f"containerbench: the lock of workflow controller {owner[0]} (gone) stays: squeue cannot "
+                    f"say whether its Slurm jobs still run; check, then `snakemake --unlock`")
+        if jobs:
+            return (f"containerbench: the lock of workflow controller {owner[0]} (gone) stays: its Slurm jobs "
+                    f"{' '.join(jobs)} still run from this directory; `scancel {' '.join(jobs)}`, then run again")
     for lock in lock_dir.glob("*.lock"):
         if lock.stat().st_mtime <= recorded:
             lock.unlink()

@@ -54,14 +54,17 @@ def decide(records: list[dict], round_number: int, target_ci_percent: float, max
         if made != round_number:
             raise ValueError(f"round {round_number}: point {point} has {made} repetitions, expected {round_number}")
         half = _half_width_percent(group)
-        if half <= target_ci_percent:  # nan compares false: no interval yet, go on
+        ok = int((group["status"] == "ok").sum())
+        if ok == 0:  # failing every time: more repetitions would fail (or time out) the same way
+            stop = f"no ok run in {made} repetition(s): not repeated further"
+        elif half <= target_ci_percent:  # nan compares false: no interval yet, go on
             stop = f"target reached: {_interval_words(half)}"
         elif made >= max_repetitions:
             stop = f"max_repetitions ({max_repetitions}) reached: {_interval_words(half)}"
         else:
             stop = None
             following.append(f"{point}_rep{made + 1}")
-        points[point] = {"repetitions": made, "ok": int((group["status"] == "ok").sum()),
+        points[point] = {"repetitions": made, "ok": ok,
                          "ci95_percent": None if math.isnan(half) else round(half, 4), "stop": stop}
     missing = sorted((going or set()) - set(points))
     if missing:

@@ -20,11 +20,12 @@ except cb_config.ConfigError as error:
 # A controller killed outright (SIGKILL, a lost login session) leaves its lock behind, and its jobs:
 # each job's launcher stops its run once the controller named here is gone (launch.execute), and
 # the next invocation removes the lock when its recorded owner is gone (Snakemake leaves that to
-# `--unlock`: its lock files do not say who holds them). Jobs on other nodes ignore the name.
+# `--unlock`: its lock files do not say who holds them), once its jobs have stopped. Jobs on other
+# nodes ignore the name: with Slurm the lock stays while the dead controller's jobs are in squeue.
 SNAKEMAKE_LOCKS = Path(".snakemake", "locks")
 if workflow.is_main_process:
     os.environ[processes.CONTROLLER_VARIABLE] = processes.identity(os.getpid())
-    if stale := processes.remove_stale_lock(SNAKEMAKE_LOCKS):
+    if stale := processes.remove_stale_lock(SNAKEMAKE_LOCKS, slurm=config["launcher"]["kind"] == "srun"):
         print(stale, file=sys.stderr)
 
 if workflow.is_main_process:
@@ -68,6 +69,8 @@ PREFLIGHT = preflight.check_argv(
 onstart:
     if workflow.execution_settings.lock:  # the locks are held now: say whose they are
         processes.record_lock_owner(SNAKEMAKE_LOCKS)
-    # Only when something is to be measured (not for `snakemake report`, or images alone).
-    if any(job.rule.name.startswith("measure_") for job in workflow.dag.needrun_jobs()):
+    # Only when something is to be measured (not for `snakemake report`, or images alone); a
+    # round of `repetitions: auto` may add runs that are not in the DAG yet.
+    if any(job.rule.name.startswith("measure_") or job.rule.name == "repetition_round"
+           for job in workflow.dag.needrun_jobs()):
         preflight.run_before_jobs(PREFLIGHT)
