@@ -10,7 +10,6 @@ import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -23,6 +22,15 @@ from containerbench.telemetry import GpuReader
 from containerbench.usage import load_samples, value_at
 
 BUSY_LOOP = [sys.executable, "-c", "while True: pass"]
+HALF_CORE_LOOP = [sys.executable, "-c", """
+import os, time
+os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(10))
+while True:
+    start = time.perf_counter()
+    while time.perf_counter() - start < 0.02:
+        pass
+    time.sleep(0.02)
+"""]
 
 
 def wait_for(condition, timeout=10.0):
@@ -107,10 +115,10 @@ def test_telemetry_false_plans_no_sampler_and_a_bad_interval_is_one_line(tmp_pat
 
 
 @pytest.mark.slow
-@pytest.mark.root  # a negative niceness for the disturbing loop
+@pytest.mark.root  # a real-time scheduling class for the disturbing loop
 def test_a_busy_process_on_the_runs_core_marks_it_disturbed_and_a_quiet_run_is_not(tmp_path, bench_python):
     settings = {"telemetry": {"interval_s": 0.1},
-                "benchmark": {"steps": 40, "repetitions": 1, "node_probe_steps": 0},
+                "benchmark": {"steps": 12, "repetitions": 1, "node_probe_steps": 0},
                 "scaling": {"nodes": [1], "ranks_per_node": [1]}, "netbench": {"enabled": False}}
     quiet_dir, busy_dir = tmp_path / "quiet", tmp_path / "busy"
     quiet_dir.mkdir(), busy_dir.mkdir()
@@ -124,14 +132,10 @@ def test_a_busy_process_on_the_runs_core_marks_it_disturbed_and_a_quiet_run_is_n
     [core] = node["cores"]  # mpirun bound the one rank to one core
     assert quiet["result"]["processes"][0]["context"]["affinity"] == [core]
 
-    # With autogroup scheduling (sched(7)) a session's processes share one weight whatever their
-    # niceness: the loop gets a session of its own, and that group a niceness of -10 (weight 9548
-    # against 1024), so it takes a large share of the core whatever threads the rank starts.
-    busy = subprocess.Popen(BUSY_LOOP, preexec_fn=lambda: os.sched_setaffinity(0, {core}), start_new_session=True)
-    autogroup = Path(f"/proc/{busy.pid}/autogroup")
-    if autogroup.exists():
-        autogroup.write_text("-10")
-    os.setpriority(os.PRIO_PROCESS, busy.pid, -10)
+    # Half of the core, whatever the fair scheduler makes of niceness, autogroups and the rank's
+    # threads: the loop runs under SCHED_FIFO (sched(7): a real-time thread runs until it blocks or
+    # yields, before any normal one), busy 20 ms and asleep 20 ms.
+    busy = subprocess.Popen(HALF_CORE_LOOP, preexec_fn=lambda: os.sched_setaffinity(0, {core}))
     try:
         config = tiny_config(busy_dir, **settings)
         [(_, disturbed)] = run_and_parse(cb_config.plan_runs(config), config, busy_dir)
