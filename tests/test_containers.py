@@ -28,8 +28,12 @@ def container_run(container_engines, tmp_path_factory):
     workdir = tmp_path_factory.mktemp("containers")
     # The image is the repository's (its build context and build/ cache live there);
     # the results of this run go to the temporary directory.
+    # Here 2 ranks fill both cores of a CI machine that also runs dockerd, podman's conmon and the
+    # workflow: those take up to ~12% of the cores in a window, over the 10% that marks a run
+    # disturbed. The verdict itself is proven in test_telemetry; this run raises the limit so that
+    # the identity of the benchmark, which this module checks, does not hang on the machine's quiet.
     config = {**TINY, "runtimes": RUNTIMES, "runtime_policy": "require", "results_dir": str(workdir / "results"),
-              "benchmark": {**TINY["benchmark"], "repetitions": 2}}
+              "benchmark": {**TINY["benchmark"], "repetitions": 2}, "telemetry": {"disturbed_cpu_share": 0.3}}
     (workdir / "tiny.yaml").write_text(yaml.safe_dump(config))
     done = run_group(
         [SNAKEMAKE, "--snakefile", str(ROOT / "Snakefile"), "--directory", str(ROOT), "--profile",
