@@ -242,7 +242,7 @@ def test_auto_repetitions_add_rounds_until_the_target_or_the_most_without_measur
     # Two cheap points (1 rank, two batch sizes), so that the rounds have runs to interleave.
     auto = {**TINY, "scaling": {"nodes": [1], "ranks_per_node": [1]}, "netbench": {"enabled": False},
             "benchmark": {**TINY["benchmark"], "batch_sizes": [2, 4], "repetitions": "auto", "target_ci_percent": 50,
-                          "min_repetitions": 2, "max_repetitions": 4}}
+                          "min_repetitions": 2, "max_repetitions": 3}}
     (tmp_path / "auto.yaml").write_text(yaml.safe_dump(auto))
     configs = ["--configfile", str(ROOT / "config" / "config.yaml"), str(tmp_path / "auto.yaml")]
     planned = snakemake(tmp_path, *configs, "--dry-run")
@@ -251,7 +251,7 @@ def test_auto_repetitions_add_rounds_until_the_target_or_the_most_without_measur
     assert job_counts(planned.stdout)["measure_rep1"] == 2 and job_counts(planned.stdout)["measure_rep2"] == 2
     assert "measure_rep3" not in job_counts(planned.stdout)
     assert "  repetitions  auto: 2 per train point counted above, more until the 95% interval of the mean is " \
-           "within +-50%; at most 4 each: 8 measurement jobs" in planned.stderr
+           "within +-50%; at most 3 each: 6 measurement jobs" in planned.stderr
 
     done = snakemake(tmp_path, *configs)
     assert done.returncode == 0, done.stderr[-4000:]
@@ -269,7 +269,7 @@ def test_auto_repetitions_add_rounds_until_the_target_or_the_most_without_measur
             elif entry["stop"].startswith("target reached: "):
                 assert entry["ci95_percent"] <= 50 and entry["stop"] == f"target reached: ci95 +-{entry['ci95_percent']:.3g}%"
             else:
-                assert decision["round"] == 4 and entry["stop"].startswith("max_repetitions (4) reached: ci95 ")
+                assert decision["round"] == 3 and entry["stop"].startswith("max_repetitions (3) reached: ci95 ")
     stops = rounds[-1]["points"]
     assert rounds[-1]["next"] == [] and runs == {point: list(range(1, stops[point]["repetitions"] + 1)) for point in stops}
     # Every point's next repetition ran before any point's following one.
@@ -288,10 +288,10 @@ def test_auto_repetitions_add_rounds_until_the_target_or_the_most_without_measur
     again = snakemake(tmp_path, *strict)
     assert again.returncode == 0, again.stderr[-4000:]
     assert {name: (results / "runs" / name).stat().st_mtime_ns for name in before} == before
-    assert measured(results) == {point: [1, 2, 3, 4] for point in runs}
+    assert measured(results) == {point: [1, 2, 3] for point in runs}
     summary = pd.read_csv(results / "summary.csv")
-    assert list(summary["repetitions"]) == [4, 4]
-    assert all(stop.startswith("max_repetitions (4) reached: ci95 +-") for stop in summary["repetitions_stop"])
+    assert list(summary["repetitions"]) == [3, 3]
+    assert all(stop.startswith("max_repetitions (3) reached: ci95 +-") for stop in summary["repetitions_stop"])
 
     # Nothing left to do: a dry run says so.
     idle = snakemake(tmp_path, *strict, "--dry-run")
