@@ -56,14 +56,17 @@ def running(pid: int, ticks: int) -> bool:
     return bool(fields) and int(fields[19]) == ticks and fields[0] not in "ZX"
 
 
-def session_members(session: int) -> list[int]:
-    """Every live process of a session; its leader's id stays the session's after the leader exits."""
-    members = []
+def _live_processes():
+    """(pid, stat fields from the state on) of every process on this host that has not exited."""
     for entry in Path("/proc").iterdir():
         fields = _stat(int(entry.name)) if entry.name.isdigit() else None
-        if fields and int(fields[3]) == session and fields[0] not in "ZX":
-            members.append(int(entry.name))
-    return members
+        if fields and fields[0] not in "ZX":
+            yield int(entry.name), fields
+
+
+def session_members(session: int) -> list[int]:
+    """Every live process of a session; its leader's id stays the session's after the leader exits."""
+    return [pid for pid, fields in _live_processes() if int(fields[3]) == session]
 
 
 def _signal_all(pids, signum: int) -> None:
@@ -168,18 +171,14 @@ def processes_of(named: str) -> list[int]:
     """Live processes on this host that carry controller identity `named` in their environment: the
     jobs of that controller, which stop themselves within seconds once it is gone (launch.execute)."""
     wanted = f"{CONTROLLER_VARIABLE}={named}".encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
+
+    def carries_it(pid: int) -> bool:
         try:
-            variables = (entry / "environ").read_bytes().split(b"\0")
+            return wanted in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
         except OSError:  # gone meanwhile, or another user's
-            continue
-        stat = _stat(int(entry.name))
-        if wanted in variables and stat and stat[0] not in "ZX":
-            found.append(int(entry.name))
-    return found
+            return False
+
+    return [pid for pid, _ in _live_processes() if carries_it(pid)]
 
 
 def slurm_jobs_from(directory: Path, timeout: float = 30.0) -> list[str] | None:
