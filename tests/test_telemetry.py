@@ -127,7 +127,11 @@ def test_a_busy_process_on_the_runs_core_marks_it_disturbed_and_a_quiet_run_is_n
     [(_, quiet)] = run_and_parse(runs, config, quiet_dir)
     assert quiet["status"] == "ok", (quiet["reasons"], quiet["evidence"])
     [node] = quiet["telemetry"]["nodes"].values()
-    assert node["coverage"] > 0.9 and node["run_cpu_percent"] > 50
+    # Samples inside the window span it but for up to one interval at each edge, plus wake-up
+    # jitter: on this window of ~1.4 s that is up to 20% of it (a fresh-clone suite saw 0.87), so no fixed share.
+    interval = config["telemetry"]["interval_s"]
+    assert node["window_s"] * (1 - node["coverage"]) <= 3 * interval, node
+    assert node["run_cpu_percent"] > 50
     assert node["foreign_cpu_share"] < config["telemetry"]["disturbed_cpu_share"]
     [core] = node["cores"]  # mpirun bound the one rank to one core
     assert quiet["result"]["processes"][0]["context"]["affinity"] == [core]
