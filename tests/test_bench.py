@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 
 import pytest
@@ -53,10 +54,12 @@ def test_both_rank_counts_ran_the_identical_benchmark(tiny_runs):
 
 def test_rank_zero_prints_one_human_line_per_step(tiny_runs):
     log = tiny_runs[("train", 2)]["log"]["path"]
-    lines = open(log).read().splitlines()
-    assert sum(line.startswith("  warmup ") for line in lines) == 1
-    assert sum(line.startswith("  step ") for line in lines) == 2
-    assert any(line.startswith("containerbench: total ") and "over 2 rank(s)" in line for line in lines)
+    text = open(log).read()
+    # Searched, not matched at a line's start: mpirun forwards a rank's stderr and stdout apart, and
+    # Horovod's debug log once left its "[" just before the total line.
+    assert len(re.findall(r"  warmup 1/1: [\d.]+ s ", text)) == 1
+    assert len(re.findall(r"  step [12]/2: [\d.]+ s ", text)) == 2
+    assert re.search(r"containerbench: total [\d.]+ img/s over 2 rank\(s\)", text)
 
 
 def test_one_rank_runs_without_any_launcher(bench_python, tmp_path):

@@ -81,6 +81,15 @@ def test_a_log_cut_off_before_its_exit_line_is_failed_with_the_last_line_as_evid
     assert record["kind"] == "train" and record["spec"]["ranks"] == 2  # still belongs to its sweep point
 
 
+def test_a_result_line_behind_a_ranks_partial_stderr_line_is_still_read(tmp_path, recorded_runs):
+    """Seen in a fresh-clone suite: mpirun forwarded rank 0's stderr "[" (the start of Horovod's
+    debug line "[2026-... Shutting down background thread") just before its next stdout line."""
+    lines = ["[" + line if line.startswith(markers.RESULT) else line for line in recorded_log("train", 2)]
+    record = parse_lines(tmp_path, lines)
+    assert record["status"] == "ok", record["reasons"]
+    assert record["result"] == recorded_runs[("train", 2)]["result"]
+
+
 def test_an_unreadable_result_line_fails_the_run_and_says_so(tmp_path):
     lines = [line[:80] if line.startswith(markers.RESULT) else line for line in recorded_log("netbench", 2)]
     record = parse_lines(tmp_path, lines)

@@ -48,12 +48,16 @@ class LogLines:
         for number, line in enumerate(lines, start=1):
             if line.startswith(markers.LAUNCH) and found.launch is None:
                 found.launch = markers.payload(line, markers.LAUNCH)
-            elif line.startswith(markers.RESULT):
-                found.result, found.result_line = markers.payload(line, markers.RESULT), number
             elif line.startswith(markers.EXIT):
                 found.exit = markers.payload(line, markers.EXIT)
-            elif line.startswith(markers.FAILURE) and found.failure is None:
-                found.failure = line[len(markers.FAILURE):].strip()
+            # Rank lines reach the log through the launcher's output forwarding, which can put the
+            # start of the rank's stderr line before them (Horovod's debug log writes its "[" apart):
+            # a measured run is not lost to that, the marker is read where it starts.
+            elif markers.RESULT in line:
+                line = line[line.index(markers.RESULT):]
+                found.result, found.result_line = markers.payload(line, markers.RESULT), number
+            elif markers.FAILURE in line and found.failure is None:
+                found.failure = line[line.index(markers.FAILURE) + len(markers.FAILURE):].strip()
         return found
 
 
