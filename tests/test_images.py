@@ -120,31 +120,45 @@ def test_build_argv(engine):
     assert engine_env(engine).get("DOCKER_BUILDKIT") == ("0" if engine == "docker" else os.environ.get("DOCKER_BUILDKIT"))
 
 
-def test_export_and_runtime_argvs():
-    archive, sif = Path("build/images/containerbench.tar"), Path("build/images/containerbench.sif")
+def test_export_and_every_runtimes_prepare_commands():
+    archive = Path("build/images/containerbench.tar")
     assert images.save_argv("docker", TAG, archive) == ["docker", "save", "-o", str(archive), TAG]
     assert images.save_argv("podman", TAG, archive) == ["podman", "save", "--format", "docker-archive",
                                                         "-o", str(archive), TAG]
     assert images.load_argv("podman", archive) == ["podman", "load", "-i", str(archive)]
-    assert images.ch_convert_argv("podman", TAG, Path("build/images/containerbench.ch")) == [
-        "ch-convert", "-i", "podman", "-o", "dir", TAG, "build/images/containerbench.ch"]
-    assert images.apptainer_build_argv(sif, archive) == [
-        "apptainer", "build", "--fakeroot", str(sif), "docker-archive://build/images/containerbench.tar"]
-    assert images.apptainer_build_argv(sif, archive, "singularity")[0] == "singularity"
-    assert images.enroot_import_argv("docker", TAG) == [
-        "enroot", "import", "-o", "build/images/containerbench.sqsh", f"dockerd://{TAG}"]
-    assert images.enroot_import_argv("podman", TAG)[-1] == f"podman://{TAG}"
-    assert images.sarus_load_argv(TAG) == ["sarus", "load", "build/images/containerbench.tar",
-                                           "containerbench:0123456789abcdef"]
-    assert images.podman_hpc_argvs(TAG) == [["podman-hpc", "load", "-i", "build/images/containerbench.tar"],
-                                           ["podman-hpc", "migrate", TAG]]
-    assert images.shifter_pull_argv("registry.example.org/containerbench:1") == [
-        "shifterimg", "pull", "docker:registry.example.org/containerbench:1"]
-    remote = "registry.example.org/containerbench:0123456789abcdef"
-    assert images.runtime_commands("podman", TAG, "registry.example.org")["shifter"] == [
-        ["podman", "push", TAG, remote], ["shifterimg", "pull", f"docker:{remote}"]]
-    assert images.runtime_commands("docker", TAG, "registry.example.org")["shifter"][:2] == [
-        ["docker", "tag", TAG, remote], ["docker", "push", remote]]
+    # Every file is named after the tag (containerbench-<hash>); the classes own the commands.
+    out, remote = "build/images/containerbench-0123456789abcdef", "registry.example.org/containerbench:0123456789abcdef"
+    assert images.runtime_commands("podman", TAG, "registry.example.org", gpus=True) == {
+        "docker": [["docker", "load", "-i", f"{out}.tar"]],
+        "podman": [],  # the build engine holds the image already
+        "podman-hpc": [["podman-hpc", "load", "-i", f"{out}.tar"], ["podman-hpc", "migrate", TAG]],
+        "apptainer": [["apptainer", "build", f"{out}.sif", f"docker-archive:{out}.tar"]],
+        "singularity": [["singularity", "build", f"{out}.sif", f"docker-archive:{out}.tar"]],
+        "apptainer-def": [["apptainer", "build", f"{out}.sif", f"{out}.def"]],
+        "charliecloud": [["ch-convert", "-i", "podman", "-o", "dir", TAG, f"{out}.ch"],
+                         ["ch-fromhost", "--nvidia", f"{out}.ch"]],
+        "enroot": [["enroot", "import", "-o", f"{out}.sqsh", f"podman://{TAG}"]],
+        "sarus": [["sarus", "load", f"{out}.tar", "containerbench:0123456789abcdef"]],
+        "shifter": [["podman", "push", TAG, remote], ["shifterimg", "pull", f"docker:{remote}"],
+                    ["shifterimg", "lookup", f"docker:{remote}"]],
+    }
+    from_docker = images.runtime_commands("docker", TAG, "registry.example.org")
+    assert from_docker["podman"] == [["podman", "load", "-i", f"{out}.tar"]] and from_docker["docker"] == []
+    assert from_docker["enroot"][0][-1] == f"dockerd://{TAG}"
+    assert from_docker["shifter"][:2] == [["docker", "tag", TAG, remote], ["docker", "push", remote]]
+    assert len(from_docker["charliecloud"]) == 1  # no GPUs: nothing injected
+
+
+def test_each_runtime_runs_what_its_prepare_commands_made():
+    build_dir = "/clone/build/images"
+    files = images.image_files(TAG, build_dir)
+    assert images.built_image("sarus", TAG, build_dir) == ("load/library/containerbench:0123456789abcdef",
+                                                          files["sarus"])
+    assert images.built_image("enroot", TAG, "build/images")[0] == os.path.abspath(
+        "build/images/containerbench-0123456789abcdef.sqsh")  # Pyxis: a file only with a leading / or .
+    assert images.built_image("podman-hpc", TAG, build_dir) == (TAG, files["podman-hpc"])
+    assert images.built_image("apptainer", TAG, build_dir) == (files["apptainer"],) * 2
+    assert images.built_image("shifter", TAG, build_dir) is None  # the gateway pulls from a registry
 
 
 def test_base_and_wheelhouse_argvs(tmp_path):

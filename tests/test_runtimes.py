@@ -16,7 +16,18 @@ from helpers import example_request
 from containerbench.config import RunSpec
 from containerbench.launch import Mpirun, Srun
 from containerbench.runtimes import (
-    Apptainer, BareMetal, Charliecloud, Docker, Enroot, Podman, PodmanHPC, RunRequest, Sarus, Shifter, runtime_for,
+    Apptainer,
+    BareMetal,
+    Charliecloud,
+    Docker,
+    Enroot,
+    Podman,
+    PodmanHPC,
+    RunRequest,
+    Sarus,
+    Shifter,
+    Singularity,
+    runtime_for,
 )
 
 HOST_PY = "/venv/bin/python"  # the workflow's interpreter, which runs the rankexec shim on the node
@@ -42,10 +53,21 @@ SITE_OWN_ENV = ["--env", "CONTAINERBENCH_RUNTIME", "--env", "NCCL_IB_HCA", "--en
                 "--env", "PYTHONUNBUFFERED", "--env", "UCX_TLS"]
 CPU_OWN_ENV = ["--env", "CONTAINERBENCH_RUNTIME", "--env", "NCCL_SOCKET_IFNAME", "--env", "PYTHONNOUSERSITE"]
 NO_GPU = ["--env", "NVIDIA_VISIBLE_DEVICES=void"]
+# keep-id: each rank's own user namespace; UCX shares posix shm by file name (openucx/ucx#4224).
+PODMAN_SITE_ENV = ["--env", "CONTAINERBENCH_RUNTIME", "--env", "NCCL_IB_HCA", "--env", "PYTHONNOUSERSITE",
+                   "--env", "PYTHONUNBUFFERED", "--env", "UCX_POSIX_USE_PROC_LINK", "--env", "UCX_TLS"]
+PODMAN_CPU_ENV = [*CPU_OWN_ENV, "--env", "UCX_POSIX_USE_PROC_LINK"]
+# podman-hpc's openmpi-pmix module's binds and variables, without its --privileged.
+HPC_SLURM = ["--volume", "/var/spool/slurmd:/var/spool/slurmd", "--volume", "/run/munge:/run/munge"]
+HPC_RANK_VARS = [*PODMAN_RANK_VARS, "--env", "SLURMD_*"]
 
 
 def container_env(name: str, base: dict, gds: bool = True) -> dict:
     return {"CONTAINERBENCH_RUNTIME": name, **base, "PYTHONNOUSERSITE": "1", **({"PMIX_MCA_gds": "hash"} if gds else {})}
+
+
+def podman_env(name: str, base: dict) -> dict:
+    return {**container_env(name, base), "UCX_POSIX_USE_PROC_LINK": "n"}
 
 
 RUNTIMES = {
@@ -53,8 +75,8 @@ RUNTIMES = {
     "podman": lambda: Podman("containerbench:latest", uid=1000, gid=1000, oci_runtime="runc"),
     "podman-hpc": lambda: PodmanHPC("containerbench:latest", uid=1000, gid=1000),
     "apptainer": lambda: Apptainer("/images/containerbench.sif", host_python=HOST_PY),
-    "singularity": lambda: Apptainer("/images/containerbench.sif", binary="singularity", host_python=HOST_PY),
-    "shifter": lambda: Shifter("docker:containerbench:latest", mpi_hook=True),
+    "singularity": lambda: Singularity("/images/containerbench.sif", host_python=HOST_PY),
+    "shifter": lambda: Shifter("id:0123abcd", mpi_hook=True, host_python=HOST_PY),
     "charliecloud": lambda: Charliecloud("/images/containerbench.sqfs", write_fake=True),
     "enroot": lambda: Enroot("/images/containerbench.sqsh"),
     "sarus": lambda: Sarus("containerbench:latest", mpi_hook=True, host_python=HOST_PY),
@@ -78,24 +100,26 @@ CASES = {
         ["podman", "--runtime", "runc", "run", *HOST_NS, "--userns", "keep-id", "--user", "1000:1000",
          "--log-driver", "none", "--device", "nvidia.com/gpu=all", *RDMA,
          "--volume", "/tmp:/tmp", "--volume", "/dev/shm:/dev/shm", *SITE_VOLUMES, "--workdir", WD,
-         *PODMAN_RANK_VARS, *SITE_OWN_ENV, "containerbench:latest", *IN_IMAGE],
-        container_env("podman", SITE_ENV)),
+         *PODMAN_RANK_VARS, *PODMAN_SITE_ENV, "containerbench:latest", *IN_IMAGE],
+        podman_env("podman", SITE_ENV)),
     ("podman", "cpu"): (
         ["podman", "--runtime", "runc", "run", *HOST_NS, "--userns", "keep-id", "--user", "1000:1000",
          "--log-driver", "none", *NO_GPU, "--volume", "/tmp:/tmp", "--volume", "/dev/shm:/dev/shm",
-         "--volume", "/work/x:/work/x", "--workdir", "/work/x", *PODMAN_RANK_VARS, *CPU_OWN_ENV,
+         "--volume", "/work/x:/work/x", "--workdir", "/work/x", *PODMAN_RANK_VARS, *PODMAN_CPU_ENV,
          "containerbench:latest", *IN_IMAGE],
-        container_env("podman", CPU_ENV)),
+        podman_env("podman", CPU_ENV)),
     ("podman-hpc", "site"): (
         ["podman-hpc", "run", *HOST_NS, "--userns", "keep-id", "--user", "1000:1000", "--log-driver", "none",
-         "--gpu", *RDMA, "--volume", "/tmp:/tmp", "--volume", "/dev/shm:/dev/shm", *SITE_VOLUMES, "--workdir", WD,
-         *PODMAN_RANK_VARS, *SITE_OWN_ENV, "containerbench:latest", *IN_IMAGE],
-        container_env("podman-hpc", SITE_ENV)),
+         "--gpu", *RDMA, "--volume", "/tmp:/tmp", "--volume", "/dev/shm:/dev/shm", *HPC_SLURM,
+         "--volume", "/etc/libibverbs.d:/etc/libibverbs.d", *SITE_VOLUMES, "--workdir", WD,
+         *HPC_RANK_VARS, *PODMAN_SITE_ENV, "containerbench:latest", *IN_IMAGE],
+        podman_env("podman-hpc", SITE_ENV)),
     ("podman-hpc", "cpu"): (
         ["podman-hpc", "run", *HOST_NS, "--userns", "keep-id", "--user", "1000:1000", "--log-driver", "none",
-         *NO_GPU, "--volume", "/tmp:/tmp", "--volume", "/dev/shm:/dev/shm", "--volume", "/work/x:/work/x",
-         "--workdir", "/work/x", *PODMAN_RANK_VARS, *CPU_OWN_ENV, "containerbench:latest", *IN_IMAGE],
-        container_env("podman-hpc", CPU_ENV)),
+         *NO_GPU, "--volume", "/tmp:/tmp", "--volume", "/dev/shm:/dev/shm", *HPC_SLURM,
+         "--volume", "/work/x:/work/x", "--workdir", "/work/x", *HPC_RANK_VARS, *PODMAN_CPU_ENV,
+         "containerbench:latest", *IN_IMAGE],
+        podman_env("podman-hpc", CPU_ENV)),
     # --- apptainer/singularity: --cleanenv, variables through APPTAINERENV_/SINGULARITYENV_ ---
     ("apptainer", "site"): (
         [HOST_PY, "-m", "containerbench.rankexec", "--env-prefix", "APPTAINERENV_", *PASS_RANK_VARS,
@@ -121,14 +145,20 @@ CASES = {
          "singularity", "exec", "--cleanenv", "--bind", "/work/x", "--pwd", "/work/x",
          "/images/containerbench.sif", *IN_IMAGE],
         {"SINGULARITYENV_" + k: v for k, v in container_env("singularity", CPU_ENV).items()}),
-    # --- shifter: modules named explicitly (none replaces the site's defaults) ---
+    # --- shifter (no launcher here: the image, modules and volumes go on the shifter command) ---
     ("shifter", "site"): (
-        ["shifter", "--image=docker:containerbench:latest", "--module=gpu,mpich", f"--volume={WD}:{WD}",
-         "--volume=/datasets/imagenet:/datasets/imagenet", f"--workdir={WD}", "--", *IN_IMAGE],
+        [HOST_PY, "-m", "containerbench.rankexec", "--env-form", "value", "--insert-after", "shifter",
+         *PASS_RANK_VARS, "--pass-prefix", "CUDA_VISIBLE_DEVICES",
+         "--pass-name", "CONTAINERBENCH_RUNTIME", "--pass-name", "NCCL_IB_HCA", "--pass-name", "PYTHONNOUSERSITE",
+         "--pass-name", "PYTHONUNBUFFERED", "--pass-name", "UCX_TLS", "--",
+         "shifter", "--clearenv", "--image=id:0123abcd", "--module=gpu,mpich", "--volume=/datasets/imagenet:/mnt",
+         "--workdir=/", "--", *IN_IMAGE],
         container_env("shifter", SITE_ENV)),
     ("shifter", "cpu"): (
-        ["shifter", "--image=docker:containerbench:latest", "--module=mpich", "--volume=/work/x:/work/x",
-         "--workdir=/work/x", "--", *IN_IMAGE],
+        [HOST_PY, "-m", "containerbench.rankexec", "--env-form", "value", "--insert-after", "shifter",
+         *PASS_RANK_VARS, "--pass-prefix", "CUDA_VISIBLE_DEVICES",
+         "--pass-name", "CONTAINERBENCH_RUNTIME", "--pass-name", "NCCL_SOCKET_IFNAME", "--pass-name", "PYTHONNOUSERSITE",
+         "--", "shifter", "--clearenv", "--image=id:0123abcd", "--module=mpich", "--workdir=/", "--", *IN_IMAGE],
         container_env("shifter", CPU_ENV)),
     # --- charliecloud: keep only what is needed, then the image's ENV ---
     ("charliecloud", "site"): (
@@ -238,9 +268,10 @@ def test_docker_ids_default_to_the_planning_user():
 def test_relative_workdir_and_duplicate_binds_are_resolved_once(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     request = RunRequest(module="m", workdir=".", binds=(str(tmp_path), "/data", "/data"))
-    assert Shifter("docker:img").rank_argv(request) == [
-        "shifter", "--image=docker:img", "--module=none", f"--volume={tmp_path}:{tmp_path}",
-        "--volume=/data:/data", f"--workdir={tmp_path}", "--", "python3", "-m", "m"]
+    argv = Podman("img", uid=0, gid=0).rank_argv(request)
+    volumes = [argv[i + 1] for i, word in enumerate(argv) if word == "--volume"]
+    assert volumes == ["/tmp:/tmp", "/dev/shm:/dev/shm", f"{tmp_path}:{tmp_path}", "/data:/data"]
+    assert argv[argv.index("--workdir") + 1] == str(tmp_path)
 
 
 def test_charliecloud_without_write_fake_and_with_extra_args():
@@ -261,9 +292,10 @@ def test_charliecloud_without_write_fake_binds_a_dataset_at_an_existing_mount_po
             RunRequest(module="m", args=(), env={}, binds=("/a", "/b", "/c", "/d")))
 
 
-def test_apptainer_binary_must_be_apptainer_or_singularity():
-    with pytest.raises(ValueError, match="^runtime 'apptainer': binary 'docker' is not allowed; allowed: apptainer"):
-        Apptainer("/img.sif", binary="docker")
+def test_singularity_is_apptainer_under_its_own_name_and_prefix():
+    assert issubclass(Singularity, Apptainer) and Singularity.env_prefix == "SINGULARITYENV_"
+    with pytest.raises(ValueError, match="unknown option 'binary' in images.apptainer"):
+        runtime_for("apptainer", {"images": {"apptainer": {"image": "/i.sif", "binary": "docker"}}})
 
 
 # --- the rankexec shim, really run (a harmless program stands in for docker) ---
@@ -330,7 +362,7 @@ IMAGES = {"docker": {"image": "containerbench:latest"}, "podman": {"image": "con
           "charliecloud": {"image": "/images/cb.sqfs", "write_fake": False}, "enroot": {"image": "/images/cb.sqsh"},
           "sarus": {"image": "containerbench:latest", "python": "/opt/venv/bin/python"}}
 CLASSES = {"docker": Docker, "podman": Podman, "podman-hpc": PodmanHPC, "apptainer": Apptainer,
-           "singularity": Apptainer, "shifter": Shifter, "charliecloud": Charliecloud, "enroot": Enroot, "sarus": Sarus}
+           "singularity": Singularity, "shifter": Shifter, "charliecloud": Charliecloud, "enroot": Enroot, "sarus": Sarus}
 
 
 @pytest.mark.parametrize("name", sorted(CLASSES))
@@ -368,7 +400,7 @@ def test_runtime_for_rejects_in_one_line(name, config, message):
 
 
 def test_charliecloud_without_write_fake_binds_no_work_directory():
-    """ch-run < 0.32 cannot create mount points: only dataset binds, started in /."""
+    """ch-run < 0.36 cannot create mount points: only dataset binds, started in /."""
     argv = Charliecloud("/img", write_fake=False).rank_argv(SITE)
     assert "--bind=/datasets/imagenet:/mnt" in argv and not any(a.startswith("--bind=/scratch") for a in argv)
     assert "--cd=/" in argv

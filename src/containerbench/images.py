@@ -39,7 +39,16 @@ from pathlib import Path
 from containerbench import provenance
 from containerbench.config import BENCH_ENVS, BenchEnv, ConfigError
 from containerbench.processes import run_group
-from containerbench.runtimes import DEFAULT_PATH, RunRequest, engine_env, host_environment
+from containerbench.runtimes import (
+    CONTAINER_RUNTIMES,
+    DEFAULT_PATH,
+    Apptainer,
+    BuiltImage,
+    Charliecloud,
+    RunRequest,
+    engine_env,
+    host_environment,
+)
 
 BUILD = Path("build")
 IMAGES = BUILD / "images"
@@ -365,10 +374,6 @@ def load_image(engine: str, tag: str, archive: Path = ARCHIVE, stamp: Path | Non
     return record
 
 
-def ch_convert_argv(engine: str, tag: str, out: Path = CHARLIECLOUD_DIR) -> list[str]:
-    return ["ch-convert", "-i", engine, "-o", "dir", tag, str(out)]
-
-
 def clear_dev(image_dir: Path) -> list[str]:
     """Remove device nodes and files under IMAGE/dev: ch-run mounts the host's /dev there anyway."""
     removed = []
@@ -381,91 +386,53 @@ def clear_dev(image_dir: Path) -> list[str]:
 
 
 def charliecloud_image(engine: str, tag: str, out: Path = CHARLIECLOUD_DIR, force: bool = False,
-                       timeout: float = DEFAULT_STEP_TIMEOUT_S) -> Path:
-    """Convert unless OUT was already made from this very image (its id is kept in OUT.image-id)."""
-    marker, image_id = Path(f"{out}.image-id"), image_digest(engine, tag)
+                       timeout: float = DEFAULT_STEP_TIMEOUT_S, gpus: bool = False) -> Path:
+    """Convert unless OUT was already made from this very image (its id, and whether the host's
+    NVIDIA libraries were injected, are kept in OUT.image-id)."""
+    marker, image_id = Path(f"{out}.image-id"), image_digest(engine, tag) + (" +nvidia" if gpus else "")
     if not force and marker.exists() and marker.read_text().strip() == image_id and (out / "ch").is_dir():
         return out
     marker.unlink(missing_ok=True)
     shutil.rmtree(out, ignore_errors=True)
     out.parent.mkdir(parents=True, exist_ok=True)
-    run_step("charliecloud (ch-convert)", ch_convert_argv(engine, tag, out), env=engine_env("charliecloud"),
-             timeout=timeout)
-    clear_dev(out)
+    run_step("charliecloud (ch-convert)", Charliecloud.convert_argv(engine, tag, str(out)),
+             env=engine_env("charliecloud"), timeout=timeout)
+    clear_dev(out)  # before ch-fromhost, which writes into the image
+    if gpus:
+        run_step("charliecloud (ch-fromhost --nvidia)", Charliecloud.nvidia_argv(str(out)),
+                 env=engine_env("charliecloud"), timeout=timeout)
     marker.write_text(image_id + "\n")
     return out
 
 
-# -- apptainer, and the runtimes not installable here (argv only) ----------------------------
+# -- what each runtime runs, and the commands that make it (owned by its class) ---------------
 
-def apptainer_build_argv(sif: Path = SIF, archive: Path = ARCHIVE, program: str = "apptainer") -> list[str]:
-    return [program, "build", "--fakeroot", str(sif), f"docker-archive://{archive}"]
+def built(tag: str, build_dir: Path | str = IMAGES, engine: str = "podman", gpus: bool = False) -> BuiltImage:
+    return BuiltImage(tag, engine, str(build_dir), gpus)
 
-
-def apptainer_build_def_argv(sif: Path = SIF, definition: Path = IMAGES / "containerbench.def",
-                             program: str = "apptainer") -> list[str]:
-    return [program, "build", "--fakeroot", str(sif), str(definition)]
-
-
-def enroot_import_argv(engine: str, tag: str, out: Path = SQUASHFS) -> list[str]:
-    scheme = {"docker": "dockerd", "podman": "podman"}[engine]
-    return ["enroot", "import", "-o", str(out), f"{scheme}://{tag}"]
-
-
-def sarus_name(tag: str) -> str:
-    """Sarus names a loaded image load/library/NAME:TAG; give it NAME:TAG without a registry."""
-    return tag.rsplit("/", 1)[-1]
-
-
-def sarus_load_argv(tag: str, archive: Path = ARCHIVE) -> list[str]:
-    return ["sarus", "load", str(archive), sarus_name(tag)]
-
-
-def push_argvs(engine: str, tag: str, registry_image: str) -> list[list[str]]:
-    if engine == "podman":
-        return [["podman", "push", tag, registry_image]]
-    return [["docker", "tag", tag, registry_image], ["docker", "push", registry_image]]
-
-
-def shifter_pull_argv(registry_image: str) -> list[str]:
-    # Shifter pulls from a registry only (its gateway's import of a squashfs is admin-enabled, no CLI).
-    return ["shifterimg", "pull", f"docker:{registry_image}"]
-
-
-def podman_hpc_argvs(tag: str, archive: Path = ARCHIVE) -> list[list[str]]:
-    return [["podman-hpc", "load", "-i", str(archive)], ["podman-hpc", "migrate", tag]]
-
-
-def runtime_commands(engine: str, tag: str, registry: str = "REGISTRY") -> dict[str, list[list[str]]]:
-    registry_image = f"{registry}/{sarus_name(tag)}"
-    return {"apptainer": [apptainer_build_argv()], "singularity": [apptainer_build_argv(program="singularity")],
-            "apptainer-def": [apptainer_build_def_argv()], "enroot": [enroot_import_argv(engine, tag)],
-            "sarus": [sarus_load_argv(tag)],
-            "shifter": [*push_argvs(engine, tag, registry_image), shifter_pull_argv(registry_image)],
-            "podman-hpc": podman_hpc_argvs(tag), "charliecloud": [ch_convert_argv(engine, tag)]}
-
-
-# -- what each runtime runs ------------------------------------------------------------------
 
 def image_files(tag: str, build_dir: Path | str = IMAGES) -> dict[str, str]:
-    """What the workflow makes from the image `tag`, named after it: a stale file made
-    from another image (or by hand) is never taken for this one."""
-    slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", tag.rsplit("/", 1)[-1])
-    return {"docker": f"{build_dir}/docker-{slug}.json", "podman": f"{build_dir}/podman-{slug}.json",
-            "podman-hpc": f"{build_dir}/podman-hpc-{slug}.json", "sarus": f"{build_dir}/sarus-{slug}.json",
-            "archive": f"{build_dir}/{slug}.tar", "charliecloud": f"{build_dir}/{slug}.ch",
-            "definition": f"{build_dir}/{slug}.def", "apptainer": f"{build_dir}/{slug}.sif",
-            "singularity": f"{build_dir}/{slug}.sif", "enroot": f"{build_dir}/{slug}.sqsh"}
+    """Every file the workflow can make from the image `tag`: each runtime's artifact, the archive
+    they are converted from and the Singularity definition."""
+    image = built(tag, build_dir)
+    files = {name: cls.artifact(image) for name, cls in CONTAINER_RUNTIMES.items() if cls.artifact(image)}
+    return {**files, "archive": image.archive, "definition": image.definition}
 
 
 def built_image(runtime: str, tag: str, build_dir: Path | str = IMAGES) -> tuple[str, str] | None:
     """(the image reference `runtime` runs, the file its runs depend on), or None if not buildable here."""
-    files = image_files(tag, build_dir)
-    if runtime in ("docker", "podman", "podman-hpc", "sarus"):
-        return tag, files[runtime]
-    if runtime in ("charliecloud", "apptainer", "singularity", "enroot"):
-        return files[runtime], files[runtime]
-    return None  # bare metal, and Shifter (its gateway serves images; it cannot take a local build)
+    cls, image = CONTAINER_RUNTIMES.get(runtime), built(tag, build_dir)
+    if cls is None or cls.artifact(image) is None:
+        return None  # bare metal, and Shifter (its gateway serves images; it cannot take a local build)
+    return cls.reference(image), cls.artifact(image)
+
+
+def runtime_commands(engine: str, tag: str, registry: str = "REGISTRY", build_dir: Path | str = IMAGES,
+                     gpus: bool = False) -> dict[str, list[list[str]]]:
+    """Every runtime's prepare commands for the built image (what `images print-commands` shows)."""
+    image = built(tag, build_dir, engine, gpus)
+    commands = {name: cls.prepare_commands(image, registry) for name, cls in CONTAINER_RUNTIMES.items()}
+    return {**commands, "apptainer-def": [Apptainer.build_argv(image.file(".sif"), image.definition)]}
 
 
 def resolve_images(config: dict, build_dir: Path | str = IMAGES) -> dict[str, str]:
@@ -479,6 +446,10 @@ def resolve_images(config: dict, build_dir: Path | str = IMAGES) -> dict[str, st
         settings = images.setdefault(runtime, {})
         if settings.get("image"):
             continue
+        if settings.get("mpi_hook"):  # Sarus --mpi, Shifter --module=mpich
+            raise ConfigError(f"config: 'images.{runtime}.mpi_hook' = true swaps the image's libmpi for the site's "
+                              "MPICH-ABI one, and the image the workflow builds has Open MPI; allowed: false, or "
+                              f"images.{runtime}.image naming an MPICH-based image")
         built = built_image(runtime, images["build"]["tag"], build_dir)
         if built is None:
             raise ConfigError(f"config: 'images.{runtime}.image' is missing; allowed: the image reference "
@@ -520,6 +491,24 @@ def check_bench_env(config: dict, repo: Path | str) -> None:
                           f"`make gpu-env` puts in {env.wheelhouse} ({env.horovod_gpu_operations} operations, "
                           f"compiled by CUDA 11.8's nvcc), and there is none; allowed: run `make gpu-env` "
                           "first, or benchmark_env: cpu")
+
+
+# Runtimes whose artifact `images prepare` makes from the archive or the engine's store, with
+# nothing of their own to check (docker/podman load and Charliecloud have their own steps).
+CONVERTED = ("apptainer", "singularity", "enroot", "sarus", "podman-hpc")
+
+
+def prepare_runtime(name: str, image: BuiltImage, timeout: float = DEFAULT_STEP_TIMEOUT_S) -> str:
+    """Run `name`'s prepare commands; a runtime whose artifact is not the file the commands make
+    (sarus, podman-hpc: the image lives in their own store) gets a stamp naming what it runs."""
+    cls = CONTAINER_RUNTIMES[name]
+    artifact = Path(cls.artifact(image))
+    artifact.parent.mkdir(parents=True, exist_ok=True)
+    for argv in cls.prepare_commands(image):
+        run_step(f"{name} ({argv[0]} {argv[1]})", argv, timeout=timeout)
+    if cls.reference(image) != str(artifact):
+        _write(artifact, json.dumps({"image": cls.reference(image)}) + "\n")
+    return cls.reference(image)
 
 
 # -- command line ----------------------------------------------------------------------------
@@ -571,18 +560,14 @@ def parser() -> argparse.ArgumentParser:
     step = steps.add_parser("charliecloud", help="ch-convert the image into a Charliecloud directory")
     step.add_argument("--out", type=Path, default=CHARLIECLOUD_DIR)
     step.add_argument("--force", action="store_true")
-    step = steps.add_parser("apptainer", help="apptainer build a SIF from the archive")
-    step.add_argument("--program", choices=("apptainer", "singularity"), default="apptainer")
-    step.add_argument("--archive", type=Path, default=ARCHIVE)
-    step.add_argument("--sif", type=Path, default=SIF)
-    step = steps.add_parser("enroot", help="enroot import the image from the engine")
-    step.add_argument("--out", type=Path, default=SQUASHFS)
-    for name in ("sarus", "podman-hpc"):
-        step = steps.add_parser(name, help=f"load the archive into {name}")
-        step.add_argument("--archive", type=Path, default=ARCHIVE)
-        step.add_argument("--stamp", type=Path, help="write the image name it runs here when done")
+    step.add_argument("--gpus", action="store_true", help="then inject the host's NVIDIA libraries (ch-fromhost)")
+    step = steps.add_parser("prepare", help="run a converting runtime's prepare commands (its class's)")
+    step.add_argument("--runtime", required=True, choices=sorted(set(CONVERTED)))
+    step.add_argument("--build-dir", type=Path, default=IMAGES)
     step = steps.add_parser("print-commands", help="print every runtime's image commands")
     step.add_argument("--registry", default="REGISTRY")
+    step.add_argument("--build-dir", type=Path, default=IMAGES)
+    step.add_argument("--gpus", action="store_true")
     step.add_argument("--json", action="store_true")
     return cli
 
@@ -590,7 +575,7 @@ def parser() -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> str:
     """Do one step; return what it made, for the log."""
     timeout, repo, env = args.step_timeout, args.repo, BENCH_ENVS[args.env]
-    needs_tag = args.step not in ("base", "wheelhouse", "apptainer")
+    needs_tag = args.step not in ("base", "wheelhouse")
     tag = args.tag or (default_tag(args.bench_python) if needs_tag else None)
     if args.step == "base":
         done = make_base(args.engine, args.base_image, repo / "build" / "base" / "rootfs", args.mirror, args.force,
@@ -614,23 +599,10 @@ def run(args: argparse.Namespace) -> str:
     if args.step == "load":
         return json.dumps(load_image(args.into, tag, args.archive, args.stamp, timeout), indent=2)
     if args.step == "charliecloud":
-        return str(charliecloud_image(args.engine, tag, args.out, args.force, timeout))
-    if args.step == "apptainer":
-        run_step(f"{args.program} build", apptainer_build_argv(args.sif, args.archive, args.program), timeout=timeout)
-        return str(args.sif)
-    if args.step == "enroot":
-        run_step("enroot import", enroot_import_argv(args.engine, tag, args.out), timeout=timeout)
-        return str(args.out)
-    if args.step == "sarus":
-        run_step("sarus load", sarus_load_argv(tag, args.archive), timeout=timeout)
-        _write(args.stamp, json.dumps({"image": sarus_name(tag)}) + "\n")
-        return sarus_name(tag)
-    if args.step == "podman-hpc":
-        for argv in podman_hpc_argvs(tag, args.archive):
-            run_step("podman-hpc", argv, timeout=timeout)
-        _write(args.stamp, json.dumps({"image": tag}) + "\n")
-        return tag
-    commands = runtime_commands(args.engine, tag, args.registry)
+        return str(charliecloud_image(args.engine, tag, args.out, args.force, timeout, args.gpus))
+    if args.step == "prepare":
+        return prepare_runtime(args.runtime, built(tag, args.build_dir, args.engine), timeout)
+    commands = runtime_commands(args.engine, tag, args.registry, args.build_dir, args.gpus)
     return json.dumps(commands, indent=2) if args.json else \
         "\n".join(f"{name}: {shlex.join(argv)}" for name, argvs in commands.items() for argv in argvs)
 

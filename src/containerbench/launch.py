@@ -41,7 +41,6 @@ from containerbench.runtimes import (
     RunRequest,
     check_launchers,
     host_environment,
-    is_image_path,
     runtime_for,
     select_runtimes,
 )
@@ -365,9 +364,8 @@ def check_site_images(config: dict, built: dict[str, str]) -> None:
 
 def site_image_files(config: dict, built: dict[str, str]) -> list[str]:
     """The image files the site supplies: the pre-flight check checks that the compute nodes see them."""
-    images = (runtime_for(name, config).image for name in config["runtimes"]
-              if name != "bare-metal" and name not in built)
-    return sorted(os.path.abspath(image) for image in images if is_image_path(image))
+    runtimes = (runtime_for(name, config) for name in config["runtimes"] if name != "bare-metal" and name not in built)
+    return sorted(os.path.abspath(runtime.image) for runtime in runtimes if runtime.image_is_file(runtime.image))
 
 
 def prepare(config: dict, repo: Path, *, probe: bool = True) -> Sweep:

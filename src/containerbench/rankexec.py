@@ -4,13 +4,16 @@ Some arguments of a rank's container command are only known on the node, when
 the rank starts: the names of the variables mpirun/srun set for it (OMPI_*,
 PMIX_*, SLURM_*...) and the node's device files. The plan (runtimes.py) puts
 
-    <host python> -m containerbench.rankexec [--pass-prefix P]... [--env-prefix X]
+    <host python> -m containerbench.rankexec [--pass-prefix P]... [--pass-name N]...
+        [--env-prefix X] [--env-form name|value] [--insert-after WORD]
         [--device-glob G]... -- <command>
 
 in front of the command. At rank start the shim inserts, right after the first
-`run` word of the command (docker/podman/sarus run), `--env NAME` for every
-variable whose name starts with a --pass-prefix (the engine copies the value
-from this environment) and `--device=PATH` for every path matching a
+`run` word of the command (docker/podman/sarus run; --insert-after names
+another, e.g. `shifter`), `--env NAME` for every variable whose name starts
+with a --pass-prefix or is a --pass-name (the engine copies the value from this
+environment; with --env-form value it is `--env=NAME=VALUE`, for Shifter, which
+has no name-only form) and `--device=PATH` for every path matching a
 --device-glob. With --env-prefix X it instead exports X+NAME=value for those
 variables and leaves the command alone (Apptainer's APPTAINERENV_ mechanism,
 which also works under --cleanenv). With --cpuset-from-affinity it inserts
@@ -32,6 +35,9 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(prog="python -m containerbench.rankexec", description=__doc__.splitlines()[0])
     parser.add_argument("--pass-prefix", action="append", default=[], metavar="PREFIX")
+    parser.add_argument("--pass-name", action="append", default=[], metavar="NAME")
+    parser.add_argument("--env-form", choices=("name", "value"), default="name")
+    parser.add_argument("--insert-after", default="run", metavar="WORD")
     parser.add_argument("--env-prefix", metavar="PREFIX", help="export PREFIX+NAME instead of inserting --env NAME")
     parser.add_argument("--device-glob", action="append", default=[], metavar="PATTERN")
     parser.add_argument("--cpuset-from-affinity", action="store_true")
@@ -39,10 +45,13 @@ def main(argv: list[str] | None = None) -> None:
     args, command = parser.parse_args(argv[:at]), argv[at + 1:]
     if not command:
         parser.error("give the command after --")
-    names = sorted(name for name in os.environ if args.pass_prefix and name.startswith(tuple(args.pass_prefix)))
+    names = sorted(name for name in os.environ
+                   if name in args.pass_name or args.pass_prefix and name.startswith(tuple(args.pass_prefix)))
     if args.env_prefix:
         os.environ.update({args.env_prefix + name: os.environ[name] for name in names})
         inserted = []
+    elif args.env_form == "value":
+        inserted = [f"--env={name}={os.environ[name]}" for name in names]
     else:
         inserted = [word for name in names for word in ("--env", name)]
     inserted += [f"--device={path}" for pattern in args.device_glob for path in sorted(glob.glob(pattern))]
@@ -50,9 +59,10 @@ def main(argv: list[str] | None = None) -> None:
     if args.cpuset_from_affinity and len(bound) < os.cpu_count():  # unbound: nothing to pass on
         inserted.append("--cpuset-cpus=" + ",".join(map(str, bound)))
     if inserted:
-        if "run" not in command[1:]:
-            parser.error(f"no 'run' word in the command to insert {inserted[0]!r} after")
-        at = command.index("run", 1) + 1
+        word = args.insert_after
+        if word not in command:
+            parser.error(f"no {word!r} word in the command to insert {inserted[0]!r} after")
+        at = command.index(word) + 1
         command = command[:at] + inserted + command[at:]
     os.execvp(command[0], command)
 

@@ -96,6 +96,35 @@ def run_probe(argv: tuple[str, ...] | list[str], env: dict[str, str] | None = No
     return True, (done.stdout.strip().splitlines() or [""])[0]
 
 
+@dataclass(frozen=True)
+class BuiltImage:
+    """The one image the workflow builds (containers/Dockerfile, by `engine`) and where the files
+    made from it go. Every file is named after the tag, so a file made from another image (or by
+    hand) is never taken for this one."""
+
+    tag: str
+    engine: str = "podman"
+    build_dir: str = "build/images"
+    gpus: bool = False  # runs give the ranks GPUs: a runtime may need the host's driver in its image
+
+    @property
+    def slug(self) -> str:
+        return re.sub(r"[^A-Za-z0-9_.-]+", "-", self.tag.rsplit("/", 1)[-1])
+
+    def file(self, suffix: str) -> str:
+        return f"{self.build_dir}/{self.slug}{suffix}"
+
+    @property
+    def archive(self) -> str:
+        """The docker archive every converting runtime starts from."""
+        return self.file(".tar")
+
+    @property
+    def definition(self) -> str:
+        """containers/Dockerfile as a Singularity definition (containerbench.singularity)."""
+        return self.file(".def")
+
+
 # Options of images.<runtime> that are about launching, not about the runtime's own argv.
 LAUNCH_OPTIONS = ("srun_mpi", "available", "package")
 
@@ -114,6 +143,7 @@ class Runtime:
     # "clone": the ranks import containerbench from the workflow's clone, bound into the container
     # (an image the site supplies, e.g. a vendor's, has TensorFlow and Horovod but not this package).
     package: str = "image"
+    launcher: str = "none"  # the launcher kind its ranks start under (runtime_for sets the config's)
 
     def rank_argv(self, request: RunRequest) -> list[str]:
         raise NotImplementedError
@@ -129,6 +159,23 @@ class Runtime:
             raise ValueError(f"runtime {self.name!r} needs launcher {self.requires_launcher!r}, not {kind!r}")
 
     probe: tuple[str, ...] = ()  # a quick command that succeeds only where the runtime can run here
+
+    # -- the image it runs: made from the built image by its prepare commands --
+    @classmethod
+    def artifact(cls, built: BuiltImage) -> str | None:
+        """The file made from the built image that this runtime's runs depend on (a Snakemake
+        output); None where it cannot take a local build (Shifter's gateway pulls from a registry)."""
+        return None
+
+    @classmethod
+    def reference(cls, built: BuiltImage) -> str | None:
+        """What a rank's argv names to run the built image: by default the artifact itself."""
+        return cls.artifact(built)
+
+    @classmethod
+    def prepare_commands(cls, built: BuiltImage, registry: str = "REGISTRY") -> list[list[str]]:
+        """The commands that make the artifact from the built image (ReFrame's emit_prepare_commands)."""
+        return []
 
     def usable(self) -> tuple[bool, str]:
         """Can this runtime start a container on this machine? (ok, one-line reason if not)"""
@@ -148,6 +195,19 @@ class BareMetal(Runtime):
 
     def rank_argv(self, request: RunRequest) -> list[str]:
         return [self.python, "-m", request.module, *request.args]
+
+
+def move_binds(runtime: str, request: RunRequest, mount_points: tuple[str, ...],
+               remedy: str = "fewer binds") -> dict[str, str]:
+    """For a runtime that binds only onto mount points the image already has: each bind goes to an
+    empty directory every Debian/Ubuntu image has, and the arguments and variables naming it (a
+    dataset, the clone's src/ on PYTHONPATH, the telemetry directory) are rewritten to match. The
+    work directory is not bound: the benchmark needs nothing else from it."""
+    sources = list(dict.fromkeys(map(os.path.abspath, request.binds)))
+    if len(sources) > len(mount_points):
+        raise ValueError(f"runtime {runtime!r}: {len(sources)} binds need {remedy}; "
+                         f"allowed: at most {len(mount_points)} ({', '.join(mount_points)})")
+    return dict(zip(sources, mount_points))
 
 
 def _pass_flags(prefixes) -> list[str]:
@@ -171,12 +231,17 @@ class ContainerRuntime(Runtime):
     # A command that succeeds when `image` (appended) is in this machine's local image store.
     in_local_store: tuple[str, ...] = ()
 
+    @staticmethod
+    def image_is_file(image: str) -> bool:
+        """Does the runtime read `image` as a file (or directory) rather than a registry reference?"""
+        return is_image_path(image)
+
     def site_image_problem(self) -> str | None:
         """What is wrong with an image the site supplies instead of the built one, in one line:
         a file must exist (checked on the compute nodes too, by the pre-flight check), and a registry
         reference must be pinned by digest, so every run of the sweep measures the same image."""
         where = f"'images.{self.name}.image' = {self.image!r}"
-        if is_image_path(self.image):
+        if self.image_is_file(self.image):
             if self.available == "everywhere" and not os.path.exists(self.image):
                 return f"{where} does not exist; allowed: an existing file or directory, or a pinned reference"
             return None
@@ -220,6 +285,20 @@ class OciEngine(ContainerRuntime):
         # Numeric ids fixed at plan time: outputs on bound paths belong to the user, not root.
         self.uid = os.getuid() if uid is None else uid
         self.gid = os.getgid() if gid is None else gid
+
+    @classmethod
+    def artifact(cls, built: BuiltImage) -> str:
+        """The stamp written once the image is in this engine's store (its id and measured provenance)."""
+        return f"{built.build_dir}/{cls.name}-{built.slug}.json"
+
+    @classmethod
+    def reference(cls, built: BuiltImage) -> str:
+        return built.tag
+
+    @classmethod
+    def prepare_commands(cls, built: BuiltImage, registry: str = "REGISTRY") -> list[list[str]]:
+        # The build engine has the image already; the other loads its archive (docker-load(1), podman-load(1)).
+        return [] if built.engine == cls.binary else [[cls.binary, "load", "-i", built.archive]]
 
     def engine_args(self) -> list[str]:
         return [self.binary, "run"]
@@ -313,8 +392,20 @@ class Podman(OciEngine):
     def gpu_args(self) -> list[str]:
         return ["--device", "nvidia.com/gpu=all"]  # CDI spec from `nvidia-ctk cdi generate` (toolkit docs)
 
+    rank_prefixes = RANK_PREFIXES
+
+    def environment(self, request: RunRequest) -> dict[str, str]:
+        env = super().environment(request)
+        if self.uid != 0:
+            # keep-id puts each rank's container in its own user namespace, where UCX's posix shared
+            # memory cannot open a peer's /proc/<pid>/fd link (openucx/ucx#4224): the maintainers'
+            # workaround shares the segment by its file name in the bound /dev/shm instead. Open MPI's
+            # own CMA skips itself across user namespaces (open-mpi/ompi#6844, in 4.0.2 and later).
+            env["UCX_POSIX_USE_PROC_LINK"] = "n"
+        return env
+
     def env_args(self, request: RunRequest) -> list[str]:
-        patterns = [prefix + "*" if prefix.endswith("_") else prefix for prefix in RANK_PREFIXES]
+        patterns = [prefix + "*" if prefix.endswith("_") else prefix for prefix in self.rank_prefixes]
         return [*(word for pattern in patterns for word in ("--env", pattern)), *super().env_args(request)]
 
 
@@ -332,6 +423,21 @@ class PodmanHPC(Podman):
                  gid: int | None = None):
         super().__init__(image, python, extra_args, uid, gid)
 
+    @classmethod
+    def prepare_commands(cls, built: BuiltImage, registry: str = "REGISTRY") -> list[list[str]]:
+        # Load into podman-hpc's podman, then squash it where the compute nodes read it (podman-hpc README).
+        return [["podman-hpc", "load", "-i", built.archive], ["podman-hpc", "migrate", built.tag]]
+
+    # What podman-hpc's openmpi-pmix module adds for a Slurm-launched Open MPI rank, without its
+    # --privileged (etc/modules.d/openmpi-pmix.yaml): slurmd's spool (the PMIx server's rendezvous
+    # files), munge's socket, and the SLURMD_* variables besides SLURM_*/PMIX_*/PMI_*.
+    shared_paths = ("/tmp", "/dev/shm", "/var/spool/slurmd", "/run/munge")
+    rank_prefixes = (*RANK_PREFIXES, "SLURMD_")
+
+    def mounts(self, request: RunRequest) -> list[str]:
+        # The host's verbs provider configuration, which the image's libibverbs reads (the same modules).
+        return [*(["/etc/libibverbs.d"] if request.infiniband else []), *super().mounts(request)]
+
     def gpu_args(self) -> list[str]:
         return ["--gpu"]  # module gpu.yaml: driver libraries, /dev/nvidia*, NVIDIA_VISIBLE_DEVICES
 
@@ -342,14 +448,28 @@ class Apptainer(ContainerRuntime):
     Metadata"), also for values with commas that --env would split. The launcher sets the benchmark's
     variables in that form; the rankexec shim exports the rank variables so on the node."""
 
-    def __init__(self, image: str, python: str = "python3", extra_args=(), binary: str = "apptainer",
-                 host_python: str = sys.executable):
-        if binary not in ("apptainer", "singularity"):
-            raise ValueError(f"runtime 'apptainer': binary {binary!r} is not allowed; allowed: apptainer, singularity")
+    name = binary = "apptainer"
+    probe = ("apptainer", "--version")
+    env_prefix = "APPTAINERENV_"
+
+    def __init__(self, image: str, python: str = "python3", extra_args=(), host_python: str = sys.executable):
         super().__init__(image, python, extra_args)
-        self.name, self.host_python = binary, host_python
-        self.probe = (binary, "--version")
-        self.env_prefix = f"{binary.upper()}ENV_"
+        self.host_python = host_python
+
+    @classmethod
+    def artifact(cls, built: BuiltImage) -> str:
+        return built.file(".sif")
+
+    @classmethod
+    def build_argv(cls, sif: str, source: str) -> list[str]:
+        # No --fakeroot: an unprivileged build of a definition file implies it, and a build from an
+        # archive runs nothing inside the image (user guide, "Fakeroot feature").
+        return [cls.binary, "build", sif, source]
+
+    @classmethod
+    def prepare_commands(cls, built: BuiltImage, registry: str = "REGISTRY") -> list[list[str]]:
+        # The archive `docker save` wrote, in the form the user guide documents ("docker-archive:FILE").
+        return [cls.build_argv(cls.artifact(built), f"docker-archive:{built.archive}")]
 
     def environment(self, request: RunRequest) -> dict[str, str]:
         return {self.env_prefix + name: value for name, value in super().environment(request).items()}
@@ -365,18 +485,43 @@ class Apptainer(ContainerRuntime):
         return [*shim, *argv, "--pwd", self.workdir(request), *self.extra_args, self.image, *self.command(request)]
 
 
+class Singularity(Apptainer):
+    """SingularityCE (or Singularity before the rename): Apptainer's CLI under its old name."""
+
+    name = binary = "singularity"
+    probe = ("singularity", "--version")
+    env_prefix = "SINGULARITYENV_"
+
+
 class Shifter(ContainerRuntime):
-    """shifter --image=docker:name:tag (or id:...). Shifter passes the whole host environment, the
-    image's ENV overriding it, and has no option to clean it (shifter(1) usage, "Environmental
-    Transfer"); it shares the host's network, /dev and memlock limit. --volume mount points must exist
-    in the image and may not lie under /dev, /etc, /opt/udiImage, /proc or /var."""
+    """Shifter: an image its gateway pulled from a registry (no local build), named docker:NAME:TAG
+    or id:ID (`shifterimg lookup` prints the id). Under srun the image, volumes and modules are the
+    step's (the shifter_slurm SPANK options --image/--volume/--module, which srun takes like sbatch
+    and salloc; Shifter's docs, wlm/slurm.rst "Basic Job Submission and Usage"): the node's
+    container is set up once, and each rank's plain `shifter` enters it, reading SHIFTER_IMAGE from
+    the plugin. Options given to the shifter command instead build a new instance per rank (same
+    page), which mpirun cannot avoid. --clearenv drops the host environment (shifter usage text,
+    "--clearenv"); the rankexec shim passes what the rank needs as --env=NAME=VALUE when the rank
+    starts. A --volume mount point must already exist in the image (usage text, "Volume
+    Mapping"), so binds go to directories every Debian/Ubuntu image has, and the rank starts in /."""
 
     name = "shifter"
     probe = ("shifter",)
+    MOUNT_POINTS = ("/mnt", "/media", "/srv")
 
-    def __init__(self, image: str, python: str = "python3", extra_args=(), mpi_hook: bool = False):
+    def __init__(self, image: str, python: str = "python3", extra_args=(), mpi_hook: bool = False,
+                 host_python: str = sys.executable):
         super().__init__(image, python, extra_args)
-        self.mpi_hook = mpi_hook
+        self.mpi_hook, self.host_python = mpi_hook, host_python
+
+    @classmethod
+    def prepare_commands(cls, built: BuiltImage, registry: str = "REGISTRY") -> list[list[str]]:
+        # The gateway pulls from a registry only: push there, pull, then look the id up to pin the runs
+        # (`shifterimg lookup` prints the image's identifier; shifterimg.c MODE_LOOKUP).
+        remote = f"{registry}/{built.tag.rsplit('/', 1)[-1]}"
+        push = ([["podman", "push", built.tag, remote]] if built.engine == "podman"
+                else [["docker", "tag", built.tag, remote], ["docker", "push", remote]])
+        return [*push, ["shifterimg", "pull", f"docker:{remote}"], ["shifterimg", "lookup", f"docker:{remote}"]]
 
     def site_image_problem(self) -> str | None:
         # An image id from `shifterimg lookup` pins the image (shifter(1): --image=id:<id>).
@@ -385,23 +530,51 @@ class Shifter(ContainerRuntime):
         return (f"'images.shifter.image' = {self.image!r} is not pinned; allowed: id:<id> from `shifterimg lookup`, "
                 "or docker:NAME@sha256:<digest>")
 
-    def rank_argv(self, request: RunRequest) -> list[str]:
-        # Modules (udiRoot.conf): gpu injects the driver, mpich swaps the site's MPICH-ABI libmpi in.
-        # Naming modules replaces the site's defaultModules, so with none we say "none": nothing is
-        # swapped in behind the benchmark's back.
+    def moved_binds(self, request: RunRequest) -> dict[str, str]:
+        return move_binds(self.name, request, self.MOUNT_POINTS)
+
+    def modules(self, request: RunRequest) -> str:
+        # Naming modules replaces the site's defaultModules; "none" turns them all off (usage text,
+        # "--module"), so nothing is swapped in behind the benchmark's back.
         modules = [*(["gpu"] if request.gpus else []), *(["mpich"] if self.mpi_hook else [])]
-        argv = ["shifter", f"--image={self.image}", f"--module={','.join(modules) or 'none'}"]
-        argv += [f"--volume={path}:{path}" for path in self.mounts(request)]
-        return [*argv, f"--workdir={self.workdir(request)}", *self.extra_args, "--", *self.command(request)]
+        return ",".join(modules) or "none"
+
+    def environment(self, request: RunRequest) -> dict[str, str]:
+        moved = self.moved_binds(request)
+        return {name: moved.get(value, value) for name, value in super().environment(request).items()}
+
+    def step_options(self, request: RunRequest) -> list[str]:
+        volumes = ";".join(f"{source}:{target}" for source, target in self.moved_binds(request).items())
+        return [f"--image={self.image}", f"--module={self.modules(request)}",
+                *([f"--volume={volumes}"] if volumes else [])]
+
+    def launcher_options(self, request: RunRequest) -> list[str]:
+        return self.step_options(request) if self.launcher == "srun" else []
+
+    def rank_argv(self, request: RunRequest) -> list[str]:
+        names = sorted(name for name in self.environment(request) if not name.startswith(RANK_PREFIXES))
+        shim = [self.host_python, "-m", RANKEXEC, "--env-form", "value", "--insert-after", "shifter",
+                *_pass_flags(RANK_PREFIXES + SLURM_GPU_VARS), *(w for n in names for w in ("--pass-name", n)), "--"]
+        own = [] if self.launcher == "srun" else self.step_options(request)
+        moved = self.moved_binds(request)
+        command = [moved.get(word, word) for word in self.command(request)]
+        return [*shim, "shifter", "--clearenv", *own, "--workdir=/", *self.extra_args, "--", *command]
+
+
+# ch-run's --write-fake arrived in Charliecloud 0.36 (PR #1793); Debian 12 ships 0.31.
+WRITE_FAKE_SINCE = (0, 36)
 
 
 @functools.cache
-def ch_run_has_write_fake() -> bool:
+def ch_run_version() -> tuple[int, int] | None:
+    """The installed ch-run's version, or None where it is not installed here."""
     try:
-        shown = subprocess.run(["ch-run", "--help"], capture_output=True, text=True, timeout=20, env=host_environment())
+        shown = subprocess.run(["ch-run", "--version"], capture_output=True, text=True, timeout=20,
+                               env=host_environment())
     except (OSError, subprocess.TimeoutExpired):
-        return True  # not installed here: print what current Charliecloud takes
-    return "--write-fake" in shown.stdout + shown.stderr
+        return None
+    found = re.search(r"(\d+)\.(\d+)", shown.stdout + shown.stderr)
+    return (int(found[1]), int(found[2])) if found else None
 
 
 class Charliecloud(ContainerRuntime):
@@ -415,10 +588,41 @@ class Charliecloud(ContainerRuntime):
     probe = ("ch-run", "--version")
     MOUNT_POINTS = ("/mnt", "/media", "/srv")  # empty in Debian/Ubuntu bases
 
+    @classmethod
+    def artifact(cls, built: BuiltImage) -> str:
+        return built.file(".ch")
+
+    @staticmethod
+    def convert_argv(engine: str, tag: str, out: str) -> list[str]:
+        return ["ch-convert", "-i", engine, "-o", "dir", tag, out]
+
+    @staticmethod
+    def nvidia_argv(image_dir: str) -> list[str]:
+        # The host's libcuda and friends, copied into the image directory (ch-fromhost(1), --nvidia):
+        # ch-run binds nothing of the host's driver at run time.
+        return ["ch-fromhost", "--nvidia", image_dir]
+
+    @classmethod
+    def prepare_commands(cls, built: BuiltImage, registry: str = "REGISTRY") -> list[list[str]]:
+        out = cls.artifact(built)
+        return [cls.convert_argv(built.engine, built.tag, out), *([cls.nvidia_argv(out)] if built.gpus else [])]
+
     def __init__(self, image: str, python: str = "python3", extra_args=(), write_fake: bool | None = None):
         super().__init__(image, python, extra_args)
-        # None: use it where this ch-run has it (0.32 and later; Debian 12 ships 0.31).
-        self.write_fake = ch_run_has_write_fake() if write_fake is None else write_fake
+        # None: use it where this ch-run has it; where none is installed here, print what current ch-run takes.
+        if write_fake is None:
+            write_fake = (ch_run_version() or WRITE_FAKE_SINCE) >= WRITE_FAKE_SINCE
+        self.write_fake = write_fake
+
+    def usable(self) -> tuple[bool, str]:
+        """ch-run runs, and its --unset-env takes extended globs: without them the keep-list pattern
+        matches nothing and the host environment passes whole (ch-run(1), "--unset-env"; the
+        `--feature=extglob` query exists since 0.28 and exits non-zero when the feature is off)."""
+        ok, reason = super().usable()
+        if ok and not run_probe(("ch-run", "--feature=extglob"))[0]:
+            return False, ("`ch-run --feature=extglob` failed: this ch-run has no extended globs, so "
+                           "--unset-env cannot keep only the rank's variables")
+        return ok, reason
 
     def keep_glob(self, request: RunRequest) -> str:
         """Extended glob of the variables to keep (`ch-run --feature=extglob` must succeed)."""
@@ -427,17 +631,9 @@ class Charliecloud(ContainerRuntime):
         return "!(" + "|".join([*keep, *SLURM_GPU_VARS, "HOME", *own]) + ")"
 
     def moved_binds(self, request: RunRequest) -> dict[str, str]:
-        """Without --write-fake (ch-run < 0.32) a bind needs its mount point in the image ("can't mkdir:
-        Read-only file system"): each bind goes to an empty directory every Debian-based image has, and
-        the arguments and variables naming it (a dataset, the clone's src/ on PYTHONPATH, the telemetry
-        directory) are rewritten to match."""
-        if self.write_fake:
-            return {}
-        sources = list(dict.fromkeys(map(os.path.abspath, request.binds)))
-        if len(sources) > len(self.MOUNT_POINTS):
-            raise ValueError(f"runtime 'charliecloud': {len(sources)} binds need --write-fake (ch-run >= 0.32); "
-                             f"allowed without it: at most {len(self.MOUNT_POINTS)}")
-        return dict(zip(sources, self.MOUNT_POINTS))
+        """Without --write-fake (ch-run < 0.36) a bind needs its mount point in the image ("can't mkdir:
+        Read-only file system"), so binds move (move_binds)."""
+        return {} if self.write_fake else move_binds(self.name, request, self.MOUNT_POINTS, "--write-fake (ch-run >= 0.36)")
 
     def environment(self, request: RunRequest) -> dict[str, str]:
         moved = self.moved_binds(request)
@@ -472,6 +668,31 @@ class Enroot(ContainerRuntime):
     requires_launcher = "srun"
     pmix_gds_hash = False
 
+    @classmethod
+    def artifact(cls, built: BuiltImage) -> str:
+        return built.file(".sqsh")
+
+    @classmethod
+    def reference(cls, built: BuiltImage) -> str:
+        # Pyxis takes --container-image as a squashfs file only when it starts with "/" or ".";
+        # anything else is a registry reference (pyxis_slurmstepd.c).
+        return os.path.abspath(cls.artifact(built))
+
+    @classmethod
+    def prepare_commands(cls, built: BuiltImage, registry: str = "REGISTRY") -> list[list[str]]:
+        scheme = {"docker": "dockerd", "podman": "podman"}[built.engine]  # enroot-import(1) URI schemes
+        return [["enroot", "import", "-o", cls.artifact(built), f"{scheme}://{built.tag}"]]
+
+    @staticmethod
+    def image_is_file(image: str) -> bool:
+        return image.startswith(("/", "."))
+
+    def site_image_problem(self) -> str | None:
+        if not self.image_is_file(self.image) and self.image.endswith(IMAGE_FILE_SUFFIXES):
+            return (f"'images.enroot.image' = {self.image!r} would be pulled from a registry: Pyxis reads an image "
+                    "as a file only when it starts with / or .; allowed: an absolute path, or ./ before a relative one")
+        return super().site_image_problem()
+
     def environment(self, request: RunRequest) -> dict[str, str]:
         env = super().environment(request)
         if request.gpus:  # the hook's default capability is utility only: compute brings libcuda
@@ -501,6 +722,24 @@ class Sarus(ContainerRuntime):
 
     name = "sarus"
     probe = ("sarus", "--version")
+
+    @classmethod
+    def artifact(cls, built: BuiltImage) -> str:
+        return f"{built.build_dir}/sarus-{built.slug}.json"  # names the image once it is in Sarus's store
+
+    @staticmethod
+    def loaded_name(tag: str) -> str:
+        """`sarus load ARCHIVE NAME:TAG` stores the image as load/library/NAME:TAG, and that is the name
+        `sarus run` takes (user guide, "Loading images from tar archives")."""
+        return "load/library/" + tag.rsplit("/", 1)[-1]
+
+    @classmethod
+    def reference(cls, built: BuiltImage) -> str:
+        return cls.loaded_name(built.tag)
+
+    @classmethod
+    def prepare_commands(cls, built: BuiltImage, registry: str = "REGISTRY") -> list[list[str]]:
+        return [["sarus", "load", built.archive, built.tag.rsplit("/", 1)[-1]]]
     rdma_devices = ("/dev/infiniband/rdma_cm", "/dev/infiniband/uverbs*")
 
     def __init__(self, image: str, python: str = "python3", extra_args=(), mpi_hook: bool = False,
@@ -521,7 +760,7 @@ class Sarus(ContainerRuntime):
         return [self.host_python, "-m", RANKEXEC, *devices, "--", *argv]
 
 
-CONTAINER_RUNTIMES = {"docker": Docker, "podman": Podman, "apptainer": Apptainer, "singularity": Apptainer,
+CONTAINER_RUNTIMES = {"docker": Docker, "podman": Podman, "apptainer": Apptainer, "singularity": Singularity,
                       "shifter": Shifter, "charliecloud": Charliecloud, "enroot": Enroot, "sarus": Sarus,
                       "podman-hpc": PodmanHPC}
 RUNTIME_NAMES = ("bare-metal", *CONTAINER_RUNTIMES)
@@ -539,16 +778,15 @@ def runtime_for(name: str, config: dict) -> Runtime:
     if not isinstance(image, str) or not image:
         raise ValueError(f"runtime {name!r} needs an image reference: set images.{name}.image in the config")
     cls = CONTAINER_RUNTIMES[name]
-    allowed = sorted(set(inspect.signature(cls.__init__).parameters) - {"self", "image", "binary"})
+    allowed = sorted(set(inspect.signature(cls.__init__).parameters) - {"self", "image"})
     unknown = sorted(set(options) - set(allowed))
     if unknown:
         raise ValueError(f"runtime {name!r}: unknown option {', '.join(map(repr, unknown))} in images.{name}; "
                          f"allowed: image, {', '.join(allowed)}")
-    if cls is Apptainer:
-        options["binary"] = name
     runtime = cls(image, **options)
     for key, value in launch_options.items():
         setattr(runtime, key, value)
+    runtime.launcher = config.get("launcher", {}).get("kind", "none")
     return runtime
 
 

@@ -20,6 +20,7 @@ IMAGE_STEPS = shlex.join([PYTHON, "-m", "containerbench.images", "--engine", ENG
 # Each image step has a time limit. It is a resource, not a param: raising it must not rebuild
 # an image that was built in time.
 IMAGE_STEP = {"step_timeout_s": config["images"]["step_timeout_s"]}
+GPU_RUNS = config["slurm"]["gpus_per_node"] > 0
 # A conversion step runs where the workflow runs, unless its runtime exists only on the compute
 # nodes (images.<runtime>.available): then it is a job there (ON_A_NODE), like a measurement.
 
@@ -141,14 +142,16 @@ rule image_charliecloud:
         IMAGE_LOGS / "charliecloud.txt",
     params:
         images=IMAGE_STEPS,
-    localrule: not ON_COMPUTE_NODES & {"charliecloud"}
+        # GPU runs: the host's NVIDIA libraries are injected (ch-fromhost), on a node that has them.
+        gpus="--gpus" if GPU_RUNS else "",
+    localrule: not (ON_COMPUTE_NODES & {"charliecloud"} or GPU_RUNS)
     priority: BEFORE_ANY_MEASUREMENT
     resources:
         **IMAGE_STEP,
-        **(ON_A_NODE if ON_COMPUTE_NODES & {"charliecloud"} else {}),
+        **(ON_A_NODE if ON_COMPUTE_NODES & {"charliecloud"} or GPU_RUNS else {}),
     shell:
         "{params.images} --step-timeout {resources.step_timeout_s} "
-        "charliecloud --out {output.image:q} --force > {log:q} 2>&1"
+        "charliecloud --out {output.image:q} --force {params.gpus} > {log:q} 2>&1"
 
 
 rule singularity_definition:
@@ -176,79 +179,33 @@ rule singularity_definition:
         "--build-arg WHEELHOUSE={params.wheelhouse:q} --bench-python {params.bench_python:q} --out {output:q} > {log:q} 2>&1"
 
 
-rule image_apptainer:
-    input:
-        archive=rules.image_archive.output,
-        definition=rules.singularity_definition.output,
-    output:
-        FILES["apptainer"],
-    log:
-        IMAGE_LOGS / "apptainer.txt",
-    params:
-        images=IMAGE_STEPS,
-        program="singularity" if "singularity" in config["runtimes"] else "apptainer",
-    localrule: not ON_COMPUTE_NODES & {"apptainer", "singularity"}
-    priority: BEFORE_ANY_MEASUREMENT
-    resources:
-        **IMAGE_STEP,
-        **(ON_A_NODE if ON_COMPUTE_NODES & {"apptainer", "singularity"} else {}),
-    shell:
-        "{params.images} --step-timeout {resources.step_timeout_s} "
-        "apptainer --program {params.program} --archive {input.archive:q} --sif {output:q} > {log:q} 2>&1"
+# Runtimes that make their artifact from the archive or the engine's store with their own
+# commands (their classes' prepare_commands): one rule each, made here from the class list.
+# (apptainer and singularity make the same .sif: one rule, singularity's only when the sweep names it
+# and not apptainer.)
+PREFERRED = sorted(cb_images.CONVERTED, key=lambda name: (name in config["runtimes"], name == "apptainer"))
+PREPARED = {FILES[name]: name for name in PREFERRED}
+for runtime in sorted(PREPARED.values()):
 
-
-rule image_enroot:
-    input:
-        rules.image_build.output,
-    output:
-        FILES["enroot"],
-    log:
-        IMAGE_LOGS / "enroot.txt",
-    params:
-        images=IMAGE_STEPS,
-    localrule: not ON_COMPUTE_NODES & {"enroot"}
-    priority: BEFORE_ANY_MEASUREMENT
-    resources:
-        **IMAGE_STEP,
-        **(ON_A_NODE if ON_COMPUTE_NODES & {"enroot"} else {}),
-    shell:
-        "{params.images} --step-timeout {resources.step_timeout_s} "
-        "enroot --out {output:q} > {log:q} 2>&1"
-
-
-rule image_sarus:
-    input:
-        rules.image_archive.output,
-    output:
-        FILES["sarus"],
-    log:
-        IMAGE_LOGS / "sarus.txt",
-    params:
-        images=IMAGE_STEPS,
-    localrule: not ON_COMPUTE_NODES & {"sarus"}
-    priority: BEFORE_ANY_MEASUREMENT
-    resources:
-        **IMAGE_STEP,
-        **(ON_A_NODE if ON_COMPUTE_NODES & {"sarus"} else {}),
-    shell:
-        "{params.images} --step-timeout {resources.step_timeout_s} "
-        "sarus --archive {input:q} --stamp {output:q} > {log:q} 2>&1"
-
-
-rule image_podman_hpc:
-    input:
-        rules.image_archive.output,
-    output:
-        FILES["podman-hpc"],
-    log:
-        IMAGE_LOGS / "podman-hpc.txt",
-    params:
-        images=IMAGE_STEPS,
-    localrule: not ON_COMPUTE_NODES & {"podman-hpc"}
-    priority: BEFORE_ANY_MEASUREMENT
-    resources:
-        **IMAGE_STEP,
-        **(ON_A_NODE if ON_COMPUTE_NODES & {"podman-hpc"} else {}),
-    shell:
-        "{params.images} --step-timeout {resources.step_timeout_s} "
-        "podman-hpc --archive {input:q} --stamp {output:q} > {log:q} 2>&1"
+    rule:
+        name:
+            f"image_{runtime.replace('-', '_')}"
+        input:
+            archive=rules.image_archive.output,
+            definition=rules.singularity_definition.output if runtime in ("apptainer", "singularity") else [],
+        output:
+            FILES[runtime],
+        log:
+            IMAGE_LOGS / f"{runtime}.txt",
+        params:
+            images=IMAGE_STEPS,
+            runtime=runtime,
+            build_dir=IMAGES_DIR,
+        localrule: runtime not in ON_COMPUTE_NODES
+        priority: BEFORE_ANY_MEASUREMENT
+        resources:
+            **IMAGE_STEP,
+            **(ON_A_NODE if runtime in ON_COMPUTE_NODES else {}),
+        shell:
+            "{params.images} --step-timeout {resources.step_timeout_s} "
+            "prepare --runtime {params.runtime} --build-dir {params.build_dir:q} > {log:q} 2>&1"

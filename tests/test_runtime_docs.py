@@ -1,0 +1,227 @@
+"""Each runtime's commands held against that runtime's own documentation (issue 10's findings).
+
+Shifter, Sarus, Enroot/Pyxis, Apptainer and podman-hpc cannot be installed here: their
+argv and environment are asserted word for word, and every test names the source it
+follows (repository@commit:path, then the section or the code). Charliecloud is
+installed: its feature query runs for real. The rankexec shim runs for real with a
+harmless program standing in for the runtime.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from containerbench import images
+from containerbench.config import ConfigError
+from containerbench.launch import Srun
+from containerbench.runtimes import (
+    BuiltImage,
+    Charliecloud,
+    Enroot,
+    Podman,
+    PodmanHPC,
+    RunRequest,
+    Sarus,
+    Shifter,
+    ch_run_version,
+    runtime_for,
+)
+
+SHIFTER = "NERSC/shifter@84b7d34911bb416ffe74e717b09969396523ff6e"
+SARUS = "eth-cscs/sarus@4a8fdc438f0684a8966ec71d6f798949e17374c0"
+CHARLIECLOUD = "hpc/charliecloud@23de6eee5f6c7df6d88ea9efe89e605404afea0e"
+PODMAN_HPC = "NERSC/podman-hpc@01b02d6e552fc6f42478c1ee257f4a7404e8f4b7"
+UCX = "openucx/ucx@9466d104a317c8ffddd9734e72055d8bbda021b3"
+
+TAG = "localhost/containerbench:0123456789abcdef"
+BUILT = BuiltImage(TAG, "podman", "/clone/build/images", gpus=True)
+HOST_PY = "/venv/bin/python"
+DATA = RunRequest(module="containerbench.bench", args=("--data-dir", "/datasets/imagenet"),
+                  env={"UCX_TLS": "rc,sm,self"}, workdir="/scratch/cb", gpus=True, binds=("/datasets/imagenet",),
+                  infiniband=True)
+CMD = ["python3", "-m", "containerbench.bench", "--data-dir"]
+
+
+def configured(name: str, launcher: str, **options):
+    return runtime_for(name, {"images": {name: {"image": "id:0123abcd", **options}},
+                              "launcher": {"kind": launcher}, "bare_metal": {"python": "py"}})
+
+
+# --- 1. Shifter ----------------------------------------------------------------------------
+
+def test_shifter_under_srun_takes_the_image_once_per_step_not_per_rank():
+    # SHIFTER doc/wlm/slurm.rst, "Basic Job Submission and Usage": "The shifter_slurm.so plugin will
+    # add --image, --volume [...] options to sbatch, salloc, and srun", then `srun shifter CMD`; and "If
+    # these options are supplied to the shifter command it will cause new shifter instances to be
+    # generated at runtime". The plugin registers --module too (wlm_integration/slurm/wrapper.c), and
+    # shifter reads the step's image from SHIFTER_IMAGETYPE/SHIFTER_IMAGE (src/shifter.c parse_environment).
+    shifter = configured("shifter", "srun", host_python=HOST_PY)
+    step = shifter.launcher_options(DATA)
+    assert step == ["--image=id:0123abcd", "--module=gpu", "--volume=/datasets/imagenet:/mnt"]
+    rank = shifter.rank_argv(DATA)
+    assert rank[rank.index("--") + 1:] == ["shifter", "--clearenv", "--workdir=/", "--", *CMD, "/mnt"]
+    srun = Srun("pmix").wrap(rank, type("Spec", (), {"nodes": 2, "ranks": 8, "ranks_per_node": 4})(), [], step)
+    assert srun.index("--image=id:0123abcd") < srun.index(HOST_PY)  # an srun option, before the rank's argv
+    # Under mpirun there is no step to carry them: each rank names them (and pays the new instance).
+    assert configured("shifter", "mpirun", host_python=HOST_PY).launcher_options(DATA) == []
+    own = configured("shifter", "mpirun", host_python=HOST_PY).rank_argv(DATA)
+    assert own[own.index("--") + 1:own.index("--workdir=/")] == ["shifter", "--clearenv", *step]
+
+
+def test_shifter_binds_onto_mount_points_the_image_has_and_starts_in_root():
+    # SHIFTER src/shifter.c _usage, "Volume Mapping": "The mount-point (e.g., /data) must already exist in
+    # the provided image. You can not bind a path into any path including or under /dev, /etc,
+    # /opt/udiImage, /proc, or /var". Binding the work directory or /datasets/imagenet at its own path
+    # fails in an image without it, so binds go to /mnt, /media, /srv and the arguments follow them.
+    shifter = configured("shifter", "mpirun", host_python=HOST_PY)
+    two = RunRequest(module="m", args=("/datasets/imagenet", "/scratch/src"), workdir="/scratch/cb",
+                     binds=("/datasets/imagenet", "/scratch/src"), env={"PYTHONPATH": "/scratch/src"})
+    argv = shifter.rank_argv(two)
+    assert "--volume=/datasets/imagenet:/mnt;/scratch/src:/media" in argv  # usage: "[;...]" separates maps
+    assert argv[-2:] == ["/mnt", "/media"] and shifter.environment(two)["PYTHONPATH"] == "/media"
+    assert not any(word.startswith("--volume") and ":/scratch/cb" in word for word in argv)
+    with pytest.raises(ValueError, match=r"^runtime 'shifter': 4 binds need fewer binds; allowed: at most 3"):
+        shifter.rank_argv(RunRequest(module="m", binds=("/a", "/b", "/c", "/d")))
+
+
+def test_shifter_clears_the_host_environment_and_the_shim_passes_name_value_pairs(tmp_path):
+    # SHIFTER src/shifter.c _usage: "If "--clearenv" is specified the external environment will be
+    # ignored." ... "Multiple "--env=<name>=<value>" or "-e <name>=<value>" arguments can be specified";
+    # `-e NAME` without a value fails ("Improperly formatted environment variable").
+    shifter = configured("shifter", "srun", host_python=sys.executable)
+    request = RunRequest(module="m", env={"UCX_TLS": "tcp,self"}, workdir=str(tmp_path))
+    argv = shifter.rank_argv(request)
+    stand_in = tmp_path / "shifter"  # found on PATH under shifter's name: prints the words it was given
+    stand_in.write_text("#!/bin/sh\nprintf '%s\\n' \"$@\"\n")
+    stand_in.chmod(0o755)
+    env = {"PATH": f"{tmp_path}:/usr/bin:/bin", **shifter.environment(request), "SLURM_PROCID": "3", "OTHER": "x"}
+    shown = subprocess.run(argv, env=env, capture_output=True, text=True)
+    assert shown.returncode == 0, shown.stderr
+    words = shown.stdout.split()
+    assert words[:6] == ["--env=CONTAINERBENCH_RUNTIME=shifter", "--env=PMIX_MCA_gds=hash",
+                         "--env=PYTHONNOUSERSITE=1", "--env=SLURM_PROCID=3", "--env=UCX_TLS=tcp,self", "--clearenv"]
+    assert not any("OTHER" in word for word in words)
+
+
+def test_shifter_names_its_modules_and_none_turns_the_sites_defaults_off():
+    # SHIFTER src/shifter.c _usage: "Specifying --module=none will turn off any default modules that may
+    # have been configured"; doc/config/udiRoot.conf.rst: "By specifying a custom set of modules, the user
+    # will disable whatever modules were specified by the administrator in the defaultModules".
+    cpu = RunRequest(module="m", workdir="/w")
+    assert configured("shifter", "srun").launcher_options(cpu) == ["--image=id:0123abcd", "--module=none"]
+
+
+def test_shifter_prepare_pins_the_image_by_the_id_shifterimg_lookup_prints():
+    # SHIFTER src/shifterimg.c: modes "images, login, lookup, or pull"; in MODE_LOOKUP it prints
+    # image->identifier; src/ImageData.c: with imageType "id" "no lookup will occur".
+    remote = "registry.example.org/containerbench:0123456789abcdef"
+    assert Shifter.prepare_commands(BUILT, "registry.example.org")[-2:] == [
+        ["shifterimg", "pull", f"docker:{remote}"], ["shifterimg", "lookup", f"docker:{remote}"]]
+    assert Shifter("id:0123abcd").site_image_problem() is None
+    assert "is not pinned" in Shifter("docker:containerbench:latest").site_image_problem()
+
+
+# --- 1 and 2. the MPICH swap on an Open MPI image -------------------------------------------
+
+@pytest.mark.parametrize("name", ["sarus", "shifter"])
+def test_an_mpich_hook_on_the_built_open_mpi_image_is_refused(name):
+    # SARUS doc/user/user_guide.rst, "Native MPI support (MPICH-based)": "the MPI installed in the container
+    # [...] needs to be ABI-compatible with the MPI on the host system". Shifter's mpich module swaps in
+    # an MPICH-ABI libmpi too. The image the workflow builds has Open MPI.
+    config = {"runtimes": ["bare-metal", name], "images": {"build": {"tag": TAG}, name: {"mpi_hook": True}}}
+    with pytest.raises(ConfigError, match=rf"^config: 'images.{name}.mpi_hook' = true swaps the image's libmpi"):
+        images.resolve_images(config, "/clone/build/images")
+
+
+# --- 2. Sarus --------------------------------------------------------------------------------
+
+def test_sarus_runs_the_loaded_image_by_the_name_sarus_load_gives_it():
+    # SARUS doc/user/user_guide.rst, "Loading images from tar archives": `sarus load ./debian.tar my_debian`
+    # lists as "load/library/my_debian latest", and "to use or remove loaded images you need to enter the
+    # image reference as displayed by the sarus images command"; src/cli/CommandLoad.hpp: usage
+    # "sarus load [OPTIONS] FILE NAME[:TAG]", server "load".
+    assert Sarus.prepare_commands(BUILT) == [
+        ["sarus", "load", "/clone/build/images/containerbench-0123456789abcdef.tar", "containerbench:0123456789abcdef"]]
+    reference = Sarus.reference(BUILT)
+    assert reference == "load/library/containerbench:0123456789abcdef"
+    argv = Sarus(reference).rank_argv(RunRequest(module="m", workdir="/w"))
+    assert argv[argv.index(reference) - 1] == "PYTHONNOUSERSITE" and argv[argv.index(reference) + 1:] == [
+        "python3", "-m", "m"]
+
+
+# --- 3. Charliecloud --------------------------------------------------------------------------
+
+def test_charliecloud_injects_the_hosts_nvidia_libraries_for_gpu_runs():
+    # CHARLIECLOUD doc/ch-fromhost.rst: "--nvidia Use nvidia-container-cli list [...] to find executables
+    # and libraries to inject"; "It should be run after ch-convert and before ch-run"; the image must be
+    # a directory (bin/ch-fromhost: "image not a directory").
+    out = "/clone/build/images/containerbench-0123456789abcdef.ch"
+    assert Charliecloud.prepare_commands(BUILT) == [["ch-convert", "-i", "podman", "-o", "dir", TAG, out],
+                                                    ["ch-fromhost", "--nvidia", out]]
+    cpu_only = BuiltImage(TAG, "podman", "/clone/build/images", gpus=False)
+    assert Charliecloud.prepare_commands(cpu_only) == [["ch-convert", "-i", "podman", "-o", "dir", TAG, out]]
+
+
+@pytest.mark.skipif(ch_run_version() is None, reason="needs ch-run (scripts/container-engines.sh install)")
+def test_charliecloud_asks_ch_run_for_extended_globs_and_its_version_for_write_fake(monkeypatch):
+    # CHARLIECLOUD doc/ch-run.rst, "--feature=FEAT": "If feature FEAT is enabled, exit successfully (zero);
+    # otherwise, exit unsuccessfully"; "extglob: extended globs in --unset-env" (since v0.28). --write-fake
+    # first appears in v0.36 (PR #1793). Run for real against this machine's ch-run.
+    monkeypatch.setenv("USER", "containerbench")
+    found = subprocess.run(["ch-run", "--feature=extglob"], capture_output=True)
+    assert Charliecloud("/img.ch").usable()[0] == (found.returncode == 0)
+    assert Charliecloud("/img.ch").write_fake == (ch_run_version() >= (0, 36))
+
+
+def test_charliecloud_without_extended_globs_is_unusable(tmp_path, monkeypatch):
+    # CHARLIECLOUD doc/ch-run.rst, "--feature": exit status 87, "Feature queried by --feature is not
+    # available". A ch-run that answers so cannot clean the environment with --unset-env='!(...)'.
+    fake = tmp_path / "ch-run"
+    fake.write_text("#!/bin/sh\n[ \"$1\" = --feature=extglob ] && exit 87\necho 0.38\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    ok, reason = Charliecloud("/img.ch", write_fake=True).usable()
+    assert not ok and reason.startswith("`ch-run --feature=extglob` failed: this ch-run has no extended globs")
+
+
+# --- 5. podman, podman-hpc ---------------------------------------------------------------------
+
+def test_podman_keep_id_shares_posix_shm_by_file_name():
+    # UCX src/uct/sm/mm/posix/mm_posix.c, USE_PROC_LINK: "n - Use original file path to share posix file";
+    # openucx/ucx#4224 (each rank in its own user namespace: "Permission denied. File name is:
+    # /proc/24149/fd/16"), where the maintainers' answer is "setting UCX_POSIX_USE_PROC_LINK=n".
+    rootless = Podman("img", uid=1000, gid=1000)
+    assert rootless.environment(DATA)["UCX_POSIX_USE_PROC_LINK"] == "n"
+    argv = rootless.rank_argv(DATA)
+    assert argv[argv.index("--userns") + 1] == "keep-id" and "UCX_POSIX_USE_PROC_LINK" in argv
+    assert "UCX_POSIX_USE_PROC_LINK" not in Podman("img", uid=0, gid=0).environment(DATA)  # no user namespace
+
+
+def test_podman_hpc_adds_what_its_openmpi_pmix_module_adds_except_privileged():
+    # PODMAN_HPC etc/modules.d/openmpi-pmix.yaml: --userns=keep-id; -e SLURM_*, SLURMD_*, PMI_*, PMIX_*;
+    # binds /var/spool/slurmd, /run/munge, /etc/libibverbs.d, /dev/shm; --ipc/--network/--pid host;
+    # and --privileged, which a benchmark run does not need.
+    argv = PodmanHPC("img", uid=1000, gid=1000).rank_argv(DATA)
+    volumes = [argv[i + 1] for i, word in enumerate(argv) if word == "--volume"]
+    assert volumes[:5] == ["/tmp:/tmp", "/dev/shm:/dev/shm", "/var/spool/slurmd:/var/spool/slurmd",
+                           "/run/munge:/run/munge", "/etc/libibverbs.d:/etc/libibverbs.d"]
+    assert {"SLURM_*", "SLURMD_*", "PMI_*", "PMIX_*"} <= {argv[i + 1] for i, w in enumerate(argv) if w == "--env"}
+    assert "--privileged" not in argv and argv[argv.index("--userns") + 1] == "keep-id"
+    assert PodmanHPC.prepare_commands(BUILT)[-1] == ["podman-hpc", "migrate", TAG]
+
+
+# --- 7. Enroot / Pyxis ---------------------------------------------------------------------------
+
+def test_pyxis_reads_only_paths_starting_with_slash_or_dot_as_files(tmp_path, monkeypatch):
+    # NVIDIA/pyxis pyxis_slurmstepd.c: an image is a squashfs file only when it starts with "/" or ".";
+    # anything else is pulled from a registry. A plan made from a relative build directory names the
+    # built squashfs by its absolute path, and a bare file name the site gives is refused.
+    monkeypatch.chdir(tmp_path)
+    assert Enroot.reference(BuiltImage(TAG, "podman", "build/images")) == str(
+        tmp_path / "build/images/containerbench-0123456789abcdef.sqsh")
+    problem = Enroot("images/tf.sqsh").site_image_problem()
+    assert problem.startswith("'images.enroot.image' = 'images/tf.sqsh' would be pulled from a registry")
+    assert Enroot("./images/tf.sqsh").image_is_file("./images/tf.sqsh")
