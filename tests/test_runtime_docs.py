@@ -19,6 +19,7 @@ from containerbench.config import ConfigError
 from containerbench.launch import Srun
 from containerbench.runtimes import (
     BuiltImage,
+    Apptainer,
     Charliecloud,
     Enroot,
     Podman,
@@ -26,6 +27,7 @@ from containerbench.runtimes import (
     RunRequest,
     Sarus,
     Shifter,
+    Singularity,
     ch_run_version,
     runtime_for,
 )
@@ -35,6 +37,10 @@ SARUS = "eth-cscs/sarus@4a8fdc438f0684a8966ec71d6f798949e17374c0"
 CHARLIECLOUD = "hpc/charliecloud@23de6eee5f6c7df6d88ea9efe89e605404afea0e"
 PODMAN_HPC = "NERSC/podman-hpc@01b02d6e552fc6f42478c1ee257f4a7404e8f4b7"
 UCX = "openucx/ucx@9466d104a317c8ffddd9734e72055d8bbda021b3"
+APPTAINER_DOCS = "apptainer/apptainer-userdocs@94391c5b60ebfa8f0567fc5fd62cbe5ded9cc5ef"
+APPTAINER = "apptainer/apptainer@917d66577963ca297352a22e13c86f1748ddc645"
+ENROOT = "NVIDIA/enroot@8ea147d337da60cb1c557140f3a85cdf0d620968"
+PYXIS = "NVIDIA/pyxis@107519944221822ea1dace4db8e7234b2eaa4cd5"
 
 TAG = "localhost/containerbench:0123456789abcdef"
 BUILT = BuiltImage(TAG, "podman", "/clone/build/images", gpus=True)
@@ -213,11 +219,51 @@ def test_podman_hpc_adds_what_its_openmpi_pmix_module_adds_except_privileged():
     assert PodmanHPC.prepare_commands(BUILT)[-1] == ["podman-hpc", "migrate", TAG]
 
 
+# --- 6. Apptainer ---------------------------------------------------------------------------------
+
+def test_apptainer_builds_from_the_archive_in_the_documented_form_without_fakeroot():
+    # APPTAINER_DOCS build_a_container.rst, "Reusing existing containers from Docker or Podman":
+    # `apptainer build alpine.sif docker-archive:alpine.tar`; docker_and_oci.rst: "it uses :<filename>,
+    # not ://<location>" (APPTAINER internal/pkg/ociimage/transport.go strips "//" only for docker://).
+    # fakeroot.rst: "--fakeroot option is automatically implied when an unprivileged user uses the
+    # build command" (cmd/internal/cli/build.go: for a definition file), and an archive needs none.
+    sif, tar = (f"/clone/build/images/containerbench-0123456789abcdef{suffix}" for suffix in (".sif", ".tar"))
+    assert Apptainer.prepare_commands(BUILT) == [["apptainer", "build", sif, f"docker-archive:{tar}"]]
+    assert Singularity.prepare_commands(BUILT)[0][0] == "singularity"
+
+
+@pytest.mark.parametrize("fabric, inside", [("rc,sm,self", "rc,sysv,self"), ("tcp,posix,cma,self", "tcp,sysv,self"),
+                                            ("tcp,self", "tcp,self")])
+def test_apptainer_ranks_use_sysv_shared_memory_in_their_user_namespaces(fabric, inside):
+    # APPTAINER_DOCS mpi.rst (label mpi-issue): "The MPI UCX library has a problem with unprivileged user
+    # namespaces. See apptainer issue 769 [...] use the UCX_TLS=sysv,ib transport as a workaround".
+    env = Apptainer("/i.sif").environment(RunRequest(module="m", env={"UCX_TLS": fabric}))
+    assert env["APPTAINERENV_UCX_TLS"] == inside
+    assert "APPTAINERENV_UCX_TLS" not in Apptainer("/i.sif").environment(RunRequest(module="m"))
+
+
 # --- 7. Enroot / Pyxis ---------------------------------------------------------------------------
 
+def test_enroot_is_usable_only_with_its_pmi_hook_enabled(tmp_path, monkeypatch):
+    # ENROOT conf/hooks/extra/50-slurm-pmi.sh (no 50-slurm-pmix.sh since d36c1fe) binds PMIX_SERVER_TMPDIR
+    # and copies SLURM_*/PMIX_*/PMI_*; the Makefile installs extra hooks into $(DATADIR)/hooks.d while
+    # src/runtime.sh reads ${ENROOT_SYSCONF_PATH}/hooks.d: a site must enable it.
+    fake = tmp_path / "bin" / "enroot"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\necho 3.5.0\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:/usr/bin:/bin")
+    monkeypatch.setenv("ENROOT_SYSCONF_PATH", str(tmp_path / "etc"))
+    ok, reason = Enroot("/i.sqsh").usable()
+    assert not ok and reason.startswith(f"enroot's PMI hook {tmp_path}/etc/hooks.d/50-slurm-pmi.sh is not enabled")
+    (tmp_path / "etc" / "hooks.d").mkdir(parents=True)
+    (tmp_path / "etc" / "hooks.d" / "50-slurm-pmi.sh").write_text("")
+    assert Enroot("/i.sqsh").usable() == (True, "")
+
+
 def test_pyxis_reads_only_paths_starting_with_slash_or_dot_as_files(tmp_path, monkeypatch):
-    # NVIDIA/pyxis pyxis_slurmstepd.c: an image is a squashfs file only when it starts with "/" or ".";
-    # anything else is pulled from a registry. A plan made from a relative build directory names the
+    # PYXIS pyxis_slurmstepd.c: `if (strspn(context.args->image, "./") > 0)` "Assume `image` is a path to a
+    # squashfs file"; otherwise "Assume `image` is an enroot URI for a docker image". A plan made from a relative build directory names the
     # built squashfs by its absolute path, and a bare file name the site gives is refused.
     monkeypatch.chdir(tmp_path)
     assert Enroot.reference(BuiltImage(TAG, "podman", "build/images")) == str(
@@ -225,3 +271,15 @@ def test_pyxis_reads_only_paths_starting_with_slash_or_dot_as_files(tmp_path, mo
     problem = Enroot("images/tf.sqsh").site_image_problem()
     assert problem.startswith("'images.enroot.image' = 'images/tf.sqsh' would be pulled from a registry")
     assert Enroot("./images/tf.sqsh").image_is_file("./images/tf.sqsh")
+
+
+def test_the_schema_lists_exactly_the_runtime_classes():
+    # Adding a runtime is one class (and its tests): the schema, which Snakemake's validate reads as a
+    # file too, must name it, and names no runtime without a class.
+    from containerbench.config import load_schema
+    from containerbench.runtimes import CONTAINER_RUNTIMES, RUNTIME_NAMES
+
+    schema = load_schema()
+    assert sorted(schema["properties"]["runtimes"]["items"]["enum"]) == sorted(RUNTIME_NAMES)
+    assert set(schema["properties"]["images"]["properties"]) - {"build", "step_timeout_s", "binds"} == set(
+        CONTAINER_RUNTIMES)

@@ -126,7 +126,7 @@ CASES = {
          "--pass-prefix", "CUDA_VISIBLE_DEVICES", "--",
          "apptainer", "exec", "--cleanenv", "--nv", "--bind", WD, "--bind", "/datasets/imagenet", "--pwd", WD,
          "/images/containerbench.sif", *IN_IMAGE],
-        {"APPTAINERENV_" + k: v for k, v in container_env("apptainer", SITE_ENV).items()}),
+        {"APPTAINERENV_" + k: v for k, v in container_env("apptainer", {**SITE_ENV, "UCX_TLS": "rc,sysv,self"}).items()}),
     ("apptainer", "cpu"): (
         [HOST_PY, "-m", "containerbench.rankexec", "--env-prefix", "APPTAINERENV_", *PASS_RANK_VARS,
          "--pass-prefix", "CUDA_VISIBLE_DEVICES", "--",
@@ -138,7 +138,7 @@ CASES = {
          "--pass-prefix", "CUDA_VISIBLE_DEVICES", "--",
          "singularity", "exec", "--cleanenv", "--nv", "--bind", WD, "--bind", "/datasets/imagenet", "--pwd", WD,
          "/images/containerbench.sif", *IN_IMAGE],
-        {"SINGULARITYENV_" + k: v for k, v in container_env("singularity", SITE_ENV).items()}),
+        {"SINGULARITYENV_" + k: v for k, v in container_env("singularity", {**SITE_ENV, "UCX_TLS": "rc,sysv,self"}).items()}),
     ("singularity", "cpu"): (
         [HOST_PY, "-m", "containerbench.rankexec", "--env-prefix", "SINGULARITYENV_", *PASS_RANK_VARS,
          "--pass-prefix", "CUDA_VISIBLE_DEVICES", "--",

@@ -19,7 +19,7 @@ variables the launcher sets for the rank (RANK_PREFIXES), the benchmark's own
 (request.env), PYTHONNOUSERSITE (a ~/.local site-packages on a bound home must
 not shadow the image's) and PMIX_MCA_gds=hash (the PMIx server's shared-memory
 datastore lives in a host directory the container does not see; hash needs only
-the server's socket: apptainer/singularity#5195; Enroot's 50-slurm-pmix hook
+the server's socket: apptainer/singularity#5195; Enroot's 50-slurm-pmi.sh hook
 binds that directory instead). Rank variable names are only known when the rank
 starts; where a runtime cannot pass them by prefix, rankexec.py does it on the node.
 """
@@ -472,7 +472,15 @@ class Apptainer(ContainerRuntime):
         return [cls.build_argv(cls.artifact(built), f"docker-archive:{built.archive}")]
 
     def environment(self, request: RunRequest) -> dict[str, str]:
-        return {self.env_prefix + name: value for name, value in super().environment(request).items()}
+        env = super().environment(request)
+        if "UCX_TLS" in env:
+            # Each rank's container is its own unprivileged user namespace, where UCX's shared-memory
+            # transports fail; the user guide's workaround is the sysv transport (MPI page, "UCX_TLS=sysv,ib",
+            # apptainer#769): sm (every shared-memory transport), posix and cma become sysv.
+            kept = [tl for tl in env["UCX_TLS"].split(",") if tl not in ("sm", "posix", "cma", "sysv")]
+            shared = any(tl in ("sm", "posix", "cma", "sysv") for tl in env["UCX_TLS"].split(","))
+            env["UCX_TLS"] = ",".join([*kept[:1], *(["sysv"] if shared else []), *kept[1:]])
+        return {self.env_prefix + name: value for name, value in env.items()}
 
     def rank_argv(self, request: RunRequest) -> list[str]:
         shim = [self.host_python, "-m", RANKEXEC, "--env-prefix", self.env_prefix,
@@ -660,8 +668,10 @@ class Enroot(ContainerRuntime):
     runtime contributes srun options (launcher_options) and requires launcher srun. Pyxis sets the
     task's whole environment in the container, the image's values winning except for names given to
     --container-env (pyxis args.c). Enroot hooks do the rest from variables: 98-nvidia.sh exposes
-    NVIDIA_VISIBLE_DEVICES (void: none), 99-mellanox.sh the HCAs in MELLANOX_VISIBLE_DEVICES, and
-    50-slurm-pmix.sh binds the PMIx server directories."""
+    NVIDIA_VISIBLE_DEVICES (void: none), 99-mellanox.sh the HCAs in MELLANOX_VISIBLE_DEVICES. The
+    PMI hook, 50-slurm-pmi.sh, copies the SLURM_*/PMIX_*/PMI_* variables and binds the PMIx server's
+    directory; it ships among enroot's extra hooks (conf/hooks/extra), installed where enroot does
+    not read them, so an admin enables it: usable() checks that it is in the hooks directory."""
 
     name = "enroot"
     probe = ("enroot", "version")
@@ -702,6 +712,19 @@ class Enroot(ContainerRuntime):
         if request.infiniband:
             env["MELLANOX_VISIBLE_DEVICES"] = "all"
         return env
+
+    @staticmethod
+    def pmi_hook() -> str:
+        # enroot's src/runtime.sh reads hooks from ${ENROOT_SYSCONF_PATH}/hooks.d (default /etc/enroot);
+        # the Makefile installs the extra hooks into $(DATADIR)/hooks.d instead.
+        return os.path.join(os.environ.get("ENROOT_SYSCONF_PATH", "/etc/enroot"), "hooks.d", "50-slurm-pmi.sh")
+
+    def usable(self) -> tuple[bool, str]:
+        ok, reason = super().usable()
+        if ok and not os.path.exists(self.pmi_hook()):
+            return False, (f"enroot's PMI hook {self.pmi_hook()} is not enabled (an extra hook, shipped in "
+                           "/usr/share/enroot/hooks.d): without it the ranks cannot reach srun's PMIx server")
+        return ok, reason
 
     def launcher_options(self, request: RunRequest) -> list[str]:
         mounts = ",".join(f"{path}:{path}" for path in self.mounts(request))
