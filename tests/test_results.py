@@ -295,3 +295,19 @@ def test_corrupt_and_truncated_records_are_reported_and_skipped(recorded_runs, t
     failures = pd.read_csv(tmp_path / "failures.csv")
     assert set(failures["status"]) == {"unreadable"} and len(failures) == 2
     assert len(tables["summary"]) == 1
+
+
+def test_overhead_flags_ranks_bound_differently_from_bare_metal(recorded_runs):
+    # Issue 10, finding 4: docker ranks escaping the Slurm step's binding are not compared silently.
+    one = recorded_runs[("train", 1)]
+    bare = [variant(one, f"bare{i}", 100.0 + i, i) for i in (1, 2)]
+    docker = [variant(one, f"dock{i}", 90.0 + i, i, runtime="docker") for i in (1, 2)]
+    for record in docker:
+        for process in record["result"]["processes"]:
+            process["context"] = dict(process["context"], affinity=[0, 1], limits={"memory_max": 2**31, "cpu_max": None})
+    [row] = build_tables(bare + docker)["overhead"].to_dict("records")
+    assert row["overhead_percent_of_means"] == pytest.approx(100 * (1 - 91.5 / 101.5))  # still computed
+    assert row["note"] == ("binding differs: bare-metal ranks had 1 CPU, memory -, quota -, "
+                           "docker ranks 2 CPU, memory 2 GiB, quota -")
+    same = [variant(one, f"pod{i}", 90.0 + i, i, runtime="podman") for i in (1, 2)]
+    assert not isinstance(build_tables(bare + same)["overhead"].loc[0, "note"], str)

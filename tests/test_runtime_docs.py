@@ -193,6 +193,59 @@ def test_charliecloud_without_extended_globs_is_unusable(tmp_path, monkeypatch):
     assert not ok and reason.startswith("`ch-run --feature=extglob` failed: this ch-run has no extended globs")
 
 
+# --- 4. Docker under srun ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("version, files, expected", [
+    ("v2", {"0::/slurm/job1/step0": {"slurm/job1/step0/memory.max": "4294967296",
+                                      "slurm/job1/step0/cpu.max": "200000 100000"}}, (4294967296, 2.0)),
+    ("v2", {"0::/": {"memory.max": "max", "cpu.max": "max 100000"}}, (None, None)),
+    ("v1", {"4:memory:/slurm/uid_0/job_7\n1:cpu,cpuacct:/slurm/uid_0/job_7\n0::/": {
+        "memory/slurm/uid_0/job_7/memory.limit_in_bytes": "1073741824",
+        "cpu/slurm/uid_0/job_7/cpu.cfs_quota_us": "-1", "cpu/slurm/uid_0/job_7/cpu.cfs_period_us": "100000"}},
+     (1073741824, None)),
+    ("v1 in a container", {"4:memory:/docker/abc\n": {"memory/memory.limit_in_bytes": "9223372036854771712"}},
+     (None, None)),
+])
+def test_a_ranks_cgroup_limits_are_read_from_v1_and_v2(tmp_path, version, files, expected):
+    # Linux Documentation/admin-guide/cgroup-v2.rst: memory.max "max" or bytes, cpu.max "$MAX $PERIOD";
+    # cgroup-v1/memory.rst memory.limit_in_bytes, scheduler/sched-bwc.rst cpu.cfs_quota_us (-1: none).
+    from containerbench.telemetry import cgroup_limits
+
+    [(proc_cgroup, tree)] = files.items()
+    for path, text in tree.items():
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text(text + "\n")
+    limits = cgroup_limits(proc_cgroup, str(tmp_path))
+    assert (limits["memory_max"], limits["cpu_max"]) == expected
+
+
+@pytest.mark.root
+def test_the_shim_gives_docker_the_memory_limit_of_the_ranks_cgroup(tmp_path):
+    # docker run reference, "--memory": the container's limit. dockerd creates the container outside the
+    # rank's cgroup (nebius/soperator#563), so the shim passes the step's limit on. Real: a memory cgroup
+    # made here (v1 or v2, whichever this kernel mounts), the shim started inside it.
+    import os
+    from pathlib import Path
+
+    v1, v2 = Path("/sys/fs/cgroup/memory"), Path("/sys/fs/cgroup")
+    if v1.is_dir() and os.access(v1, os.W_OK):
+        group, limit_file = v1 / f"containerbench-test-{os.getpid()}", "memory.limit_in_bytes"
+    elif (v2 / "cgroup.controllers").exists() and "memory" in (v2 / "cgroup.subtree_control").read_text():
+        group, limit_file = v2 / f"containerbench-test-{os.getpid()}", "memory.max"
+    else:
+        pytest.skip("no writable memory cgroup here")
+    group.mkdir()
+    try:
+        (group / limit_file).write_text(str(2**30))
+        shown = subprocess.run([sys.executable, "-m", "containerbench.rankexec", "--memory-from-cgroup", "--",
+                                "/bin/sh", "-c", 'echo "$@"', "sh", "run", "img"], capture_output=True, text=True,
+                               preexec_fn=lambda: (group / "cgroup.procs").write_text(str(os.getpid())))
+        assert shown.returncode == 0, shown.stderr
+        assert shown.stdout.split() == ["run", f"--memory={2**30}", "img"]
+    finally:
+        group.rmdir()
+
+
 # --- 5. podman, podman-hpc ---------------------------------------------------------------------
 
 def test_podman_keep_id_shares_posix_shm_by_file_name():

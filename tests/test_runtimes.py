@@ -85,12 +85,12 @@ RUNTIMES = {
 CASES = {
     # --- docker: the shim adds the rank variables after `run` at rank start ---
     ("docker", "site"): (
-        [HOST_PY, "-m", "containerbench.rankexec", *PASS_RANK_VARS, "--cpuset-from-affinity", "--",
+        [HOST_PY, "-m", "containerbench.rankexec", *PASS_RANK_VARS, "--cpuset-from-affinity", "--memory-from-cgroup", "--",
          "docker", "run", *HOST_NS, "--user", "1000:1000", "--log-driver", "none", "--gpus", "all", *RDMA,
          "--volume", "/tmp:/tmp", *SITE_VOLUMES, "--workdir", WD, *SITE_OWN_ENV, "containerbench:latest", *IN_IMAGE],
         container_env("docker", SITE_ENV)),
     ("docker", "cpu"): (
-        [HOST_PY, "-m", "containerbench.rankexec", *PASS_RANK_VARS, "--cpuset-from-affinity", "--",
+        [HOST_PY, "-m", "containerbench.rankexec", *PASS_RANK_VARS, "--cpuset-from-affinity", "--memory-from-cgroup", "--",
          "docker", "run", *HOST_NS, "--user", "1000:1000", "--log-driver", "none", *NO_GPU,
          "--volume", "/tmp:/tmp", "--volume", "/work/x:/work/x", "--workdir", "/work/x", *CPU_OWN_ENV,
          "containerbench:latest", *IN_IMAGE],

@@ -21,6 +21,8 @@ which also works under --cleanenv). With --cpuset-from-affinity it inserts
 the container outside the rank's process tree, so the binding would not reach it
 (docker run reference, "--cpuset-cpus"). Then it replaces itself with the command
 (os.execvp): no process is left behind and the exit status is the command's.
+With --memory-from-cgroup it inserts `--memory=BYTES`, the memory.max of the
+rank's cgroup (Slurm's step limit), for the same reason ("--memory").
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ import argparse
 import glob
 import os
 import sys
+
+from containerbench.telemetry import cgroup_limits
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -41,6 +45,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--env-prefix", metavar="PREFIX", help="export PREFIX+NAME instead of inserting --env NAME")
     parser.add_argument("--device-glob", action="append", default=[], metavar="PATTERN")
     parser.add_argument("--cpuset-from-affinity", action="store_true")
+    parser.add_argument("--memory-from-cgroup", action="store_true")
     at = argv.index("--") if "--" in argv else len(argv)
     args, command = parser.parse_args(argv[:at]), argv[at + 1:]
     if not command:
@@ -58,6 +63,9 @@ def main(argv: list[str] | None = None) -> None:
     bound = sorted(os.sched_getaffinity(0))
     if args.cpuset_from_affinity and len(bound) < os.cpu_count():  # unbound: nothing to pass on
         inserted.append("--cpuset-cpus=" + ",".join(map(str, bound)))
+    memory = cgroup_limits()["memory_max"] if args.memory_from_cgroup else None
+    if memory:  # the step's memory limit (Slurm's task/cgroup), which the container would escape
+        inserted.append(f"--memory={memory}")
     if inserted:
         word = args.insert_after
         if word not in command:

@@ -28,8 +28,24 @@ RUN_COLUMNS = ["run_id", "status", "reason", "evidence", "system", *POINT, "repe
                "rank_images_per_sec_min", "rank_images_per_sec_max", "rank_spread_percent", "step_s_median",
                "peak_host_memory_gib", "peak_gpu_memory_gib", "startup_s", "wall_s", "provenance", "image",
                "fabric_check", "transport", "cpu_utilisation_percent", "foreign_cpu_percent", "disturbed",
-               "traffic_check", "hosts", "log"]
+               "traffic_check", "binding", "hosts", "log"]
 BASELINE_RUNTIME = "bare-metal"
+
+
+def binding(result: dict) -> str | None:
+    """What each rank was given, as the ranks saw it from inside: CPUs in its affinity, and its
+    cgroup's memory and CPU limits ("-" = none). Ranks that differ are listed apart."""
+    seen = []
+    for process in result.get("processes") or []:
+        context = process.get("context") or {}
+        if context.get("affinity") is None:
+            continue
+        limits = context.get("limits") or {}
+        memory = limits.get("memory_max")
+        described = (f"{len(context['affinity'])} CPU, memory {f'{memory / 2**30:.3g} GiB' if memory else '-'}, "
+                     f"quota {limits.get('cpu_max') or '-'}")
+        seen.append(described)
+    return " | ".join(sorted(set(seen))) or None
 
 def _usage(record: dict) -> dict:
     """The telemetry's figures for the runs table: the busiest node's foreign share, the mean utilisation."""
@@ -75,6 +91,7 @@ def _train_row(record: dict) -> dict:
         "fabric_check": (record.get("fabric_check") or {}).get("status"),
         "transport": (record.get("fabric_check") or {}).get("reason"),
         **_usage(record),
+        "binding": binding(result),
         "hosts": ",".join(sorted(set(result.get("hostnames") or []))),
         "log": record["log"]["path"],
     }
@@ -169,7 +186,8 @@ def overhead_table(runs: pd.DataFrame, provenance: dict[str, dict]) -> pd.DataFr
     Positive means the container is slower. Counts and medians stand beside the
     means for reading; nothing is computed from the medians. Refused, with the
     differing field named, when the two did not run the same benchmark
-    (provenance hashes differ).
+    (provenance hashes differ), and flagged in the note when the ranks were bound
+    differently (CPUs, memory or CPU limits, as each rank saw them).
     """
     others = [c for c in POINT if c != "runtime"]
     columns = [*others, "runtime", "bare_metal_runs", "runtime_runs", "bare_metal_median", "runtime_median",
@@ -195,6 +213,12 @@ def overhead_table(runs: pd.DataFrame, provenance: dict[str, dict]) -> pd.DataFr
             row |= _overhead_columns("overhead", interval)
             row["significance"] = interval.significance()
             row["startup_overhead_s"] = contained["startup_s"].median() - bare["startup_s"].median()
+            bound = {side: sorted(set(runs_of["binding"].dropna())) for side, runs_of in (("bare", bare),
+                                                                                           ("runtime", contained))}
+            if bound["bare"] and bound["runtime"] and bound["bare"] != bound["runtime"]:
+                # Not refused (the numbers are real), but not like with like: say what each rank had.
+                row["note"] = (f"binding differs: bare-metal ranks had {' / '.join(bound['bare'])}, "
+                               f"{runtime} ranks {' / '.join(bound['runtime'])}")
             rows.append(row)
     return pd.DataFrame(rows, columns=columns)
 

@@ -360,8 +360,10 @@ class Docker(OciEngine):
         return ["--gpus", "all"]  # NVIDIA Container Toolkit, "docker run --gpus" (Docker >= 19.03)
 
     def rank_argv(self, request: RunRequest) -> list[str]:
-        # The rank's CPU binding, passed on by the shim: dockerd starts the container outside it.
-        return [self.host_python, "-m", RANKEXEC, *_pass_flags(RANK_PREFIXES), "--cpuset-from-affinity", "--",
+        # The rank's CPU binding and memory limit, passed on by the shim: dockerd starts the container
+        # outside the Slurm step's cgroup (nebius/soperator#563), so bare metal and docker ranks would differ.
+        return [self.host_python, "-m", RANKEXEC, *_pass_flags(RANK_PREFIXES), "--cpuset-from-affinity",
+                "--memory-from-cgroup", "--",
                 *self.run_argv(request)]
 
 

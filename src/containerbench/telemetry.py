@@ -66,6 +66,51 @@ def _namespace(kind: str, pid: str = "self") -> str | None:
         return None
 
 
+UNLIMITED_V1 = 2**62  # cgroup v1 reports "no limit" as a page-rounded LONG_MAX
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return None
+
+
+def cgroup_limits(proc_cgroup: str | None = None, root: str = "/sys/fs/cgroup") -> dict:
+    """The memory (bytes) and CPU (CPUs' worth of quota) limits of this process's cgroup, None where
+    unlimited or unreadable: what the Slurm step, or a container engine, gave the rank. cgroup v2
+    (memory.max, cpu.max) and v1 (memory.limit_in_bytes, cpu.cfs_quota_us). Inside a container the
+    path /proc/self/cgroup names may not exist under its own mount: then the mount's root is its cgroup."""
+    if proc_cgroup is None:
+        proc_cgroup = _read(Path("/proc/self/cgroup")) or ""
+    paths = {}  # controller ("" for v2) -> path
+    for line in proc_cgroup.splitlines():
+        _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        for controller in controllers.split(",") if controllers else [""]:
+            paths[controller] = path.strip().lstrip("/")
+
+    def directory(mount: str, path: str) -> Path:
+        inside = Path(root, mount, path)
+        return inside if inside.is_dir() else Path(root, mount)
+
+    limits = {"memory_max": None, "cpu_max": None}
+    if "memory" in paths:
+        value = _read(directory("memory", paths["memory"]) / "memory.limit_in_bytes")
+        limits["memory_max"] = int(value) if value and int(value) < UNLIMITED_V1 else None
+    elif "" in paths:
+        value = _read(directory("", paths[""]) / "memory.max")
+        limits["memory_max"] = int(value) if value and value != "max" else None
+    if "cpu" in paths:
+        base = directory("cpu", paths["cpu"])
+        quota, period = _read(base / "cpu.cfs_quota_us"), _read(base / "cpu.cfs_period_us")
+        if quota and period and int(quota) > 0:
+            limits["cpu_max"] = round(int(quota) / int(period), 3)
+    elif "" in paths:
+        quota, _, period = (_read(directory("", paths[""]) / "cpu.max") or "max").partition(" ")
+        limits["cpu_max"] = None if quota == "max" else round(int(quota) / int(period or 100000), 3)
+    return limits
+
+
 def rank_context() -> dict:
     """Where this process runs: CPU affinity, cgroup, mount namespace, and the markers container
     runtimes leave. The parser compares a rank's with the launching host's (records.judge_container):
@@ -78,7 +123,7 @@ def rank_context() -> dict:
     markers += [f"${name}" for name in CONTAINER_VARIABLES if name in os.environ]
     mount, init_mount = _namespace("mnt"), _namespace("mnt", "1")  # init's: unreadable without privileges
     return {"affinity": sorted(os.sched_getaffinity(0)), "cgroup": cgroup[-1] if cgroup else None,
-            "mnt_ns": mount, "init_mnt_ns": init_mount, "pid_ns": _namespace("pid"), "markers": markers}
+            "limits": cgroup_limits("\n".join(cgroup)), "mnt_ns": mount, "init_mnt_ns": init_mount, "pid_ns": _namespace("pid"), "markers": markers}
 
 
 def cpu_seconds() -> float:
