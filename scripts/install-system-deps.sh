@@ -15,6 +15,13 @@ if [ "${1:-}" = --gpu-build ]; then
   [ -x /usr/lib/nvidia-cuda-toolkit/bin/nvcc ] || { missing+=(nvidia-cuda-toolkit); non_free=true; }
   command -v g++-11 >/dev/null || missing+=(g++-11)
 fi
+# Installed where we can, not required: the host MPICH library that the native MPI model swaps into
+# an MPICH-ABI image (config native_mpi.library). The library only: Open MPI stays the default mpirun.
+optional=()
+[ -e /usr/lib/x86_64-linux-gnu/libmpich.so.12 ] || optional+=(libmpich12)
+if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
+  missing+=("${optional[@]}")
+fi
 [ ${#missing[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
   echo "install-system-deps: apt-get install ${missing[*]}" >&2

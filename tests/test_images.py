@@ -159,6 +159,10 @@ def test_each_runtime_runs_what_its_prepare_commands_made():
     assert images.built_image("podman-hpc", TAG, build_dir) == (TAG, files["podman-hpc"])
     assert images.built_image("apptainer", TAG, build_dir) == (files["apptainer"],) * 2
     assert images.built_image("shifter", TAG, build_dir) is None  # the gateway pulls from a registry
+    # GPU runs wait for ch-fromhost --nvidia's marker (made on a GPU node), and run the directory.
+    directory = f"{build_dir}/containerbench-0123456789abcdef.ch"
+    assert images.built_image("charliecloud", TAG, build_dir) == (directory, directory)
+    assert images.built_image("charliecloud", TAG, build_dir, gpus=True) == (directory, f"{directory}.nvidia")
 
 
 def test_base_and_wheelhouse_argvs(tmp_path):

@@ -54,7 +54,8 @@ def test_mpirun_plan_binds_one_core_per_rank_and_forwards_every_variable(tmp_pat
     assert run_plan["spec"] == {"kind": "train", "runtime": "bare-metal", "fabric": "tcp-loopback", "nodes": 1,
                                 "ranks_per_node": 2, "ranks": 2, "repetition": 1, "batch_size": 2,
                                 "run_id": "train_bare-metal_tcp-loopback_1x2_b2_rep1", "system": "ci",
-                                "launcher": "mpirun", "model": "resnet50", "image_size": 32, "precision": "fp32",
+                                "launcher": "mpirun", "mpi_model": "host", "model": "resnet50", "image_size": 32,
+                                "precision": "fp32",
                                 "xla": False, "data_format": "channels_last", "warmup_steps": 1, "steps": 2,
                                 "mode": "horovod", "data": "synthetic"}
 

@@ -123,3 +123,47 @@ def test_a_fresh_run_parses_into_records_of_the_recorded_shape(tiny_runs, record
 
     for key, fresh in tiny_runs.items():
         assert shape(fresh) == shape(recorded_runs[key]), f"{key}: run tests/data/regenerate.py"
+
+
+HOST_MPICH = "/usr/lib/x86_64-linux-gnu/libmpich.so.12"  # scripts/install-system-deps.sh (libmpich12)
+
+
+def native_log(rank_version) -> list[str]:
+    """A recorded 2-rank netbench log as a native-model run: launched with the host's real MPICH as the
+    library to swap in, its ranks reporting `rank_version` (None: what they really reported)."""
+    from containerbench.telemetry import library_mpi_version
+
+    def launched(launch):
+        launch["spec"]["mpi_model"] = "native"
+        launch["launch_context"]["native_mpi"] = {"library": HOST_MPICH, "version": library_mpi_version(HOST_MPICH)}
+
+    def reported(result):
+        for process in result["processes"]:
+            process["context"]["mpi"] = {"files": [{"path": "/opt/containerbench/venv/lib/libmpi.so.12", "inode": 7}],
+                                         "version": rank_version or result["mpi_library"]}
+
+    return rewrite(rewrite(recorded_log("netbench", 2), markers.LAUNCH, launched), markers.RESULT, reported)
+
+
+def test_a_native_run_whose_ranks_kept_the_images_mpi_is_invalid_with_their_line(tmp_path):
+    from containerbench.telemetry import library_mpi_version
+
+    host = library_mpi_version(HOST_MPICH)  # the real library's own answer, before MPI_Init
+    assert host.startswith("MPICH Version:")
+    assert library_mpi_version("/usr/lib/x86_64-linux-gnu/libmpi.so.40").startswith("Open MPI v4.1")
+    kept = parse_lines(tmp_path, native_log(None), "kept")
+    assert kept["status"] == "invalid"
+    assert kept["reasons"] == [
+        "native MPI not swapped in: rank 0 on vm loaded /opt/containerbench/venv/lib/libmpi.so.12 (inode 7), which "
+        f"reports 'Open MPI v4.1.4, package: Debian OpenMPI, ident: 4.1.4, repo rev: v4.1.4, May 26, 2022', not the "
+        f"host's {host!r} ({HOST_MPICH})"]
+    assert parse_lines(tmp_path, native_log(host), "swapped")["status"] == "ok"
+
+
+def test_loaded_mpi_names_the_mapped_library_file_and_its_inode():
+    from containerbench.telemetry import loaded_mpi
+
+    maps = ("7f1 r--p 00000000 fd:01 4242 /opt/containerbench/venv/lib/libmpi.so.12\n"
+            "7f2 r-xp 00001000 fd:01 4242 /opt/containerbench/venv/lib/libmpi.so.12\n"
+            "7f3 r--p 00000000 fd:01 99 /usr/lib/x86_64-linux-gnu/libc.so.6\n")
+    assert loaded_mpi(maps)["files"] == [{"path": "/opt/containerbench/venv/lib/libmpi.so.12", "inode": 4242}]

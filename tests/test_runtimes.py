@@ -66,6 +66,18 @@ def container_env(name: str, base: dict, gds: bool = True) -> dict:
     return {"CONTAINERBENCH_RUNTIME": name, **base, "PYTHONNOUSERSITE": "1", **({"PMIX_MCA_gds": "hash"} if gds else {})}
 
 
+def under_srun(runtime):
+    """podman-hpc binds slurmd's spool and munge only under srun."""
+    runtime.launcher = "srun"
+    return runtime
+
+
+def native(runtime):
+    """Shifter and Sarus are shown in the native MPI model (their mpich module, their MPI hook)."""
+    runtime.mpi_model = "native"
+    return runtime
+
+
 def podman_env(name: str, base: dict) -> dict:
     return {**container_env(name, base), "UCX_POSIX_USE_PROC_LINK": "n"}
 
@@ -73,13 +85,13 @@ def podman_env(name: str, base: dict) -> dict:
 RUNTIMES = {
     "docker": lambda: Docker("containerbench:latest", uid=1000, gid=1000, host_python=HOST_PY),
     "podman": lambda: Podman("containerbench:latest", uid=1000, gid=1000, oci_runtime="runc"),
-    "podman-hpc": lambda: PodmanHPC("containerbench:latest", uid=1000, gid=1000),
+    "podman-hpc": lambda: under_srun(PodmanHPC("containerbench:latest", uid=1000, gid=1000)),
     "apptainer": lambda: Apptainer("/images/containerbench.sif", host_python=HOST_PY),
     "singularity": lambda: Singularity("/images/containerbench.sif", host_python=HOST_PY),
-    "shifter": lambda: Shifter("id:0123abcd", mpi_hook=True, host_python=HOST_PY),
+    "shifter": lambda: native(Shifter("id:0123abcd", host_python=HOST_PY)),
     "charliecloud": lambda: Charliecloud("/images/containerbench.sqfs", write_fake=True),
     "enroot": lambda: Enroot("/images/containerbench.sqsh"),
-    "sarus": lambda: Sarus("containerbench:latest", mpi_hook=True, host_python=HOST_PY),
+    "sarus": lambda: native(Sarus("containerbench:latest", host_python=HOST_PY)),
 }
 
 CASES = {
@@ -358,7 +370,7 @@ def test_shim_passes_the_exit_status_and_refuses_a_missing_command():
 IMAGES = {"docker": {"image": "containerbench:latest"}, "podman": {"image": "containerbench:latest", "oci_runtime": "runc"},
           "podman-hpc": {"image": "containerbench:latest"}, "apptainer": {"image": "/images/cb.sif"},
           "singularity": {"image": "/images/cb.sif"}, "shifter": {"image": "docker:containerbench:latest",
-                                                                 "mpi_hook": True},
+                                                                 "mpi_model": "native"},
           "charliecloud": {"image": "/images/cb.sqfs", "write_fake": False}, "enroot": {"image": "/images/cb.sqsh"},
           "sarus": {"image": "containerbench:latest", "python": "/opt/venv/bin/python"}}
 CLASSES = {"docker": Docker, "podman": Podman, "podman-hpc": PodmanHPC, "apptainer": Apptainer,
@@ -391,7 +403,7 @@ def test_runtime_for_keeps_bare_metal_as_it_was():
      "runtime 'enroot' needs an image reference: set images.enroot.image in the config"),
     ("podman-hpc", {"images": {"podman-hpc": {"image": "x", "oci_runtime": "runc"}}},
      "runtime 'podman-hpc': unknown option 'oci_runtime' in images.podman-hpc; allowed: image, extra_args, gid, "
-     "python, uid"),
+     "python, slurm_paths, uid"),
 ])
 def test_runtime_for_rejects_in_one_line(name, config, message):
     with pytest.raises(ValueError) as error:

@@ -297,3 +297,19 @@ def test_auto_repetitions_add_rounds_until_the_target_or_the_most_without_measur
     # Nothing left to do: a dry run says so.
     idle = snakemake(tmp_path, *strict, "--dry-run")
     assert idle.returncode == 0 and "Nothing to be done" in idle.stdout + idle.stderr
+
+
+def test_a_gpu_sweep_injects_the_nvidia_libraries_into_charliecloud_on_a_node(tmp_path):
+    # The directory is converted where the image was built (the engine's store is there); only
+    # ch-fromhost --nvidia runs as a job on a node, whose libraries it copies (ch-fromhost(1)).
+    relaxed = tmp_path / "relaxed.yaml"
+    relaxed.write_text("runtime_policy: skip-unusable\nbenchmark_env: cpu\nruntimes: [bare-metal, charliecloud]\n")
+    done = snakemake(tmp_path, "--configfile", str(ROOT / "config" / "site.example.yaml"), str(relaxed), "--dry-run",
+                     "--printshellcmds")
+    assert done.returncode == 0, done.stderr
+    counts = job_counts(done.stdout)
+    assert counts["image_charliecloud"] == 1 and counts["image_charliecloud_nvidia"] == 1
+    [command] = [c for c in re.findall(r"^Shell command: (.+)$", done.stdout, re.M) if "charliecloud-nvidia" in c]
+    words = shlex.split(command)
+    parsed = images.parser().parse_args(words[words.index("-m") + 2:words.index(">")])
+    assert parsed.step == "charliecloud-nvidia" and str(parsed.marker).endswith(".ch.nvidia")

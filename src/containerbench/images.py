@@ -10,9 +10,10 @@ provenance hash. Every step is an argv builder plus a small runner:
   python -m containerbench.images build            <engine> build --network none -> stamp JSON
   python -m containerbench.images export           <engine> save -> build/images/containerbench.tar
   python -m containerbench.images charliecloud     ch-convert -> build/images/containerbench.ch
+  python -m containerbench.images charliecloud-nvidia   ch-fromhost --nvidia, on a GPU node
   python -m containerbench.images load             <other engine> load the archive -> its stamp JSON
-  python -m containerbench.images apptainer        apptainer build from the archive -> .sif
-  python -m containerbench.images enroot|sarus|podman-hpc   import the image into that runtime
+  python -m containerbench.images prepare --runtime R   apptainer, singularity, enroot, sarus, podman-hpc:
+                                                   the commands of R's class (runtimes.py)
   python -m containerbench.images print-commands   every runtime's image commands, printed
 
 Every step has a time limit (--step-timeout), so a wedged engine fails its step
@@ -59,8 +60,6 @@ BASE_IMAGE = "localhost/containerbench-base:bookworm"
 IMAGE_REPO = "localhost/containerbench"
 ARCHIVE = IMAGES / "containerbench.tar"
 CHARLIECLOUD_DIR = IMAGES / "containerbench.ch"
-SIF = IMAGES / "containerbench.sif"
-SQUASHFS = IMAGES / "containerbench.sqsh"
 PROVENANCE_LABEL = "org.containerbench.provenance"
 ENGINES = ("docker", "podman")
 # What every rank needs at run time besides the venv: Python and Open MPI (mpi4py and
@@ -386,10 +385,9 @@ def clear_dev(image_dir: Path) -> list[str]:
 
 
 def charliecloud_image(engine: str, tag: str, out: Path = CHARLIECLOUD_DIR, force: bool = False,
-                       timeout: float = DEFAULT_STEP_TIMEOUT_S, gpus: bool = False) -> Path:
-    """Convert unless OUT was already made from this very image (its id, and whether the host's
-    NVIDIA libraries were injected, are kept in OUT.image-id)."""
-    marker, image_id = Path(f"{out}.image-id"), image_digest(engine, tag) + (" +nvidia" if gpus else "")
+                       timeout: float = DEFAULT_STEP_TIMEOUT_S) -> Path:
+    """Convert unless OUT was already made from this very image (its id is kept in OUT.image-id)."""
+    marker, image_id = Path(f"{out}.image-id"), image_digest(engine, tag)
     if not force and marker.exists() and marker.read_text().strip() == image_id and (out / "ch").is_dir():
         return out
     marker.unlink(missing_ok=True)
@@ -397,10 +395,7 @@ def charliecloud_image(engine: str, tag: str, out: Path = CHARLIECLOUD_DIR, forc
     out.parent.mkdir(parents=True, exist_ok=True)
     run_step("charliecloud (ch-convert)", Charliecloud.convert_argv(engine, tag, str(out)),
              env=engine_env("charliecloud"), timeout=timeout)
-    clear_dev(out)  # before ch-fromhost, which writes into the image
-    if gpus:
-        run_step("charliecloud (ch-fromhost --nvidia)", Charliecloud.nvidia_argv(str(out)),
-                 env=engine_env("charliecloud"), timeout=timeout)
+    clear_dev(out)
     marker.write_text(image_id + "\n")
     return out
 
@@ -411,17 +406,18 @@ def built(tag: str, build_dir: Path | str = IMAGES, engine: str = "podman", gpus
     return BuiltImage(tag, engine, str(build_dir), gpus)
 
 
-def image_files(tag: str, build_dir: Path | str = IMAGES) -> dict[str, str]:
+def image_files(tag: str, build_dir: Path | str = IMAGES, gpus: bool = False) -> dict[str, str]:
     """Every file the workflow can make from the image `tag`: each runtime's artifact, the archive
-    they are converted from and the Singularity definition."""
-    image = built(tag, build_dir)
+    they are converted from, the Singularity definition and Charliecloud's directory."""
+    image = built(tag, build_dir, gpus=gpus)
     files = {name: cls.artifact(image) for name, cls in CONTAINER_RUNTIMES.items() if cls.artifact(image)}
-    return {**files, "archive": image.archive, "definition": image.definition}
+    return {**files, "archive": image.archive, "definition": image.definition,
+            "charliecloud-dir": Charliecloud.reference(image)}
 
 
-def built_image(runtime: str, tag: str, build_dir: Path | str = IMAGES) -> tuple[str, str] | None:
+def built_image(runtime: str, tag: str, build_dir: Path | str = IMAGES, gpus: bool = False) -> tuple[str, str] | None:
     """(the image reference `runtime` runs, the file its runs depend on), or None if not buildable here."""
-    cls, image = CONTAINER_RUNTIMES.get(runtime), built(tag, build_dir)
+    cls, image = CONTAINER_RUNTIMES.get(runtime), built(tag, build_dir, gpus=gpus)
     if cls is None or cls.artifact(image) is None:
         return None  # bare metal, and Shifter (its gateway serves images; it cannot take a local build)
     return cls.reference(image), cls.artifact(image)
@@ -446,11 +442,11 @@ def resolve_images(config: dict, build_dir: Path | str = IMAGES) -> dict[str, st
         settings = images.setdefault(runtime, {})
         if settings.get("image"):
             continue
-        if settings.get("mpi_hook"):  # Sarus --mpi, Shifter --module=mpich
-            raise ConfigError(f"config: 'images.{runtime}.mpi_hook' = true swaps the image's libmpi for the site's "
-                              "MPICH-ABI one, and the image the workflow builds has Open MPI; allowed: false, or "
-                              f"images.{runtime}.image naming an MPICH-based image")
-        built = built_image(runtime, images["build"]["tag"], build_dir)
+        if settings.get("mpi_model") == "native":
+            raise ConfigError(f"config: 'images.{runtime}.mpi_model' = 'native' swaps the image's libmpi for the "
+                              "host's MPICH-ABI one, and the image the workflow builds has Open MPI; allowed: "
+                              f"hybrid, or images.{runtime}.image naming an MPICH-based image")
+        built = built_image(runtime, images["build"]["tag"], build_dir, gpus=config["slurm"]["gpus_per_node"] > 0)
         if built is None:
             raise ConfigError(f"config: 'images.{runtime}.image' is missing; allowed: the image reference "
                               f"{runtime} runs (the workflow cannot build a {runtime} image locally)")
@@ -506,7 +502,7 @@ def prepare_runtime(name: str, image: BuiltImage, timeout: float = DEFAULT_STEP_
     artifact.parent.mkdir(parents=True, exist_ok=True)
     for argv in cls.prepare_commands(image):
         run_step(f"{name} ({argv[0]} {argv[1]})", argv, timeout=timeout)
-    if cls.reference(image) != str(artifact):
+    if cls.artifact_is_stamp:
         _write(artifact, json.dumps({"image": cls.reference(image)}) + "\n")
     return cls.reference(image)
 
@@ -560,7 +556,9 @@ def parser() -> argparse.ArgumentParser:
     step = steps.add_parser("charliecloud", help="ch-convert the image into a Charliecloud directory")
     step.add_argument("--out", type=Path, default=CHARLIECLOUD_DIR)
     step.add_argument("--force", action="store_true")
-    step.add_argument("--gpus", action="store_true", help="then inject the host's NVIDIA libraries (ch-fromhost)")
+    step = steps.add_parser("charliecloud-nvidia", help="inject this node's NVIDIA libraries (ch-fromhost --nvidia)")
+    step.add_argument("--out", type=Path, default=CHARLIECLOUD_DIR)
+    step.add_argument("--marker", type=Path, required=True, help="written when done")
     step = steps.add_parser("prepare", help="run a converting runtime's prepare commands (its class's)")
     step.add_argument("--runtime", required=True, choices=sorted(set(CONVERTED)))
     step.add_argument("--build-dir", type=Path, default=IMAGES)
@@ -575,7 +573,7 @@ def parser() -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> str:
     """Do one step; return what it made, for the log."""
     timeout, repo, env = args.step_timeout, args.repo, BENCH_ENVS[args.env]
-    needs_tag = args.step not in ("base", "wheelhouse")
+    needs_tag = args.step not in ("base", "wheelhouse", "charliecloud-nvidia")
     tag = args.tag or (default_tag(args.bench_python) if needs_tag else None)
     if args.step == "base":
         done = make_base(args.engine, args.base_image, repo / "build" / "base" / "rootfs", args.mirror, args.force,
@@ -599,7 +597,12 @@ def run(args: argparse.Namespace) -> str:
     if args.step == "load":
         return json.dumps(load_image(args.into, tag, args.archive, args.stamp, timeout), indent=2)
     if args.step == "charliecloud":
-        return str(charliecloud_image(args.engine, tag, args.out, args.force, timeout, args.gpus))
+        return str(charliecloud_image(args.engine, tag, args.out, args.force, timeout))
+    if args.step == "charliecloud-nvidia":
+        run_step("charliecloud (ch-fromhost --nvidia)", Charliecloud.nvidia_argv(str(args.out)),
+                 env=engine_env("charliecloud"), timeout=timeout)
+        _write(args.marker, f"{args.out}: ch-fromhost --nvidia done\n")
+        return str(args.out)
     if args.step == "prepare":
         return prepare_runtime(args.runtime, built(tag, args.build_dir, args.engine), timeout)
     commands = runtime_commands(args.engine, tag, args.registry, args.build_dir, args.gpus)

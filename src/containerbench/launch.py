@@ -44,7 +44,7 @@ from containerbench.runtimes import (
     runtime_for,
     select_runtimes,
 )
-from containerbench.telemetry import rank_context
+from containerbench.telemetry import library_mpi_version, rank_context
 
 # Always set in every rank: unbuffered output keeps the log in step order, and
 # TensorFlow's INFO chatter would bury the lines that matter.
@@ -80,6 +80,22 @@ class Mpirun:
         return argv + self.extra_args + rank_argv
 
 
+class Hydra:
+    """The host MPICH's mpiexec (Hydra), for runs in the native MPI model: the ranks' libmpi is the
+    host's MPICH, which Open MPI's mpirun cannot wire up. Hydra passes the whole environment by
+    default (mpiexec -genvall)."""
+
+    name = "mpiexec"
+
+    def __init__(self, mpiexec: str = "mpiexec.mpich", bind: str = "core", extra_args=()):
+        self.mpiexec, self.bind, self.extra_args = mpiexec, bind, list(extra_args)
+
+    def wrap(self, rank_argv, spec, env_names, runtime_options=()):
+        return [self.mpiexec, "-n", str(spec.ranks), "-ppn", str(spec.ranks_per_node),
+                "-bind-to", {"core": "core", "socket": "socket", "none": "none"}[self.bind],
+                *self.extra_args, *rank_argv]
+
+
 class Srun:
     """Slurm's srun inside the job's allocation; the MPI plugin comes from the config."""
 
@@ -106,6 +122,8 @@ def launcher_for(config: dict, runtime=None):
     """The configured launcher, for `runtime`'s runs (a runtime may name its own srun MPI plugin)."""
     settings = config["launcher"]
     kind, bind, extra = settings["kind"], settings.get("bind", "core"), settings.get("extra_args", [])
+    if kind == "mpirun" and getattr(runtime, "native", False):
+        return Hydra(config["native_mpi"]["mpiexec"], bind)
     if kind == "mpirun":
         return Mpirun(bind, extra)
     if kind == "srun":
@@ -194,7 +212,11 @@ def measure(run_plan: dict, log_path: Path, echo=sys.stdout) -> int:
     """One run as the workflow makes it: its raw log (execute) and its nodes' samples beside it."""
     clear_telemetry(run_plan)
     # Where the launch ran, for the ranks' own view to be compared with (records.judge_container).
-    run_plan = {**run_plan, "launch_context": rank_context()}
+    context = rank_context()
+    if run_plan.get("native_mpi"):  # what the ranks must report having loaded (records.judge_native_mpi)
+        library = run_plan["native_mpi"]["library"]
+        context["native_mpi"] = {"library": library, "version": library_mpi_version(library)}
+    run_plan = {**run_plan, "launch_context": context}
     try:
         return execute(run_plan, log_path, echo)
     finally:
@@ -230,13 +252,15 @@ def plan(spec: RunSpec, config: dict) -> dict:
         settings = {key: bench[key] for key in PLANNED_SETTINGS}
     return {
         "run_id": spec.run_id,
-        "spec": {**spec.as_dict(), "system": config["system"], "launcher": config["launcher"]["kind"], **settings},
+        "spec": {**spec.as_dict(), "system": config["system"], "launcher": config["launcher"]["kind"],
+                 "mpi_model": runtime.mpi_model, **settings},
         "argv": argv,
         "env": env,
         "timeout_s": timeout,
         "image": getattr(runtime, "image", None),
         "fabric": {"name": spec.fabric, "env": fabric_env, "expect": fabric.get("expect")},
         "telemetry": telemetry,
+        **({"native_mpi": {"library": runtime.native_mpi.library}} if getattr(runtime, "native", False) else {}),
     }
 
 
@@ -405,7 +429,8 @@ def prepare(config: dict, repo: Path, *, probe: bool = True) -> Sweep:
 # The benchmark's step counts: the same sweep point with other counts still gives its step time.
 STEP_FLAGS = ("--warmup-steps", "--steps", "--probe-steps")
 # What does not make a run another sweep point: which repetition it is, and how many steps it takes.
-NOT_THE_POINT = {"run_id", "repetition", "warmup_steps", "steps"}
+NOT_THE_POINT = {"run_id", "repetition", "warmup_steps", "steps",
+                 "mpi_model"}  # one model per runtime in a sweep, and the argv differs between the two anyway
 # Benchmark flags that say where a run writes, not what it measures (the path holds the run id).
 NOT_THE_POINT_FLAGS = ("--telemetry-dir", "--telemetry-interval")
 BENCHMARK_MODULES = ("containerbench.bench", "containerbench.netbench")

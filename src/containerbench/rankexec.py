@@ -56,7 +56,8 @@ def main(argv: list[str] | None = None) -> None:
         os.environ.update({args.env_prefix + name: os.environ[name] for name in names})
         inserted = []
     elif args.env_form == "value":
-        inserted = [f"--env={name}={os.environ[name]}" for name in names]
+        # shifter exits on --env=NAME= ("Improperly formatted environment variable"): an empty one stays unset.
+        inserted = [f"--env={name}={os.environ[name]}" for name in names if os.environ[name]]
     else:
         inserted = [word for name in names for word in ("--env", name)]
     inserted += [f"--device={path}" for pattern in args.device_glob for path in sorted(glob.glob(pattern))]

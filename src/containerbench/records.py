@@ -194,6 +194,27 @@ def judge_container(launch: dict, spec: dict, result: dict, verdict: Verdict) ->
                            "marker the host lacks")
 
 
+def judge_native_mpi(launch: dict, spec: dict, result: dict, verdict: Verdict) -> None:
+    """A run in the native MPI model really ran on the host's MPI: every rank's loaded library reports
+    the version the host's library file reports (MPI_Get_library_version). A run that silently kept
+    the image's library is invalid, with the rank's own line as evidence."""
+    if spec.get("mpi_model") != "native":
+        return
+    host = (launch.get("launch_context") or {}).get("native_mpi") or {}
+    if not host.get("version"):
+        verdict.invalidate(f"native MPI: the host's library {host.get('library')} did not report its version "
+                           "where the run was launched")
+        return
+    for process in result.get("processes") or []:
+        mpi = (process.get("context") or {}).get("mpi") or {}
+        if mpi.get("version") != host["version"]:
+            files = ", ".join(f"{f['path']} (inode {f['inode']})" for f in mpi.get("files") or []) or "no libmpi"
+            verdict.invalidate(f"native MPI not swapped in: rank {process.get('rank')} on {process.get('hostname')} "
+                               f"loaded {files}, which reports {mpi.get('version')!r}, not the host's "
+                               f"{host['version']!r} ({host['library']})")
+            return
+
+
 def judge_telemetry(launch: dict, found: LogLines, spec: dict, verdict: Verdict,
                     telemetry_file: str | Path | None = None) -> dict | None:
     """The nodes' samples of the measured window: traffic on the wrong wire invalidates, a busy machine disturbs.
@@ -231,6 +252,7 @@ def parse_log(log_path: str | Path, telemetry_file: str | Path | None = None) ->
         judge_weights(found.result, verdict)
         judge_batches(found.result, verdict)
         judge_container(launch, spec, found.result, verdict)
+        judge_native_mpi(launch, spec, found.result, verdict)
     fabric_check = check_fabric(found, spec)
     if fabric_check["status"] == "mismatch":
         verdict.invalidate(f"fabric: {fabric_check['reason']}")

@@ -28,8 +28,15 @@ RUN_COLUMNS = ["run_id", "status", "reason", "evidence", "system", *POINT, "repe
                "rank_images_per_sec_min", "rank_images_per_sec_max", "rank_spread_percent", "step_s_median",
                "peak_host_memory_gib", "peak_gpu_memory_gib", "startup_s", "wall_s", "provenance", "image",
                "fabric_check", "transport", "cpu_utilisation_percent", "foreign_cpu_percent", "disturbed",
-               "traffic_check", "binding", "hosts", "log"]
+               "traffic_check", "mpi_model", "mpi_library", "binding", "hosts", "log"]
 BASELINE_RUNTIME = "bare-metal"
+
+
+def _mpi_library(result: dict) -> str | None:
+    """The MPI library the ranks reported (MPI_Get_library_version), distinct values joined."""
+    versions = {((p.get("context") or {}).get("mpi") or {}).get("version") for p in result.get("processes") or []}
+    versions = sorted(v for v in versions if v) or ([result["versions"]["mpi"]] if (result.get("versions") or {}).get("mpi") else [])
+    return " | ".join(versions) or None
 
 
 def binding(result: dict) -> str | None:
@@ -91,6 +98,8 @@ def _train_row(record: dict) -> dict:
         "fabric_check": (record.get("fabric_check") or {}).get("status"),
         "transport": (record.get("fabric_check") or {}).get("reason"),
         **_usage(record),
+        "mpi_model": spec.get("mpi_model") or ("host" if spec.get("runtime") == BASELINE_RUNTIME else "hybrid"),
+        "mpi_library": _mpi_library(result),
         "binding": binding(result),
         "hosts": ",".join(sorted(set(result.get("hostnames") or []))),
         "log": record["log"]["path"],

@@ -126,7 +126,28 @@ class BuiltImage:
 
 
 # Options of images.<runtime> that are about launching, not about the runtime's own argv.
-LAUNCH_OPTIONS = ("srun_mpi", "available", "package")
+LAUNCH_OPTIONS = ("srun_mpi", "available", "package", "mpi_model")
+MPI_MODELS = ("hybrid", "native")
+
+
+@dataclass(frozen=True)
+class NativeMpi:
+    """The native MPI model: the image's MPICH-ABI libmpi is replaced at run time by the host's.
+    `library` is the host's (on every node, at this path), `image_library` the file in the image it
+    replaces; the rank loads the host's under the image's file name, which LD_LIBRARY_PATH finds
+    for every later library that links libmpi.so.12 (the host's file has its own soname, e.g.
+    Debian's libmpich.so.12)."""
+
+    library: str = "/usr/lib/x86_64-linux-gnu/libmpich.so.12"
+    image_library: str = "/opt/containerbench/venv/lib/libmpi.so.12"
+
+    @property
+    def bind(self) -> tuple[str, str]:
+        return self.library, self.image_library
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {"LD_LIBRARY_PATH": os.path.dirname(self.image_library)}
 
 
 class Runtime:
@@ -144,12 +165,34 @@ class Runtime:
     # (an image the site supplies, e.g. a vendor's, has TensorFlow and Horovod but not this package).
     package: str = "image"
     launcher: str = "none"  # the launcher kind its ranks start under (runtime_for sets the config's)
+    # hybrid: the image's own MPI, wired up by the host's launcher; native: the host's MPICH-ABI libmpi
+    # swapped in (native_mpi). native_support says how this runtime does it, by its documentation;
+    # None: it cannot.
+    mpi_model: str = "hybrid"
+    native_mpi: NativeMpi = NativeMpi()
+    native_support: str | None = None
 
     def rank_argv(self, request: RunRequest) -> list[str]:
         raise NotImplementedError
 
     def environment(self, request: RunRequest) -> dict[str, str]:
-        return {"CONTAINERBENCH_RUNTIME": self.name, **request.env}
+        return {"CONTAINERBENCH_RUNTIME": self.name, **request.env, **self.native_env()}
+
+    @property
+    def native(self) -> bool:
+        return self.mpi_model == "native"
+
+    def native_env(self) -> dict[str, str]:
+        """What the native model adds to a rank's environment (the bind model's LD_LIBRARY_PATH)."""
+        return self.native_mpi.env if self.native and self.native_support == "bind" else {}
+
+    def check_mpi_model(self) -> None:
+        if self.mpi_model not in MPI_MODELS:
+            raise ValueError(f"runtime {self.name!r}: mpi_model {self.mpi_model!r} is not allowed; "
+                             f"allowed: {', '.join(MPI_MODELS)}")
+        if self.native and self.native_support is None:
+            raise ValueError(f"runtime {self.name!r} has no documented way to swap the host's MPI in; "
+                             "allowed: mpi_model hybrid")
 
     def launcher_options(self, request: RunRequest) -> list[str]:
         return []
@@ -161,6 +204,10 @@ class Runtime:
     probe: tuple[str, ...] = ()  # a quick command that succeeds only where the runtime can run here
 
     # -- the image it runs: made from the built image by its prepare commands --
+    # True where the artifact is a stamp naming an image in the runtime's own store (written after the
+    # prepare commands), not the file they make.
+    artifact_is_stamp = False
+
     @classmethod
     def artifact(cls, built: BuiltImage) -> str | None:
         """The file made from the built image that this runtime's runs depend on (a Snakemake
@@ -189,6 +236,7 @@ class BareMetal(Runtime):
     """The reference every container is compared with: the venv's Python on the host."""
 
     name = "bare-metal"
+    mpi_model = "host"  # the venv's mpi4py and Horovod with the host's MPI: no container to swap it into
 
     def __init__(self, python: str):
         self.python = python
@@ -277,6 +325,8 @@ class OciEngine(ContainerRuntime):
     """Docker-style engines: the container is a fresh namespace set, so the run opts back into the host's."""
 
     binary = ""
+    native_support = "bind"  # the host's libmpi bound over the image's (a file bind: --volume FILE:FILE)
+    artifact_is_stamp = True
     shared_paths: tuple[str, ...] = ("/tmp",)  # Open MPI/PMIx session directories live under /tmp
 
     def __init__(self, image: str, python: str = "python3", extra_args=(), uid: int | None = None,
@@ -309,6 +359,10 @@ class OciEngine(ContainerRuntime):
     def gpu_args(self) -> list[str]:
         raise NotImplementedError
 
+    def native_args(self) -> list[str]:
+        host, image = self.native_mpi.bind
+        return ["--volume", f"{host}:{image}:ro"] if self.native else []
+
     def env_args(self, request: RunRequest) -> list[str]:
         """`--env NAME` (value copied from the engine's environment) for what no rank prefix covers."""
         names = sorted(name for name in self.environment(request) if not name.startswith(RANK_PREFIXES))
@@ -333,6 +387,7 @@ class OciEngine(ContainerRuntime):
             argv += ["--device", "/dev/infiniband", "--cap-add", "IPC_LOCK", "--ulimit", "memlock=-1:-1"]
         for path in dict.fromkeys([*self.shared_paths, *self.mounts(request)]):
             argv += ["--volume", f"{path}:{path}"]
+        argv += self.native_args()
         argv += ["--workdir", self.workdir(request), *self.env_args(request)]
         return [*argv, *self.extra_args, self.image, *self.command(request)]
 
@@ -412,18 +467,22 @@ class Podman(OciEngine):
 
 
 class PodmanHPC(Podman):
-    """NERSC's podman-hpc wrapper (rootless podman, squashed images). Its own --mpi/--openmpi-pmix
-    modules add --privileged (etc/modules.d/*.yaml), so this class passes the host namespaces and
-    rank variables itself, as they do, and uses only the --gpu module."""
+    """NERSC's podman-hpc wrapper (rootless podman, squashed images). Its --openmpi-pmix module adds
+    --privileged (etc/modules.d/*.yaml), so in the hybrid model this class passes the host namespaces,
+    binds and rank variables itself, as that module does, and uses only the --gpu module; the native
+    model is its --mpi module."""
 
     name = binary = "podman-hpc"
     probe = ("podman-hpc", "info")
     in_local_store = ()  # podman-hpc runs its squashed copies, not podman's store
 
+    SLURM_PATHS = ("/var/spool/slurmd", "/run/munge")
+
     # No oci_runtime: podman-hpc picks crun or runc itself (podman_hpc/siteconfig.py).
     def __init__(self, image: str, python: str = "python3", extra_args=(), uid: int | None = None,
-                 gid: int | None = None):
+                 gid: int | None = None, slurm_paths=SLURM_PATHS):
         super().__init__(image, python, extra_args, uid, gid)
+        self.slurm_paths = tuple(slurm_paths)
 
     @classmethod
     def prepare_commands(cls, built: BuiltImage, registry: str = "REGISTRY") -> list[list[str]]:
@@ -433,15 +492,28 @@ class PodmanHPC(Podman):
     # What podman-hpc's openmpi-pmix module adds for a Slurm-launched Open MPI rank, without its
     # --privileged (etc/modules.d/openmpi-pmix.yaml): slurmd's spool (the PMIx server's rendezvous
     # files), munge's socket, and the SLURMD_* variables besides SLURM_*/PMIX_*/PMI_*.
-    shared_paths = ("/tmp", "/dev/shm", "/var/spool/slurmd", "/run/munge")
     rank_prefixes = (*RANK_PREFIXES, "SLURMD_")
+
+    @property
+    def shared_paths(self) -> tuple[str, ...]:
+        # Only under srun: a bind whose source is missing makes `podman run` fail (slurm_paths: the
+        # site's SlurmdSpoolDir and munge socket directory, where they differ).
+        return ("/tmp", "/dev/shm", *(self.slurm_paths if self.launcher == "srun" else ()))
 
     def mounts(self, request: RunRequest) -> list[str]:
         # The host's verbs provider configuration, which the image's libibverbs reads (the same modules).
         return [*(["/etc/libibverbs.d"] if request.infiniband else []), *super().mounts(request)]
 
+    # Native: the mpich module (etc/modules.d/mpich.yaml, `--mpi`) binds the site's MPICH into
+    # /opt/udiImage/modules/mpich and sets LD_LIBRARY_PATH; it also adds --privileged and turns the
+    # run into shared-run, which is podman-hpc's own choice, not ours.
+    native_support = "module"
+
     def gpu_args(self) -> list[str]:
         return ["--gpu"]  # module gpu.yaml: driver libraries, /dev/nvidia*, NVIDIA_VISIBLE_DEVICES
+
+    def native_args(self) -> list[str]:
+        return ["--mpi"] if self.native else []
 
 
 class Apptainer(ContainerRuntime):
@@ -453,10 +525,16 @@ class Apptainer(ContainerRuntime):
     name = binary = "apptainer"
     probe = ("apptainer", "--version")
     env_prefix = "APPTAINERENV_"
+    # The user guide's "Bind model" (MPI page): the host's MPI bound into the container, found by
+    # LD_LIBRARY_PATH.
+    native_support = "bind"
 
-    def __init__(self, image: str, python: str = "python3", extra_args=(), host_python: str = sys.executable):
+    # userns: ranks run in unprivileged user namespaces (the default without a setuid installation,
+    # "apptainer buildcfg" / --userns); false for a setuid installation, where UCX needs no workaround.
+    def __init__(self, image: str, python: str = "python3", extra_args=(), host_python: str = sys.executable,
+                 userns: bool = True):
         super().__init__(image, python, extra_args)
-        self.host_python = host_python
+        self.host_python, self.userns = host_python, userns
 
     @classmethod
     def artifact(cls, built: BuiltImage) -> str:
@@ -475,7 +553,7 @@ class Apptainer(ContainerRuntime):
 
     def environment(self, request: RunRequest) -> dict[str, str]:
         env = super().environment(request)
-        if "UCX_TLS" in env:
+        if "UCX_TLS" in env and self.userns:
             # Each rank's container is its own unprivileged user namespace, where UCX's shared-memory
             # transports fail; the user guide's workaround is the sysv transport (MPI page, "UCX_TLS=sysv,ib",
             # apptainer#769): sm (every shared-memory transport), posix and cma become sysv.
@@ -492,6 +570,8 @@ class Apptainer(ContainerRuntime):
         argv = [self.name, "exec", "--cleanenv", *(["--nv"] if request.gpus else [])]
         for path in self.mounts(request):
             argv += ["--bind", path]
+        if self.native:
+            argv += ["--bind", ":".join(self.native_mpi.bind)]
         return [*shim, *argv, "--pwd", self.workdir(request), *self.extra_args, self.image, *self.command(request)]
 
 
@@ -519,10 +599,12 @@ class Shifter(ContainerRuntime):
     probe = ("shifter",)
     MOUNT_POINTS = ("/mnt", "/media", "/srv")
 
-    def __init__(self, image: str, python: str = "python3", extra_args=(), mpi_hook: bool = False,
-                 host_python: str = sys.executable):
+    # Native: the site's mpich module (udiRoot.conf module_mpich_*) swaps in its MPICH-ABI libmpi.
+    native_support = "module"
+
+    def __init__(self, image: str, python: str = "python3", extra_args=(), host_python: str = sys.executable):
         super().__init__(image, python, extra_args)
-        self.mpi_hook, self.host_python = mpi_hook, host_python
+        self.host_python = host_python
 
     @classmethod
     def prepare_commands(cls, built: BuiltImage, registry: str = "REGISTRY") -> list[list[str]]:
@@ -546,7 +628,7 @@ class Shifter(ContainerRuntime):
     def modules(self, request: RunRequest) -> str:
         # Naming modules replaces the site's defaultModules; "none" turns them all off (usage text,
         # "--module"), so nothing is swapped in behind the benchmark's back.
-        modules = [*(["gpu"] if request.gpus else []), *(["mpich"] if self.mpi_hook else [])]
+        modules = [*(["gpu"] if request.gpus else []), *(["mpich"] if self.native else [])]
         return ",".join(modules) or "none"
 
     def environment(self, request: RunRequest) -> dict[str, str]:
@@ -597,9 +679,18 @@ class Charliecloud(ContainerRuntime):
     name = "charliecloud"
     probe = ("ch-run", "--version")
     MOUNT_POINTS = ("/mnt", "/media", "/srv")  # empty in Debian/Ubuntu bases
+    # Native: the host's libmpi bound onto the image's file (ch-run --bind takes a file onto an existing
+    # file). ch-fromhost --path would copy it in under the host's own file name, beside the image's
+    # libmpi.so.12, which mpi4py would still load first.
+    native_support = "bind"
 
     @classmethod
     def artifact(cls, built: BuiltImage) -> str:
+        # GPU runs depend on the marker ch-fromhost's step leaves (on a GPU node), the rest on the directory.
+        return built.file(".ch.nvidia") if built.gpus else built.file(".ch")
+
+    @classmethod
+    def reference(cls, built: BuiltImage) -> str:
         return built.file(".ch")
 
     @staticmethod
@@ -614,7 +705,7 @@ class Charliecloud(ContainerRuntime):
 
     @classmethod
     def prepare_commands(cls, built: BuiltImage, registry: str = "REGISTRY") -> list[list[str]]:
-        out = cls.artifact(built)
+        out = cls.reference(built)
         return [cls.convert_argv(built.engine, built.tag, out), *([cls.nvidia_argv(out)] if built.gpus else [])]
 
     def __init__(self, image: str, python: str = "python3", extra_args=(), write_fake: bool | None = None):
@@ -654,7 +745,8 @@ class Charliecloud(ContainerRuntime):
         # --unset-env and --set-env apply in command-line order: drop all but what is kept, then load
         # the image's ENV from /ch/environment (written by ch-image).
         argv = ["ch-run", "--join", f"--unset-env={self.keep_glob(request)}", "--set-env",
-                *(["--write-fake"] if self.write_fake else [])]
+                *(["--write-fake"] if self.write_fake else []),
+                *([f"--bind={':'.join(self.native_mpi.bind)}"] if self.native else [])]
         if self.write_fake:
             argv += [f"--bind={path}" for path in self.mounts(request)]
             return [*argv, f"--cd={self.workdir(request)}", *self.extra_args, self.image, "--", *self.command(request)]
@@ -741,12 +833,13 @@ class Enroot(ContainerRuntime):
 class Sarus(ContainerRuntime):
     """sarus run. The host environment passes, the image's ENV overrides it, and `--env NAME` without
     a value takes the host's value back (user guide, "Environment"); GPUs follow CUDA_VISIBLE_DEVICES
-    through the NVIDIA hook, set by Slurm. mpi_hook adds --mpi: the site's MPICH-ABI MPI is swapped
+    through the NVIDIA hook, set by Slurm. The native model adds --mpi: the site's MPICH-ABI MPI is swapped
     in. Devices are denied unless given one by one with --device, so the rankexec shim adds the
     node's RDMA devices (those Enroot's 99-mellanox.sh mounts) at rank start."""
 
     name = "sarus"
     probe = ("sarus", "--version")
+    artifact_is_stamp = True
 
     @classmethod
     def artifact(cls, built: BuiltImage) -> str:
@@ -767,14 +860,15 @@ class Sarus(ContainerRuntime):
         return [["sarus", "load", built.archive, built.tag.rsplit("/", 1)[-1]]]
     rdma_devices = ("/dev/infiniband/rdma_cm", "/dev/infiniband/uverbs*")
 
-    def __init__(self, image: str, python: str = "python3", extra_args=(), mpi_hook: bool = False,
-                 host_python: str = sys.executable):
+    native_support = "hook"  # `sarus run --mpi`: the site's MPI hook (user guide, "Native MPI support")
+
+    def __init__(self, image: str, python: str = "python3", extra_args=(), host_python: str = sys.executable):
         super().__init__(image, python, extra_args)
-        self.mpi_hook, self.host_python = mpi_hook, host_python
+        self.host_python = host_python
 
     def rank_argv(self, request: RunRequest) -> list[str]:
         # --pid host is Sarus's default; --mount destinations and --workdir are created if missing.
-        argv = ["sarus", "run", *(["--mpi"] if self.mpi_hook else [])]
+        argv = ["sarus", "run", *(["--mpi"] if self.native else [])]
         argv += [f"--mount=type=bind,source={path},destination={path}" for path in self.mounts(request)]
         argv += [f"--workdir={self.workdir(request)}"]
         argv += [word for name in sorted(self.environment(request)) for word in ("--env", name)]
@@ -812,6 +906,11 @@ def runtime_for(name: str, config: dict) -> Runtime:
     for key, value in launch_options.items():
         setattr(runtime, key, value)
     runtime.launcher = config.get("launcher", {}).get("kind", "none")
+    native = config.get("native_mpi") or {}
+    runtime.native_mpi = NativeMpi(**{key: native[key] for key in ("library", "image_library") if key in native})
+    runtime.check_mpi_model()
+    if runtime.native and "srun_mpi" not in launch_options:
+        runtime.srun_mpi = native.get("srun_mpi", "pmi2")  # an MPICH libmpi speaks PMI2 to srun (mpi_guide)
     return runtime
 
 

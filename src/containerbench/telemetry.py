@@ -77,8 +77,9 @@ def _read(path: Path) -> str | None:
 
 
 def cgroup_limits(proc_cgroup: str | None = None, root: str = "/sys/fs/cgroup") -> dict:
-    """The memory (bytes) and CPU (CPUs' worth of quota) limits of this process's cgroup, None where
-    unlimited or unreadable: what the Slurm step, or a container engine, gave the rank. cgroup v2
+    """The memory (bytes) and CPU (CPUs' worth of quota) limits that bind this process: the smallest
+    of its cgroup's and its ancestors' (Slurm limits the job and the step, and a rank sits below them,
+    e.g. .../job_N/step_0/user/task_0), None where nothing limits it or nothing is readable. cgroup v2
     (memory.max, cpu.max) and v1 (memory.limit_in_bytes, cpu.cfs_quota_us). Inside a container the
     path /proc/self/cgroup names may not exist under its own mount: then the mount's root is its cgroup."""
     if proc_cgroup is None:
@@ -89,26 +90,76 @@ def cgroup_limits(proc_cgroup: str | None = None, root: str = "/sys/fs/cgroup") 
         for controller in controllers.split(",") if controllers else [""]:
             paths[controller] = path.strip().lstrip("/")
 
-    def directory(mount: str, path: str) -> Path:
-        inside = Path(root, mount, path)
-        return inside if inside.is_dir() else Path(root, mount)
+    def chain(mount: str, path: str) -> list[Path]:
+        """The cgroup's directory and its ancestors up to the mount's root, deepest first."""
+        top = Path(root, mount)
+        here = top / path if (top / path).is_dir() else top
+        return [here, *[parent for parent in here.parents if parent.is_relative_to(top)]]
+
+    def smallest(values) -> float | None:
+        values = [v for v in values if v is not None]
+        return min(values) if values else None
+
+    def v1_memory(directory: Path) -> int | None:
+        value = _read(directory / "memory.limit_in_bytes")
+        return int(value) if value and int(value) < UNLIMITED_V1 else None
+
+    def v1_cpu(directory: Path) -> float | None:
+        quota, period = _read(directory / "cpu.cfs_quota_us"), _read(directory / "cpu.cfs_period_us")
+        return round(int(quota) / int(period), 3) if quota and period and int(quota) > 0 else None
+
+    def v2_memory(directory: Path) -> int | None:
+        value = _read(directory / "memory.max")
+        return int(value) if value and value != "max" else None
+
+    def v2_cpu(directory: Path) -> float | None:
+        quota, _, period = (_read(directory / "cpu.max") or "max").partition(" ")
+        return None if quota == "max" else round(int(quota) / int(period or 100000), 3)
 
     limits = {"memory_max": None, "cpu_max": None}
     if "memory" in paths:
-        value = _read(directory("memory", paths["memory"]) / "memory.limit_in_bytes")
-        limits["memory_max"] = int(value) if value and int(value) < UNLIMITED_V1 else None
+        limits["memory_max"] = smallest(map(v1_memory, chain("memory", paths["memory"])))
     elif "" in paths:
-        value = _read(directory("", paths[""]) / "memory.max")
-        limits["memory_max"] = int(value) if value and value != "max" else None
+        limits["memory_max"] = smallest(map(v2_memory, chain("", paths[""])))
     if "cpu" in paths:
-        base = directory("cpu", paths["cpu"])
-        quota, period = _read(base / "cpu.cfs_quota_us"), _read(base / "cpu.cfs_period_us")
-        if quota and period and int(quota) > 0:
-            limits["cpu_max"] = round(int(quota) / int(period), 3)
+        limits["cpu_max"] = smallest(map(v1_cpu, chain("cpu", paths["cpu"])))
     elif "" in paths:
-        quota, _, period = (_read(directory("", paths[""]) / "cpu.max") or "max").partition(" ")
-        limits["cpu_max"] = None if quota == "max" else round(int(quota) / int(period or 100000), 3)
+        limits["cpu_max"] = smallest(map(v2_cpu, chain("", paths[""])))
     return limits
+
+
+def loaded_mpi(maps: str | None = None) -> dict | None:
+    """The MPI library this process has loaded: the mapped files named libmpi*/libmpich* (path and
+    inode, from /proc/self/maps) and, once mpi4py is imported, MPI_Get_library_version's first line,
+    which tells two builds apart even under the same file name (a native run binds the host's
+    library over the image's)."""
+    if maps is None:
+        maps = _read(Path("/proc/self/maps")) or ""
+    files = {}
+    for line in maps.splitlines():
+        fields = line.split(maxsplit=5)
+        if len(fields) == 6 and os.path.basename(fields[5]).startswith(("libmpi.so", "libmpich.so")):
+            files[fields[5]] = int(fields[4])
+    module = sys.modules.get("mpi4py.MPI")
+    version = module.Get_library_version().replace("\0", "").splitlines()[0].strip() if module else None
+    if not files and version is None:
+        return None
+    return {"files": [{"path": path, "inode": inode} for path, inode in sorted(files.items())], "version": version}
+
+
+def library_mpi_version(library: str) -> str | None:
+    """MPI_Get_library_version's first line from the library file itself, without initialising MPI
+    (the MPI standard allows the call before MPI_Init): what the host's MPI says it is."""
+    import ctypes
+
+    try:
+        lib = ctypes.CDLL(library, mode=ctypes.RTLD_LOCAL)
+        text, length = ctypes.create_string_buffer(8192), ctypes.c_int(0)  # MPI_MAX_LIBRARY_VERSION_STRING
+        if lib.MPI_Get_library_version(text, ctypes.byref(length)) != 0:
+            return None
+    except (OSError, AttributeError):
+        return None
+    return text.value.decode(errors="replace").replace("\0", "").splitlines()[0].strip()
 
 
 def rank_context() -> dict:
@@ -123,7 +174,7 @@ def rank_context() -> dict:
     markers += [f"${name}" for name in CONTAINER_VARIABLES if name in os.environ]
     mount, init_mount = _namespace("mnt"), _namespace("mnt", "1")  # init's: unreadable without privileges
     return {"affinity": sorted(os.sched_getaffinity(0)), "cgroup": cgroup[-1] if cgroup else None,
-            "limits": cgroup_limits("\n".join(cgroup)), "mnt_ns": mount, "init_mnt_ns": init_mount, "pid_ns": _namespace("pid"), "markers": markers}
+            "limits": cgroup_limits("\n".join(cgroup)), "mpi": loaded_mpi(), "mnt_ns": mount, "init_mnt_ns": init_mount, "pid_ns": _namespace("pid"), "markers": markers}
 
 
 def cpu_seconds() -> float:

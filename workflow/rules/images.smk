@@ -13,14 +13,14 @@ TAG = BUILD["tag"]
 IMAGES_DIR = REPO / cb_images.IMAGES
 IMAGE_LOGS = REPO / "build" / "logs" / "images"
 PACKAGE_SOURCES = sorted(str(p) for p in (REPO / "src" / "containerbench").rglob("*.py"))
-FILES = cb_images.image_files(TAG, IMAGES_DIR)
+GPU_RUNS = config["slurm"]["gpus_per_node"] > 0
+FILES = cb_images.image_files(TAG, IMAGES_DIR, gpus=GPU_RUNS)
 # The image step's command line, shell-quoted word by word; each rule adds its step and files.
 IMAGE_STEPS = shlex.join([PYTHON, "-m", "containerbench.images", "--engine", ENGINE, "--tag", TAG,
                           "--bench-python", str(BENCH_PYTHON), "--repo", str(REPO), "--env", BENCH_ENV.name])
 # Each image step has a time limit. It is a resource, not a param: raising it must not rebuild
 # an image that was built in time.
 IMAGE_STEP = {"step_timeout_s": config["images"]["step_timeout_s"]}
-GPU_RUNS = config["slurm"]["gpus_per_node"] > 0
 # A conversion step runs where the workflow runs, unless its runtime exists only on the compute
 # nodes (images.<runtime>.available): then it is a job there (ON_A_NODE), like a measurement.
 
@@ -136,22 +136,43 @@ rule image_charliecloud:
     input:
         rules.image_build.output,
     output:
-        image=directory(FILES["charliecloud"]),
-        image_id=f"{FILES['charliecloud']}.image-id",  # the id of the image it was converted from
+        image=directory(FILES["charliecloud-dir"]),
+        image_id=f"{FILES['charliecloud-dir']}.image-id",  # the id of the image it was converted from
     log:
         IMAGE_LOGS / "charliecloud.txt",
     params:
         images=IMAGE_STEPS,
-        # GPU runs: the host's NVIDIA libraries are injected (ch-fromhost), on a node that has them.
-        gpus="--gpus" if GPU_RUNS else "",
-    localrule: not (ON_COMPUTE_NODES & {"charliecloud"} or GPU_RUNS)
+    localrule: not ON_COMPUTE_NODES & {"charliecloud"}
     priority: BEFORE_ANY_MEASUREMENT
     resources:
         **IMAGE_STEP,
-        **(ON_A_NODE if ON_COMPUTE_NODES & {"charliecloud"} or GPU_RUNS else {}),
+        **(ON_A_NODE if ON_COMPUTE_NODES & {"charliecloud"} else {}),
     shell:
         "{params.images} --step-timeout {resources.step_timeout_s} "
-        "charliecloud --out {output.image:q} --force {params.gpus} > {log:q} 2>&1"
+        "charliecloud --out {output.image:q} --force > {log:q} 2>&1"
+
+
+if GPU_RUNS:
+
+    rule image_charliecloud_nvidia:
+        """GPU runs: the host's NVIDIA libraries, injected into the converted directory on a node
+        that has them (ch-fromhost --nvidia asks nvidia-container-cli there)."""
+        input:
+            rules.image_charliecloud.output.image,
+        output:
+            FILES["charliecloud"],
+        log:
+            IMAGE_LOGS / "charliecloud-nvidia.txt",
+        params:
+            images=IMAGE_STEPS,
+        localrule: not ON_A_NODE
+        priority: BEFORE_ANY_MEASUREMENT
+        resources:
+            **IMAGE_STEP,
+            **ON_A_NODE,
+        shell:
+            "{params.images} --step-timeout {resources.step_timeout_s} "
+            "charliecloud-nvidia --out {input:q} --marker {output:q} > {log:q} 2>&1"
 
 
 rule singularity_definition:
@@ -191,7 +212,8 @@ for runtime in sorted(PREPARED.values()):
         name:
             f"image_{runtime.replace('-', '_')}"
         input:
-            archive=rules.image_archive.output,
+            # enroot imports from the engine's store; the others start from the archive
+            image=rules.image_build.output if runtime == "enroot" else rules.image_archive.output,
             definition=rules.singularity_definition.output if runtime in ("apptainer", "singularity") else [],
         output:
             FILES[runtime],
