@@ -416,3 +416,26 @@ def test_native_runs_under_mpirun_are_launched_by_the_host_mpichs_hydra(tmp_path
     assert isinstance(launcher, Hydra)
     spec = RunSpec(kind="train", runtime="podman", fabric="f", nodes=1, ranks_per_node=2, repetition=1)
     assert launcher.wrap(["x"], spec, []) == ["mpiexec.mpich", "-n", "2", "-ppn", "2", "-bind-to", "core", "x"]
+
+
+def test_plan_shows_every_runtime_in_each_mpi_model_it_supports(capsys, monkeypatch):
+    # What a site admin reads before choosing runtimes: nine runtimes (and bare metal), both models,
+    # each with its prepare commands, environment and argv, from the example site's config.
+    from pathlib import Path
+
+    from containerbench import cli
+
+    root = Path(__file__).resolve().parents[1]
+    monkeypatch.chdir(root)
+    assert cli.main(["plan", "--config", "config/site.example.yaml", "--every-runtime"]) == 0
+    blocks = {block.splitlines()[0]: block for block in capsys.readouterr().out.split("\n\n")}
+    from containerbench.runtimes import CONTAINER_RUNTIMES
+
+    assert set(blocks) == {"bare-metal (host)", *(f"{n} ({m})" for n in CONTAINER_RUNTIMES for m in ("hybrid", "native"))}
+    assert blocks["enroot (native)"].endswith("not supported: runtime 'enroot' has no documented way to swap the "
+                                              "host's MPI in; allowed: mpi_model hybrid")
+    assert "argv: srun --mpi=pmi2 " in blocks["sarus (native)"] and " sarus run --mpi " in blocks["sarus (native)"]
+    assert "prepare: sarus load " in blocks["sarus (hybrid)"] and "load/library/containerbench:gpu" in blocks["sarus (hybrid)"]
+    assert "--module=gpu,mpich" in blocks["shifter (native)"] and "prepare: shifterimg lookup" in blocks["shifter (hybrid)"]
+    assert "--bind=/usr/lib/x86_64-linux-gnu/libmpich.so.12:/opt/containerbench/venv/lib/libmpi.so.12" in blocks[
+        "charliecloud (native)"]

@@ -31,6 +31,9 @@ def cmd_plan(args) -> int:
     if args.records and not args.estimate:
         raise cb_config.ConfigError("plan: --records is read only with --estimate")
     config = cb_config.load(args.config)
+    if args.every_runtime:
+        print(every_runtime(config, Path.cwd()))
+        return 0
     # What each runtime would run, from this clone; nothing is probed here.
     sweep = prepare(config, Path.cwd(), probe=False)
     if args.estimate:
@@ -172,6 +175,51 @@ def cmd_freeze_image(args) -> int:
     return 0
 
 
+# What the site would name in images.<runtime>.image where the workflow cannot build the image
+# (Shifter's gateway), or where the native model needs an MPICH-based one.
+SITE_IMAGE = {"shifter": "id:SHIFTERIMG_LOOKUP_ID", "sarus": "load/library/SITE-MPICH-IMAGE:TAG",
+              "enroot": "/SITE/MPICH-IMAGE.sqsh", "apptainer": "/SITE/MPICH-IMAGE.sif",
+              "singularity": "/SITE/MPICH-IMAGE.sif", "charliecloud": "/SITE/MPICH-IMAGE.ch"}
+
+
+def every_runtime(config: dict, repo: Path) -> str:
+    """Every runtime in each MPI model it supports, for the config's first run: its prepare commands
+    and the run's argv and environment, whether or not the config's sweep names it."""
+    import copy
+
+    from containerbench import images
+    from containerbench.launch import prepare
+    from containerbench.runtimes import CONTAINER_RUNTIMES, MPI_MODELS
+
+    blocks = []
+    for name in ["bare-metal", *CONTAINER_RUNTIMES]:
+        for model in ("host",) if name == "bare-metal" else MPI_MODELS:
+            one = copy.deepcopy(config)
+            one["runtimes"] = [name]
+            if name != "bare-metal":
+                settings = {key: value for key, value in (one["images"].get(name) or {}).items() if key != "image"}
+                settings["mpi_model"] = model
+                if model == "native" or name == "shifter":  # the built image is Open MPI: a site's MPICH image
+                    settings["image"] = SITE_IMAGE.get(name, "SITE-MPICH-IMAGE@sha256:DIGEST")
+                one["images"][name] = settings
+            title = f"{name} ({model})"
+            try:
+                sweep = prepare(one, repo, probe=False)
+            except cb_config.ConfigError as refused:
+                blocks.append(f"{title}\n  not supported: {str(refused).removeprefix('config: ')}")
+                continue
+            run_plan = sweep.plans[sweep.runs[0].run_id]
+            build = one["images"]["build"]
+            prepared = images.runtime_commands(build["engine"], build["tag"], "REGISTRY", repo / images.IMAGES,
+                                               one["slurm"]["gpus_per_node"] > 0).get(name, [])
+            uses_built = name in sweep.image_files
+            lines = [title, *(f"  prepare: {shlex.join(argv)}" for argv in (prepared if uses_built or name == "shifter" else []))]
+            env = " ".join(f"{k}={v}" for k, v in sorted(run_plan["env"].items()))
+            lines += [f"  env:  {env}", f"  argv: {shlex.join(run_plan['argv'])}"]
+            blocks.append("\n".join(lines))
+    return "\n\n".join(blocks)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="containerbench", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -182,6 +230,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="one JSON plan per line (with --estimate: the estimate)")
     p.add_argument("--estimate", action="store_true",
                    help="print what the sweep costs instead: jobs, allocations, worst-case and expected node-hours")
+    p.add_argument("--every-runtime", action="store_true",
+                   help="instead: every runtime in each MPI model it supports, for the first run of the sweep")
     p.add_argument("--records", action="append", metavar="DIR_OR_GLOB",
                    help="run records of earlier runs the expected figure comes from "
                         "(default: <results_dir>/runs/*.json of the config)")
