@@ -92,7 +92,7 @@ class Hydra:
 
     def wrap(self, rank_argv, spec, env_names, runtime_options=()):
         return [self.mpiexec, "-n", str(spec.ranks), "-ppn", str(spec.ranks_per_node),
-                "-bind-to", {"core": "core", "socket": "socket", "none": "none"}[self.bind],
+                "-bind-to", self.bind,  # launcher.bind's values are Hydra's own
                 *self.extra_args, *rank_argv]
 
 

@@ -108,8 +108,13 @@ class BuiltImage:
     gpus: bool = False  # runs give the ranks GPUs: a runtime may need the host's driver in its image
 
     @property
+    def name(self) -> str:
+        """NAME:TAG, the tag without its registry."""
+        return self.tag.rsplit("/", 1)[-1]
+
+    @property
     def slug(self) -> str:
-        return re.sub(r"[^A-Za-z0-9_.-]+", "-", self.tag.rsplit("/", 1)[-1])
+        return re.sub(r"[^A-Za-z0-9_.-]+", "-", self.name)
 
     def file(self, suffix: str) -> str:
         return f"{self.build_dir}/{self.slug}{suffix}"
@@ -306,12 +311,20 @@ class ContainerRuntime(Runtime):
     def __init__(self, image: str, python: str = "python3", extra_args=()):
         self.image, self.python, self.extra_args = image, python, list(extra_args)
 
+    def moved_binds(self, request: RunRequest) -> dict[str, str]:
+        """Host path -> where it is bound, for a runtime that cannot bind at the same path (move_binds);
+        the command's words and the variables naming a moved path follow it."""
+        return {}
+
     def command(self, request: RunRequest) -> list[str]:
-        return [self.python, "-m", request.module, *request.args]
+        moved = self.moved_binds(request)
+        return [moved.get(word, word) for word in (self.python, "-m", request.module, *request.args)]
 
     def environment(self, request: RunRequest) -> dict[str, str]:
         extra = {"PMIX_MCA_gds": "hash"} if self.pmix_gds_hash else {}
-        return {**super().environment(request), "PYTHONNOUSERSITE": "1", **extra}
+        moved = self.moved_binds(request)
+        env = {**super().environment(request), "PYTHONNOUSERSITE": "1", **extra}
+        return {name: moved.get(value, value) for name, value in env.items()}
 
     @staticmethod
     def workdir(request: RunRequest) -> str:
@@ -610,7 +623,7 @@ class Shifter(ContainerRuntime):
     def prepare_commands(cls, built: BuiltImage, registry: str = "REGISTRY") -> list[list[str]]:
         # The gateway pulls from a registry only: push there, pull, then look the id up to pin the runs
         # (`shifterimg lookup` prints the image's identifier; shifterimg.c MODE_LOOKUP).
-        remote = f"{registry}/{built.tag.rsplit('/', 1)[-1]}"
+        remote = f"{registry}/{built.name}"
         push = ([["podman", "push", built.tag, remote]] if built.engine == "podman"
                 else [["docker", "tag", built.tag, remote], ["docker", "push", remote]])
         return [*push, ["shifterimg", "pull", f"docker:{remote}"], ["shifterimg", "lookup", f"docker:{remote}"]]
@@ -631,10 +644,6 @@ class Shifter(ContainerRuntime):
         modules = [*(["gpu"] if request.gpus else []), *(["mpich"] if self.native else [])]
         return ",".join(modules) or "none"
 
-    def environment(self, request: RunRequest) -> dict[str, str]:
-        moved = self.moved_binds(request)
-        return {name: moved.get(value, value) for name, value in super().environment(request).items()}
-
     def step_options(self, request: RunRequest) -> list[str]:
         volumes = ";".join(f"{source}:{target}" for source, target in self.moved_binds(request).items())
         return [f"--image={self.image}", f"--module={self.modules(request)}",
@@ -648,9 +657,7 @@ class Shifter(ContainerRuntime):
         shim = [self.host_python, "-m", RANKEXEC, "--env-form", "value", "--insert-after", "shifter",
                 *_pass_flags(RANK_PREFIXES + SLURM_GPU_VARS), *(w for n in names for w in ("--pass-name", n)), "--"]
         own = [] if self.launcher == "srun" else self.step_options(request)
-        moved = self.moved_binds(request)
-        command = [moved.get(word, word) for word in self.command(request)]
-        return [*shim, "shifter", "--clearenv", *own, "--workdir=/", *self.extra_args, "--", *command]
+        return [*shim, "shifter", "--clearenv", *own, "--workdir=/", *self.extra_args, "--", *self.command(request)]
 
 
 # ch-run's --write-fake arrived in Charliecloud 0.36 (PR #1793); Debian 12 ships 0.31.
@@ -736,10 +743,6 @@ class Charliecloud(ContainerRuntime):
         Read-only file system"), so binds move (move_binds)."""
         return {} if self.write_fake else move_binds(self.name, request, self.MOUNT_POINTS, "--write-fake (ch-run >= 0.36)")
 
-    def environment(self, request: RunRequest) -> dict[str, str]:
-        moved = self.moved_binds(request)
-        return {name: moved.get(value, value) for name, value in super().environment(request).items()}
-
     def rank_argv(self, request: RunRequest) -> list[str]:
         # --join: ranks of a node share one container, else cross-memory attach between them fails.
         # --unset-env and --set-env apply in command-line order: drop all but what is kept, then load
@@ -751,10 +754,8 @@ class Charliecloud(ContainerRuntime):
             argv += [f"--bind={path}" for path in self.mounts(request)]
             return [*argv, f"--cd={self.workdir(request)}", *self.extra_args, self.image, "--", *self.command(request)]
         # The benchmark needs nothing else from the work directory.
-        moved = self.moved_binds(request)
-        argv += [f"--bind={source}:{target}" for source, target in moved.items()]
-        command = [moved.get(word, word) for word in self.command(request)]
-        return [*argv, "--cd=/", *self.extra_args, self.image, "--", *command]
+        argv += [f"--bind={source}:{target}" for source, target in self.moved_binds(request).items()]
+        return [*argv, "--cd=/", *self.extra_args, self.image, "--", *self.command(request)]
 
 
 class Enroot(ContainerRuntime):
@@ -845,19 +846,15 @@ class Sarus(ContainerRuntime):
     def artifact(cls, built: BuiltImage) -> str:
         return f"{built.build_dir}/sarus-{built.slug}.json"  # names the image once it is in Sarus's store
 
-    @staticmethod
-    def loaded_name(tag: str) -> str:
-        """`sarus load ARCHIVE NAME:TAG` stores the image as load/library/NAME:TAG, and that is the name
-        `sarus run` takes (user guide, "Loading images from tar archives")."""
-        return "load/library/" + tag.rsplit("/", 1)[-1]
-
     @classmethod
     def reference(cls, built: BuiltImage) -> str:
-        return cls.loaded_name(built.tag)
+        # `sarus load ARCHIVE NAME:TAG` stores the image as load/library/NAME:TAG, and that is the name
+        # `sarus run` takes (user guide, "Loading images from tar archives").
+        return f"load/library/{built.name}"
 
     @classmethod
     def prepare_commands(cls, built: BuiltImage, registry: str = "REGISTRY") -> list[list[str]]:
-        return [["sarus", "load", built.archive, built.tag.rsplit("/", 1)[-1]]]
+        return [["sarus", "load", built.archive, built.name]]
     rdma_devices = ("/dev/infiniband/rdma_cm", "/dev/infiniband/uverbs*")
 
     native_support = "hook"  # `sarus run --mpi`: the site's MPI hook (user guide, "Native MPI support")
