@@ -15,10 +15,12 @@ if [ "${1:-}" = --gpu-build ]; then
   [ -x /usr/lib/nvidia-cuda-toolkit/bin/nvcc ] || { missing+=(nvidia-cuda-toolkit); non_free=true; }
   command -v g++-11 >/dev/null || missing+=(g++-11)
 fi
-# Installed where we can, not required: the host MPICH library that the native MPI model swaps into
-# an MPICH-ABI image (config native_mpi.library). The library only: Open MPI stays the default mpirun.
+# Installed where we can, not required: the host MPICH that the native MPI model swaps into the
+# image's MPICH flavour (config native_mpi: library, and mpiexec for launcher mpirun). Open MPI stays
+# the default mpirun and mpicc: Debian's alternatives rank it above MPICH.
 optional=()
 [ -e /usr/lib/x86_64-linux-gnu/libmpich.so.12 ] || optional+=(libmpich12)
+command -v mpiexec.mpich >/dev/null || optional+=(mpich)
 if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
   missing+=("${optional[@]}")
 fi

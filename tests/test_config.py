@@ -37,6 +37,7 @@ DELETE = object()
 # (change, words the one-line message must contain)
 BAD_CONFIGS = [
     ("runtimes", ["dockr"], ["'runtimes[0]'", "'dockr'", "bare-metal"]),
+    ("images.podman", {"mpi_model": ["hybrid", "nativ"]}, ["'images.podman.mpi_model[1]'", "'nativ'", "hybrid, native"]),
     ("benchmark.model", "resnet51", ["'benchmark.model'", "'resnet51'", "resnet50", "vgg16"]),
     ("benchmark.precision", "fp8", ["'benchmark.precision'", "'fp8'", "mixed_float16"]),
     ("benchmark.stepz", 5, ["unknown key 'stepz'", "'benchmark'", "steps"]),
@@ -70,8 +71,8 @@ def test_bad_config_is_rejected_in_one_line(default_config, path, value, words):
 
 
 def test_default_and_site_example_configs_are_valid(root):
-    for name in ("config.yaml", "site.example.yaml"):
-        config = cb_config.load([str(root / "config" / name)])
+    for names in (["config.yaml"], ["site.example.yaml"], ["config.yaml", "full.yaml"], ["config.yaml", "native.yaml"]):
+        config = cb_config.load([str(root / "config" / name) for name in names])
         assert config["benchmark"]["threads_per_rank"] == 0  # a schema default was filled in
 
 

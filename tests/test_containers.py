@@ -1,7 +1,9 @@
 """The identical benchmark inside every runtime that runs here: the workflow builds the
 image from containers/Dockerfile (offline, on a base made here), runs ResNet-50 and
 netbench on 2 ranks in podman, docker and Charliecloud beside bare metal, and the
-records prove it was the same benchmark."""
+records prove it was the same benchmark. podman and Charliecloud run in both MPI models:
+hybrid (the image's Open MPI, under mpirun) and native (the image's MPICH flavour with this
+machine's Debian MPICH bound over its libmpi, under MPICH's mpiexec)."""
 
 from __future__ import annotations
 
@@ -21,6 +23,9 @@ from containerbench.processes import run_group
 pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.containers, pytest.mark.timeout(2700)]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 RUNTIMES = ["bare-metal", "podman", "docker", "charliecloud"]
+NATIVE = ["podman", "charliecloud"]  # and in the native MPI model, labelled "NAME (native)" in the tables
+LABELS = [*RUNTIMES, *(f"{name} (native)" for name in NATIVE)]
+HOST_MPICH = "/usr/lib/x86_64-linux-gnu/libmpich.so.12"  # Debian's, installed by scripts/install-system-deps.sh
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +38,8 @@ def container_run(container_engines, tmp_path_factory):
     # disturbed. The verdict itself is proven in test_telemetry; this run raises the limit so that
     # the identity of the benchmark, which this module checks, does not hang on the machine's quiet.
     config = {**TINY, "runtimes": RUNTIMES, "runtime_policy": "require", "results_dir": str(workdir / "results"),
-              "benchmark": {**TINY["benchmark"], "repetitions": 2}, "telemetry": {"disturbed_cpu_share": 0.3}}
+              "benchmark": {**TINY["benchmark"], "repetitions": 2}, "telemetry": {"disturbed_cpu_share": 0.3},
+              "images": {name: {"mpi_model": ["hybrid", "native"]} for name in NATIVE}}
     (workdir / "tiny.yaml").write_text(yaml.safe_dump(config))
     done = run_group(
         [SNAKEMAKE, "--snakefile", str(ROOT / "Snakefile"), "--directory", str(ROOT), "--profile",
@@ -47,12 +53,12 @@ def container_run(container_engines, tmp_path_factory):
 def test_every_runtime_ran_the_identical_benchmark(container_run):
     records = [json.loads(p.read_text()) for p in (container_run / "results" / "runs").glob("*.json")]
     assert {r["spec"]["runtime"] for r in records} == set(RUNTIMES)
-    assert len(records) == len(RUNTIMES) * (2 * 2 + 1)  # 2 rank counts x 2 repetitions + netbench
+    assert len(records) == len(LABELS) * (2 * 2 + 1)  # 2 rank counts x 2 repetitions + netbench
     for record in records:
         assert record["status"] == "ok", (record["run_id"], record["reasons"], record.get("evidence"))
         assert record["result"]["runtime"] == record["spec"]["runtime"]
     hashes = {r["result"]["provenance"]["hash"] for r in records}
-    assert len(hashes) == 1, hashes  # bare metal, podman, docker and Charliecloud: one benchmark
+    assert len(hashes) == 1, hashes  # bare metal, podman, docker and Charliecloud, both flavours: one benchmark
     for record in records:
         if record["spec"]["runtime"] != "bare-metal":
             assert record["image"]  # what ran: tag or image directory
@@ -63,7 +69,7 @@ def test_every_runtime_ran_the_identical_benchmark(container_run):
 def test_the_report_has_an_overhead_row_per_runtime(container_run):
     results = container_run / "results"
     overhead = pd.read_csv(results / "overhead.csv")
-    assert set(overhead["runtime"]) == {"podman", "docker", "charliecloud"}
+    assert set(overhead["runtime"]) == set(LABELS) - {"bare-metal"}
     assert overhead["overhead_percent_of_means"].notna().all() and overhead["note"].isna().all()
     # Two repetitions a side: where the bare-metal mean's interval reaches 0 Fieller's set is
     # unbounded, and the table says why instead of printing an interval (intervals.ratio_interval).
@@ -105,3 +111,39 @@ def test_every_run_has_telemetry_and_each_rank_proves_where_it_ran(container_run
     series = pd.read_csv(results / "telemetry.csv")
     assert set(series["run_id"]) == {r["run_id"] for r in records}
     assert 'alt="CPU use and packets per node over time"' in (results / "report.html").read_text()
+
+
+def test_native_runs_loaded_this_machines_mpich_over_the_images_own(container_run):
+    # The issue's proof: every rank of a native run maps the image's libmpi path, but the library
+    # behind it answers MPI_Get_library_version as the host's Debian MPICH (4.0.2), not as the `mpich`
+    # wheel the flavour installed (5.0.2, recorded in provenance.mpi); the record judges it
+    # (records.judge_native_mpi) and the fabric is verified from UCX's own lines.
+    from containerbench.telemetry import library_mpi_version
+
+    host_version = library_mpi_version(HOST_MPICH)
+    assert host_version.startswith("MPICH Version:")
+    records = [json.loads(p.read_text()) for p in (container_run / "results" / "runs").glob("*.json")]
+    native = [r for r in records if r["spec"]["mpi_model"] == "native"]
+    assert sorted({(r["spec"]["runtime"], r["spec"]["ranks"]) for r in native}) == [
+        ("charliecloud", 1), ("charliecloud", 2), ("podman", 1), ("podman", 2)]
+    for record in native:
+        assert record["status"] == "ok", (record["run_id"], record["reasons"])
+        assert record["launch_context"]["native_mpi"] == {"library": HOST_MPICH, "version": host_version}
+        assert record["result"]["provenance"]["mpi"] == {"mpich": "5.0.2"}
+        for process in record["result"]["processes"]:
+            mpi = process["context"]["mpi"]
+            assert mpi["version"] == host_version != "MPICH Version:\t5.0.2", record["run_id"]
+            assert [f["path"] for f in mpi["files"]] == ["/opt/containerbench/venv/lib/libmpi.so.12"]
+        if record["spec"]["ranks"] == 2:
+            assert record["fabric_check"]["status"] == "ok"
+            assert record["fabric_check"]["reason"] == "as asked: ucx: tcp over lo", record["fabric_check"]
+    # The flavour's own provenance: the bare-metal hash (the same benchmark packages), its MPI wheel beside it.
+    from containerbench import images
+
+    stamp = json.loads(Path(images.image_files("localhost/containerbench:latest-mpich", ROOT / images.IMAGES)[
+        "podman"]).read_text())
+    assert stamp["measured_provenance"] == stamp["host_provenance"] and stamp["mpi_wheels"] == {"mpich": "5.0.2"}
+    hybrid = [r for r in records if r["spec"]["runtime"] in NATIVE and r["spec"]["mpi_model"] == "hybrid"]
+    assert hybrid and all(r["result"]["provenance"]["mpi"] == {} for r in hybrid)
+    runs = pd.read_csv(container_run / "results" / "runs.csv")
+    assert set(runs.loc[runs["mpi_model"] == "native", "mpi_library"]) == {host_version}

@@ -93,6 +93,7 @@ def test_image_reports_host_provenance(image, request):
     stamp = built["stamp"]
     assert built["tag"] == f"{images.IMAGE_REPO}:{built['host']['hash']}"
     assert stamp["measured_provenance"] == stamp["label_provenance"] == built["host"]["hash"]
+    assert stamp["mpi_wheels"] == {}  # the Open MPI flavour: no MPI wheel (the MPICH one: test_containers.py)
     assert stamp["image_id"].startswith("sha256:") and stamp["python"] == built["host"]["python"]
     assert json.loads(images.stamp_path(stamp["engine"]).read_text()) == stamp
 

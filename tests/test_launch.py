@@ -22,7 +22,7 @@ BENCH_ARGS = ["--model", "resnet50", "--batch-size", "2", "--image-size", "32", 
               "--steps", "2", "--precision", "fp32", "--data-format", "channels_last", "--threads", "0",
               "--probe-steps", "1", "--mode", "horovod", "--runtime", "bare-metal"]
 FABRIC_ENV = {"OMPI_MCA_pml": "ob1", "OMPI_MCA_btl": "self,tcp", "OMPI_MCA_btl_tcp_if_include": "lo",
-              "HOROVOD_GLOO_IFACE": "lo", "NCCL_SOCKET_IFNAME": "lo"}
+              "HOROVOD_GLOO_IFACE": "lo", "NCCL_SOCKET_IFNAME": "lo", "UCX_TLS": "tcp", "UCX_NET_DEVICES": "lo"}
 # Added to every run so each layer logs the network it chose (fabrics.debug_environment).
 DEBUG_ENV = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET,ENV", "UCX_LOG_LEVEL": "info",
              "HOROVOD_LOG_LEVEL": "debug", "OMPI_MCA_btl_base_verbose": "20",

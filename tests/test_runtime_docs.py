@@ -132,14 +132,32 @@ def test_shifter_prepare_pins_the_image_by_the_id_shifterimg_lookup_prints():
 
 # --- 1 and 2. the MPICH swap on an Open MPI image -------------------------------------------
 
-@pytest.mark.parametrize("name", ["sarus", "shifter"])
-def test_the_native_model_on_the_built_open_mpi_image_is_refused(name):
+def test_the_native_model_runs_the_mpich_flavour_of_the_built_image_beside_the_hybrid_one():
     # SARUS doc/user/user_guide.rst, "Native MPI support (MPICH-based)": "the MPI installed in the container
-    # [...] needs to be ABI-compatible with the MPI on the host system". Shifter's mpich module swaps in
-    # an MPICH-ABI libmpi too. The image the workflow builds has Open MPI.
-    config = {"runtimes": ["bare-metal", name], "images": {"build": {"tag": TAG}, name: {"mpi_model": "native"}}}
-    with pytest.raises(ConfigError, match=rf"^config: 'images.{name}.mpi_model' = 'native' swaps the image's libmpi"):
+    # [...] needs to be ABI-compatible with the MPI on the host system"; so does every swap of the native
+    # model. The built image has Open MPI: native runs take its MPICH flavour (tag ending in -mpich, the
+    # `mpich` wheel in the venv), hybrid runs the image itself, side by side.
+    config = {"runtimes": ["bare-metal", "sarus", "charliecloud"], "slurm": {"gpus_per_node": 0},
+              "images": {"build": {"tag": TAG}, "sarus": {"mpi_model": ["hybrid", "native"]},
+                         "charliecloud": {"mpi_model": "native"}}}
+    artifacts = images.resolve_images(config, "/clone/build/images")
+    assert config["images"]["sarus"]["image"] == "load/library/containerbench:0123456789abcdef"
+    assert config["images"]["sarus"]["native_image"] == "load/library/containerbench:0123456789abcdef-mpich"
+    assert config["images"]["charliecloud"]["native_image"] == "/clone/build/images/containerbench-0123456789abcdef-mpich.ch"
+    assert sorted(artifacts) == ["charliecloud (native)", "sarus", "sarus (native)"]
+    assert runtime_for("sarus", config, "native").image.endswith("-mpich")
+    assert runtime_for("sarus", config, "hybrid").image.endswith("abcdef")
+
+
+def test_a_native_model_that_cannot_use_the_built_image_names_the_key_to_set():
+    # Shifter's gateway serves images from a registry (the hybrid model needs images.shifter.image too).
+    config = {"runtimes": ["bare-metal", "shifter"], "slurm": {"gpus_per_node": 0},
+              "images": {"build": {"tag": TAG}, "shifter": {"image": "id:0123abcd", "mpi_model": ["hybrid", "native"]}}}
+    with pytest.raises(ConfigError, match=r"^config: 'images.shifter.native_image' is missing; allowed: the image "):
         images.resolve_images(config, "/clone/build/images")
+    config["images"]["shifter"]["native_image"] = "id:4567cdef"
+    assert images.resolve_images(config, "/clone/build/images") == {}
+    assert runtime_for("shifter", config, "native").image == "id:4567cdef"
 
 
 # --- 2. Sarus --------------------------------------------------------------------------------
@@ -405,7 +423,10 @@ def test_enroot_has_no_documented_mpi_swap_and_refuses_the_native_model():
 
 def test_native_runs_under_mpirun_are_launched_by_the_host_mpichs_hydra(tmp_path):
     # MPICH's mpiexec (Hydra) wires up MPICH ranks; Open MPI's mpirun cannot. Hydra passes the whole
-    # environment by default (MPICH's Hydra usage: -genvall is the default).
+    # environment by default (MPICH's Hydra usage: -genvall is the default). Its usage text (mpiexec -h,
+    # MPICH 4.0.2): "-pmi-port  use the PMI_PORT model": the rank finds its PMI server by host:port
+    # instead of the inherited PMI_FD socket, which podman run does not pass into the container
+    # (test_native_mpi.py runs both).
     from containerbench.config import RunSpec
     from containerbench.launch import Hydra, launcher_for
 
@@ -415,7 +436,48 @@ def test_native_runs_under_mpirun_are_launched_by_the_host_mpichs_hydra(tmp_path
     launcher = launcher_for(config, runtime)
     assert isinstance(launcher, Hydra)
     spec = RunSpec(kind="train", runtime="podman", fabric="f", nodes=1, ranks_per_node=2, repetition=1)
-    assert launcher.wrap(["x"], spec, []) == ["mpiexec.mpich", "-n", "2", "-ppn", "2", "-bind-to", "core", "x"]
+    assert launcher.wrap(["x"], spec, []) == ["mpiexec.mpich", "-pmi-port", "-n", "2", "-ppn", "2", "-bind-to",
+                                               "core", "x"]
+
+
+def test_charliecloud_under_hydra_is_told_its_peer_count():
+    # CHARLIECLOUD ch-run usage (ch-run --help, 0.31): "--join-ct=N  number of join peers (implies
+    # --join)"; doc/ch-run.rst, "Multiple processes in the same container with --join": without it the
+    # count comes from OMPI_COMM_WORLD_LOCAL_SIZE, SLURM_STEP_TASKS_PER_NODE or SLURM_CPUS_ON_NODE (the
+    # strings in the 0.31 binary), none of which MPICH's Hydra sets; measured: "join: no valid peer group
+    # size found". Open MPI's mpirun and srun set theirs, so hybrid runs keep the plain --join.
+    request = RunRequest(module="m", workdir="/w", ranks_per_node=2)
+    native = runtime_for("charliecloud", native_config("charliecloud", "mpirun"))
+    assert native.rank_argv(request)[:3] == ["ch-run", "--join", "--join-ct=2"]
+    hybrid = runtime_for("charliecloud", {**native_config("charliecloud", "mpirun"), "images": {
+        "charliecloud": {"image": "/images/c.ch"}}})
+    assert hybrid.rank_argv(request)[:2] == ["ch-run", "--join"] and "--join-ct=2" not in hybrid.rank_argv(request)
+    on_srun = runtime_for("charliecloud", native_config("charliecloud", "srun"))
+    assert "--join-ct=2" not in on_srun.rank_argv(request)  # srun sets SLURM_STEP_TASKS_PER_NODE
+
+
+def test_the_native_example_runs_both_models_side_by_side_with_the_mpich_flavour(monkeypatch):
+    # config/native.yaml, the README's: podman and Charliecloud in both models, native under MPICH's
+    # mpiexec with -pmi-port, on the -mpich flavour, each native run with an id of its own.
+    from pathlib import Path
+
+    from containerbench import config as cb_config
+    from containerbench.launch import prepare
+
+    root = Path(__file__).resolve().parents[1]
+    config = cb_config.load([root / "config" / "config.yaml", root / "config" / "native.yaml"])
+    sweep = prepare(config, root, probe=False)
+    assert sorted(sweep.image_files) == ["charliecloud", "charliecloud (native)", "podman", "podman (native)"]
+    assert sweep.image_files["podman (native)"].endswith("/build/images/podman-containerbench-latest-mpich.json")
+    native = sweep.plans["train_podman_tcp-loopback_1x2_b8_native_rep1"]
+    assert native["argv"][:7] == ["mpiexec.mpich", "-pmi-port", "-n", "2", "-ppn", "2", "-bind-to"]
+    assert "localhost/containerbench:latest-mpich" in native["argv"] and native["spec"]["mpi_model"] == "native"
+    assert native["native_mpi"] == {"library": "/usr/lib/x86_64-linux-gnu/libmpich.so.12"}
+    hybrid = sweep.plans["train_podman_tcp-loopback_1x2_b8_rep1"]
+    assert hybrid["argv"][0] == "mpirun" and "localhost/containerbench:latest" in hybrid["argv"]
+    charliecloud = sweep.plans["netbench_charliecloud_tcp-loopback_1x2_native_rep1"]["argv"]
+    assert "--join-ct=2" in charliecloud and charliecloud[charliecloud.index("--") - 1].endswith("latest-mpich.ch")
+    assert len(sweep.runs) == 5 * (2 * 3 + 1)  # 5 runtime/model pairs x (2 rank counts x 3 repetitions + netbench)
 
 
 def test_plan_shows_every_runtime_in_each_mpi_model_it_supports(capsys, monkeypatch):

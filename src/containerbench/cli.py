@@ -175,11 +175,8 @@ def cmd_freeze_image(args) -> int:
     return 0
 
 
-# What the site would name in images.<runtime>.image where the workflow cannot build the image
-# (Shifter's gateway), or where the native model needs an MPICH-based one.
-SITE_IMAGE = {"shifter": "id:SHIFTERIMG_LOOKUP_ID", "sarus": "load/library/SITE-MPICH-IMAGE:TAG",
-              "enroot": "/SITE/MPICH-IMAGE.sqsh", "apptainer": "/SITE/MPICH-IMAGE.sif",
-              "singularity": "/SITE/MPICH-IMAGE.sif", "charliecloud": "/SITE/MPICH-IMAGE.ch"}
+# What the site names in images.<runtime>.image where the workflow cannot build the image (Shifter's gateway).
+SITE_IMAGE = {"shifter": "id:SHIFTERIMG_LOOKUP_ID"}
 
 
 def every_runtime(config: dict, repo: Path) -> str:
@@ -199,8 +196,8 @@ def every_runtime(config: dict, repo: Path) -> str:
             if name != "bare-metal":
                 settings = {key: value for key, value in (one["images"].get(name) or {}).items() if key != "image"}
                 settings["mpi_model"] = model
-                if model == "native" or name == "shifter":  # the built image is Open MPI: a site's MPICH image
-                    settings["image"] = SITE_IMAGE.get(name, "SITE-MPICH-IMAGE@sha256:DIGEST")
+                if name == "shifter":  # its gateway serves images: a site's (MPICH-based for native)
+                    settings["image"] = SITE_IMAGE[name]
                 one["images"][name] = settings
             title = f"{name} ({model})"
             try:
@@ -210,9 +207,10 @@ def every_runtime(config: dict, repo: Path) -> str:
                 continue
             run_plan = sweep.plans[sweep.runs[0].run_id]
             build = one["images"]["build"]
-            prepared = images.runtime_commands(build["engine"], build["tag"], "REGISTRY", repo / images.IMAGES,
-                                               one["slurm"]["gpus_per_node"] > 0).get(name, [])
-            uses_built = name in sweep.image_files
+            flavour = cb_config.MPI_FLAVOURS[cb_config.MODEL_FLAVOUR[model if model != "host" else "hybrid"]]
+            prepared = images.runtime_commands(build["engine"], flavour.tag(build["tag"]), "REGISTRY",
+                                               repo / images.IMAGES, one["slurm"]["gpus_per_node"] > 0).get(name, [])
+            uses_built = cb_config.runtime_label(name, model) in sweep.image_files
             lines = [title, *(f"  prepare: {shlex.join(argv)}" for argv in (prepared if uses_built or name == "shifter" else []))]
             env = " ".join(f"{k}={v}" for k, v in sorted(run_plan["env"].items()))
             lines += [f"  env:  {env}", f"  argv: {shlex.join(run_plan['argv'])}"]

@@ -169,6 +169,7 @@ class RunSpec:
     batch_size: int | None = None
     mode: str = "horovod"
     data: str = "synthetic"
+    mpi_model: str = "hybrid"  # of a container runtime: its image's MPI, or the host's swapped in (native)
 
     @property
     def ranks(self) -> int:
@@ -180,8 +181,8 @@ class RunSpec:
         shape = f"{self.nodes}x{self.ranks_per_node}"
         batch = f"_b{self.batch_size}" if self.batch_size else ""
         # The defaults leave the id as it was: old results stay where a resumed sweep finds them.
-        variant = "".join(f"_{value}" for value, default in ((self.mode, "horovod"), (self.data, "synthetic"))
-                          if value != default)
+        variant = "".join(f"_{value}" for value, default in ((self.mode, "horovod"), (self.data, "synthetic"),
+                                                             (self.mpi_model, "hybrid")) if value != default)
         return f"{self.kind}_{self.runtime}_{self.fabric}_{shape}{batch}{variant}"
 
     @property
@@ -192,25 +193,40 @@ class RunSpec:
         return {**asdict(self), "ranks": self.ranks, "run_id": self.run_id}
 
 
+def mpi_models(config: dict, runtime: str) -> tuple[str, ...]:
+    """The MPI models `runtime` runs in (images.<runtime>.mpi_model: one, or a list for both side by side)."""
+    if runtime == "bare-metal":
+        return ("hybrid",)
+    model = ((config.get("images") or {}).get(runtime) or {}).get("mpi_model", "hybrid")
+    return tuple(model) if isinstance(model, list) else (model,)
+
+
+def runtime_label(runtime: str, mpi_model: str | None) -> str:
+    """How tables name a runtime: a native-model run beside the same runtime's hybrid one."""
+    return f"{runtime} (native)" if mpi_model == "native" else runtime
+
+
 def plan_runs(config: dict) -> list[RunSpec]:
     """Every run of the sweep, repetition-major, so repetitions interleave the points. With
     `repetitions: auto`, every run a point may need (up to max_repetitions): the workflow asks for
     the minimum and then what the rounds decide (first_runs)."""
     bench, scaling = config["benchmark"], config["scaling"]
     runs: list[RunSpec] = []
+    runtime_models = [(runtime, model) for runtime in config["runtimes"] for model in mpi_models(config, runtime)]
     for repetition in range(1, repetition_bounds(bench)[1] + 1):
-        for runtime, fabric, nodes, per_node, batch, mode, data in itertools.product(
-            config["runtimes"], config["fabrics"], scaling["nodes"], scaling["ranks_per_node"], bench["batch_sizes"],
+        for (runtime, model), fabric, nodes, per_node, batch, mode, data in itertools.product(
+            runtime_models, config["fabrics"], scaling["nodes"], scaling["ranks_per_node"], bench["batch_sizes"],
             bench["modes"], bench["data"],
         ):
-            runs.append(RunSpec("train", runtime, fabric, nodes, per_node, repetition, batch, mode, data))
+            runs.append(RunSpec("train", runtime, fabric, nodes, per_node, repetition, batch, mode, data, model))
     net = config["netbench"]
     if net["enabled"]:
         # At every node count of the sweep: two ranks on one node (the intra-node path),
         # else one rank per node, so that the network, not the node, is measured.
         for repetition in range(1, net["repetitions"] + 1):
-            for runtime, fabric, nodes in itertools.product(config["runtimes"], config["fabrics"], scaling["nodes"]):
-                runs.append(RunSpec("netbench", runtime, fabric, nodes, 2 if nodes == 1 else 1, repetition))
+            for (runtime, model), fabric, nodes in itertools.product(runtime_models, config["fabrics"], scaling["nodes"]):
+                runs.append(RunSpec("netbench", runtime, fabric, nodes, 2 if nodes == 1 else 1, repetition,
+                                    mpi_model=model))
     return runs
 
 
@@ -267,6 +283,33 @@ BENCH_ENVS = {
     "gpu": BenchEnv("gpu", "envs/bench-gpu.txt", "envs/bench-gpu.lock.txt", "build/wheelhouse-gpu", "NCCL",
                     ".venv-bench-gpu"),
 }
+
+
+@dataclass(frozen=True)
+class MpiFlavour:
+    """The MPI an image is built with, one build argument of containers/Dockerfile apart. openmpi: the
+    base's Debian Open MPI, for the hybrid model. mpich: the MPICH-ABI flavour for the native model,
+    whose libmpi.so.12 (the `mpich` wheel's, in the venv's lib/) the host's MPICH replaces at run
+    time; its Horovod is compiled against that wheel. The benchmark's packages are the lock's in
+    both, so the provenance hash is the same; the MPI wheels are recorded beside it (provenance.mpi)."""
+
+    name: str
+    wheels: tuple[str, ...] = ()  # installed from the flavour's wheelhouse before the lock
+
+    @property
+    def suffix(self) -> str:
+        return f"-{self.name}" if self.wheels else ""
+
+    def wheelhouse(self, env: BenchEnv) -> str:
+        """The env's wheels, hard-linked, with the MPI wheels and the Horovod wheel built against them."""
+        return env.wheelhouse + self.suffix
+
+    def tag(self, tag: str) -> str:
+        return tag + self.suffix
+
+
+MPI_FLAVOURS = {"openmpi": MpiFlavour("openmpi"), "mpich": MpiFlavour("mpich", ("mpich==5.0.2",))}
+MODEL_FLAVOUR = {"hybrid": "openmpi", "native": "mpich"}  # the flavour of the built image each MPI model runs
 
 
 def dataset_dir(config: dict, sample_dir: str = SAMPLE_DIR) -> str:

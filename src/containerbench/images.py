@@ -38,7 +38,16 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from containerbench import provenance
-from containerbench.config import BENCH_ENVS, BenchEnv, ConfigError
+from containerbench.config import (
+    BENCH_ENVS,
+    MODEL_FLAVOUR,
+    MPI_FLAVOURS,
+    BenchEnv,
+    ConfigError,
+    MpiFlavour,
+    mpi_models,
+    runtime_label,
+)
 from containerbench.processes import run_group
 from containerbench.runtimes import (
     CONTAINER_RUNTIMES,
@@ -252,6 +261,42 @@ def make_wheelhouse(bench_python: Path = BENCH_PYTHON, dest: Path = WHEELHOUSE, 
     return sorted(p.name for p in dest.iterdir())
 
 
+def mpi_wheel_argv(python: Path, dest: Path, wheels, python_version: str) -> list[str]:
+    return [str(python), "-m", "pip", "download", "--disable-pip-version-check", "--quiet", "--no-deps",
+            "--dest", str(dest), *platform_args(python_version), *wheels]
+
+
+def make_flavour_wheelhouse(flavour: MpiFlavour, bench_python: Path = BENCH_PYTHON, root: Path = Path("."),
+                            timeout: float = DEFAULT_STEP_TIMEOUT_S, env: BenchEnv = BENCH_ENVS["cpu"]) -> list[str]:
+    """The flavour's wheelhouse: the env's wheels (hard links: a second copy would cost a GB), its MPI
+    wheels, and a Horovod wheel compiled against them (the env's own is linked to Open MPI). The MPI
+    wheel is installed into build/mpi/<flavour>/prefix for its compiler wrappers, which Horovod's
+    build finds first on PATH. Built once, like the env's Horovod wheel (2-3 minutes)."""
+    base, dest = root / env.wheelhouse, root / flavour.wheelhouse(env)
+    dest.mkdir(parents=True, exist_ok=True)
+    for wheel in base.iterdir():
+        target = dest / wheel.name
+        if wheel.name.startswith("horovod-") and wheel.suffix == ".whl" or target.exists():
+            continue
+        os.link(wheel, target)
+    host_version = _bench_query(bench_python, "import sys; print('%d.%d' % sys.version_info[:2])")
+    run_step(f"wheelhouse ({flavour.name})", mpi_wheel_argv(bench_python, dest, flavour.wheels, host_version),
+             timeout=timeout)
+    version, abi = horovod_version(root, env), "cp" + host_version.replace(".", "")
+    wheel = dest / f"horovod-{version}-{abi}-{abi}-linux_x86_64.whl"
+    if not wheel.exists():
+        prefix = root / BUILD / "mpi" / flavour.name / "prefix"
+        run_step(f"wheelhouse ({flavour.name} prefix)",
+                 [str(bench_python), "-m", "pip", "install", "--disable-pip-version-check", "--quiet", "--no-deps",
+                  "--no-index", "--find-links", str(dest), "--prefix", str(prefix), *flavour.wheels], timeout=timeout)
+        build_env = {**os.environ, **HOROVOD_FLAGS, "PATH": f"{prefix.absolute() / 'bin'}:{os.environ['PATH']}",
+                     "MAKEFLAGS": os.environ.get("MAKEFLAGS", f"-j{os.cpu_count()}")}
+        run_step(f"wheelhouse (horovod wheel, {flavour.name})",
+                 horovod_wheel_argv(bench_python, dest / f"horovod-{version}.tar.gz", dest), env=build_env,
+                 timeout=timeout)
+    return sorted(p.name for p in dest.iterdir())
+
+
 # -- build, inspect, stamp -------------------------------------------------------------------
 
 def host_provenance(bench_python: Path = BENCH_PYTHON) -> dict:
@@ -307,6 +352,7 @@ def build_stamp(engine: str, tag: str, host_hash: str | None = None, timeout: fl
     return {"engine": engine, "image": tag, "image_id": image_digest(engine, tag, info),
             "label_provenance": ((info.get("Config") or {}).get("Labels") or {}).get(PROVENANCE_LABEL),
             "measured_provenance": measured["hash"], "host_provenance": host_hash,
+            "mpi_wheels": measured.get("mpi", {}),  # the flavour: {} on Open MPI, {"mpich": ...} on the MPICH one
             "python": measured["python"], "created": datetime.now(timezone.utc).isoformat(timespec="seconds")}
 
 
@@ -432,25 +478,26 @@ def runtime_commands(engine: str, tag: str, registry: str = "REGISTRY", build_di
 
 
 def resolve_images(config: dict, build_dir: Path | str = IMAGES) -> dict[str, str]:
-    """Fill in images.<runtime>.image for runtimes that run the built image; return runtime -> the
-    file its runs depend on. A runtime given an explicit image runs that and depends on nothing built."""
+    """Fill in images.<runtime>.image (hybrid model) and .native_image (native model: the MPICH
+    flavour) for runtimes that run the built image; return the runtime's label (config.runtime_label)
+    -> the file its runs depend on. An image the config names is run as it is and depends on nothing built."""
     images = config["images"]
+    tag, gpus = images["build"]["tag"], config["slurm"]["gpus_per_node"] > 0
     artifacts = {}
     for runtime in config["runtimes"]:
         if runtime == "bare-metal":
             continue
         settings = images.setdefault(runtime, {})
-        if settings.get("image"):
-            continue
-        if settings.get("mpi_model") == "native":
-            raise ConfigError(f"config: 'images.{runtime}.mpi_model' = 'native' swaps the image's libmpi for the "
-                              "host's MPICH-ABI one, and the image the workflow builds has Open MPI; allowed: "
-                              f"hybrid, or images.{runtime}.image naming an MPICH-based image")
-        built = built_image(runtime, images["build"]["tag"], build_dir, gpus=config["slurm"]["gpus_per_node"] > 0)
-        if built is None:
-            raise ConfigError(f"config: 'images.{runtime}.image' is missing; allowed: the image reference "
-                              f"{runtime} runs (the workflow cannot build a {runtime} image locally)")
-        settings["image"], artifacts[runtime] = built
+        models = mpi_models(config, runtime)
+        for model in models:
+            key = "native_image" if model == "native" else "image"
+            if settings.get(key) or (models == ("native",) and settings.get("image")):
+                continue  # a native-only runtime's `image` is its MPICH-ABI image
+            built = built_image(runtime, MPI_FLAVOURS[MODEL_FLAVOUR[model]].tag(tag), build_dir, gpus=gpus)
+            if built is None:
+                raise ConfigError(f"config: 'images.{runtime}.{key}' is missing; allowed: the image reference "
+                                  f"{runtime} runs (the workflow cannot build a {runtime} image locally)")
+            settings[key], artifacts[runtime_label(runtime, model)] = built
     return artifacts
 
 
@@ -527,6 +574,9 @@ def parser() -> argparse.ArgumentParser:
     cli.add_argument("--bench-python", type=Path, default=BENCH_PYTHON)
     cli.add_argument("--env", choices=sorted(BENCH_ENVS), default="cpu",
                      help="the benchmark environment: its lock and wheelhouse (config key benchmark_env)")
+    cli.add_argument("--mpi", choices=sorted(MPI_FLAVOURS), default="openmpi",
+                     help="the image's MPI flavour: openmpi (hybrid model) or mpich (native model); "
+                          "the mpich image's tag and wheelhouse end in -mpich")
     cli.add_argument("--repo", type=Path, default=Path("."),
                      help="the repository: build context, containers/Dockerfile, envs/, build/ (default: .)")
     cli.add_argument("--step-timeout", type=float, default=DEFAULT_STEP_TIMEOUT_S, metavar="SECONDS",
@@ -572,21 +622,26 @@ def parser() -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> str:
     """Do one step; return what it made, for the log."""
-    timeout, repo, env = args.step_timeout, args.repo, BENCH_ENVS[args.env]
+    timeout, repo, env, flavour = args.step_timeout, args.repo, BENCH_ENVS[args.env], MPI_FLAVOURS[args.mpi]
     needs_tag = args.step not in ("base", "wheelhouse", "charliecloud-nvidia")
-    tag = args.tag or (default_tag(args.bench_python) if needs_tag else None)
+    tag = flavour.tag(args.tag or default_tag(args.bench_python)) if needs_tag else None
     if args.step == "base":
         done = make_base(args.engine, args.base_image, repo / "build" / "base" / "rootfs", args.mirror, args.force,
                          timeout)
         _write(args.marker, args.base_image + "\n")
         return done
+    if args.step == "wheelhouse" and flavour.wheels:
+        names = make_flavour_wheelhouse(flavour, args.bench_python, repo, timeout, env)
+        _write(args.marker, "\n".join(names) + "\n")
+        return "\n".join(names)
     if args.step == "wheelhouse":
         names = make_wheelhouse(args.bench_python, args.dest or repo / env.wheelhouse, repo, args.python_version,
                                 timeout, env)
         _write(args.marker, "\n".join(names) + "\n")
         return "\n".join(names)
     if args.step == "build":
-        build_args = {"LOCK": env.lock, "WHEELHOUSE": env.wheelhouse,
+        build_args = {"LOCK": env.lock, "WHEELHOUSE": flavour.wheelhouse(env),
+                      **({"MPI_WHEELS": " ".join(flavour.wheels)} if flavour.wheels else {}),
                       **({"APT_PACKAGES": args.apt_packages} if args.apt_packages else {}), **_build_args(args.build_arg)}
         # apt packages at build time need the network; the default base needs nothing from outside.
         network = args.network or ("host" if args.apt_packages else "none")

@@ -83,7 +83,9 @@ class Mpirun:
 class Hydra:
     """The host MPICH's mpiexec (Hydra), for runs in the native MPI model: the ranks' libmpi is the
     host's MPICH, which Open MPI's mpirun cannot wire up. Hydra passes the whole environment by
-    default (mpiexec -genvall)."""
+    default (mpiexec -genvall). -pmi-port: ranks reach their PMI server by PMI_PORT (TCP) instead of
+    an inherited socket (PMI_FD), which podman run does not hand to the container (measured: without
+    it MPI_Init fails, "PMI_Get_appnum returned -1")."""
 
     name = "mpiexec"
 
@@ -91,7 +93,7 @@ class Hydra:
         self.mpiexec, self.bind, self.extra_args = mpiexec, bind, list(extra_args)
 
     def wrap(self, rank_argv, spec, env_names, runtime_options=()):
-        return [self.mpiexec, "-n", str(spec.ranks), "-ppn", str(spec.ranks_per_node),
+        return [self.mpiexec, "-pmi-port", "-n", str(spec.ranks), "-ppn", str(spec.ranks_per_node),
                 "-bind-to", self.bind,  # launcher.bind's values are Hydra's own
                 *self.extra_args, *rank_argv]
 
@@ -230,7 +232,7 @@ def plan(spec: RunSpec, config: dict) -> dict:
     fabric_env = {k: str(v) for k, v in fabric["env"].items()}
     # Every layer logs which network it chose, so the parser can verify the fabric.
     rank_env = {**RANK_ENV, **debug_environment(fabric_env), **fabric_env}
-    runtime = runtime_for(spec.runtime, config)
+    runtime = runtime_for(spec.runtime, config, spec.mpi_model)
     binds = tuple(config["images"]["binds"]) + ((dataset_dir(config),) if spec.data == "real" else ())
     if runtime.package == "clone":
         source = clone_sources()
@@ -242,7 +244,8 @@ def plan(spec: RunSpec, config: dict) -> dict:
         binds += (telemetry["dir"],)  # the samplers write it from inside the container
     request = RunRequest(module=module, args=tuple(arguments), env=rank_env,
                          workdir=os.getcwd(), binds=binds,
-                         gpus=config["slurm"]["gpus_per_node"] > 0, infiniband=rdma_fabric(fabric))
+                         gpus=config["slurm"]["gpus_per_node"] > 0, infiniband=rdma_fabric(fabric),
+                         ranks_per_node=spec.ranks_per_node)
     env = runtime.environment(request)
     argv = launcher_for(config, runtime).wrap(runtime.rank_argv(request), spec, sorted(env), runtime.launcher_options(request))
     timeout = config["netbench" if spec.kind == "netbench" else "benchmark"]["timeout_s"]
@@ -360,7 +363,7 @@ class Sweep:
 
     runs: list[RunSpec]
     plans: dict[str, dict]  # run id -> plan
-    image_files: dict[str, str] = field(default_factory=dict)  # runtime -> the built file its runs need
+    image_files: dict[str, str] = field(default_factory=dict)  # runtime label -> the built file its runs need
     skipped: dict[str, str] = field(default_factory=dict)  # runtime -> why it cannot run here
     dataset_sample: str | None = None  # the sample directory to generate for real-data runs, if any
 
@@ -370,8 +373,9 @@ class Sweep:
         needs = {}
         for run in self.runs:
             needs[run.run_id] = {}
-            if run.runtime in self.image_files:
-                needs[run.run_id]["image"] = self.image_files[run.runtime]
+            image = self.image_files.get(cb_config.runtime_label(run.runtime, run.mpi_model))
+            if image:
+                needs[run.run_id]["image"] = image
             if self.dataset_sample and run.data == "real":
                 needs[run.run_id]["data"] = self.dataset_sample
         return needs
@@ -379,17 +383,22 @@ class Sweep:
 
 def check_site_images(config: dict, built: dict[str, str]) -> None:
     """An image the site supplies (not one the workflow builds) exists, or is pinned by digest."""
-    for name in config["runtimes"]:
-        if name != "bare-metal" and name not in built:
-            problem = runtime_for(name, config).site_image_problem()
-            if problem:
-                raise cb_config.ConfigError(f"config: {problem}")
+    for runtime in site_images(config, built):
+        problem = runtime.site_image_problem()
+        if problem:
+            raise cb_config.ConfigError(f"config: {problem}")
+
+
+def site_images(config: dict, built: dict[str, str]) -> list:
+    """The runtimes (one per MPI model) that run an image the site supplies."""
+    return [runtime_for(name, config, model) for name in config["runtimes"] if name != "bare-metal"
+            for model in cb_config.mpi_models(config, name) if cb_config.runtime_label(name, model) not in built]
 
 
 def site_image_files(config: dict, built: dict[str, str]) -> list[str]:
     """The image files the site supplies: the pre-flight check checks that the compute nodes see them."""
-    runtimes = (runtime_for(name, config) for name in config["runtimes"] if name != "bare-metal" and name not in built)
-    return sorted(os.path.abspath(runtime.image) for runtime in runtimes if runtime.image_is_file(runtime.image))
+    return sorted({os.path.abspath(runtime.image) for runtime in site_images(config, built)
+                   if runtime.image_is_file(runtime.image)})
 
 
 def prepare(config: dict, repo: Path, *, probe: bool = True) -> Sweep:
@@ -404,7 +413,8 @@ def prepare(config: dict, repo: Path, *, probe: bool = True) -> Sweep:
             check_site_images(config, artifacts)
             if artifacts:
                 check_bench_env(config, repo)
-        artifacts = {name: path for name, path in artifacts.items() if name in config["runtimes"]}
+        artifacts = {label: path for label, path in artifacts.items()
+                     if label.split(" ")[0] in config["runtimes"]}
         cb_config.check_dataset(config)
         sample = None
         if "real" in config["benchmark"]["data"] and not config["dataset"]["path"]:
@@ -429,8 +439,7 @@ def prepare(config: dict, repo: Path, *, probe: bool = True) -> Sweep:
 # The benchmark's step counts: the same sweep point with other counts still gives its step time.
 STEP_FLAGS = ("--warmup-steps", "--steps", "--probe-steps")
 # What does not make a run another sweep point: which repetition it is, and how many steps it takes.
-NOT_THE_POINT = {"run_id", "repetition", "warmup_steps", "steps",
-                 "mpi_model"}  # one model per runtime in a sweep, and the argv differs between the two anyway
+NOT_THE_POINT = {"run_id", "repetition", "warmup_steps", "steps"}
 # Benchmark flags that say where a run writes, not what it measures (the path holds the run id).
 NOT_THE_POINT_FLAGS = ("--telemetry-dir", "--telemetry-interval")
 BENCHMARK_MODULES = ("containerbench.bench", "containerbench.netbench")
@@ -690,6 +699,6 @@ def cost_summary(sweep: Sweep, config: dict, given_records=None) -> str:
 def one_node_jobs(sweep: Sweep, config: dict) -> int:
     """The jobs besides the runs that hold a node: the pre-flight check, and the image conversions of
     runtimes installed only on the compute nodes (images.smk runs those there)."""
-    converted_on_nodes = {path for name, path in sweep.image_files.items()
-                          if runtime_for(name, config).available == "compute-nodes"}
+    converted_on_nodes = {path for label, path in sweep.image_files.items()
+                          if runtime_for(label.split(" ")[0], config).available == "compute-nodes"}
     return 1 + len(converted_on_nodes)

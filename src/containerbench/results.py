@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from containerbench.config import point_id_of
+from containerbench.config import point_id_of, runtime_label
 from containerbench.distribution import LOCAL as LOCAL_MODE
 from containerbench.intervals import RatioInterval, ratio_interval, t_quantile
 from containerbench.provenance import difference as provenance_difference
@@ -82,6 +82,7 @@ def _train_row(record: dict) -> dict:
         "system": spec.get("system"),
         # The point comes from the plan, so a failed run still belongs to it.
         **{key: spec.get(key, result.get(key)) for key in POINT},
+        "runtime": runtime_label(spec.get("runtime"), spec.get("mpi_model")),  # native beside hybrid
         "repetition": spec.get("repetition"),
         "images_per_sec": rate,
         "rank_images_per_sec_min": min(rank_rates, default=np.nan),
@@ -337,8 +338,8 @@ def netbench_table(records: list[dict]) -> pd.DataFrame:
         spec = record["spec"]
         for test in ("pingpong", "allreduce"):
             for point in record["result"].get(test, []):
-                rows.append({"run_id": record["run_id"], "runtime": spec.get("runtime"), "fabric": spec.get("fabric"),
-                             "nodes": spec.get("nodes"), "ranks": spec.get("ranks"),
+                rows.append({"run_id": record["run_id"], "runtime": runtime_label(spec.get("runtime"), spec.get("mpi_model")),
+                             "fabric": spec.get("fabric"), "nodes": spec.get("nodes"), "ranks": spec.get("ranks"),
                              "repetition": spec.get("repetition"), **point})
     return pd.DataFrame(rows)
 

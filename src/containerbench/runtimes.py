@@ -38,7 +38,7 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 
-from containerbench.config import ConfigError
+from containerbench.config import ConfigError, mpi_models, runtime_label
 
 # Set by mpirun (Open MPI, MPICH Hydra) or srun for each rank; the MPI/PMI library in the image needs them.
 RANK_PREFIXES = ("OMPI_", "PMIX_", "PMI_", "SLURM_", "HYDRA_", "MPI_LOCALRANKID", "MPI_LOCALNRANKS")
@@ -59,6 +59,7 @@ class RunRequest:
     gpus: bool = False  # give the rank the node's NVIDIA GPUs
     binds: tuple[str, ...] = ()  # further host paths bound at the same path (data sets)
     infiniband: bool = False  # give the rank the RDMA devices and unlimited locked memory
+    ranks_per_node: int = 1  # the rank's peers on its node, itself included
 
 
 def host_environment() -> dict[str, str]:
@@ -747,7 +748,11 @@ class Charliecloud(ContainerRuntime):
         # --join: ranks of a node share one container, else cross-memory attach between them fails.
         # --unset-env and --set-env apply in command-line order: drop all but what is kept, then load
         # the image's ENV from /ch/environment (written by ch-image).
-        argv = ["ch-run", "--join", f"--unset-env={self.keep_glob(request)}", "--set-env",
+        # ch-run counts a node's peers from OMPI_COMM_WORLD_LOCAL_SIZE, SLURM_STEP_TASKS_PER_NODE or
+        # SLURM_CPUS_ON_NODE; MPICH's Hydra (native runs under mpirun) sets none, so they are given.
+        join = (["--join", f"--join-ct={request.ranks_per_node}"] if self.native and self.launcher == "mpirun"
+                else ["--join"])
+        argv = ["ch-run", *join, f"--unset-env={self.keep_glob(request)}", "--set-env",
                 *(["--write-fake"] if self.write_fake else []),
                 *([f"--bind={':'.join(self.native_mpi.bind)}"] if self.native else [])]
         if self.write_fake:
@@ -882,17 +887,22 @@ CONTAINER_RUNTIMES = {"docker": Docker, "podman": Podman, "apptainer": Apptainer
 RUNTIME_NAMES = ("bare-metal", *CONTAINER_RUNTIMES)
 
 
-def runtime_for(name: str, config: dict) -> Runtime:
-    """The runtime called `name`; container runtimes read config["images"][name] = {image: ..., options}."""
+def runtime_for(name: str, config: dict, mpi_model: str | None = None) -> Runtime:
+    """The runtime called `name`, in `mpi_model` (default: its first); container runtimes read
+    config["images"][name] = {image: ..., native_image: ..., options}."""
     if name == "bare-metal":
         return BareMetal(config["bare_metal"]["python"])
     if name not in CONTAINER_RUNTIMES:
         raise ValueError(f"runtime {name!r} is not supported; allowed: {', '.join(RUNTIME_NAMES)}")
     options = dict((config.get("images") or {}).get(name) or {})
     launch_options = {key: options.pop(key) for key in LAUNCH_OPTIONS if key in options}
-    image = options.pop("image", None)
+    models = launch_options.get("mpi_model", "hybrid")
+    launch_options["mpi_model"] = model = mpi_model or (models[0] if isinstance(models, list) else models)
+    image, native_image = options.pop("image", None), options.pop("native_image", None)
+    key = "native_image" if model == "native" and (native_image or not image) else "image"
+    image = native_image or image if model == "native" else image
     if not isinstance(image, str) or not image:
-        raise ValueError(f"runtime {name!r} needs an image reference: set images.{name}.image in the config")
+        raise ValueError(f"runtime {name!r} needs an image reference: set images.{name}.{key} in the config")
     cls = CONTAINER_RUNTIMES[name]
     allowed = sorted(set(inspect.signature(cls.__init__).parameters) - {"self", "image"})
     unknown = sorted(set(options) - set(allowed))
@@ -925,7 +935,8 @@ def check_launchers(config: dict) -> None:
     """Every runtime of the sweep takes its options and runs under the configured launcher (Enroot
     needs srun); ValueError names the one that does not."""
     for name in config["runtimes"]:
-        runtime_for(name, config).check_launcher(config["launcher"]["kind"])
+        for model in mpi_models(config, name):
+            runtime_for(name, config, model).check_launcher(config["launcher"]["kind"])
 
 
 def select_runtimes(config: dict, built: dict[str, str]) -> dict[str, str]:
@@ -944,7 +955,8 @@ def select_runtimes(config: dict, built: dict[str, str]) -> dict[str, str]:
         if runtime.available == "compute-nodes":
             continue  # the pre-flight check probes it where it runs (containerbench.preflight)
         ok, reason = runtime.usable()
-        if ok and name in built and not build_ok:
+        runs_built = any(runtime_label(name, model) in built for model in mpi_models(config, name))
+        if ok and runs_built and not build_ok:
             ok, reason = False, f"the image cannot be built here: {build_reason}"
         if not ok:
             unusable[name] = reason

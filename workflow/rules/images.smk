@@ -14,7 +14,6 @@ IMAGES_DIR = REPO / cb_images.IMAGES
 IMAGE_LOGS = REPO / "build" / "logs" / "images"
 PACKAGE_SOURCES = sorted(str(p) for p in (REPO / "src" / "containerbench").rglob("*.py"))
 GPU_RUNS = config["slurm"]["gpus_per_node"] > 0
-FILES = cb_images.image_files(TAG, IMAGES_DIR, gpus=GPU_RUNS)
 # The image step's command line, shell-quoted word by word; each rule adds its step and files.
 IMAGE_STEPS = shlex.join([PYTHON, "-m", "containerbench.images", "--engine", ENGINE, "--tag", TAG,
                           "--bench-python", str(BENCH_PYTHON), "--repo", str(REPO), "--env", BENCH_ENV.name])
@@ -42,192 +41,216 @@ rule image_base:
         "base --marker {output:q} > {log:q} 2>&1"
 
 
-rule image_wheelhouse:
-    """The pinned benchmark packages as wheels, so the image builds with its network off. The
-    wheelhouse (build/wheelhouse) is a cache that `make setup` fills too, with the Horovod wheel
-    it builds: the rule declares the list of its files, not the directory, which Snakemake would
-    delete before a rerun, and with it a Horovod build of several minutes."""
-    input:
-        REPO / BENCH_ENV.lock,
-        REPO / BENCH_ENV.pins,
-    output:
-        IMAGES_DIR / f"wheelhouse.{BENCH_ENV.name}.done",
-    log:
-        IMAGE_LOGS / "wheelhouse.txt",
-    params:
-        images=IMAGE_STEPS,
-    localrule: True
-    priority: BEFORE_ANY_MEASUREMENT
-    resources:
-        **IMAGE_STEP,
-    shell:
-        "{params.images} --step-timeout {resources.step_timeout_s} "
-        "wheelhouse --marker {output:q} > {log:q} 2>&1"
+# Everything below is made once per MPI flavour of the image that the sweep's MPI models run
+# (config.MODEL_FLAVOUR): the base's Open MPI for hybrid, the MPICH flavour (tag and wheelhouse
+# ending in -mpich, rules in _mpich) for native. Only what some run needs is built.
+for FLAVOUR in cb_config.MPI_FLAVOURS.values():
+    S = FLAVOUR.suffix.replace("-", "_")  # the rules' names: image_build, image_build_mpich, ...
+    FILES = cb_images.image_files(FLAVOUR.tag(TAG), IMAGES_DIR, gpus=GPU_RUNS)
+    STEPS = f"{IMAGE_STEPS} --mpi {FLAVOUR.name}" if FLAVOUR.wheels else IMAGE_STEPS
+    LOGS = IMAGE_LOGS / FLAVOUR.name if FLAVOUR.wheels else IMAGE_LOGS
 
-
-rule image_build:
-    """Build with the configured engine; the stamp records the image id and the provenance
-    hash measured inside the image next to the bare-metal one (refused when they differ)."""
-    input:
-        base=[] if BUILD["base_image"] else rules.image_base.output,
-        wheelhouse=rules.image_wheelhouse.output,
-        definition=REPO / "containers" / "Dockerfile",
-        lock=REPO / BENCH_ENV.lock,
-        sources=PACKAGE_SOURCES,
-    output:
-        FILES[ENGINE],
-    log:
-        IMAGE_LOGS / f"build.{ENGINE}.txt",
-    params:
-        images=IMAGE_STEPS,
-        base=BUILD["base_image"] or cb_images.BASE_IMAGE,
-        apt=BUILD["apt_packages"],
-    localrule: True
-    priority: BEFORE_ANY_MEASUREMENT
-    resources:
-        **IMAGE_STEP,
-    shell:
-        "{params.images} --step-timeout {resources.step_timeout_s} "
-        "build --base-image={params.base:q} --apt-packages={params.apt:q} --stamp {output:q} > {log:q} 2>&1"
-
-
-rule image_archive:
-    input:
-        rules.image_build.output,
-    output:
-        FILES["archive"],
-    log:
-        IMAGE_LOGS / "archive.txt",
-    params:
-        images=IMAGE_STEPS,
-    localrule: True
-    priority: BEFORE_ANY_MEASUREMENT
-    resources:
-        **IMAGE_STEP,
-    shell:
-        "{params.images} --step-timeout {resources.step_timeout_s} "
-        "export --archive {output:q} > {log:q} 2>&1"
-
-
-for other in set(cb_images.ENGINES) - {ENGINE}:
-
+    # The pinned benchmark packages as wheels, so the image builds with its network off. The
+    # wheelhouse (build/wheelhouse) is a cache that `make setup` fills too, with the Horovod wheel
+    # it builds: the rule declares the list of its files, not the directory, which Snakemake would
+    # delete before a rerun, and with it a Horovod build of several minutes. The MPICH flavour's
+    # links the first's wheels and adds its MPI wheel and a Horovod wheel built against it.
     rule:
         name:
-            f"image_into_{other}"
+            f"image_wheelhouse{S}"
         input:
-            rules.image_archive.output,
+            REPO / BENCH_ENV.lock,
+            REPO / BENCH_ENV.pins,
+            rules.image_wheelhouse.output if FLAVOUR.wheels else [],
         output:
-            FILES[other],
+            IMAGES_DIR / f"wheelhouse.{BENCH_ENV.name}{FLAVOUR.suffix}.done",
         log:
-            IMAGE_LOGS / f"into.{other}.txt",
+            LOGS / "wheelhouse.txt",
         params:
-            images=IMAGE_STEPS,
-            engine=other,
+            images=STEPS,
         localrule: True
         priority: BEFORE_ANY_MEASUREMENT
         resources:
             **IMAGE_STEP,
         shell:
             "{params.images} --step-timeout {resources.step_timeout_s} "
-            "load --into {params.engine} --archive {input:q} --stamp {output:q} > {log:q} 2>&1"
+            "wheelhouse --marker {output:q} > {log:q} 2>&1"
 
 
-rule image_charliecloud:
-    input:
-        rules.image_build.output,
-    output:
-        image=directory(FILES["charliecloud-dir"]),
-        image_id=f"{FILES['charliecloud-dir']}.image-id",  # the id of the image it was converted from
-    log:
-        IMAGE_LOGS / "charliecloud.txt",
-    params:
-        images=IMAGE_STEPS,
-    localrule: not ON_COMPUTE_NODES & {"charliecloud"}
-    priority: BEFORE_ANY_MEASUREMENT
-    resources:
-        **IMAGE_STEP,
-        **(ON_A_NODE if ON_COMPUTE_NODES & {"charliecloud"} else {}),
-    shell:
-        "{params.images} --step-timeout {resources.step_timeout_s} "
-        "charliecloud --out {output.image:q} --force > {log:q} 2>&1"
-
-
-if GPU_RUNS:
-
-    rule image_charliecloud_nvidia:
-        """GPU runs: the host's NVIDIA libraries, injected into the converted directory on a node
-        that has them (ch-fromhost --nvidia asks nvidia-container-cli there)."""
+    # Build with the configured engine; the stamp records the image id and the provenance hash
+    # measured inside the image next to the bare-metal one (refused when they differ).
+    rule:
+        name:
+            f"image_build{S}"
         input:
-            rules.image_charliecloud.output.image,
+            base=[] if BUILD["base_image"] else rules.image_base.output,
+            wheelhouse=getattr(rules, f"image_wheelhouse{S}").output,
+            definition=REPO / "containers" / "Dockerfile",
+            lock=REPO / BENCH_ENV.lock,
+            sources=PACKAGE_SOURCES,
         output:
-            FILES["charliecloud"],
+            FILES[ENGINE],
         log:
-            IMAGE_LOGS / "charliecloud-nvidia.txt",
+            LOGS / f"build.{ENGINE}.txt",
         params:
-            images=IMAGE_STEPS,
-        localrule: not ON_A_NODE
+            images=STEPS,
+            base=BUILD["base_image"] or cb_images.BASE_IMAGE,
+            apt=BUILD["apt_packages"],
+        localrule: True
         priority: BEFORE_ANY_MEASUREMENT
         resources:
             **IMAGE_STEP,
-            **ON_A_NODE,
         shell:
             "{params.images} --step-timeout {resources.step_timeout_s} "
-            "charliecloud-nvidia --out {input:q} --marker {output:q} > {log:q} 2>&1"
+            "build --base-image={params.base:q} --apt-packages={params.apt:q} --stamp {output:q} > {log:q} 2>&1"
 
-
-rule singularity_definition:
-    """containers/Dockerfile as a Singularity definition (spython, corrected), from the same base:
-    a site without Docker builds the same image with Apptainer (the .sif below is made from the
-    built image's archive instead)."""
-    input:
-        REPO / "containers" / "Dockerfile",
-    output:
-        FILES["definition"],
-    log:
-        IMAGE_LOGS / "singularity-definition.txt",
-    params:
-        repo=REPO,
-        python=PYTHON,
-        bench_python=BENCH_PYTHON,
-        base=BUILD["base_image"] or cb_images.BASE_IMAGE,
-        lock=BENCH_ENV.lock,
-        wheelhouse=BENCH_ENV.wheelhouse,
-    localrule: True
-    priority: BEFORE_ANY_MEASUREMENT
-    shell:
-        "{params.python:q} -m containerbench.singularity --dockerfile {input:q} --context {params.repo:q} "
-        "--build-arg BASE_IMAGE={params.base:q} --build-arg LOCK={params.lock:q} "
-        "--build-arg WHEELHOUSE={params.wheelhouse:q} --bench-python {params.bench_python:q} --out {output:q} > {log:q} 2>&1"
-
-
-# Runtimes that make their artifact from the archive or the engine's store with their own
-# commands (their classes' prepare_commands): one rule each, made here from the class list.
-# (apptainer and singularity make the same .sif: one rule, singularity's only when the sweep names it
-# and not apptainer.)
-PREFERRED = sorted(cb_images.CONVERTED, key=lambda name: (name in config["runtimes"], name == "apptainer"))
-PREPARED = {FILES[name]: name for name in PREFERRED}
-for runtime in sorted(PREPARED.values()):
 
     rule:
         name:
-            f"image_{runtime.replace('-', '_')}"
+            f"image_archive{S}"
         input:
-            # enroot imports from the engine's store; the others start from the archive
-            image=rules.image_build.output if runtime == "enroot" else rules.image_archive.output,
-            definition=rules.singularity_definition.output if runtime in ("apptainer", "singularity") else [],
+            getattr(rules, f"image_build{S}").output,
         output:
-            FILES[runtime],
+            FILES["archive"],
         log:
-            IMAGE_LOGS / f"{runtime}.txt",
+            LOGS / "archive.txt",
         params:
-            images=IMAGE_STEPS,
-            runtime=runtime,
-            build_dir=IMAGES_DIR,
-        localrule: runtime not in ON_COMPUTE_NODES
+            images=STEPS,
+        localrule: True
         priority: BEFORE_ANY_MEASUREMENT
         resources:
             **IMAGE_STEP,
-            **(ON_A_NODE if runtime in ON_COMPUTE_NODES else {}),
         shell:
             "{params.images} --step-timeout {resources.step_timeout_s} "
-            "prepare --runtime {params.runtime} --build-dir {params.build_dir:q} > {log:q} 2>&1"
+            "export --archive {output:q} > {log:q} 2>&1"
+
+
+    for other in set(cb_images.ENGINES) - {ENGINE}:
+
+        rule:
+            name:
+                f"image_into_{other}{S}"
+            input:
+                getattr(rules, f"image_archive{S}").output,
+            output:
+                FILES[other],
+            log:
+                LOGS / f"into.{other}.txt",
+            params:
+                images=STEPS,
+                engine=other,
+            localrule: True
+            priority: BEFORE_ANY_MEASUREMENT
+            resources:
+                **IMAGE_STEP,
+            shell:
+                "{params.images} --step-timeout {resources.step_timeout_s} "
+                "load --into {params.engine} --archive {input:q} --stamp {output:q} > {log:q} 2>&1"
+
+
+    rule:
+        name:
+            f"image_charliecloud{S}"
+        input:
+            getattr(rules, f"image_build{S}").output,
+        output:
+            image=directory(FILES["charliecloud-dir"]),
+            image_id=f"{FILES['charliecloud-dir']}.image-id",  # the id of the image it was converted from
+        log:
+            LOGS / "charliecloud.txt",
+        params:
+            images=STEPS,
+        localrule: not ON_COMPUTE_NODES & {"charliecloud"}
+        priority: BEFORE_ANY_MEASUREMENT
+        resources:
+            **IMAGE_STEP,
+            **(ON_A_NODE if ON_COMPUTE_NODES & {"charliecloud"} else {}),
+        shell:
+            "{params.images} --step-timeout {resources.step_timeout_s} "
+            "charliecloud --out {output.image:q} --force > {log:q} 2>&1"
+
+
+    if GPU_RUNS:
+
+        # GPU runs: the host's NVIDIA libraries, injected into the converted directory on a node
+        # that has them (ch-fromhost --nvidia asks nvidia-container-cli there).
+        rule:
+            name:
+                f"image_charliecloud_nvidia{S}"
+            input:
+                getattr(rules, f"image_charliecloud{S}").output.image,
+            output:
+                FILES["charliecloud"],
+            log:
+                LOGS / "charliecloud-nvidia.txt",
+            params:
+                images=STEPS,
+            localrule: not ON_A_NODE
+            priority: BEFORE_ANY_MEASUREMENT
+            resources:
+                **IMAGE_STEP,
+                **ON_A_NODE,
+            shell:
+                "{params.images} --step-timeout {resources.step_timeout_s} "
+                "charliecloud-nvidia --out {input:q} --marker {output:q} > {log:q} 2>&1"
+
+
+    # containers/Dockerfile as a Singularity definition (spython, corrected), from the same base:
+    # a site without Docker builds the same image with Apptainer (the .sif below is made from the
+    # built image's archive instead).
+    rule:
+        name:
+            f"singularity_definition{S}"
+        input:
+            REPO / "containers" / "Dockerfile",
+        output:
+            FILES["definition"],
+        log:
+            LOGS / "singularity-definition.txt",
+        params:
+            repo=REPO,
+            python=PYTHON,
+            bench_python=BENCH_PYTHON,
+            base=BUILD["base_image"] or cb_images.BASE_IMAGE,
+            lock=BENCH_ENV.lock,
+            wheelhouse=FLAVOUR.wheelhouse(BENCH_ENV),
+            mpi=shlex.join(["--build-arg", f"MPI_WHEELS={' '.join(FLAVOUR.wheels)}"]) if FLAVOUR.wheels else "",
+        localrule: True
+        priority: BEFORE_ANY_MEASUREMENT
+        shell:
+            "{params.python:q} -m containerbench.singularity --dockerfile {input:q} --context {params.repo:q} "
+            "--build-arg BASE_IMAGE={params.base:q} --build-arg LOCK={params.lock:q} "
+            "--build-arg WHEELHOUSE={params.wheelhouse:q} {params.mpi} --bench-python {params.bench_python:q} --out {output:q} > {log:q} 2>&1"
+
+
+    # Runtimes that make their artifact from the archive or the engine's store with their own
+    # commands (their classes' prepare_commands): one rule each, made here from the class list.
+    # (apptainer and singularity make the same .sif: one rule, singularity's only when the sweep names it
+    # and not apptainer.)
+    PREFERRED = sorted(cb_images.CONVERTED, key=lambda name: (name in config["runtimes"], name == "apptainer"))
+    PREPARED = {FILES[name]: name for name in PREFERRED}
+    for runtime in sorted(PREPARED.values()):
+
+        rule:
+            name:
+                f"image_{runtime.replace('-', '_')}{S}"
+            input:
+                # enroot imports from the engine's store; the others start from the archive
+                image=getattr(rules, f"image_build{S}").output if runtime == "enroot" else getattr(rules, f"image_archive{S}").output,
+                definition=getattr(rules, f"singularity_definition{S}").output if runtime in ("apptainer", "singularity") else [],
+            output:
+                FILES[runtime],
+            log:
+                LOGS / f"{runtime}.txt",
+            params:
+                images=STEPS,
+                runtime=runtime,
+                build_dir=IMAGES_DIR,
+            localrule: runtime not in ON_COMPUTE_NODES
+            priority: BEFORE_ANY_MEASUREMENT
+            resources:
+                **IMAGE_STEP,
+                **(ON_A_NODE if runtime in ON_COMPUTE_NODES else {}),
+            shell:
+                "{params.images} --step-timeout {resources.step_timeout_s} "
+                "prepare --runtime {params.runtime} --build-dir {params.build_dir:q} > {log:q} 2>&1"
