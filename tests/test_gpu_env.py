@@ -42,6 +42,26 @@ def test_the_gpu_environment_without_its_horovod_wheel_stops_before_any_job(tmp_
         "`make gpu-env` first, or benchmark_env: cpu"]
 
 
+def test_the_native_model_on_the_gpu_image_is_refused_without_a_site_image(tmp_path):
+    # The MPICH flavour's Horovod is compiled here without NCCL operations (make gpu-env compiles only the
+    # Open MPI one): native GPU runs would average gradients through the host and look slow for it.
+    config = tiny_config(tmp_path, benchmark_env="gpu", runtimes=["bare-metal", "podman"],
+                         images={"podman": {"mpi_model": ["hybrid", "native"]}})
+    artifacts = images.resolve_images(config, tmp_path / "build" / "images")
+    with pytest.raises(cb_config.ConfigError) as caught:
+        images.check_bench_env(config, tmp_path, artifacts)
+    assert str(caught.value) == (
+        "config: podman (native) would run the MPICH flavour of the 'gpu' image, whose Horovod the workflow can "
+        "only build without NCCL operations; allowed: images.podman.native_image naming a site's MPICH-based GPU "
+        "image, or mpi_model hybrid")
+    config = tiny_config(tmp_path, benchmark_env="gpu", runtimes=["bare-metal", "podman"], images={
+        "podman": {"mpi_model": ["hybrid", "native"], "native_image": "localhost/site-mpich:gpu"}})
+    artifacts = images.resolve_images(config, tmp_path / "build" / "images")
+    assert sorted(artifacts) == ["podman"]
+    with pytest.raises(cb_config.ConfigError, match="'benchmark_env' = 'gpu' builds its image with the Horovod wheel"):
+        images.check_bench_env(config, tmp_path, artifacts)  # the hybrid image still needs make gpu-env's wheel
+
+
 def test_the_workflow_builds_the_image_from_the_environment_it_names(tmp_path):
     from helpers import snakemake
 

@@ -3,6 +3,8 @@ from copies of them changed where a real failure would change them."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from helpers import RECORDED_RUNS
 
@@ -145,6 +147,7 @@ def native_log(rank_version) -> list[str]:
     return rewrite(rewrite(recorded_log("netbench", 2), markers.LAUNCH, launched), markers.RESULT, reported)
 
 
+@pytest.mark.skipif(not Path(HOST_MPICH).exists(), reason="needs Debian's libmpich12 (make setup installs it as root)")
 def test_a_native_run_whose_ranks_kept_the_images_mpi_is_invalid_with_their_line(tmp_path):
     from containerbench.telemetry import library_mpi_version
 

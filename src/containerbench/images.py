@@ -524,10 +524,18 @@ def image_lock(runtime, timeout: float = QUERY_TIMEOUT_S) -> str:
                       "#   BENCH_LOCK=<this file> scripts/setup-venv.sh bench VENV", *horovod, *locked]) + "\n"
 
 
-def check_bench_env(config: dict, repo: Path | str) -> None:
+def check_bench_env(config: dict, repo: Path | str, artifacts: dict[str, str] | None = None) -> None:
     """The GPU environment's image installs a Horovod wheel that only `make gpu-env` can build
-    (it needs nvcc): say so before any job, instead of failing the build an hour in."""
+    (it needs nvcc): say so before any job, instead of failing the build an hour in. Its MPICH
+    flavour would need a second such wheel, compiled against MPICH: without NCCL operations the
+    native runs would average GPU gradients through the host, so they are refused."""
     env = BENCH_ENVS[config["benchmark_env"]]
+    native = sorted(label for label in artifacts or {} if label != runtime_label(label.split(" ")[0], "hybrid"))
+    if env.horovod_gpu_operations and native:
+        raise ConfigError(f"config: {native[0]} would run the MPICH flavour of the '{env.name}' image, whose "
+                          f"Horovod the workflow can only build without {env.horovod_gpu_operations} operations; "
+                          f"allowed: images.{native[0].split(' ')[0]}.native_image naming a site's MPICH-based "
+                          "GPU image, or mpi_model hybrid")
     wheels = Path(repo) / env.wheelhouse
     if env.horovod_gpu_operations and not any(wheels.glob("horovod-*-linux_x86_64.whl")):
         raise ConfigError(f"config: 'benchmark_env' = '{env.name}' builds its image with the Horovod wheel that "

@@ -412,7 +412,7 @@ def prepare(config: dict, repo: Path, *, probe: bool = True) -> Sweep:
         if probe:
             check_site_images(config, artifacts)
             if artifacts:
-                check_bench_env(config, repo)
+                check_bench_env(config, repo, artifacts)
         artifacts = {label: path for label, path in artifacts.items()
                      if label.split(" ")[0] in config["runtimes"]}
         cb_config.check_dataset(config)
