@@ -12,6 +12,7 @@ import re
 import sys
 from pathlib import Path
 
+import numpy as np
 import yaml
 
 from containerbench import config as cb_config
@@ -94,3 +95,42 @@ def example_request(gpus: bool = True, infiniband: bool = True) -> RunRequest:
     args = ("--model", "resnet50", "--batch-size", "64", "--image-size", "224", "--precision", "mixed_float16")
     return RunRequest(module="containerbench.bench", args=args, env=env, workdir="/scratch/proj/containerbench",
                       gpus=gpus, binds=("/datasets/imagenet",), infiniband=infiniband)
+
+
+def on_nodes(record: dict, hosts: list[str], repetition: int, factor: float) -> dict:
+    """`record` as if it had run on `hosts`: its rates scaled by `factor` (latency by its inverse)."""
+    moved = copy.deepcopy(record)
+    spec = moved["spec"]
+    spec.update(nodes=len(set(hosts)), ranks=len(hosts), ranks_per_node=len(hosts) // len(set(hosts)),
+                repetition=repetition, nodelist=",".join(sorted(set(hosts))))
+    moved["run_id"] = spec["run_id"] = f"{record['run_id'].rsplit('_rep', 1)[0]}_{'-'.join(hosts)}_rep{repetition}"
+    result = moved["result"]
+    result["hostnames"] = hosts
+    if moved["kind"] == "train":
+        result["images_per_sec"] *= factor
+    for point in result.get("pingpong", []):
+        point["bandwidth_MBps"] *= factor
+        point["latency_us"] /= factor
+    for point in result.get("allreduce", []):
+        point["busbw_GBps"] *= factor
+        point["algbw_GBps"] *= factor
+    return moved
+
+
+def fleet_records(recorded_runs: dict, nodes: list[str], links: list[tuple[str, str]], compute=None, network=None,
+                  slow_links=None, repetitions: int = 3) -> list[dict]:
+    """A fleet's records from recorded ones: per node its training and intra-node netbench, per link its
+    two-node netbench, `repetitions` each with 1% noise; the factors slow the nodes and links they name."""
+    compute, network, slow_links = compute or {}, network or {}, slow_links or {}
+    noise = np.random.default_rng(7)
+    records = []
+    for repetition in range(1, repetitions + 1):
+        for node in nodes:
+            jitter = 1 + noise.normal(0, 0.01)
+            records.append(on_nodes(recorded_runs[("train", 1)], [node], repetition, compute.get(node, 1) * jitter))
+            records.append(on_nodes(recorded_runs[("netbench", 2)], [node, node], repetition, jitter))
+        for pair in links:
+            factor = slow_links.get(tuple(sorted(pair)), 1) * min(network.get(node, 1) for node in pair)
+            records.append(on_nodes(recorded_runs[("netbench", 2)], list(pair), repetition,
+                                    factor * (1 + noise.normal(0, 0.01))))
+    return records

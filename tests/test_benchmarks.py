@@ -46,3 +46,11 @@ def test_telemetry_cost_prints_the_samplers_share_of_a_core_and_the_ratio(root, 
     out = run([sys.executable, "benchmarks/telemetry_cost.py", "--quick", "--bench-python", str(bench_python)], root)
     assert re.search(r"^  every 0\.5 s: \d+\.\d{3}% of one core$", out, re.M)
     assert re.search(r"^  with / without\s+\d+\.\d{3}$", out, re.M)
+
+
+def test_fleet_speed_plans_and_judges_a_fleet_and_finds_what_it_slowed(root):
+    out = run([sys.executable, "benchmarks/fleet_speed.py", "--nodes", "64", "--tries", "1"], root)
+    assert re.search(r"^plan, 64 nodes: 96 links in \d rounds, 160 jobs: \d+\.\d{3} s .* time/target = \d", out, re.M)
+    assert re.search(r"^verdict, 64 nodes x 3 repetitions \(\d+ records\): \d+\.\d{3} s .* time/target", out, re.M)
+    slowed = re.search(r"failed nodes: (\S+) \(slowed: (\S+)\); bad links: (\S+) \(slowed: (\S+)\)", out)
+    assert slowed and slowed[1] == slowed[2] and slowed[3] == slowed[4], out

@@ -7,6 +7,7 @@ import json
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -15,7 +16,7 @@ import yaml
 from helpers import BENCH_PYTHON, ROOT
 
 from containerbench import config as cb_config
-from containerbench import slurm
+from containerbench import fleet, slurm
 from containerbench.images import built_image
 from containerbench.launch import plan
 from containerbench.processes import run_group
@@ -273,3 +274,42 @@ def test_a_dead_controllers_lock_stays_while_its_slurm_jobs_run(cluster, tmp_pat
                             "then run again")
     assert seen["removed"].startswith(f"containerbench: removed the lock of workflow controller {seen['controller']}")
     assert seen["left"] == []
+
+
+def wait_for_state(cluster: Path, node: str, wanted: str, seconds: int = 60) -> str:
+    state = ""
+    for _ in range(seconds):
+        state = on_controller(cluster, "sinfo", "--noheader", "--Node", "--nodes", node, "--format", "%T").stdout.strip()
+        if state == wanted:
+            break
+        time.sleep(1)
+    return state
+
+
+def test_the_nodes_to_validate_come_from_slurm_with_their_states(cluster):
+    # Last in this module: it drains a node of the shared cluster for a moment.
+    via = (str(CLUSTER), "exec", str(cluster))
+    assert fleet.expand_hostlist("n[1-2]", via) == ["n1", "n2"]
+    assert {name: state.available for name, state in fleet.partition_states("cpu", via).items()} == {
+        "n1": True, "n2": True}
+    for query, message in (
+        (lambda: fleet.expand_hostlist("n[3-", via),
+         "'validation.nodes' = 'n[3-' expands to no node names; allowed: a Slurm hostlist such as n[001-064] or n1,n2"),
+        (lambda: fleet.node_states(["n1", "n9"], via),
+         "'validation.nodes' names 'n9', which Slurm does not know (sinfo); allowed: nodes of this cluster"),
+        (lambda: fleet.partition_states("new", via),
+         "'validation.partition' = 'new' is not a partition with nodes; allowed: cpu"),
+    ):
+        with pytest.raises(fleet.FleetError) as caught:
+            query()
+        assert str(caught.value) == message
+    drained = on_controller(cluster, "scontrol", "update", "NodeName=n2", "State=DRAIN", "Reason=containerbench test")
+    assert drained.returncode == 0, drained.stderr
+    try:
+        states = fleet.node_states(["n1", "n2"], via)
+        assert states["n2"] == fleet.NodeState("n2", "drained", "containerbench test")
+        planned = fleet.plan(states)  # reported as it is, not waited for
+        assert planned.nodes == ["n1"] and list(planned.unavailable) == ["n2"] and planned.links == []
+    finally:
+        on_controller(cluster, "scontrol", "update", "NodeName=n2", "State=RESUME")
+        assert wait_for_state(cluster, "n2", "idle") == "idle"

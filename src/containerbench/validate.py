@@ -19,9 +19,9 @@ import jsonschema
 import pandas as pd
 import yaml
 
-from containerbench.config import describe, load_schema
+from containerbench.config import describe, load_schema, runtime_label
 from containerbench.records import load_records
-from containerbench.results import SERIES, netbench_table, runs_table, summary_table
+from containerbench.results import SERIES, runs_table, summary_table
 
 # Metric (a variable's last part, without "@bytes") -> unit: the one place units
 # are defined; variables take theirs from here and references are checked against it.
@@ -62,6 +62,17 @@ def metric_of(variable: str) -> str:
     return variable.rsplit("/", 1)[-1].split("@", 1)[0]
 
 
+def train_variable(point) -> str:
+    """A training point's variable name, without its metric (`point`: a row of the run or summary table)."""
+    nodes, ranks = int(point.nodes), int(point.ranks)  # columns turn float when a failed run has gaps
+    return (f"train/{point.model}-{int(point.image_size)}px-{point.precision}/{point.runtime}/{point.fabric}/"
+            f"{nodes}x{ranks // nodes}/b{int(point.batch_size)}")
+
+
+def netbench_variable(runtime: str, fabric: str, nodes, ranks) -> str:
+    return f"netbench/{runtime}/{fabric}/{int(nodes)}x{int(ranks) // int(nodes)}"
+
+
 def _variable(name: str, metric: str, value: float, runs: int, at: str = "") -> dict:
     return {"variable": f"{name}/{metric}{at}", "value": float(value), "unit": UNITS[metric], "runs": int(runs)}
 
@@ -80,30 +91,62 @@ def _train_variables(records: list[dict]) -> list[dict]:
     summary["fewest_ranks"] = summary.groupby(SERIES, dropna=False)["ranks"].transform("min")
     rows = []
     for point in summary.itertuples():
-        nodes, ranks = int(point.nodes), int(point.ranks)  # columns turn float when a failed run has gaps
-        name = (f"train/{point.model}-{int(point.image_size)}px-{point.precision}/{point.runtime}/{point.fabric}/"
-                f"{nodes}x{ranks // nodes}/b{int(point.batch_size)}")
+        name = train_variable(point)
         rows.append(_variable(name, "images_per_sec", point.images_per_sec_median, point.repetitions))
-        if ranks > point.fewest_ranks:
+        if point.ranks > point.fewest_ranks:
             rows.append(_variable(name, "scaling_efficiency", point.scaling_efficiency_percent, point.repetitions))
     return rows
 
 
-def _netbench_variables(records: list[dict]) -> list[dict]:
-    table = netbench_table(records)  # ok runs only, one row per test and message size
-    if table.empty:
-        return []
+PICK_COLUMNS = ["run_id", "runtime", "fabric", "nodes", "ranks", "bytes", "value", "metric"]
+
+
+def _netbench_picks(records: list[dict]) -> pd.DataFrame:
+    """Per ok netbench run and metric of NETBENCH_PICKS: the value at the picked message size, with its
+    variable's `name`. Read from the records, not the long table: a fleet's thousands of runs go through here."""
     rows = []
-    for (runtime, fabric, nodes, ranks), point in table.groupby(["runtime", "fabric", "nodes", "ranks"]):
-        name = f"netbench/{runtime}/{fabric}/{int(nodes)}x{int(ranks) // int(nodes)}"
+    for record in records:
+        if record.get("kind") != "netbench" or record["status"] != "ok":
+            continue
+        spec = record["spec"]
+        runtime = runtime_label(spec.get("runtime"), spec.get("mpi_model"))
         for test, column, metric, pick in NETBENCH_PICKS:
-            measured = point[point["test"] == test]
-            if measured.empty:
-                continue
-            size = int(pick(measured["bytes"]))
-            at_size = measured[measured["bytes"] == size]
-            rows.append(_variable(name, metric, at_size[column].median(), at_size["run_id"].nunique(), f"@{size}"))
-    return rows
+            points = record["result"].get(test) or []
+            if points:
+                size = pick(point["bytes"] for point in points)
+                value = float(statistics.median(point[column] for point in points if point["bytes"] == size))
+                rows.append((record["run_id"], runtime, spec.get("fabric"), spec.get("nodes"), spec.get("ranks"),
+                             size, value, metric))
+    picked = pd.DataFrame(rows, columns=PICK_COLUMNS)
+    picked["name"] = [f"{netbench_variable(*point)}/{metric}@{int(size)}" for *point, size, _, metric in zip(
+        picked["runtime"], picked["fabric"], picked["nodes"], picked["ranks"], picked["bytes"], picked["value"],
+        picked["metric"])]
+    return picked
+
+
+def _netbench_variables(records: list[dict]) -> list[dict]:
+    picked = _netbench_picks(records)
+    points = picked.groupby(["name", "metric"], sort=False).agg(value=("value", "median"), runs=("run_id", "nunique"))
+    return [{"variable": name, "value": float(point.value), "unit": UNITS[metric], "runs": int(point.runs)}
+            for (name, metric), point in points.iterrows()]
+
+
+RECORD_VARIABLE_COLUMNS = ["run_id", "variable", "value", "unit"]
+
+
+def record_variables(records: list[dict]) -> pd.DataFrame:
+    """What each ok record measured, one row per variable, not aggregated over repetitions: the
+    per-run figures the fleet verdict sets side by side (scaling efficiency needs two points, so none)."""
+    runs = runs_table(records)
+    runs = runs[runs["status"] == "ok"].dropna(subset=["images_per_sec"])
+    train = pd.DataFrame({"run_id": runs["run_id"],
+                          "variable": [f"{train_variable(run)}/images_per_sec" for run in runs.itertuples()],
+                          "value": runs["images_per_sec"].astype(float), "unit": UNITS["images_per_sec"]})
+    picked = _netbench_picks(records)
+    netbench = pd.DataFrame({"run_id": picked["run_id"], "variable": picked["name"],
+                             "value": picked["value"].astype(float), "unit": picked["metric"].map(UNITS)})
+    return pd.concat([frame for frame in (train, netbench) if not frame.empty] or [train],
+                     ignore_index=True)[RECORD_VARIABLE_COLUMNS]
 
 
 class ReferencesError(ValueError):

@@ -1,0 +1,59 @@
+"""How fast a batch of nodes is planned and judged: the link pairings and job rounds of
+N nodes, and the verdict over their records (N nodes x R repetitions of single-node
+training and netbench, and of two-node netbench over every link), timed.
+
+    .venv/bin/python benchmarks/fleet_speed.py [--nodes 1024] [--repetitions 3] [--tries 3]
+
+The records are the recorded real runs of tests/data/runs moved onto N node names
+(tests/helpers.py: fleet_records), one node and one link slowed. Prints the best of
+--tries for each step and its ratio to the target; asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from helpers import fleet_records, recorded_records  # noqa: E402
+
+from containerbench import fleet  # noqa: E402
+
+PLAN_TARGET_S, VERDICT_TARGET_S = 10.0, 2.0
+
+
+def best_of(tries: int, step):
+    times, value = [], None
+    for _ in range(tries):
+        started = time.perf_counter()
+        value = step()
+        times.append(time.perf_counter() - started)
+    return min(times), value
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", type=int, default=1024)
+    parser.add_argument("--repetitions", type=int, default=3)
+    parser.add_argument("--tries", type=int, default=3)
+    args = parser.parse_args()
+    states = {f"n{i:04d}": fleet.NodeState(f"n{i:04d}", "idle") for i in range(1, args.nodes + 1)}
+
+    plan_s, plan = best_of(args.tries, lambda: fleet.plan(states))
+    print(f"plan, {args.nodes} nodes: {len(plan.links)} links in {len(plan.rounds)} rounds, {plan.jobs} jobs: "
+          f"{plan_s:.3f} s (target {PLAN_TARGET_S:g} s, time/target = {plan_s / PLAN_TARGET_S:.3f})")
+
+    slow_node, slow_link = plan.nodes[len(plan.nodes) // 3], tuple(sorted(plan.links[len(plan.links) // 2]))
+    records = fleet_records(recorded_records(), plan.nodes, plan.links, compute={slow_node: 0.7},
+                            slow_links={slow_link: 0.4}, repetitions=args.repetitions)
+    verdict_s, verdict = best_of(args.tries, lambda: fleet.judge(records, plan))
+    print(f"verdict, {args.nodes} nodes x {args.repetitions} repetitions ({len(records)} records): "
+          f"{verdict_s:.3f} s (target {VERDICT_TARGET_S:g} s, time/target = {verdict_s / VERDICT_TARGET_S:.3f})")
+    print(f"  failed nodes: {', '.join(verdict.failed_nodes) or 'none'} (slowed: {slow_node}); "
+          f"bad links: {', '.join(verdict.bad_links) or 'none'} (slowed: {fleet.link_name(slow_link)})")
+
+
+if __name__ == "__main__":
+    main()

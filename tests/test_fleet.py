@@ -1,0 +1,159 @@
+"""The fleet verdict: which nodes of a batch, and which links between them, are bad.
+
+The fleet is made of real records (tests/data/runs) put on other nodes: each node's
+single-node training and netbench, each link's two-node netbench, three repetitions
+with a little noise. One node computes slowly, one node's network is slow in every
+link it is in, and one link is slow between two nodes that are fine elsewhere; the
+verdict must name exactly those and pass the others.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+from helpers import fleet_records
+
+from containerbench import fleet
+
+NODES = [f"n{i:02d}" for i in range(1, 7)]
+SLOW_NODE, BAD_NIC, BAD_LINK = "n04", "n05", ("n02", "n03")
+
+
+@pytest.mark.parametrize("count", [4, 5, 6, 7, 16, 63, 64, 1024])
+def test_every_node_is_in_three_links_and_n_nodes_cost_n_plus_half_n_link_jobs(count):
+    nodes = [f"n{i}" for i in range(count)]
+    pairs = fleet.link_pairings(nodes)
+    assert len(pairs) == count + math.ceil(count / 2)
+    assert len({frozenset(pair) for pair in pairs}) == len(pairs) and all(a != b for a, b in pairs)
+    degree = {node: sum(node in pair for pair in pairs) for node in nodes}
+    assert min(degree.values()) >= 3
+    rounds = fleet.job_rounds(pairs)
+    assert sorted(itertools.chain(*rounds)) == sorted(pairs)
+    for taken in rounds:  # never two jobs on one node at a time
+        members = [node for pair in taken for node in pair]
+        assert len(members) == len(set(members))
+    assert len(rounds) <= max(degree.values()) + 1  # Vizing: a colouring this short exists
+
+
+def test_two_and_three_nodes_have_their_ring_only():
+    assert fleet.link_pairings(["a", "b"]) == [("a", "b")]
+    assert fleet.link_pairings(["a", "b", "c"]) == [("a", "b"), ("b", "c"), ("c", "a")]
+    assert fleet.link_pairings(["a"]) == []
+
+
+def test_nodes_slurm_cannot_run_on_are_reported_not_planned():
+    states = {name: fleet.NodeState(name, "idle") for name in NODES}
+    states["n07"] = fleet.NodeState("n07", "drained", "bad DIMM")
+    states["n08"] = fleet.NodeState("n08", "idle*")  # not responding
+    states["n09"] = fleet.NodeState("n09", "mixed")
+    plan = fleet.plan(states)
+    assert plan.nodes == [*NODES, "n09"] and sorted(plan.unavailable) == ["n07", "n08"]
+    assert plan.jobs == 7 + 7 + 4
+
+
+@pytest.fixture(scope="module")
+def verdict(recorded_runs):
+    states = {name: fleet.NodeState(name, "idle") for name in NODES}
+    states["n07"] = fleet.NodeState("n07", "drained", "bad DIMM")
+    plan = fleet.plan(states)
+    records = fleet_records(recorded_runs, plan.nodes, plan.links, compute={SLOW_NODE: 0.7}, network={BAD_NIC: 0.5},
+                            slow_links={BAD_LINK: 0.4})
+    return fleet.judge(records, plan)
+
+
+def test_the_verdict_names_exactly_the_slow_node_the_bad_nic_and_the_bad_link(verdict):
+    assert verdict.failed_nodes == [SLOW_NODE, BAD_NIC, "n07"]
+    assert verdict.bad_links == [":".join(BAD_LINK)]
+    summary = verdict.summary.set_index("member")
+    assert summary.loc["n07", "reason"] == "not run: Slurm state drained (bad DIMM)"
+    assert summary.loc[BAD_NIC, "reason"] == "slow in all 3 of its links (n04:n05, n05:n06, n02:n05)"
+    assert summary.loc[SLOW_NODE, "reason"].startswith("images_per_sec ")
+    assert "30% below the fleet median" in summary.loc[SLOW_NODE, "reason"]
+    # The slow NIC's links are explained by it, not called bad links themselves.
+    assert (summary.loc[["n04:n05", "n05:n06", "n02:n05"], "result"] == "explained").all()
+    assert set(summary.loc[summary["result"] == "pass"].index) == {
+        "n01", "n02", "n03", "n06", "n01:n02", "n03:n04", "n01:n06", "n01:n04", "n03:n06"}
+
+
+def test_the_node_table_holds_each_metric_against_the_fleet(verdict):
+    table = verdict.nodes
+    assert list(table.columns) == fleet.NODE_COLUMNS
+    rate = table[table["variable"].str.endswith("/images_per_sec")].set_index("node")
+    assert sorted(rate.index) == NODES  # the drained node has no figures, only its summary row
+    assert rate.loc[SLOW_NODE, "result"] == "fail" and (rate.drop(SLOW_NODE)["result"] == "pass").all()
+    assert rate.loc[SLOW_NODE, "deviation_percent"] == pytest.approx(-30, abs=3)
+    assert rate.loc[SLOW_NODE, "robust_z"] < -fleet.ROBUST_Z_LIMIT
+    # Intra-node netbench: every node is fine inside itself, the bad NIC included.
+    intra = table[table["variable"].str.contains("/1x2/")]
+    assert set(intra["result"]) == {"pass"} and set(intra["node"]) == set(NODES)
+
+
+def test_the_link_table_blames_each_slow_link_on_its_cause(verdict):
+    table = verdict.links
+    busbw = table[table["variable"].str.contains("allreduce_busbw")].set_index("link")
+    assert len(busbw) == 9
+    assert busbw.loc["n02:n03", "blamed_on"] == "link" and busbw.loc["n02:n03", "slow"]
+    assert busbw.loc["n02:n03", "deviation_percent"] == pytest.approx(-60, abs=3)
+    assert (busbw.loc[["n04:n05", "n05:n06", "n02:n05"], "blamed_on"] == BAD_NIC).all()
+    assert not busbw.drop(["n02:n03", "n04:n05", "n05:n06", "n02:n05"])["slow"].any()
+
+
+def test_the_drain_list_drains_failed_nodes_only_and_names_the_bad_link(verdict):
+    commands = fleet.drain_commands(verdict)
+    assert [argv[:4] for argv in commands] == [["scontrol", "update", f"NodeName={node}", "State=DRAIN"]
+                                              for node in (SLOW_NODE, BAD_NIC)]  # n07 is drained already
+    assert commands[1][4] == "Reason=containerbench: slow in all 3 of its links (n04:n05, n05:n06, n02:n05)"
+    assert all(len(argv[4]) <= len("Reason=containerbench: ") + fleet.REASON_CHARS for argv in commands)
+    text = fleet.format_drain_list(verdict).splitlines()
+    assert text[0].startswith(f"scontrol update NodeName={SLOW_NODE} State=DRAIN 'Reason=containerbench: ")
+    assert text[2].startswith("# link n02:n03: ") and text[2].endswith("(a cable or switch port: not drained)")
+
+
+def test_a_node_whose_runs_failed_or_left_no_record_fails_with_the_reason(recorded_runs):
+    plan = fleet.plan({name: fleet.NodeState(name, "idle") for name in NODES})
+    records = fleet_records(recorded_runs, plan.nodes, plan.links)
+    cancelled = [r for r in records if r["result"]["hostnames"] == ["n01"] and r["kind"] == "train"]
+    for record in cancelled:
+        record.update(status="failed", reasons=["Slurm: CANCELLED by 0 (sacct)"])
+    records = [r for r in records if set(r["result"]["hostnames"]) != {"n06"}]  # its links ran, it did not
+    summary = fleet.judge(records, plan).summary.set_index("member")
+    assert summary.loc["n01", "result"] == "fail"
+    assert summary.loc["n01", "reason"].startswith(f"{cancelled[0]['run_id']} failed: Slurm: CANCELLED by 0 (sacct)")
+    assert summary.loc["n06", "reason"] == "not measured: no record of this node"
+    assert summary.loc["n02", "result"] == "pass"
+
+
+def test_a_homogeneous_fleet_passes_whole(recorded_runs):
+    plan = fleet.plan({name: fleet.NodeState(name, "idle") for name in NODES})
+    summary = fleet.judge(fleet_records(recorded_runs, plan.nodes, plan.links), plan).summary
+    assert len(summary) == 6 + 9 and set(summary["result"]) == {"pass"}
+    assert fleet.format_drain_list(fleet.judge(fleet_records(recorded_runs, plan.nodes, plan.links), plan)) == ""
+
+
+def test_a_small_shortfall_in_a_tight_fleet_is_not_a_fault(recorded_runs):
+    # 5% down with 1% noise is far out by the MAD, but under the 10% a site cares about.
+    plan = fleet.plan({name: fleet.NodeState(name, "idle") for name in NODES})
+    verdict = fleet.judge(fleet_records(recorded_runs, plan.nodes, plan.links, compute={"n03": 0.95}), plan)
+    row = verdict.nodes[(verdict.nodes["node"] == "n03") & verdict.nodes["variable"].str.endswith("images_per_sec")]
+    assert row["robust_z"].iloc[0] < -fleet.ROBUST_Z_LIMIT and row["result"].iloc[0] == "pass"
+    assert verdict.failed_nodes == []
+
+
+@pytest.mark.parametrize("state, available", [
+    ("idle", True), ("mixed", True), ("allocated", True), ("completing", True), ("planned", True),
+    ("drained", False), ("draining", False), ("down", False), ("down*", False), ("idle*", False),
+    ("fail", False), ("maint", False), ("reserved", True), ("future", False), ("unknown", False),
+    ("inval", False), ("powered_down", False), ("reboot_issued", False)])
+def test_which_sinfo_states_take_a_job(state, available):
+    # The states of sinfo(1), "NODE STATE CODES"; "*" marks a node not responding.
+    assert fleet.NodeState("n1", state).available is available
+
+
+def test_hyphenated_hostnames_keep_their_links_apart(recorded_runs):
+    names = [f"rack-1-n{i}" for i in range(1, 6)]
+    plan = fleet.plan({name: fleet.NodeState(name, "idle") for name in names})
+    records = fleet_records(recorded_runs, plan.nodes, plan.links, slow_links={("rack-1-n2", "rack-1-n3"): 0.4})
+    verdict = fleet.judge(records, plan)
+    assert verdict.failed_nodes == [] and verdict.bad_links == ["rack-1-n2:rack-1-n3"]
