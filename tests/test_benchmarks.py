@@ -54,3 +54,10 @@ def test_fleet_speed_plans_and_judges_a_fleet_and_finds_what_it_slowed(root):
     assert re.search(r"^verdict, 64 nodes x 3 repetitions \(\d+ records\): \d+\.\d{3} s .* time/target", out, re.M)
     slowed = re.search(r"failed nodes: (\S+) \(slowed: (\S+)\); bad links: (\S+) \(slowed: (\S+)\)", out)
     assert slowed and slowed[1] == slowed[2] and slowed[3] == slowed[4], out
+
+
+def test_history_speed_times_compare_over_stored_records(root):
+    out = run([sys.executable, "benchmarks/history_speed.py", "--records", "2000", "--tries", "1"], root)
+    assert re.search(r"^compare over 2000 stored records: \d+\.\d\d s \(target 2 s, time/target = \d+\.\d\d\)$",
+                     out, re.M)
+    assert re.search(r"^variables: 200; significant: \d+ of the 50 made 5% faster", out, re.M)

@@ -23,7 +23,7 @@ LAYERS = [
     ("images, records, the pre-flight job", {"images", "records", "preflight"}),
     ("plans and launches, tables", {"launch", "results"}),
     ("report, validation, repetition rounds", {"report", "validate", "repetitions"}),
-    ("fleet verdicts", {"fleet"}),
+    ("fleet verdicts, the results history", {"fleet", "history"}),
     ("command line", {"cli"}),
     ("python -m containerbench", {"__main__"}),
 ]

@@ -46,6 +46,63 @@ class RatioInterval:
         return "not significant" if self.low <= null <= self.high else "significant"
 
 
+@dataclass(frozen=True)
+class RatioIntervals:
+    """Fieller's intervals for many ratios at once, element by element (numpy arrays)."""
+
+    ratio: np.ndarray
+    low: np.ndarray  # NaN where there is no interval
+    high: np.ndarray
+    dof: np.ndarray
+    no_interval: np.ndarray  # of str or None: why there is none, "n/a: ..."
+
+    def significance(self, null: float = 1.0) -> np.ndarray:
+        """Per element, as RatioInterval.significance."""
+        inside = (self.low <= null) & (null <= self.high)
+        verdict = np.where(inside, "not significant", "significant").astype(object)
+        return np.where(pd.isna(self.no_interval), verdict, self.no_interval)
+
+
+def ratio_intervals(mean_numerator, mean_denominator, var_numerator, var_denominator, n_numerator, n_denominator,
+                    denominator_name: str = "denominator", confidence: float = 0.95) -> RatioIntervals:
+    """Fieller's interval for each mean_numerator / mean_denominator, from per-side summaries:
+    means, sample variances (ddof 1) and counts. The one implementation: ratio_interval, the
+    tables and the results store's comparison all come here; arrays keep a comparison of
+    thousands of variables one pass of numpy instead of one Python call each."""
+    a = np.asarray(mean_numerator, dtype=float)
+    b = np.asarray(mean_denominator, dtype=float)
+    n_a = np.asarray(n_numerator, dtype=float)
+    n_b = np.asarray(n_denominator, dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(b != 0, a / b, np.nan)
+        var_a = np.asarray(var_numerator, dtype=float) / n_a  # of each mean
+        var_b = np.asarray(var_denominator, dtype=float) / n_b
+        var_contrast = var_a + ratio**2 * var_b  # of a - R b at the estimate
+        dof = var_contrast**2 / (var_a**2 / (n_a - 1) + ratio**4 * var_b**2 / (n_b - 1))
+        too_few = ~((n_a >= 2) & (n_b >= 2))
+        no_spread = ~too_few & (var_a + var_b == 0)
+        zero_denominator = ~too_few & ~no_spread & (b == 0)
+        computable = ~(too_few | no_spread | zero_denominator)
+        t = np.full(ratio.shape, np.nan)
+        if computable.any():
+            from scipy import stats  # see t_quantile: imported when a table needs it
+
+            t[computable] = stats.t.ppf(0.5 + confidence / 2, dof[computable])
+        # The quadratic in R: (b^2 - t^2 v_b) R^2 - 2ab R + (a^2 - t^2 v_a) <= 0.
+        leading = b**2 - t**2 * var_b
+        unbounded = computable & ~(leading > 0)
+        bounded = computable & ~unbounded
+        half = t * np.sqrt(a**2 * var_b + var_a * leading)
+        low = np.where(bounded, (a * b - half) / leading, np.nan)
+        high = np.where(bounded, (a * b + half) / leading, np.nan)
+    indistinct = f"n/a: {denominator_name} mean not distinguishable from 0"
+    no_interval = np.select([too_few, no_spread, zero_denominator | unbounded],
+                            ["n/a: needs 2+ repetitions each", "n/a: no spread in either side's repetitions",
+                             indistinct], None).astype(object)
+    # Satterthwaite's dof is reported wherever the t quantile was taken (an unbounded set included).
+    return RatioIntervals(ratio, low, high, np.where(computable, dof, np.nan), no_interval)
+
+
 def ratio_interval(numerator, denominator, denominator_name: str = "denominator",
                    confidence: float = 0.95) -> RatioInterval:
     """Fieller's interval for mean(numerator) / mean(denominator), independent samples, unequal variances.
@@ -53,25 +110,11 @@ def ratio_interval(numerator, denominator, denominator_name: str = "denominator"
     NaNs are dropped. No interval (low = high = NaN, `no_interval` says why) with fewer than
     2 values on a side, with no spread on either side (a zero-width interval would call
     any difference significant), or when the denominator's mean is not distinguishable
-    from 0 (the Fieller set is then unbounded).
+    from 0 (the Fieller set is then unbounded). Computed by ratio_intervals.
     """
     x = pd.Series(numerator, dtype=float).dropna()
     y = pd.Series(denominator, dtype=float).dropna()
-    a, b = x.mean(), y.mean()
-    ratio = a / b if b else np.nan
-    if x.count() < 2 or y.count() < 2:
-        return RatioInterval(ratio, np.nan, np.nan, np.nan, "n/a: needs 2+ repetitions each")
-    var_a, var_b = x.var(ddof=1) / x.count(), y.var(ddof=1) / y.count()
-    if var_a + var_b == 0:
-        return RatioInterval(ratio, np.nan, np.nan, np.nan, "n/a: no spread in either side's repetitions")
-    if not b:
-        return RatioInterval(ratio, np.nan, np.nan, np.nan, f"n/a: {denominator_name} mean not distinguishable from 0")
-    var_contrast = var_a + ratio**2 * var_b  # of a - R b at the estimate
-    dof = var_contrast**2 / (var_a**2 / (x.count() - 1) + ratio**4 * var_b**2 / (y.count() - 1))
-    t = t_quantile(0.5 + confidence / 2, dof)
-    # The quadratic in R: (b^2 - t^2 v_b) R^2 - 2ab R + (a^2 - t^2 v_a) <= 0.
-    leading = b**2 - t**2 * var_b
-    if leading <= 0:
-        return RatioInterval(ratio, np.nan, np.nan, dof, f"n/a: {denominator_name} mean not distinguishable from 0")
-    half = t * np.sqrt(a**2 * var_b + var_a * leading)
-    return RatioInterval(ratio, (a * b - half) / leading, (a * b + half) / leading, dof)
+    intervals = ratio_intervals([x.mean()], [y.mean()], [x.var(ddof=1)], [y.var(ddof=1)], [x.count()], [y.count()],
+                                denominator_name, confidence)
+    return RatioInterval(float(intervals.ratio[0]), float(intervals.low[0]), float(intervals.high[0]),
+                         float(intervals.dof[0]), intervals.no_interval[0])

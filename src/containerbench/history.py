@@ -1,0 +1,360 @@
+"""The results store: every run record, from every workflow run, kept in one SQLite file, and
+what changed between two stored sessions, with a 95% interval.
+
+A session is the records one `store` call added: its tag, system, UTC date, the git commit of
+this clone, the provenance hashes and nodes the records name, and the digest of the config.
+Each record is kept whole (zlib-compressed JSON) beside its performance variables
+(validate.record_variables: one row per run and variable, not aggregated), which `compare`
+reads. A record is identified by the digest of its raw log: storing it again is skipped.
+
+Durability: WAL mode, and each `store` is one transaction, so a kill mid-write leaves the
+store as it was before that call. A file that is not a store of ours is refused in one line
+and never written to. docs/history.md says more.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import sqlite3
+import subprocess
+import tempfile
+import zlib
+from contextlib import closing
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+STORE_FORMAT = "containerbench-results"
+SCHEMA_VERSION = 1
+SQLITE_HEADER = b"SQLite format 3\x00"
+# Seconds a writer waits for another writer's transaction (two workflows storing at once).
+BUSY_TIMEOUT_S = 30
+
+SCHEMA = """
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE sessions (
+    id INTEGER PRIMARY KEY, tag TEXT, system TEXT, created TEXT NOT NULL, git_commit TEXT,
+    config_digest TEXT, provenance_hashes TEXT, nodes TEXT, records INTEGER NOT NULL);
+CREATE TABLE records (
+    session INTEGER NOT NULL REFERENCES sessions(id), run_id TEXT NOT NULL,
+    log_sha256 TEXT NOT NULL UNIQUE, status TEXT, body BLOB NOT NULL);
+CREATE TABLE measurements (
+    session INTEGER NOT NULL REFERENCES sessions(id), run_id TEXT NOT NULL, variable TEXT NOT NULL,
+    value REAL NOT NULL, unit TEXT);
+CREATE INDEX measurements_by_variable ON measurements (session, variable);
+"""
+
+SESSION_COLUMNS = ["id", "tag", "system", "created", "git_commit", "config_digest", "provenance_hashes", "nodes",
+                   "records"]
+COMPARISON_COLUMNS = ["variable", "unit", "n_a", "n_b", "mean_a", "mean_b", "change_percent", "ci_low_percent",
+                      "ci_high_percent", "significant"]
+DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
+NAMED_SELECTORS = ("latest", "previous")
+# SQLite's limit on bound parameters is 32766 in recent builds, 999 in old ones.
+PARAMETER_CHUNK = 900
+
+
+class HistoryError(ValueError):
+    """A store that cannot be used, or a selector that names no session; the message is one line."""
+
+
+@dataclass(frozen=True)
+class StoreResult:
+    session_id: int | None  # None when every record was stored already (no session is made)
+    stored: int
+    skipped: int  # already in the store
+
+
+def _refuse(path: Path, why: str) -> HistoryError:
+    return HistoryError(f"{path}: not a containerbench results store ({why}); left as it is")
+
+
+def _create(path: Path) -> None:
+    """A new empty store, built beside `path` and linked into place when complete: a kill while
+    creating leaves no half-made file that a later open would have to refuse."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    descriptor, building = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".creating", dir=path.parent)
+    os.close(descriptor)
+    try:
+        with closing(sqlite3.connect(building)) as connection:
+            connection.execute("PRAGMA journal_mode=WAL")  # kept in the file: every later open is WAL
+            with connection:
+                connection.executescript(SCHEMA)
+                connection.executemany("INSERT INTO meta (key, value) VALUES (?, ?)",
+                                       [("format", STORE_FORMAT), ("schema_version", str(SCHEMA_VERSION))])
+        try:
+            os.link(building, path)  # unlike a rename, never replaces a store another process just made
+        except FileExistsError:
+            pass
+    finally:
+        Path(building).unlink(missing_ok=True)
+
+
+def _open(path: str | Path, create: bool) -> sqlite3.Connection | None:
+    """A connection to the store at `path`, checked before anything is written; None when there is
+    no store and `create` is false (nothing stored yet)."""
+    path = Path(path)
+    if not path.exists():
+        if not create:
+            return None
+        _create(path)
+    if not path.is_file():
+        raise _refuse(path, "not a regular file")
+    # SQLite itself would take an empty file for an empty database and write to it.
+    with open(path, "rb") as handle:
+        header = handle.read(len(SQLITE_HEADER))
+    if header != SQLITE_HEADER:
+        raise _refuse(path, "an empty file" if not header else "not an SQLite file")
+    connection = sqlite3.connect(path.resolve().as_uri() + "?mode=rw", uri=True, timeout=BUSY_TIMEOUT_S)
+    try:
+        meta = dict(connection.execute("SELECT key, value FROM meta"))
+    except sqlite3.DatabaseError as error:
+        connection.close()
+        why = "no meta table" if "no such table" in str(error) else f"SQLite: {error}"
+        raise _refuse(path, why) from None
+    if meta.get("format") != STORE_FORMAT or "schema_version" not in meta:
+        connection.close()
+        raise _refuse(path, "its meta table names no containerbench format and version")
+    if not meta["schema_version"].isdigit() or int(meta["schema_version"]) > SCHEMA_VERSION:
+        connection.close()
+        raise _refuse(path, f"schema version {meta['schema_version']}, this containerbench reads up to "
+                            f"{SCHEMA_VERSION}")
+    return connection
+
+
+def record_digest(record: dict) -> str:
+    """The sha256 of the record's raw log, its identity; a record without one (made by hand)
+    is identified by its canonical JSON instead."""
+    digest = (record.get("log") or {}).get("sha256")
+    if digest:
+        return digest
+    return hashlib.sha256(json.dumps(record, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def clone_commit() -> str | None:
+    """The git commit of the containerbench clone this code runs from (-dirty with local changes);
+    None outside a git clone. Records do not carry it, so the session takes it from here."""
+    try:
+        described = subprocess.run(["git", "-C", str(Path(__file__).resolve().parent), "describe", "--always",
+                                    "--dirty", "--abbrev=40"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if described.returncode != 0:
+        return None
+    return described.stdout.strip() or None
+
+
+def _joined(values) -> str | None:
+    unique = sorted({str(value) for value in values if value})
+    return ",".join(unique) or None
+
+
+def check_tag(tag: str | None) -> None:
+    """A tag must not read as another kind of selector, or it could never be selected."""
+    if tag is None:
+        return
+    if not tag.strip() or tag.isdigit() or tag in NAMED_SELECTORS or DATE.fullmatch(tag):
+        raise HistoryError(f"tag {tag!r} reads as another selector; allowed: a name that is not a number, "
+                           f"a date YYYY-MM-DD, {' or '.join(NAMED_SELECTORS)}")
+
+
+def write_session(path: str | Path, session: dict, records: list[tuple[str, str, str, bytes]],
+                  measurements: pd.DataFrame) -> StoreResult:
+    """Add one session in one transaction: `records` are (run_id, log_sha256, status, body) rows,
+    `measurements` has run_id, variable, value, unit. Records whose digest is stored already are
+    skipped with their measurements; with none new, no session is made. store() comes here, and
+    benchmarks/history_speed.py does too, with synthetic rows."""
+    with closing(_open(path, create=True)) as connection, connection:
+        stored_digests = set()
+        digests = [row[1] for row in records]
+        for start in range(0, len(digests), PARAMETER_CHUNK):
+            chunk = digests[start:start + PARAMETER_CHUNK]
+            stored_digests.update(digest for (digest,) in connection.execute(
+                f"SELECT log_sha256 FROM records WHERE log_sha256 IN ({','.join('?' * len(chunk))})", chunk))
+        new, seen = [], set(stored_digests)
+        for row in records:
+            if row[1] not in seen:  # a digest twice in one call is one record
+                seen.add(row[1])
+                new.append(row)
+        if not new:
+            return StoreResult(None, 0, len(records))
+        cursor = connection.execute(
+            "INSERT INTO sessions (tag, system, created, git_commit, config_digest, provenance_hashes, nodes, records)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            [session.get(key) for key in ("tag", "system", "created", "git_commit", "config_digest",
+                                          "provenance_hashes", "nodes")] + [len(new)])
+        session_id = cursor.lastrowid
+        connection.executemany("INSERT INTO records (session, run_id, log_sha256, status, body) VALUES (?, ?, ?, ?, ?)",
+                               [(session_id, *row) for row in new])
+        new_runs = {row[0] for row in new}
+        kept = measurements[measurements["run_id"].isin(new_runs)]
+        connection.executemany(
+            "INSERT INTO measurements (session, run_id, variable, value, unit) VALUES (?, ?, ?, ?, ?)",
+            zip([session_id] * len(kept), kept["run_id"], kept["variable"], kept["value"].astype(float),
+                kept["unit"]))
+    return StoreResult(session_id, len(new), len(records) - len(new))
+
+
+def store(path: str | Path, records: list[dict], tag: str | None = None, system: str | None = None,
+          config_digest: str | None = None, git_commit: str | None = None) -> StoreResult:
+    """Store run records as one new session (records already stored are skipped, and counted)."""
+    from containerbench.validate import record_variables
+
+    check_tag(tag)
+    results = [record.get("result") or {} for record in records]
+    session = {
+        "tag": tag,
+        "system": system or _joined((record.get("spec") or {}).get("system") for record in records),
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "git_commit": git_commit or clone_commit(),
+        "config_digest": config_digest,
+        "provenance_hashes": _joined((result.get("provenance") or {}).get("hash") for result in results),
+        "nodes": _joined(host for result in results for host in result.get("hostnames") or []),
+    }
+    rows = [(record["run_id"], record_digest(record), record.get("status"),
+             zlib.compress(json.dumps(record, sort_keys=True).encode())) for record in records]
+    return write_session(path, session, rows, record_variables(records))
+
+
+def sessions(path: str | Path) -> pd.DataFrame:
+    """Every stored session, oldest first (empty when there is no store yet)."""
+    connection = _open(path, create=False)
+    if connection is None:
+        return pd.DataFrame(columns=SESSION_COLUMNS)
+    with closing(connection):
+        return pd.read_sql_query(f"SELECT {', '.join(SESSION_COLUMNS)} FROM sessions ORDER BY id", connection)
+
+
+def stored_records(path: str | Path, session_ids) -> list[dict]:
+    """The records of the given sessions, as they were stored."""
+    ids = _as_list(session_ids)
+    connection = _open(path, create=False)
+    if connection is None:
+        return []
+    with closing(connection):
+        rows = connection.execute(f"SELECT body FROM records WHERE session IN ({','.join('?' * len(ids))}) "
+                                  "ORDER BY rowid", ids)
+        return [json.loads(zlib.decompress(body)) for (body,) in rows]
+
+
+def _as_list(ids) -> list[int]:
+    return [ids] if isinstance(ids, (int, np.integer)) else list(ids)
+
+
+def resolve(path: str | Path, selector: str | int) -> int | list[int]:
+    """The session(s) a selector names: an id, a tag (several sessions with one tag: all of them),
+    a UTC date YYYY-MM-DD (every session of that day, as a list), `latest`, or `previous`
+    (the one before the latest)."""
+    table = sessions(path)
+    text = str(selector).strip()
+    ids = list(table["id"].astype(int))
+    found: int | list[int] | None = None
+    if text.isdigit():
+        found = int(text) if int(text) in ids else None
+    elif text == "latest":
+        found = ids[-1] if ids else None
+    elif text == "previous":
+        found = ids[-2] if len(ids) >= 2 else None
+    elif DATE.fullmatch(text):
+        found = [int(i) for i in table.loc[table["created"].str.startswith(text), "id"]] or None
+    else:
+        tagged = [int(i) for i in table.loc[table["tag"] == text, "id"]]
+        found = (tagged[0] if len(tagged) == 1 else tagged) or None
+    if found is None:
+        raise HistoryError(f"{path}: no session matches {text!r}; allowed: {_allowed(table)}")
+    return found
+
+
+def _allowed(table: pd.DataFrame) -> str:
+    if table.empty:
+        return "nothing yet, the store holds no sessions (containerbench store adds one)"
+    tags = sorted(set(table["tag"].dropna()))
+    dates = sorted(set(table["created"].str[:10]))
+    shown_tags = ", ".join(tags[:5]) + (", ..." if len(tags) > 5 else "")
+    return (f"a session id {table['id'].min()}..{table['id'].max()}, "
+            + (f"a tag ({shown_tags}), " if tags else "")
+            + f"a date YYYY-MM-DD ({dates[0]}..{dates[-1]}), latest, previous")
+
+
+def _variable_summary(connection: sqlite3.Connection, ids: list[int]) -> pd.DataFrame:
+    """Count, mean and sample variance of each variable over the sessions' runs: one query,
+    grouped in pandas (what keeps compare fast over 100,000 stored rows)."""
+    values = pd.read_sql_query(
+        f"SELECT variable, unit, value FROM measurements WHERE session IN ({','.join('?' * len(ids))})",
+        connection, params=ids)
+    values["unit"] = values["unit"].fillna("")
+    return values.groupby(["variable", "unit"], sort=False)["value"].agg(["count", "mean", "var"])
+
+
+def compare(path: str | Path, a: str | int, b: str | int) -> pd.DataFrame:
+    """Each performance variable of sessions A and B: the runs and mean on each side, the change
+    of B's mean from A's in percent, Fieller's 95% interval for it, and whether it is significant.
+    A variable measured on one side only is listed with the reason there is no change."""
+    from containerbench.intervals import ratio_intervals
+
+    ids_a, ids_b = _as_list(resolve(path, a)), _as_list(resolve(path, b))
+    with closing(_open(path, create=False)) as connection:
+        side_a, side_b = _variable_summary(connection, ids_a), _variable_summary(connection, ids_b)
+    both = side_a.join(side_b, how="outer", lsuffix="_a", rsuffix="_b").sort_index().reset_index()
+    n_a, n_b = both["count_a"].fillna(0).astype(int), both["count_b"].fillna(0).astype(int)
+    # B's mean over A's: the change relative to A, A's own uncertainty counted.
+    intervals = ratio_intervals(both["mean_b"], both["mean_a"], both["var_b"], both["var_a"], n_b, n_a, f"A ({a})")
+    significance = intervals.significance()
+    significance = np.where(n_a == 0, f"n/a: not measured in A ({a})", significance)
+    significance = np.where(n_b == 0, f"n/a: not measured in B ({b})", significance)
+    return pd.DataFrame({
+        "variable": both["variable"], "unit": both["unit"].where(both["unit"] != "", None), "n_a": n_a, "n_b": n_b,
+        "mean_a": both["mean_a"], "mean_b": both["mean_b"], "change_percent": 100 * (intervals.ratio - 1),
+        "ci_low_percent": 100 * (intervals.low - 1), "ci_high_percent": 100 * (intervals.high - 1),
+        "significant": significance,
+    })[COMPARISON_COLUMNS]
+
+
+def _number(value, signed: bool = False) -> str:
+    if pd.isna(value):
+        return "-"
+    return f"{value:+.2f}" if signed else f"{value:.4g}"
+
+
+def _table(header: list[str], rows: list[list[str]], right: set[int]) -> str:
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    lines = ["  ".join(cell.rjust(width) if i in right else cell.ljust(width)
+                       for i, (cell, width) in enumerate(zip(row, widths))).rstrip() for row in [header, *rows]]
+    return "\n".join(lines)
+
+
+def format_comparison(frame: pd.DataFrame) -> str:
+    """The comparison as an aligned text table, one variable a line."""
+    if frame.empty:
+        return "no performance variables in either side"
+    header = ["variable", "unit", "n_a", "n_b", "mean_a", "mean_b", "change %", "95% CI %", "significance"]
+    rows = [[row.variable, row.unit or "", str(row.n_a), str(row.n_b), _number(row.mean_a), _number(row.mean_b),
+             _number(row.change_percent, signed=True),
+             "-" if pd.isna(row.ci_low_percent) else
+             f"{_number(row.ci_low_percent, True)}..{_number(row.ci_high_percent, True)}",
+             row.significant] for row in frame.itertuples()]
+    return _table(header, rows, right={2, 3, 4, 5, 6, 7})
+
+
+def format_sessions(frame: pd.DataFrame) -> str:
+    """The stored sessions as an aligned text table (commits and digests shortened)."""
+    if frame.empty:
+        return "no sessions stored"
+    header = ["id", "created (UTC)", "tag", "system", "records", "nodes", "git commit", "config", "provenance"]
+
+    def short(value, width=12):
+        return "-" if value is None or pd.isna(value) else str(value)[:width]
+
+    def commit(value):
+        return short(value) + ("-dirty" if str(value).endswith("-dirty") else "")
+
+    rows = [[str(row.id), row.created, short(row.tag, 40), short(row.system, 40), str(row.records),
+             short(row.nodes, 40), commit(row.git_commit), short(row.config_digest), short(row.provenance_hashes, 40)]
+            for row in frame.itertuples()]
+    return _table(header, rows, right={0, 4})
