@@ -10,8 +10,12 @@ verdict must name exactly those and pass the others.
 from __future__ import annotations
 
 import itertools
+import json
 import math
+import subprocess
+import sys
 
+import pandas as pd
 import pytest
 from helpers import fleet_records
 
@@ -39,7 +43,8 @@ def test_every_node_is_in_three_links_and_n_nodes_cost_n_plus_half_n_link_jobs(c
 
 def test_two_and_three_nodes_have_their_ring_only():
     assert fleet.link_pairings(["a", "b"]) == [("a", "b")]
-    assert fleet.link_pairings(["a", "b", "c"]) == [("a", "b"), ("b", "c"), ("c", "a")]
+    assert fleet.link_pairings(["a", "b", "c"]) == [("a", "b"), ("b", "c"), ("a", "c")]
+    assert fleet.link_pairings(["n9", "n10"]) == [("n9", "n10")]  # natural order: one spelling per link
     assert fleet.link_pairings(["a"]) == []
 
 
@@ -120,7 +125,7 @@ def test_a_node_whose_runs_failed_or_left_no_record_fails_with_the_reason(record
     records = [r for r in records if set(r["result"]["hostnames"]) != {"n06"}]  # its links ran, it did not
     summary = fleet.judge(records, plan).summary.set_index("member")
     assert summary.loc["n01", "result"] == "fail"
-    assert summary.loc["n01", "reason"].startswith(f"{cancelled[0]['run_id']} failed: Slurm: CANCELLED by 0 (sacct)")
+    assert summary.loc["n01", "reason"] == f"{cancelled[0]['run_id']} and 2 more failed: Slurm: CANCELLED by 0 (sacct)"
     assert summary.loc["n06", "reason"] == "not measured: no record of this node"
     assert summary.loc["n02", "result"] == "pass"
 
@@ -157,3 +162,37 @@ def test_hyphenated_hostnames_keep_their_links_apart(recorded_runs):
     records = fleet_records(recorded_runs, plan.nodes, plan.links, slow_links={("rack-1-n2", "rack-1-n3"): 0.4})
     verdict = fleet.judge(records, plan)
     assert verdict.failed_nodes == [] and verdict.bad_links == ["rack-1-n2:rack-1-n3"]
+
+
+def test_the_command_line_judges_the_records_writes_the_tables_and_only_prints_the_drain_list(recorded_runs, tmp_path):
+    states = {name: fleet.NodeState(name, "idle") for name in NODES}
+    plan = fleet.plan(states)
+    (tmp_path / "plan.json").write_text(json.dumps(plan.as_dict()))
+    records = fleet_records(recorded_runs, plan.nodes, plan.links, compute={SLOW_NODE: 0.7})
+    for record in records:
+        (tmp_path / f"{record['run_id']}.json").write_text(json.dumps(record))
+    judged = subprocess.run([sys.executable, "-m", "containerbench", "fleet", "judge", "--plan",
+                             str(tmp_path / "plan.json"), "--out-dir", str(tmp_path / "fleet"),
+                             *map(str, sorted(tmp_path.glob("*_rep*.json")))], capture_output=True, text=True)
+    assert judged.returncode == 1, judged.stderr
+    lines = judged.stdout.splitlines()
+    assert lines[0] == "fleet: 1 of 6 node(s) failed, 0 of 9 link(s) bad"
+    assert lines[1].startswith(f"  node {SLOW_NODE}  fail      images_per_sec ")
+    assert lines[2] == f"drain list ({tmp_path / 'fleet' / 'drain.txt'}), not run: --drain runs it:"
+    assert lines[3].startswith(f"scontrol update NodeName={SLOW_NODE} State=DRAIN 'Reason=containerbench: ")
+    written = pd.read_csv(tmp_path / "fleet" / "fleet_summary.csv")
+    assert len(written) == 15 and written.loc[written["result"] == "fail", "member"].tolist() == [SLOW_NODE]
+    assert (tmp_path / "fleet" / "drain.txt").read_text() == lines[3] + "\n"
+    assert fleet.FleetPlan.from_dict(json.loads((tmp_path / "plan.json").read_text())) == plan
+
+
+def test_a_batch_is_a_hostlist_or_a_partition_and_judge_needs_its_plan():
+    for argv, message in ((["plan"], "containerbench: fleet: give one of 'validation.nodes' (a Slurm hostlist) and "
+                                     "'validation.partition'; got neither"),
+                          (["plan", "--nodes", "n1", "--partition", "new"], "containerbench: fleet: give one of "
+                           "'validation.nodes' (a Slurm hostlist) and 'validation.partition'; got both"),
+                          ):
+        done = subprocess.run([sys.executable, "-m", "containerbench", "fleet", *argv], capture_output=True, text=True)
+        assert (done.returncode, done.stderr) == (2, message + "\n")
+    done = subprocess.run([sys.executable, "-m", "containerbench", "fleet", "judge"], capture_output=True, text=True)
+    assert done.returncode == 2 and "error: the following arguments are required: --plan" in done.stderr

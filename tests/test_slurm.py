@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-from helpers import BENCH_PYTHON, ROOT
+from helpers import BENCH_PYTHON, ROOT, fleet_records
 
 from containerbench import config as cb_config
 from containerbench import fleet, slurm
@@ -286,12 +286,11 @@ def wait_for_state(cluster: Path, node: str, wanted: str, seconds: int = 60) -> 
     return state
 
 
-def test_the_nodes_to_validate_come_from_slurm_with_their_states(cluster):
+def test_the_nodes_to_validate_come_from_slurm_and_a_failed_one_is_drained_on_request(cluster, recorded_runs,
+                                                                                       tmp_path):
     # Last in this module: it drains a node of the shared cluster for a moment.
     via = (str(CLUSTER), "exec", str(cluster))
     assert fleet.expand_hostlist("n[1-2]", via) == ["n1", "n2"]
-    assert {name: state.available for name, state in fleet.partition_states("cpu", via).items()} == {
-        "n1": True, "n2": True}
     for query, message in (
         (lambda: fleet.expand_hostlist("n[3-", via),
          "'validation.nodes' = 'n[3-' expands to no node names; allowed: a Slurm hostlist such as n[001-064] or n1,n2"),
@@ -303,13 +302,25 @@ def test_the_nodes_to_validate_come_from_slurm_with_their_states(cluster):
         with pytest.raises(fleet.FleetError) as caught:
             query()
         assert str(caught.value) == message
-    drained = on_controller(cluster, "scontrol", "update", "NodeName=n2", "State=DRAIN", "Reason=containerbench test")
-    assert drained.returncode == 0, drained.stderr
+    cli = (sys.executable, "-m", "containerbench", "fleet")
+    planned = on_controller(cluster, *cli, "plan", "--partition", "cpu", "--write", str(tmp_path / "plan.json"))
+    assert planned.stdout == "2 node(s) to measure, 1 link(s) in 1 round(s): 3 jobs\n  round 1: n1:n2\n", planned.stderr
+    plan = fleet.FleetPlan.from_dict(json.loads((tmp_path / "plan.json").read_text()))
+    records = fleet_records(recorded_runs, plan.nodes, plan.links)
+    for record in records:
+        if record["kind"] == "train" and record["result"]["hostnames"] == ["n2"]:
+            record.update(status="failed", reasons=["Slurm NODE_FAIL (sacct)"])
+        (tmp_path / f"{record['run_id']}.json").write_text(json.dumps(record))
     try:
+        judged = on_controller(cluster, *cli, "judge", "--plan", str(tmp_path / "plan.json"), "--out-dir",
+                               str(tmp_path / "fleet"), "--drain", *map(str, tmp_path.glob("*_rep*.json")))
+        assert judged.returncode == 1 and judged.stdout.endswith("\n  n2: drained\n"), judged.stdout + judged.stderr
         states = fleet.node_states(["n1", "n2"], via)
-        assert states["n2"] == fleet.NodeState("n2", "drained", "containerbench test")
-        planned = fleet.plan(states)  # reported as it is, not waited for
-        assert planned.nodes == ["n1"] and list(planned.unavailable) == ["n2"] and planned.links == []
+        assert states["n2"].state == "drained" and states["n2"].reason.startswith(
+            "containerbench: train_bare-metal_tcp-loopback_1x1_b2_n2_rep1 and 2 more failed: Slurm NODE_FAIL (sacct)")
+        assert states["n1"].available
+        replanned = fleet.plan(states)  # reported as it is, not waited for
+        assert replanned.nodes == ["n1"] and list(replanned.unavailable) == ["n2"] and replanned.links == []
     finally:
         on_controller(cluster, "scontrol", "update", "NodeName=n2", "State=RESUME")
         assert wait_for_state(cluster, "n2", "idle") == "idle"

@@ -213,6 +213,37 @@ def cmd_compare(args) -> int:
     return 0
 
 
+def cmd_fleet(args) -> int:
+    import subprocess
+
+    from containerbench import fleet
+    from containerbench.records import load_records
+
+    try:
+        if args.action == "plan":
+            planned = fleet.plan(fleet.select(args.nodes, args.partition))
+            if args.write:
+                Path(args.write).write_text(json.dumps(planned.as_dict(), indent=1) + "\n")
+            print(fleet.format_plan(planned))
+            return 0
+        planned = fleet.FleetPlan.from_dict(json.loads(Path(args.plan).read_text()))
+    except fleet.FleetError as error:
+        print(f"containerbench: fleet: {error}", file=sys.stderr)
+        return 2
+    records, _ = load_records(args.records)
+    verdict = fleet.judge(records, planned, min_shortfall=args.min_shortfall)
+    paths = fleet.write_verdict(verdict, args.out_dir)
+    print(fleet.format_verdict(verdict))
+    drain = paths["drain"].read_text()
+    if drain:
+        print(f"drain list ({paths['drain']}){'' if args.drain else ', not run: --drain runs it'}:\n{drain}", end="")
+    for argv in fleet.drain_commands(verdict) if args.drain else []:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+        node = argv[2].removeprefix("NodeName=")
+        print(f"  {node}: {'drained' if done.returncode == 0 else 'NOT drained: ' + done.stderr.strip()}")
+    return 1 if verdict.failed_nodes or verdict.bad_links else 0
+
+
 def cmd_freeze_image(args) -> int:
     from containerbench.images import ImageStepError, image_lock
     from containerbench.runtimes import runtime_for
@@ -289,6 +320,21 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run records of earlier runs the expected figure comes from "
                         "(default: <results_dir>/runs/*.json of the config)")
     p.set_defaults(func=cmd_plan)
+
+    p = sub.add_parser("fleet", help="validate a batch of nodes: plan its node and link jobs, or judge its records")
+    actions = p.add_subparsers(dest="action", required=True)
+    a = actions.add_parser("plan", help="the batch's nodes from Slurm with their states, its links and job rounds")
+    a.add_argument("--nodes", help="a Slurm hostlist, e.g. n[001-064]")
+    a.add_argument("--partition", help="every node of this partition")
+    a.add_argument("--write", metavar="PLAN_JSON", help="also write the plan, for `fleet judge`")
+    a = actions.add_parser("judge", help="the verdict on every node and link; exit 1 if any failed")
+    a.add_argument("records", nargs="*", help="the batch's run records")
+    a.add_argument("--plan", required=True, help="the file `fleet plan --write` wrote")
+    a.add_argument("--out-dir", default="results/fleet", help="where the tables and the drain list go")
+    a.add_argument("--min-shortfall", type=float, default=0.10,
+                   help="a figure fails only this far (a fraction) worse than the fleet median")
+    a.add_argument("--drain", action="store_true", help="run the drain list's scontrol lines")
+    p.set_defaults(func=cmd_fleet)
 
     p = sub.add_parser("freeze-image", help="write what a runtime's image carries as a lock for a bare-metal venv")
     p.add_argument("--config", action="append", default=None, help="YAML file(s) (default config/config.yaml)")

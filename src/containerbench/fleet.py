@@ -18,9 +18,11 @@ is the link itself (a cable, a switch port).
 
 from __future__ import annotations
 
+import re
 import shlex
 import subprocess
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -112,7 +114,7 @@ def partition_states(partition: str, via: tuple[str, ...] = ()) -> dict[str, Nod
         known = sorted(set(_slurm(["sinfo", "--noheader", "--format", "%R"], "validation.partition", partition, via).split()))
         raise FleetError(f"'validation.partition' = {partition!r} is not a partition with nodes; "
                          f"allowed: {', '.join(known) or 'none'}")
-    return dict(sorted(states.items()))
+    return {name: states[name] for name in in_order(states)}
 
 
 def link_pairings(nodes: list[str]) -> list[tuple[str, str]]:
@@ -123,7 +125,7 @@ def link_pairings(nodes: list[str]) -> list[tuple[str, str]]:
     ring = [(i, (i + 1) % count) for i in range(count)] if count > 1 else []
     chords = [(i, (i + count // 2) % count) for i in range((count + 1) // 2)] if count >= 4 else []
     for i, j in ring + chords:
-        pairs.setdefault(frozenset((i, j)), (nodes[i], nodes[j]))
+        pairs.setdefault(frozenset((i, j)), in_order((nodes[i], nodes[j])))
     return list(pairs.values())
 
 
@@ -155,12 +157,48 @@ class FleetPlan:
     def jobs(self) -> int:
         return len(self.nodes) + len(self.links)
 
+    def as_dict(self) -> dict:
+        return {"nodes": self.nodes, "links": [list(pair) for pair in self.links],
+                "rounds": [[list(pair) for pair in taken] for taken in self.rounds],
+                "unavailable": {name: {"state": state.state, "reason": state.reason}
+                                for name, state in self.unavailable.items()}}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> FleetPlan:
+        return cls(list(data["nodes"]),
+                   {name: NodeState(name, state["state"], state["reason"]) for name, state in data["unavailable"].items()},
+                   [tuple(pair) for pair in data["links"]], [[tuple(pair) for pair in taken] for taken in data["rounds"]])
+
+
+def select(nodes: str | None = None, partition: str | None = None, via: tuple[str, ...] = ()) -> dict[str, NodeState]:
+    """The batch to validate, with Slurm's state of each node: a hostlist or a partition, not both."""
+    if bool(nodes) == bool(partition):
+        raise FleetError("give one of 'validation.nodes' (a Slurm hostlist) and 'validation.partition'; "
+                         f"got {'both' if nodes else 'neither'}")
+    return node_states(expand_hostlist(nodes, via), via) if nodes else partition_states(partition, via)
+
+
+def format_plan(fleet: FleetPlan) -> str:
+    lines = [f"{len(fleet.nodes)} node(s) to measure, {len(fleet.links)} link(s) in {len(fleet.rounds)} round(s): "
+             f"{fleet.jobs} jobs"]
+    lines += [f"  not run: {name}: Slurm state {state.state}" + (f" ({state.reason})" if state.reason else "")
+              for name, state in fleet.unavailable.items()]
+    lines += [f"  round {number}: {' '.join(link_name(pair) for pair in taken)}"
+              for number, taken in enumerate(fleet.rounds, 1)]
+    return "\n".join(lines)
+
 
 def plan(states: dict[str, NodeState]) -> FleetPlan:
     nodes = [name for name, state in states.items() if state.available]
     links = link_pairings(nodes)
     return FleetPlan(nodes, {name: state for name, state in states.items() if not state.available}, links,
                      job_rounds(links))
+
+
+def in_order(hosts) -> tuple[str, ...]:
+    """Host names in natural order (n9 before n10), each once: a link's one spelling."""
+    return tuple(sorted(set(hosts), key=lambda name: [int(part) if part.isdigit() else part
+                                                        for part in re.split(r"(\d+)", name)]))
 
 
 def link_name(hosts: tuple[str, ...]) -> str:
@@ -171,7 +209,7 @@ def link_name(hosts: tuple[str, ...]) -> str:
 def _members(record: dict) -> tuple[str, ...]:
     """The nodes a run ran on: what its ranks reported, else what it was pinned to."""
     hosts = (record.get("result") or {}).get("hostnames") or record["spec"].get("nodelist") or []
-    return tuple(sorted(set(hosts)))
+    return in_order(hosts)
 
 
 def member_values(records: list[dict]) -> pd.DataFrame:
@@ -256,7 +294,7 @@ def judge(records: list[dict], fleet: FleetPlan, references: dict[str, Reference
         elif (mine["result"] == "fail").any():
             node_fault[name] = "; ".join(mine.loc[mine["result"] == "fail", "reason"])
     # A node slow in every link it is in (three or more from four nodes) is the culprit for all of them.
-    pairs = [tuple(sorted(pair)) for pair in fleet.links]
+    pairs = [in_order(pair) for pair in fleet.links]
     slow_links = set(links.loc[links["worse"], "member"]) | {link_name(key) for key in failures if len(key) == 2}
     links_of: dict[str, list[str]] = {}
     for pair in pairs:
@@ -298,14 +336,16 @@ def judge(records: list[dict], fleet: FleetPlan, references: dict[str, Reference
 
 def _failures(records: list[dict]) -> dict[tuple[str, ...], str]:
     """Why each node's or link's runs failed, by its members: the record's own reasons (with Slurm's state
-    and reason when the job was ended from outside)."""
-    failed: dict[tuple[str, ...], list[str]] = {}
+    and reason when the job was ended from outside), each reason once with the runs that gave it."""
+    failed: dict[tuple[str, ...], dict[str, list[str]]] = {}
     for record in records:
         members = _members(record)
         if record["status"] != "ok" and len(members) in (1, 2):
-            failed.setdefault(members, []).append(f"{record['run_id']} {record['status']}: "
-                                                  f"{'; '.join(record.get('reasons') or []) or 'no reason given'}")
-    return {members: "; ".join(reasons) for members, reasons in failed.items()}
+            why = f"{record['status']}: {'; '.join(record.get('reasons') or []) or 'no reason given'}"
+            failed.setdefault(members, {}).setdefault(why, []).append(record["run_id"])
+    return {members: "; ".join(f"{runs[0]}{f' and {len(runs) - 1} more' if len(runs) > 1 else ''} {why}"
+                               for why, runs in reasons.items())
+            for members, reasons in failed.items()}
 
 
 REASON_CHARS = 160  # of the verdict's reason in a drain line: sinfo -R shows a line per node
@@ -324,3 +364,30 @@ def format_drain_list(verdict: FleetVerdict) -> str:
     lines += [f"# link {row.member}: {row.reason} (a cable or switch port: not drained)"
               for row in verdict.summary.itertuples() if row.kind == "link" and row.result == "fail"]
     return "\n".join(lines) + ("\n" if lines else "")
+
+
+VERDICT_FILES = {"nodes": "fleet_nodes.csv", "links": "fleet_links.csv", "summary": "fleet_summary.csv",
+                 "drain": "drain.txt"}
+
+
+def write_verdict(verdict: FleetVerdict, out_dir) -> dict[str, Path]:
+    """The per-node and per-link tables, the one-row-per-member summary and the drain list, in out_dir."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {key: out / name for key, name in VERDICT_FILES.items()}
+    verdict.nodes.to_csv(paths["nodes"], index=False)
+    verdict.links.to_csv(paths["links"], index=False)
+    verdict.summary.to_csv(paths["summary"], index=False)
+    paths["drain"].write_text(format_drain_list(verdict))
+    return paths
+
+
+def format_verdict(verdict: FleetVerdict) -> str:
+    summary = verdict.summary
+    counts = {kind: (summary["kind"] == kind).sum() for kind in ("node", "link")}
+    lines = [f"fleet: {len(verdict.failed_nodes)} of {counts['node']} node(s) failed, "
+             f"{len(verdict.bad_links)} of {counts['link']} link(s) bad"]
+    shown = summary[summary["result"] != "pass"]
+    width = max([len(member) for member in shown["member"]] or [0])
+    lines += [f"  {row.kind:4} {row.member:<{width}}  {row.result:9} {row.reason}" for row in shown.itertuples()]
+    return "\n".join(lines)
