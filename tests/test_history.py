@@ -284,3 +284,42 @@ def test_store_history_and_compare_from_the_command_line(recorded_runs, tmp_path
         assert refused.stderr.splitlines() == [f"containerbench: {corrupt}: not a containerbench results store "
                                                "(not an SQLite file); left as it is"]
     assert corrupt.read_bytes() == b"not a database at all\n" * 10
+
+
+def test_since_last_compares_this_runs_records_with_the_systems_session_before_them(two_sessions, recorded_runs):
+    path, before, after = two_sessions
+    summary, changes = history.since_last(path, after)
+    assert (summary["session"]["id"], summary["previous"]["id"], summary["previous"]["tag"]) == (2, 1, "before")
+    row = changes.set_index("variable").loc[TRAIN_ONE]
+    assert row["change_percent"] == pytest.approx(20.0) and row["significant"] == "significant"
+    # A run measured again in part: one new repetition beside three stored ones is still compared with
+    # the session before this run's first, not with the part of itself stored earlier.
+    again = repetitions(recorded_runs, "again", speedup=1.2, kinds={("train", 1)})[:1]
+    assert history.store(path, again).session_id == 3
+    summary, changes = history.since_last(path, after[3:] + again)
+    assert (summary["session"]["id"], summary["previous"]["id"]) == (3, 1)
+    assert changes.set_index("variable").loc[TRAIN_ONE, "n_b"] == 1 + sum(
+        r["kind"] == "train" and r["spec"]["ranks"] == 1 for r in after[3:])
+    # Another system's sessions are not its "last time"; records never stored have none.
+    other = repetitions(recorded_runs, "other")
+    for record in other:
+        record["spec"]["system"] = "other-cluster"
+    history.store(path, other)
+    assert history.since_last(path, other)[0]["previous"] is None
+    summary, changes = history.since_last(path, repetitions(recorded_runs, "never"))
+    assert summary == {"session": None, "previous": None} and changes.empty
+
+
+def test_store_writes_the_session_and_since_last_for_the_report(two_sessions, tmp_path):
+    path, _, after = two_sessions
+    records = []
+    for record in after:
+        records.append(tmp_path / f"{record['run_id']}.json")
+        records[-1].write_text(json.dumps(record))
+    done = containerbench("store", *records, "--store", path, "--config-digest", "d1", "--summary",
+                          tmp_path / "session.json", "--since-last", tmp_path / "since.csv")
+    assert done.returncode == 0 and "no new session" in done.stdout, done.stderr
+    session = json.loads((tmp_path / "session.json").read_text())
+    assert (session["stored"], session["skipped"], session["session"]["id"], session["previous"]["id"]) == (0, 12, 2, 1)
+    since = pd.read_csv(tmp_path / "since.csv").set_index("variable")
+    assert since.loc[TRAIN_ONE, "change_percent"] == pytest.approx(20.0)

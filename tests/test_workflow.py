@@ -10,9 +10,9 @@ import shlex
 import pandas as pd
 import pytest
 import yaml
-from helpers import ROOT, TINY, snakemake
+from helpers import ROOT, TINY, recorded_records, snakemake
 
-from containerbench import cli, datasets, images, singularity
+from containerbench import cli, datasets, history, images, singularity
 from containerbench import config as cb_config
 from containerbench.runtimes import select_runtimes
 
@@ -35,7 +35,7 @@ def test_dry_run_of_the_default_config(tmp_path):
     n = len(runtimes)
     assert {k: v for k, v in counts.items() if not k.startswith("image")} == {
         "measure_rep1": 3 * n, "measure_rep2": 2 * n, "measure_rep3": 2 * n, "parse_run": 7 * n,
-        "tables": 1, "report": 1, "all": 1}
+        "tables": 1, "store_history": 1, "report": 1, "all": 1}
     for runtime in runtimes:
         for ranks in (1, 2):
             for rep in (1, 2, 3):
@@ -60,7 +60,7 @@ def test_dry_run_of_the_example_site_config(tmp_path):
     assert counts == {"measure_rep1": 48, "measure_rep2": 48, "measure_rep3": 48,
                       "measure_rep4": 32, "measure_rep5": 32, "parse_run": 208, "image_build": 1,
                       "image_archive": 1, "singularity_definition": 1, "image_apptainer": 1, "tables": 1,
-                      "report": 1, "all": 1}
+                      "store_history": 1, "report": 1, "all": 1}
     assert "results/runs/train_apptainer_infiniband_8x4_b128_rep5.log" in done.stdout
     assert "results/runs/netbench_bare-metal_ethernet_2x1_rep3.log" in done.stdout
     assert "train_enroot_" not in done.stdout
@@ -121,7 +121,7 @@ def test_every_shell_command_of_the_workflow_parses(tmp_path):
         except SystemExit:
             pytest.fail(f"the command of a rule does not parse: {command}")
         steps.add((module, getattr(parsed, "step", None) or getattr(parsed, "command", None)))
-    assert steps == {("containerbench", step) for step in ("launch", "parse", "tables", "report")} | {
+    assert steps == {("containerbench", step) for step in ("launch", "parse", "tables", "store", "report")} | {
         ("containerbench.images", step) for step in ("base", "wheelhouse", "build", "export", "load", "charliecloud",
                                                      "prepare")} | {
         ("containerbench.singularity", None), ("containerbench.datasets", "generate")}
@@ -141,6 +141,8 @@ def test_lint_finds_only_the_explained_warning(tmp_path):
      "containerbench: config: runtime 'podman': unknown option 'write_fake' in images.podman; allowed: image, "),
     ({"benchmark": {"repetitions": "auto"}},
      "containerbench: config: 'benchmark.target_ci_percent' is required with benchmark.repetitions auto; allowed: "),
+    ({"history": {"tag": "latest"}},
+     "containerbench: config: 'history': tag 'latest' reads as another selector; allowed: a name that is not a "),
 ])
 def test_bad_config_stops_before_any_job_with_one_line(tmp_path, override, expected):
     bad = tmp_path / "bad.yaml"
@@ -153,11 +155,25 @@ def test_bad_config_stops_before_any_job_with_one_line(tmp_path, override, expec
     assert not (tmp_path / "results").exists()  # nothing ran
 
 
+def test_a_results_store_that_is_not_ours_stops_the_workflow_and_is_left_as_it_is(tmp_path):
+    store = tmp_path / "history.sqlite"
+    store.write_bytes(b"site accounting export, not ours\n")
+    done = snakemake(tmp_path, "--configfile", str(ROOT / "config" / "config.yaml"), "--dry-run")
+    assert done.returncode == 1
+    errors = [line for line in done.stderr.splitlines() if line.startswith("containerbench:")]
+    assert errors == [f"containerbench: config: 'history': {store.name}: not a containerbench results store "
+                      "(not an SQLite file); left as it is"]
+    assert store.read_bytes() == b"site accounting export, not ours\n"
+
+
 @pytest.mark.slow
 def test_the_workflow_runs_end_to_end_and_then_has_nothing_to_do(tmp_path):
     tiny = tmp_path / "tiny.yaml"
     tiny.write_text(yaml.safe_dump(TINY))
     configs = ["--configfile", str(ROOT / "config" / "config.yaml"), str(tiny)]
+    # Last time: the recorded runs of the same tiny sweep, stored as an earlier session of system ci.
+    store = tmp_path / "history.sqlite"
+    assert history.store(store, list(recorded_records().values()), tag="recorded").session_id == 1
     done = snakemake(tmp_path, *configs)
     assert done.returncode == 0, done.stderr[-4000:]
     # The pre-flight check ran before any job (here: this machine is the compute node).
@@ -182,6 +198,19 @@ def test_the_workflow_runs_end_to_end_and_then_has_nothing_to_do(tmp_path):
     assert "img/s median" in report and "scaling eff. %" in report and "Ping-pong" in report
     assert "0 failed" in report
 
+    # Every record went into the results store (beside results/, which it outlives) as one session, and the
+    # report says what changed since the recorded session.
+    session = json.loads((results / "history" / "session.json").read_text())
+    assert (session["stored"], session["skipped"], session["session"]["id"], session["previous"]["id"]) == (5, 0, 2, 1)
+    assert session["session"]["config_digest"] and session["session"]["system"] == "ci"
+    since = pd.read_csv(results / "history" / "since_last.csv").set_index("variable")
+    one_rank = "train/resnet50-32px-fp32/bare-metal/tcp-loopback/1x1/b2/images_per_sec"
+    assert (since.loc[one_rank, "n_a"], since.loc[one_rank, "n_b"]) == (1, 2)
+    assert since.loc[one_rank, "significant"] == "n/a: needs 2+ repetitions each"
+    assert since.loc[one_rank, "mean_b"] == pytest.approx(summary.loc[0, "images_per_sec_mean"], rel=1e-4)  # CSV: 6 digits
+    assert "<h2>Since last time</h2>" in report and "against the previous session of system ci" in report
+    assert f"containerbench compare --store history.sqlite 1 2" in report
+
     again = snakemake(tmp_path, *configs, "--dry-run")
     assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr
 
@@ -201,8 +230,12 @@ def test_the_workflow_runs_end_to_end_and_then_has_nothing_to_do(tmp_path):
     before = json.loads(run_log.read_text().splitlines()[0].split(" ", 1)[1])["started_unix"]
     redo = snakemake(tmp_path, *configs, "--forcerun", "results/runs/train_bare-metal_tcp-loopback_1x1_b2_rep2.log")
     assert redo.returncode == 0, redo.stderr[-3000:]
-    assert job_counts(redo.stdout + redo.stderr) == {"measure_rep2": 1, "parse_run": 1, "tables": 1, "report": 1,
-                                                     "all": 1}
+    assert job_counts(redo.stdout + redo.stderr) == {"measure_rep2": 1, "parse_run": 1, "tables": 1,
+                                                     "store_history": 1, "report": 1, "all": 1}
+    # The run measured again is stored as a session of its own, and the comparison is still with the session
+    # before this run's first, not with this run itself.
+    session = json.loads((results / "history" / "session.json").read_text())
+    assert (session["stored"], session["skipped"], session["session"]["id"], session["previous"]["id"]) == (1, 4, 3, 1)
     assert json.loads(run_log.read_text().splitlines()[0].split(" ", 1)[1])["started_unix"] > before
 
     # A site baselines its healthy nodes, then validates against that baseline.

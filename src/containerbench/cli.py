@@ -111,7 +111,7 @@ def cmd_round(args) -> int:
 def cmd_report(args) -> int:
     from containerbench.report import render
 
-    render(args.tables, args.records, args.out, skipped=json.loads(args.skipped))
+    render(args.tables, args.records, args.out, skipped=json.loads(args.skipped), history=args.history)
     return 0
 
 
@@ -161,11 +161,11 @@ def cmd_baseline(args) -> int:
 def cmd_store(args) -> int:
     import hashlib
 
-    from containerbench.history import HistoryError, store
+    from containerbench.history import HistoryError, since_last, store
     from containerbench.records import load_records
 
     records, problems = load_records(args.records)  # a corrupt record is named and left out
-    config_digest = None
+    config_digest = args.config_digest
     if args.config_file:
         try:
             config_digest = hashlib.sha256(Path(args.config_file).read_bytes()).hexdigest()
@@ -176,12 +176,18 @@ def cmd_store(args) -> int:
         return 1
     try:
         result = store(args.store, records, tag=args.tag, system=args.system, config_digest=config_digest)
+        sessions, changes = since_last(args.store, records) if args.since_last or args.summary else ({}, None)
     except HistoryError as error:
         print(f"containerbench: {error}", file=sys.stderr)
         return 2
     where = f"session {result.session_id}" if result.session_id else "no new session"
     print(f"containerbench: {where} in {args.store}: {result.stored} record(s) stored, "
           f"{result.skipped} already stored")
+    if args.summary:
+        Path(args.summary).write_text(json.dumps({"store": str(args.store), "stored": result.stored,
+                                                  "skipped": result.skipped, **sessions}, indent=1) + "\n")
+    if args.since_last:
+        changes.to_csv(args.since_last, index=False)
     return 0
 
 
@@ -374,6 +380,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tables", nargs="+", required=True, help="the CSV tables `containerbench tables` wrote")
     p.add_argument("--out", required=True)
     p.add_argument("--skipped", default="{}", help="JSON {runtime: why it was not run here}")
+    p.add_argument("--history", nargs=2, metavar=("SUMMARY_JSON", "SINCE_LAST_CSV"),
+                   help="what `containerbench store --summary --since-last` wrote: the report's 'Since last time'")
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("validate", help="judge a run against reference values: exit 0 only if all pass")
@@ -401,6 +409,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--system", help="the system measured (default: the one the records name)")
     p.add_argument("--config", dest="config_file", metavar="CONFIG",
                    help="the config file of the run: its sha256 is stored with the session")
+    p.add_argument("--config-digest", help="instead of --config: the digest of the run's whole config")
+    p.add_argument("--summary", metavar="JSON", help="also write this session and the system's previous one")
+    p.add_argument("--since-last", metavar="CSV",
+                   help="also write each variable's change from the system's previous session (compare)")
     p.set_defaults(func=cmd_store)
 
     p = sub.add_parser("history", help="list the sessions of the results store")

@@ -128,6 +128,13 @@ def _open(path: str | Path, create: bool) -> sqlite3.Connection | None:
     return connection
 
 
+def check_store(path: str | Path) -> None:
+    """Refuse, before anything runs, a file at `path` that is not a store of ours (none there is fine)."""
+    connection = _open(path, create=False)
+    if connection is not None:
+        connection.close()
+
+
 def record_digest(record: dict) -> str:
     """The sha256 of the record's raw log, its identity; a record without one (made by hand)
     is identified by its canonical JSON instead."""
@@ -282,13 +289,26 @@ def _allowed(table: pd.DataFrame) -> str:
             + f"a date YYYY-MM-DD ({dates[0]}..{dates[-1]}), latest, previous")
 
 
-def _variable_summary(connection: sqlite3.Connection, ids: list[int]) -> pd.DataFrame:
-    """Count, mean and sample variance of each variable over the sessions' runs: one query,
-    grouped in pandas (what keeps compare fast over 100,000 stored rows)."""
-    values = pd.read_sql_query(
+def _session_values(connection: sqlite3.Connection, ids: list[int]) -> pd.DataFrame:
+    return pd.read_sql_query(
         f"SELECT variable, unit, value FROM measurements WHERE session IN ({','.join('?' * len(ids))})",
         connection, params=ids)
-    values["unit"] = values["unit"].fillna("")
+
+
+def _record_values(connection: sqlite3.Connection, digests: list[str]) -> pd.DataFrame:
+    """The measurements of the records with these raw-log digests, whichever sessions hold them."""
+    frames = [pd.read_sql_query(
+        "SELECT m.variable, m.unit, m.value FROM measurements m JOIN records r "
+        f"ON m.session = r.session AND m.run_id = r.run_id WHERE r.log_sha256 IN ({','.join('?' * len(chunk))})",
+        connection, params=chunk) for chunk in (digests[i:i + PARAMETER_CHUNK]
+                                                for i in range(0, len(digests), PARAMETER_CHUNK))]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=["variable", "unit", "value"])
+
+
+def _variable_summary(values: pd.DataFrame) -> pd.DataFrame:
+    """Count, mean and sample variance of each variable: grouped in pandas, read with one query a
+    side (what keeps compare fast over 100,000 stored rows)."""
+    values = values.assign(unit=values["unit"].fillna(""))
     return values.groupby(["variable", "unit"], sort=False)["value"].agg(["count", "mean", "var"])
 
 
@@ -296,12 +316,16 @@ def compare(path: str | Path, a: str | int, b: str | int) -> pd.DataFrame:
     """Each performance variable of sessions A and B: the runs and mean on each side, the change
     of B's mean from A's in percent, Fieller's 95% interval for it, and whether it is significant.
     A variable measured on one side only is listed with the reason there is no change."""
-    from containerbench.intervals import ratio_intervals
-
     ids_a, ids_b = _as_list(resolve(path, a)), _as_list(resolve(path, b))
     with closing(_open(path, create=False)) as connection:
-        side_a, side_b = _variable_summary(connection, ids_a), _variable_summary(connection, ids_b)
-    both = side_a.join(side_b, how="outer", lsuffix="_a", rsuffix="_b").sort_index().reset_index()
+        return _compared(_session_values(connection, ids_a), _session_values(connection, ids_b), a, b)
+
+
+def _compared(values_a: pd.DataFrame, values_b: pd.DataFrame, a, b) -> pd.DataFrame:
+    from containerbench.intervals import ratio_intervals
+
+    both = (_variable_summary(values_a).join(_variable_summary(values_b), how="outer", lsuffix="_a", rsuffix="_b")
+            .sort_index().reset_index())
     n_a, n_b = both["count_a"].fillna(0).astype(int), both["count_b"].fillna(0).astype(int)
     # B's mean over A's: the change relative to A, A's own uncertainty counted.
     intervals = ratio_intervals(both["mean_b"], both["mean_a"], both["var_b"], both["var_a"], n_b, n_a, f"A ({a})")
@@ -358,3 +382,37 @@ def format_sessions(frame: pd.DataFrame) -> str:
              short(row.nodes, 40), commit(row.git_commit), short(row.config_digest), short(row.provenance_hashes, 40)]
             for row in frame.itertuples()]
     return _table(header, rows, right={0, 4})
+
+
+def since_last(path: str | Path, records: list[dict]) -> tuple[dict, pd.DataFrame]:
+    """This run's records against last time: the system's newest session from before any of them
+    was stored (a run measured again in part is still compared with the run before it, not with
+    itself). Returns both sessions' descriptions (`session`: the newest holding these records) and
+    compare()'s table for the variables these records measured, empty with nothing before."""
+    digests = list(dict.fromkeys(record_digest(record) for record in records))
+    table = sessions(path)
+    connection = _open(path, create=False)
+    if connection is None or not digests:
+        return {"session": None, "previous": None}, pd.DataFrame(columns=COMPARISON_COLUMNS)
+    with closing(connection):
+        holding = sorted({session for chunk in (digests[i:i + PARAMETER_CHUNK]
+                                                for i in range(0, len(digests), PARAMETER_CHUNK))
+                          for (session,) in connection.execute(
+                              f"SELECT DISTINCT session FROM records WHERE log_sha256 IN "
+                              f"({','.join('?' * len(chunk))})", chunk)})
+        if not holding:
+            return {"session": None, "previous": None}, pd.DataFrame(columns=COMPARISON_COLUMNS)
+        system = table.loc[table["id"] == holding[-1], "system"].iloc[0]
+        earlier = table.loc[(table["id"] < holding[0]) & (table["system"] == system), "id"]
+        previous = int(earlier.max()) if not earlier.empty else None
+
+        def described(session_id):  # plain JSON types, NaN as None
+            rows = table[table["id"] == session_id]
+            return json.loads(rows.to_json(orient="records"))[0] if session_id is not None else None
+
+        summary = {"session": described(holding[-1]), "previous": described(previous)}
+        if previous is None:
+            return summary, pd.DataFrame(columns=COMPARISON_COLUMNS)
+        changes = _compared(_session_values(connection, [previous]), _record_values(connection, digests),
+                            previous, "this run")
+    return summary, changes[changes["n_b"] > 0].reset_index(drop=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 import time
 from pathlib import Path
 
@@ -290,7 +291,27 @@ def read_tables(table_files) -> dict[str, pd.DataFrame]:
     return tables
 
 
-def render(table_files, record_paths, out_path: str | Path, skipped: dict | None = None) -> None:
+SINCE_LAST_COLUMNS = {"variable": "variable", "unit": "unit", "n_a": "runs then", "n_b": "runs now",
+                      "mean_a": "mean then", "mean_b": "mean now", "change_percent": "change %",
+                      "ci_low_percent": "95% CI low %", "ci_high_percent": "95% CI high %",
+                      "significant": "significance"}
+
+
+def since_last_time(history) -> dict | None:
+    """The sessions compared and the table, from `containerbench store --summary --since-last`'s files."""
+    if not history:
+        return None
+    summary_path, table_path = history
+    summary = json.loads(Path(summary_path).read_text())
+    try:
+        changes = pd.read_csv(table_path)
+    except pd.errors.EmptyDataError:
+        changes = pd.DataFrame()
+    return {**summary, "table": _table(changes, SINCE_LAST_COLUMNS),
+            "significant": int((changes.get("significant", pd.Series(dtype=str)) == "significant").sum())}
+
+
+def render(table_files, record_paths, out_path: str | Path, skipped: dict | None = None, history=None) -> None:
     tables = read_tables(table_files)
     records, _ = load_records(record_paths)
     environment = Environment(loader=PackageLoader("containerbench"), autoescape=select_autoescape())
@@ -316,5 +337,6 @@ def render(table_files, record_paths, out_path: str | Path, skipped: dict | None
         failures_table=_table(tables["failures"]),
         runs_table=_table(tables["runs"], RUN_COLUMNS),
         skipped=sorted((skipped or {}).items()),
+        since_last=since_last_time(history),
     )
     Path(out_path).write_text(page)

@@ -1,4 +1,5 @@
 # Configuration checked before any job starts, and the sweep expanded into plans.
+import hashlib
 import json
 import os
 import shlex
@@ -6,7 +7,7 @@ import sys
 from pathlib import Path
 
 from containerbench import config as cb_config
-from containerbench import launch, preflight, processes, results, runtimes, slurm
+from containerbench import history, launch, preflight, processes, results, runtimes, slurm
 
 REPO = Path(workflow.basedir)  # the image, the wheelhouse and the data sample belong to the clone
 try:
@@ -40,6 +41,17 @@ BENCH_PYTHON = Path(config["bare_metal"]["python"])
 if not BENCH_PYTHON.is_absolute() and (REPO / BENCH_PYTHON).exists():
     BENCH_PYTHON = REPO / BENCH_PYTHON
 SLURM_RESOURCES = slurm.job_resources(config["slurm"])
+# The results store outlives every run: beside results_dir, not in it, so a fresh results_dir or
+# `make clean-results` keeps it.
+HISTORY_STORE = config["history"]["store"] or "history.sqlite"
+# The whole merged config, defaults filled in: what the store's sessions are told apart by.
+CONFIG_DIGEST = hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()
+if workflow.is_main_process:
+    try:  # a store that is not ours, or a tag no selector could name, is refused before any job
+        history.check_tag(config["history"]["tag"])
+        history.check_store(HISTORY_STORE)
+    except history.HistoryError as error:
+        sys.exit(f"containerbench: config: 'history': {error}")
 # Runtimes installed only on the compute nodes: probed by the pre-flight job there, and their
 # images converted by jobs there too (images.smk).
 ON_COMPUTE_NODES = {name for name in config["runtimes"]

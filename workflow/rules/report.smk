@@ -23,10 +23,33 @@ rule tables:
         "{params.cb} tables {input.records:q} {params.stops:q} --out-dir {params.out_dir:q} > {log:q} 2>&1"
 
 
+rule store_history:
+    """Every record also goes into the results store, as this run's session, and what changed since
+    the system's previous session goes to the report. The store itself is not an output: it holds
+    every run's records, and Snakemake removes a job's outputs before it runs."""
+    input:
+        RECORDS,
+    output:
+        summary=f"{RESULTS}/history/session.json",
+        since_last=f"{RESULTS}/history/since_last.csv",
+    log:
+        f"{RESULTS}/logs/store_history.txt",
+    params:
+        cb=CB,
+        store=HISTORY_STORE,
+        tag=["--tag", config["history"]["tag"]] if config["history"]["tag"] else [],
+        digest=CONFIG_DIGEST,
+    localrule: True
+    shell:
+        "{params.cb} store {input:q} --store {params.store:q} {params.tag:q} --config-digest {params.digest} "
+        "--summary {output.summary:q} --since-last {output.since_last:q} > {log:q} 2>&1"
+
+
 rule report:
     input:
         tables=[path for path in rules.tables.output if path.endswith(".csv")],
         records=RECORDS,
+        history=rules.store_history.output,
     output:
         f"{RESULTS}/report.html",
     log:
@@ -38,7 +61,7 @@ rule report:
     localrule: True
     shell:
         "{params.cb} report {input.records:q} --tables {input.tables:q} --out {output:q} "
-        "--skipped {params.skipped:q} > {log:q} 2>&1"
+        "--skipped {params.skipped:q} --history {input.history:q} > {log:q} 2>&1"
 
 
 rule baseline:
