@@ -102,7 +102,7 @@ def on_nodes(record: dict, hosts: list[str], repetition: int, factor: float) -> 
     moved = copy.deepcopy(record)
     spec = moved["spec"]
     spec.update(nodes=len(set(hosts)), ranks=len(hosts), ranks_per_node=len(hosts) // len(set(hosts)),
-                repetition=repetition, nodelist=",".join(sorted(set(hosts))))
+                repetition=repetition, nodelist=sorted(set(hosts)))
     moved["run_id"] = spec["run_id"] = f"{record['run_id'].rsplit('_rep', 1)[0]}_{'-'.join(hosts)}_rep{repetition}"
     result = moved["result"]
     result["hostnames"] = hosts

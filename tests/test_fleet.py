@@ -70,16 +70,16 @@ def verdict(recorded_runs):
 
 def test_the_verdict_names_exactly_the_slow_node_the_bad_nic_and_the_bad_link(verdict):
     assert verdict.failed_nodes == [SLOW_NODE, BAD_NIC, "n07"]
-    assert verdict.bad_links == [":".join(BAD_LINK)]
+    assert verdict.bad_links == ["+".join(BAD_LINK)]
     summary = verdict.summary.set_index("member")
     assert summary.loc["n07", "reason"] == "not run: Slurm state drained (bad DIMM)"
-    assert summary.loc[BAD_NIC, "reason"] == "slow in all 3 of its links (n04:n05, n05:n06, n02:n05)"
+    assert summary.loc[BAD_NIC, "reason"] == "slow in all 3 of its links (n04+n05, n05+n06, n02+n05)"
     assert summary.loc[SLOW_NODE, "reason"].startswith("images_per_sec ")
     assert "30% below the fleet median" in summary.loc[SLOW_NODE, "reason"]
     # The slow NIC's links are explained by it, not called bad links themselves.
-    assert (summary.loc[["n04:n05", "n05:n06", "n02:n05"], "result"] == "explained").all()
+    assert (summary.loc[["n04+n05", "n05+n06", "n02+n05"], "result"] == "explained").all()
     assert set(summary.loc[summary["result"] == "pass"].index) == {
-        "n01", "n02", "n03", "n06", "n01:n02", "n03:n04", "n01:n06", "n01:n04", "n03:n06"}
+        "n01", "n02", "n03", "n06", "n01+n02", "n03+n04", "n01+n06", "n01+n04", "n03+n06"}
 
 
 def test_the_node_table_holds_each_metric_against_the_fleet(verdict):
@@ -99,21 +99,21 @@ def test_the_link_table_blames_each_slow_link_on_its_cause(verdict):
     table = verdict.links
     busbw = table[table["variable"].str.contains("allreduce_busbw")].set_index("link")
     assert len(busbw) == 9
-    assert busbw.loc["n02:n03", "blamed_on"] == "link" and busbw.loc["n02:n03", "slow"]
-    assert busbw.loc["n02:n03", "deviation_percent"] == pytest.approx(-60, abs=3)
-    assert (busbw.loc[["n04:n05", "n05:n06", "n02:n05"], "blamed_on"] == BAD_NIC).all()
-    assert not busbw.drop(["n02:n03", "n04:n05", "n05:n06", "n02:n05"])["slow"].any()
+    assert busbw.loc["n02+n03", "blamed_on"] == "link" and busbw.loc["n02+n03", "slow"]
+    assert busbw.loc["n02+n03", "deviation_percent"] == pytest.approx(-60, abs=3)
+    assert (busbw.loc[["n04+n05", "n05+n06", "n02+n05"], "blamed_on"] == BAD_NIC).all()
+    assert not busbw.drop(["n02+n03", "n04+n05", "n05+n06", "n02+n05"])["slow"].any()
 
 
 def test_the_drain_list_drains_failed_nodes_only_and_names_the_bad_link(verdict):
     commands = fleet.drain_commands(verdict)
     assert [argv[:4] for argv in commands] == [["scontrol", "update", f"NodeName={node}", "State=DRAIN"]
                                               for node in (SLOW_NODE, BAD_NIC)]  # n07 is drained already
-    assert commands[1][4] == "Reason=containerbench: slow in all 3 of its links (n04:n05, n05:n06, n02:n05)"
+    assert commands[1][4] == "Reason=containerbench: slow in all 3 of its links (n04+n05, n05+n06, n02+n05)"
     assert all(len(argv[4]) <= len("Reason=containerbench: ") + fleet.REASON_CHARS for argv in commands)
     text = fleet.format_drain_list(verdict).splitlines()
     assert text[0].startswith(f"scontrol update NodeName={SLOW_NODE} State=DRAIN 'Reason=containerbench: ")
-    assert text[2].startswith("# link n02:n03: ") and text[2].endswith("(a cable or switch port: not drained)")
+    assert text[2].startswith("# link n02+n03: ") and text[2].endswith("(a cable or switch port: not drained)")
 
 
 def test_a_node_whose_runs_failed_or_left_no_record_fails_with_the_reason(recorded_runs):
@@ -161,7 +161,7 @@ def test_hyphenated_hostnames_keep_their_links_apart(recorded_runs):
     plan = fleet.plan({name: fleet.NodeState(name, "idle") for name in names})
     records = fleet_records(recorded_runs, plan.nodes, plan.links, slow_links={("rack-1-n2", "rack-1-n3"): 0.4})
     verdict = fleet.judge(records, plan)
-    assert verdict.failed_nodes == [] and verdict.bad_links == ["rack-1-n2:rack-1-n3"]
+    assert verdict.failed_nodes == [] and verdict.bad_links == ["rack-1-n2+rack-1-n3"]
 
 
 def test_the_command_line_judges_the_records_writes_the_tables_and_only_prints_the_drain_list(recorded_runs, tmp_path):

@@ -304,7 +304,7 @@ def test_the_nodes_to_validate_come_from_slurm_and_a_failed_one_is_drained_on_re
         assert str(caught.value) == message
     cli = (sys.executable, "-m", "containerbench", "fleet")
     planned = on_controller(cluster, *cli, "plan", "--partition", "cpu", "--write", str(tmp_path / "plan.json"))
-    assert planned.stdout == "2 node(s) to measure, 1 link(s) in 1 round(s): 3 jobs\n  round 1: n1:n2\n", planned.stderr
+    assert planned.stdout == "2 node(s) to measure, 1 link(s) in 1 round(s): 3 jobs\n  round 1: n1+n2\n", planned.stderr
     plan = fleet.FleetPlan.from_dict(json.loads((tmp_path / "plan.json").read_text()))
     records = fleet_records(recorded_runs, plan.nodes, plan.links)
     for record in records:

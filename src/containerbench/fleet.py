@@ -202,14 +202,15 @@ def in_order(hosts) -> tuple[str, ...]:
 
 
 def link_name(hosts: tuple[str, ...]) -> str:
-    """A node's own name, or a link's two names joined by ':', which no hostname holds (they hold '-')."""
-    return ":".join(hosts)
+    """A node's own name, or a link's two names joined by '+': no hostname holds it (they may hold '-'),
+    and it needs no quoting in a file name, a shell or a Snakemake job's wildcards."""
+    return "+".join(hosts)
 
 
 def _members(record: dict) -> tuple[str, ...]:
     """The nodes a run ran on: what its ranks reported, else what it was pinned to."""
     hosts = (record.get("result") or {}).get("hostnames") or record["spec"].get("nodelist") or []
-    return in_order(hosts)
+    return in_order(hosts.split(",") if isinstance(hosts, str) else hosts)
 
 
 def member_values(records: list[dict]) -> pd.DataFrame:
