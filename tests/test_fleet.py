@@ -19,7 +19,7 @@ import pandas as pd
 import pytest
 from helpers import fleet_records
 
-from containerbench import fleet
+from containerbench import fleet, report
 
 NODES = [f"n{i:02d}" for i in range(1, 7)]
 SLOW_NODE, BAD_NIC, BAD_LINK = "n04", "n05", ("n02", "n03")
@@ -178,12 +178,19 @@ def test_the_command_line_judges_the_records_writes_the_tables_and_only_prints_t
     lines = judged.stdout.splitlines()
     assert lines[0] == "fleet: 1 of 6 node(s) failed, 0 of 9 link(s) bad"
     assert lines[1].startswith(f"  node {SLOW_NODE}  fail      images_per_sec ")
-    assert lines[2] == f"drain list ({tmp_path / 'fleet' / 'drain.txt'}), not run: --drain runs it:"
-    assert lines[3].startswith(f"scontrol update NodeName={SLOW_NODE} State=DRAIN 'Reason=containerbench: ")
+    assert lines[3] == f"drain list ({tmp_path / 'fleet' / 'drain.txt'}), not run: --drain runs it:"
+    assert lines[4].startswith(f"scontrol update NodeName={SLOW_NODE} State=DRAIN 'Reason=containerbench: ")
     written = pd.read_csv(tmp_path / "fleet" / "fleet_summary.csv")
     assert len(written) == 15 and written.loc[written["result"] == "fail", "member"].tolist() == [SLOW_NODE]
-    assert (tmp_path / "fleet" / "drain.txt").read_text() == lines[3] + "\n"
+    assert (tmp_path / "fleet" / "drain.txt").read_text() == lines[4] + "\n"
     assert fleet.FleetPlan.from_dict(json.loads((tmp_path / "plan.json").read_text())) == plan
+    # The page: what failed, the per-node chart, the link matrix, the drain list; read from the tables.
+    page = (tmp_path / "fleet" / "fleet.html").read_text()
+    assert lines[2] == f"tables and page: {tmp_path / 'fleet'}/fleet_*.csv, {tmp_path / 'fleet' / 'fleet.html'}"
+    assert page.count('src="data:image/png;base64,') == 2
+    assert 'alt="per-node deviation from the fleet median"' in page and 'alt="link matrix: ' in page
+    assert "1 of 6 node(s) failed" in page and "0 of 9 link(s) bad" in page
+    assert f"<td>{SLOW_NODE}</td>" in page and f"scontrol update NodeName={SLOW_NODE} State=DRAIN" in page
 
 
 def test_a_batch_is_a_hostlist_or_a_partition_and_judge_needs_its_plan():
@@ -196,3 +203,12 @@ def test_a_batch_is_a_hostlist_or_a_partition_and_judge_needs_its_plan():
         assert (done.returncode, done.stderr) == (2, message + "\n")
     done = subprocess.run([sys.executable, "-m", "containerbench", "fleet", "judge"], capture_output=True, text=True)
     assert done.returncode == 2 and "error: the following arguments are required: --plan" in done.stderr
+
+
+def test_the_charts_sign_every_metric_so_that_below_zero_is_worse(verdict):
+    nodes, links = verdict.nodes, verdict.links
+    assert (nodes["better_percent"] == nodes["deviation_percent"].where(
+        ~nodes["variable"].str.contains("latency"), -nodes["deviation_percent"])).all()
+    latency = links[(links["link"] == "n02+n03") & links["variable"].str.contains("latency")].iloc[0]
+    assert latency["deviation_percent"] > 100 and latency["better_percent"] == -latency["deviation_percent"]
+    assert report.node_chart(nodes.iloc[0:0]) is None and report.link_matrix(links.iloc[0:0], NODES) is None

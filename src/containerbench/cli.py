@@ -239,7 +239,12 @@ def cmd_fleet(args) -> int:
     records, _ = load_records(args.records)
     verdict = fleet.judge(records, planned, min_shortfall=args.min_shortfall)
     paths = fleet.write_verdict(verdict, args.out_dir)
+    from containerbench.report import render_fleet
+
+    page = Path(args.out_dir) / "fleet.html"
+    render_fleet(args.out_dir, page, args.min_shortfall, fleet.ROBUST_Z_LIMIT)
     print(fleet.format_verdict(verdict))
+    print(f"tables and page: {page.parent}/fleet_*.csv, {page}")
     drain = paths["drain"].read_text()
     if drain:
         print(f"drain list ({paths['drain']}){'' if args.drain else ', not run: --drain runs it'}:\n{drain}", end="")

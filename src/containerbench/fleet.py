@@ -38,10 +38,12 @@ ROBUST_Z_LIMIT = 3.5
 UNAVAILABLE_STATES = ("down", "drain", "fail", "maint", "future", "unknown", "not_responding", "reboot",
                       "power", "inval")
 
+# deviation_percent: from the fleet median; better_percent: the same, signed so that below 0 is worse
+# whatever the metric (latency up is worse), which is what the charts show.
 NODE_COLUMNS = ["node", "variable", "value", "unit", "reference", "fleet_median", "mad", "robust_z",
-                "deviation_percent", "result", "reason"]
+                "deviation_percent", "better_percent", "result", "reason"]
 LINK_COLUMNS = ["link", "variable", "value", "unit", "fleet_median", "mad", "robust_z", "deviation_percent",
-                "slow", "blamed_on", "reason"]
+                "better_percent", "slow", "blamed_on", "reason"]
 SUMMARY_COLUMNS = ["member", "kind", "result", "reason"]
 
 
@@ -238,7 +240,8 @@ def robust_deviation(values: pd.DataFrame, min_shortfall: float) -> pd.DataFrame
         z = np.where(mad > 0, (values["value"] - median) / (MAD_TO_SIGMA * mad),
                      np.sign(values["value"] - median) * np.inf)
     worse = (sign * z < -ROBUST_Z_LIMIT) & (sign * deviation < -100 * min_shortfall)
-    return values.assign(fleet_median=median, mad=mad, robust_z=z, deviation_percent=deviation, worse=worse)
+    return values.assign(fleet_median=median, mad=mad, robust_z=z, deviation_percent=deviation,
+                         better_percent=sign * deviation, worse=worse)
 
 
 def _why(row) -> str:
