@@ -17,6 +17,7 @@ import sys
 
 import pandas as pd
 import pytest
+import yaml
 from helpers import fleet_records
 
 from containerbench import fleet, report
@@ -212,3 +213,48 @@ def test_the_charts_sign_every_metric_so_that_below_zero_is_worse(verdict):
     latency = links[(links["link"] == "n02+n03") & links["variable"].str.contains("latency")].iloc[0]
     assert latency["deviation_percent"] > 100 and latency["better_percent"] == -latency["deviation_percent"]
     assert report.node_chart(nodes.iloc[0:0]) is None and report.link_matrix(links.iloc[0:0], NODES) is None
+
+
+def judge_cli(tmp_path, plan, records, *options):
+    folder = tmp_path / f"fleet-{len(list(tmp_path.iterdir()))}"
+    folder.mkdir()
+    (folder / "plan.json").write_text(json.dumps(plan.as_dict()))
+    for record in records:
+        (folder / f"{record['run_id']}.json").write_text(json.dumps(record))
+    return subprocess.run([sys.executable, "-m", "containerbench", "fleet", "judge", "--plan", str(folder / "plan.json"),
+                           "--out-dir", str(folder / "out"), *options, *map(str, folder.glob("*_rep*.json"))],
+                          capture_output=True, text=True), folder / "out"
+
+
+def test_a_batch_slower_as_a_whole_passes_the_fleet_test_and_fails_the_reference_from_good_nodes(
+        recorded_runs, tmp_path):
+    # The site's good nodes of this type (n01-n06) give the references; one of them was bad that day.
+    good = fleet.plan({name: fleet.NodeState(name, "idle") for name in NODES})
+    good_records = fleet_records(recorded_runs, good.nodes, good.links, compute={"n03": 0.5})
+    for record in good_records:
+        (tmp_path / f"{record['run_id']}.json").write_text(json.dumps(record))
+    references = tmp_path / "references.yaml"
+    baseline = subprocess.run([sys.executable, "-m", "containerbench", "baseline", "--good-nodes", "n01,n02,n04,n05",
+                               "--out", str(references), *map(str, tmp_path.glob("*_rep*.json"))],
+                              capture_output=True, text=True)
+    assert baseline.returncode == 0, baseline.stderr
+    written = references.read_text()
+    assert "run records on n01,n02,n04,n05" in written.splitlines()[0]
+    one_node = "train/resnet50-32px-fp32/bare-metal/tcp-loopback/1x1/b2/images_per_sec"
+    rate = recorded_runs[("train", 1)]["result"]["images_per_sec"]
+    assert yaml.safe_load(written)["systems"]["ci"][one_node]["reference"] == pytest.approx(rate, rel=0.02)
+    # A new batch, every node 20% slower: the same as each other, so only the references catch it.
+    new = fleet.plan({f"m{i}": fleet.NodeState(f"m{i}", "idle") for i in range(1, 5)})
+    slow = fleet_records(recorded_runs, new.nodes, new.links, compute={node: 0.8 for node in new.nodes})
+    without, _ = judge_cli(tmp_path, new, slow)
+    assert without.returncode == 0 and without.stdout.startswith("fleet: 0 of 4 node(s) failed"), without.stdout
+    judged, out = judge_cli(tmp_path, new, slow, "--references", str(references))
+    assert judged.returncode == 1 and judged.stdout.startswith("fleet: 4 of 4 node(s) failed, 0 of 6 link(s) bad")
+    nodes = pd.read_csv(out / "fleet_nodes.csv")
+    row = nodes[(nodes["node"] == "m1") & (nodes["variable"] == one_node)].iloc[0]
+    assert row["result"] == "fail" and row["reference"] == pytest.approx(rate, rel=0.02)
+    assert row["reason"].startswith(f"images_per_sec {row['value']:.4g} img/s outside the reference ")
+    assert row["reason"].endswith(f"(at least {row['reference'] * 0.9:.4g})")
+    missing, _ = judge_cli(tmp_path, new, slow, "--references", str(references), "--system", "other")
+    assert (missing.returncode, missing.stderr) == (
+        2, f"containerbench: no references for system 'other' in {references}; systems there: ci\n")

@@ -148,12 +148,22 @@ def cmd_baseline(args) -> int:
     from containerbench.validate import performance_variables, write_baseline
 
     records, _ = load_records(args.records)
+    source = f"{len(records)} run records"
+    if args.good_nodes:  # the nodes a site trusts: the reference for their node type
+        from containerbench.fleet import FleetError, expand_hostlist, in_order, on_nodes
+
+        try:
+            good = expand_hostlist(args.good_nodes) if "[" in args.good_nodes else args.good_nodes.split(",")
+        except FleetError as error:
+            raise cb_config.ConfigError(f"baseline: --good-nodes: {error}") from None
+        records = on_nodes(records, good)
+        source = f"{len(records)} run records on {','.join(in_order(good))}"
     measured = performance_variables(records)
     if measured.empty:
         print("containerbench: no successful runs to take a baseline from", file=sys.stderr)
         return 1
     write_baseline(measured, _system_of(args.records, args.system), args.out, lower=args.lower, upper=args.upper,
-                   source=f"{len(records)} run records")
+                   source=source)
     print(f"containerbench: wrote {len(measured)} references to {args.out}")
     return 0
 
@@ -237,7 +247,16 @@ def cmd_fleet(args) -> int:
         print(f"containerbench: fleet: {error}", file=sys.stderr)
         return 2
     records, _ = load_records(args.records)
-    verdict = fleet.judge(records, planned, min_shortfall=args.min_shortfall)
+    references = {}
+    if args.references:
+        from containerbench.validate import ReferencesError, load_references
+
+        try:
+            references = load_references(args.references, args.system or _system_of(args.records, None))
+        except ReferencesError as error:
+            print(f"containerbench: {error}", file=sys.stderr)
+            return 2
+    verdict = fleet.judge(records, planned, references, min_shortfall=args.min_shortfall)
     paths = fleet.write_verdict(verdict, args.out_dir)
     from containerbench.report import render_fleet
 
@@ -345,6 +364,8 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--min-shortfall", type=float, default=0.10,
                    help="a figure fails only this far (a fraction) worse than the fleet median")
     a.add_argument("--drain", action="store_true", help="run the drain list's scontrol lines")
+    a.add_argument("--references", help="a references file: its system's figures bound every node and link too")
+    a.add_argument("--system", help="the node type's system in the references file (default: the records' system)")
     p.set_defaults(func=cmd_fleet)
 
     p = sub.add_parser("freeze-image", help="write what a runtime's image carries as a lock for a bare-metal venv")
@@ -405,6 +426,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--system")
     p.add_argument("--lower", type=float, default=-0.10, help="tolerance below the reference (default -0.10)")
     p.add_argument("--upper", type=float, default=None, help="tolerance above the reference (default: none)")
+    p.add_argument("--good-nodes", metavar="NODES",
+                   help="only runs on these nodes (n1,n2 or a Slurm hostlist): the nodes of a type declared good")
     p.set_defaults(func=cmd_baseline)
 
     p = sub.add_parser("store", help="add run records to the results store as one session")

@@ -42,8 +42,8 @@ UNAVAILABLE_STATES = ("down", "drain", "fail", "maint", "future", "unknown", "no
 # whatever the metric (latency up is worse), which is what the charts show.
 NODE_COLUMNS = ["node", "variable", "value", "unit", "reference", "fleet_median", "mad", "robust_z",
                 "deviation_percent", "better_percent", "result", "reason"]
-LINK_COLUMNS = ["link", "variable", "value", "unit", "fleet_median", "mad", "robust_z", "deviation_percent",
-                "better_percent", "slow", "blamed_on", "reason"]
+LINK_COLUMNS = ["link", "variable", "value", "unit", "reference", "fleet_median", "mad", "robust_z",
+                "deviation_percent", "better_percent", "slow", "blamed_on", "reason"]
 SUMMARY_COLUMNS = ["member", "kind", "result", "reason"]
 
 
@@ -215,6 +215,12 @@ def _members(record: dict) -> tuple[str, ...]:
     return in_order(hosts.split(",") if isinstance(hosts, str) else hosts)
 
 
+def on_nodes(records: list[dict], nodes) -> list[dict]:
+    """The records of runs that ran only on these nodes (nodes declared good, for a baseline)."""
+    wanted = set(nodes)
+    return [record for record in records if set(_members(record)) <= wanted and _members(record)]
+
+
 def member_values(records: list[dict]) -> pd.DataFrame:
     """The median of each variable per node (one-node runs) and per link (two-node runs), over repetitions."""
     members = {record["run_id"]: _members(record) for record in records}
@@ -244,6 +250,25 @@ def robust_deviation(values: pd.DataFrame, min_shortfall: float) -> pd.DataFrame
                          better_percent=sign * deviation, worse=worse)
 
 
+def _against(values: pd.DataFrame, references: dict[str, Reference]) -> pd.DataFrame:
+    """`bad`: far out in the fleet, or outside the site's reference for the node type (a whole batch
+    equally slow passes the first test and fails this one); `reason` says which."""
+    known = values["variable"].map(references.get)
+    outside = [reference is not None and not reference.admits(value) for reference, value in zip(known, values["value"])]
+    reasons = []
+    for row, reference, out in zip(values.itertuples(), known, outside):
+        why = [_why(row)] if row.worse else []
+        if out:
+            bounds = " and ".join(f"{word} {bound:.4g}" for word, bound in (("at least", reference.lower_bound),
+                                                                            ("at most", reference.upper_bound))
+                                  if bound is not None)
+            why.append(f"{metric_of(row.variable)} {row.value:.4g} {row.unit} outside the reference "
+                       f"{reference.reference:.4g} ({bounds})")
+        reasons.append("; ".join(why))
+    return values.assign(reference=[None if reference is None else reference.reference for reference in known],
+                         bad=values["worse"] | np.array(outside, dtype=bool), reason=reasons)
+
+
 def _why(row) -> str:
     direction = "above" if row.deviation_percent > 0 else "below"
     return (f"{metric_of(row.variable)} {row.value:.4g} {row.unit}, {abs(row.deviation_percent):.0f}% {direction} "
@@ -271,16 +296,10 @@ def judge(records: list[dict], fleet: FleetPlan, references: dict[str, Reference
           min_shortfall: float = 0.10) -> FleetVerdict:
     """The verdict on every node and link of `fleet` from its records: a node that did not run, or whose
     runs failed, fails with the reason; a missing row is never a pass."""
-    references = references or {}
     values = member_values(records)
-    nodes = robust_deviation(values[values["scope"] == "node"], min_shortfall)
-    nodes["reference"] = nodes["variable"].map(lambda v: references[v].reference if v in references else None)
-    outside = [v in references and not references[v].admits(x) for v, x in zip(nodes["variable"], nodes["value"])]
-    nodes["result"] = np.where(nodes["worse"] | np.array(outside, dtype=bool), "fail", "pass")
-    nodes["reason"] = [
-        (_why(row) if row.worse else f"{metric_of(row.variable)} {row.value:.4g} {row.unit} outside the reference "
-         f"{row.reference:.4g}") if row.result == "fail" else "" for row in nodes.itertuples()]
-    links = robust_deviation(values[values["scope"] == "link"], min_shortfall)
+    nodes = _against(robust_deviation(values[values["scope"] == "node"], min_shortfall), references or {})
+    nodes["result"] = np.where(nodes["bad"], "fail", "pass")
+    links = _against(robust_deviation(values[values["scope"] == "link"], min_shortfall), references or {})
 
     failures = _failures(records)
     summary = []
@@ -299,7 +318,7 @@ def judge(records: list[dict], fleet: FleetPlan, references: dict[str, Reference
             node_fault[name] = "; ".join(mine.loc[mine["result"] == "fail", "reason"])
     # A node slow in every link it is in (three or more from four nodes) is the culprit for all of them.
     pairs = [in_order(pair) for pair in fleet.links]
-    slow_links = set(links.loc[links["worse"], "member"]) | {link_name(key) for key in failures if len(key) == 2}
+    slow_links = set(links.loc[links["bad"], "member"]) | {link_name(key) for key in failures if len(key) == 2}
     links_of: dict[str, list[str]] = {}
     for pair in pairs:
         for end in pair:
@@ -322,7 +341,7 @@ def judge(records: list[dict], fleet: FleetPlan, references: dict[str, Reference
             # A slow link is its slow-networked end's doing, else a failed end's, else its own.
             culprits = [end for end in pair if end in link_culprits] or [end for end in pair if end in node_fault]
             blamed[link] = " and ".join(culprits) or "link"
-            reason = failures.get(pair) or "; ".join(_why(row) for row in rows[rows["worse"]].itertuples())
+            reason = failures.get(pair) or "; ".join(rows.loc[rows["bad"], "reason"])
             summary.append({"member": link, "kind": "link", "result": "explained" if culprits else "fail",
                             "reason": f"node {blamed[link]} failed" if culprits else reason})
         elif rows is None:
@@ -330,9 +349,8 @@ def judge(records: list[dict], fleet: FleetPlan, references: dict[str, Reference
                             "reason": "not measured: no record of this link"})
         else:
             summary.append({"member": link, "kind": "link", "result": "pass", "reason": ""})
-    links["slow"] = links["worse"]
+    links["slow"] = links["bad"]
     links["blamed_on"] = links["member"].map(blamed).fillna("")
-    links["reason"] = [_why(row) if row.worse else "" for row in links.itertuples()]
     return FleetVerdict(nodes.rename(columns={"member": "node"})[NODE_COLUMNS],
                         links.rename(columns={"member": "link"})[LINK_COLUMNS],
                         pd.DataFrame(summary, columns=SUMMARY_COLUMNS))
