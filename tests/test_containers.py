@@ -37,8 +37,11 @@ def container_run(container_engines, tmp_path_factory):
     # workflow: those take up to ~12% of the cores in a window, over the 10% that marks a run
     # disturbed. The verdict itself is proven in test_telemetry; this run raises the limit so that
     # the identity of the benchmark, which this module checks, does not hang on the machine's quiet.
+    # Two ranks only: what a container changes for MPI shows there, and one rank less per point keeps the
+    # whole suite under its time (the one-rank path is the same argv with -np 1, run bare metal elsewhere).
     config = {**TINY, "runtimes": RUNTIMES, "runtime_policy": "require", "results_dir": str(workdir / "results"),
               "benchmark": {**TINY["benchmark"], "repetitions": 2}, "telemetry": {"disturbed_cpu_share": 0.3},
+              "scaling": {"nodes": [1], "ranks_per_node": [2]},
               "images": {name: {"mpi_model": ["hybrid", "native"]} for name in NATIVE}}
     (workdir / "tiny.yaml").write_text(yaml.safe_dump(config))
     done = run_group(
@@ -53,7 +56,7 @@ def container_run(container_engines, tmp_path_factory):
 def test_every_runtime_ran_the_identical_benchmark(container_run):
     records = [json.loads(p.read_text()) for p in (container_run / "results" / "runs").glob("*.json")]
     assert {r["spec"]["runtime"] for r in records} == set(RUNTIMES)
-    assert len(records) == len(LABELS) * (2 * 2 + 1)  # 2 rank counts x 2 repetitions + netbench
+    assert len(records) == len(LABELS) * (2 + 1)  # 2 repetitions of 2 ranks + netbench
     for record in records:
         assert record["status"] == "ok", (record["run_id"], record["reasons"], record.get("evidence"))
         assert record["result"]["runtime"] == record["spec"]["runtime"]
@@ -124,8 +127,7 @@ def test_native_runs_loaded_this_machines_mpich_over_the_images_own(container_ru
     assert host_version.startswith("MPICH Version:")
     records = [json.loads(p.read_text()) for p in (container_run / "results" / "runs").glob("*.json")]
     native = [r for r in records if r["spec"]["mpi_model"] == "native"]
-    assert sorted({(r["spec"]["runtime"], r["spec"]["ranks"]) for r in native}) == [
-        ("charliecloud", 1), ("charliecloud", 2), ("podman", 1), ("podman", 2)]
+    assert sorted({(r["spec"]["runtime"], r["spec"]["ranks"]) for r in native}) == [("charliecloud", 2), ("podman", 2)]
     for record in native:
         assert record["status"] == "ok", (record["run_id"], record["reasons"])
         assert record["launch_context"]["native_mpi"] == {"library": HOST_MPICH, "version": host_version}
