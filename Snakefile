@@ -33,6 +33,7 @@ include: "workflow/rules/images.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/benchmark.smk"
 include: "workflow/rules/report.smk"
+include: "workflow/rules/fleet.smk"
 
 
 rule all:

@@ -155,6 +155,20 @@ def test_bad_config_stops_before_any_job_with_one_line(tmp_path, override, expec
     assert not (tmp_path / "results").exists()  # nothing ran
 
 
+@pytest.mark.parametrize("validation, expected", [
+    ({}, "containerbench: config: 'validation.nodes' and 'validation.partition' are not set; allowed: a Slurm "
+         "hostlist (n[001-064]) or a partition, in the site config"),
+    ({"nodes": "n[1-4]"}, "containerbench: config: 'validation.nodes' needs launcher.kind srun (it is 'mpirun'); "
+                          "allowed: a Slurm site's config"),
+])
+def test_validate_nodes_without_a_batch_on_slurm_says_what_to_set_in_one_line(tmp_path, validation, expected):
+    (tmp_path / "batch.yaml").write_text(yaml.safe_dump({"validation": validation}))
+    done = snakemake(tmp_path, "validate_nodes", "--configfile", str(ROOT / "config" / "config.yaml"),
+                     str(tmp_path / "batch.yaml"), "--dry-run")
+    assert done.returncode == 1
+    assert [line for line in done.stderr.splitlines() if line.startswith("containerbench:")] == [expected]
+
+
 def test_a_results_store_that_is_not_ours_stops_the_workflow_and_is_left_as_it_is(tmp_path):
     store = tmp_path / "history.sqlite"
     store.write_bytes(b"site accounting export, not ours\n")

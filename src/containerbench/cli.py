@@ -235,6 +235,20 @@ def cmd_fleet(args) -> int:
     from containerbench import fleet
     from containerbench.records import load_records
 
+    if args.action == "run":
+        plans = json.loads(Path(args.plans[1:]).read_text()) if args.plans.startswith("@") else json.loads(args.plans)
+        if len(plans) != len(args.logs):
+            raise cb_config.ConfigError(f"fleet run: {len(plans)} plan(s) for {len(args.logs)} log(s)")
+        return fleet.run_job(plans, args.logs, not_run=args.allocation_failed)
+    if args.action == "summary":
+        import pandas as pd
+
+        summary = pd.read_csv(args.summary, keep_default_na=False)
+        verdict = fleet.FleetVerdict(pd.DataFrame(), pd.DataFrame(), summary)
+        print(fleet.format_verdict(verdict))
+        drain = Path(args.summary).with_name(fleet.VERDICT_FILES["drain"])
+        print(drain.read_text(), end="") if drain.exists() else None
+        return 1 if verdict.failed_nodes or verdict.bad_links else 0
     try:
         if args.action == "plan":
             planned = fleet.plan(fleet.select(args.nodes, args.partition))
@@ -357,6 +371,13 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--nodes", help="a Slurm hostlist, e.g. n[001-064]")
     a.add_argument("--partition", help="every node of this partition")
     a.add_argument("--write", metavar="PLAN_JSON", help="also write the plan, for `fleet judge`")
+    a = actions.add_parser("run", help="a node's or link's runs one after another, in the allocation salloc made")
+    a.add_argument("--plans", required=True, help="the runs' plans as a JSON list, or @FILE")
+    a.add_argument("--logs", nargs="+", required=True, help="each run's raw log, in the plans' order")
+    a.add_argument("--allocation-failed", metavar="WHY",
+                   help="salloc failed: write a failed log, saying WHY, for each run that has none")
+    a = actions.add_parser("summary", help="print a verdict's summary and drain list; exit 1 if a node or link failed")
+    a.add_argument("summary", help="fleet_summary.csv")
     a = actions.add_parser("judge", help="the verdict on every node and link; exit 1 if any failed")
     a.add_argument("records", nargs="*", help="the batch's run records")
     a.add_argument("--plan", required=True, help="the file `fleet plan --write` wrote")

@@ -170,6 +170,7 @@ class RunSpec:
     mode: str = "horovod"
     data: str = "synthetic"
     mpi_model: str = "hybrid"  # of a container runtime: its image's MPI, or the host's swapped in (native)
+    nodelist: tuple[str, ...] = ()  # pinned to these nodes (fleet validation); empty: wherever Slurm places it
 
     @property
     def ranks(self) -> int:
@@ -183,14 +184,19 @@ class RunSpec:
         # The defaults leave the id as it was: old results stay where a resumed sweep finds them.
         variant = "".join(f"_{value}" for value, default in ((self.mode, "horovod"), (self.data, "synthetic"),
                                                              (self.mpi_model, "hybrid")) if value != default)
-        return f"{self.kind}_{self.runtime}_{self.fabric}_{shape}{batch}{variant}"
+        pinned = f"_on_{'+'.join(self.nodelist)}" if self.nodelist else ""  # a fleet's node or link
+        return f"{self.kind}_{self.runtime}_{self.fabric}_{shape}{batch}{variant}{pinned}"
 
     @property
     def run_id(self) -> str:
         return f"{self.point_id}_rep{self.repetition}"
 
     def as_dict(self) -> dict:
-        return {**asdict(self), "ranks": self.ranks, "run_id": self.run_id}
+        fields = asdict(self)
+        # Only a pinned run names its nodes: every other record and plan keeps the shape it had.
+        nodelist = fields.pop("nodelist")
+        return {**fields, **({"nodelist": list(nodelist)} if nodelist else {}), "ranks": self.ranks,
+                "run_id": self.run_id}
 
 
 def mpi_models(config: dict, runtime: str) -> tuple[str, ...]:

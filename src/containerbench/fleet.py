@@ -7,17 +7,21 @@ deviation (MAD) as the spread, which one bad node cannot drag along as it would
 a mean and a standard deviation. A figure fails when it is both far out by that
 robust measure (Iglewicz and Hoaglin's modified z-score) and further than a
 fraction from the median: a homogeneous fleet has a tiny MAD, and 2% off is not a
-fault. A figure outside the site's reference fails too.
+fault. Half the median (twice, for a latency) fails whatever the spread, and so
+does a figure outside the site's reference.
 
 Links are localised from the pairings: a ring (each node with its neighbours)
 and chords (each node with the one half-way round) put every node of four or
-more in three links or more. A node slow in every link it is in is the culprit,
-and those links are not blamed; a slow link whose nodes are both fine elsewhere
-is the link itself (a cable, a switch port).
+more in three links or more. Links are set against the links between nodes that
+passed (a node slow in everything slows its links too). A node slow in all of
+its measured links to nodes that passed, two or more, is the culprit, and those
+links are not blamed; a slow link whose nodes are both fine elsewhere is the
+link itself (a cable, a switch port).
 """
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import subprocess
@@ -27,12 +31,16 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from containerbench.config import RunSpec, mpi_models
 from containerbench.validate import LOWER_IS_BETTER, Reference, metric_of, record_variables
 
 # MAD x 1.4826 estimates the standard deviation of normal data; 3.5 is Iglewicz and
 # Hoaglin's cut-off for the modified z-score (NIST/SEMATECH e-Handbook, 1.3.5.17).
 MAD_TO_SIGMA = 1.4826
 ROBUST_Z_LIMIT = 3.5
+# Half the fleet median's throughput, or twice its latency, fails whatever the spread: in a batch of
+# a few nodes one bad figure is a third of the basis and widens the MAD it is measured against.
+GROSS_RATIO = 0.5
 
 # sinfo's node states (%T) in which a node cannot take a job: reported, never waited for.
 UNAVAILABLE_STATES = ("down", "drain", "fail", "maint", "future", "unknown", "not_responding", "reboot",
@@ -233,11 +241,15 @@ def member_values(records: list[dict]) -> pd.DataFrame:
             .agg(value=("value", "median"), runs=("run_id", "nunique")))
 
 
-def robust_deviation(values: pd.DataFrame, min_shortfall: float) -> pd.DataFrame:
-    """Each value against its variable's fleet median and MAD; `worse` when far out in the bad direction."""
-    by_variable = values.groupby("variable")["value"]
-    median = by_variable.transform("median")
-    mad = (values["value"] - median).abs().groupby(values["variable"]).transform("median")
+def robust_deviation(values: pd.DataFrame, min_shortfall: float, basis=None) -> pd.DataFrame:
+    """Each value against its variable's fleet median and MAD; `worse` when far out in the bad direction.
+    `basis` (a mask): the rows the median and MAD come from, where a variable has any; else all rows."""
+    basis = pd.Series(True, index=values.index) if basis is None else pd.Series(basis, index=values.index)
+    has_basis = basis.groupby(values["variable"]).transform("any")
+    counted = values[basis | ~has_basis]
+    center = counted.groupby("variable")["value"].median()
+    spread = (counted["value"] - counted["variable"].map(center)).abs().groupby(counted["variable"]).median()
+    median, mad = values["variable"].map(center), values["variable"].map(spread)
     sign = np.where(values["variable"].map(metric_of).isin(LOWER_IS_BETTER), -1.0, 1.0)
     with np.errstate(divide="ignore", invalid="ignore"):
         deviation = 100 * (values["value"] / median - 1)
@@ -245,7 +257,8 @@ def robust_deviation(values: pd.DataFrame, min_shortfall: float) -> pd.DataFrame
         # the shortfall fraction alone decides.
         z = np.where(mad > 0, (values["value"] - median) / (MAD_TO_SIGMA * mad),
                      np.sign(values["value"] - median) * np.inf)
-    worse = (sign * z < -ROBUST_Z_LIMIT) & (sign * deviation < -100 * min_shortfall)
+        ratio = np.where(sign > 0, values["value"] / median, median / values["value"])  # below 1: worse
+    worse = ((sign * z < -ROBUST_Z_LIMIT) & (sign * deviation < -100 * min_shortfall)) | (ratio < GROSS_RATIO)
     return values.assign(fleet_median=median, mad=mad, robust_z=z, deviation_percent=deviation,
                          better_percent=sign * deviation, worse=worse)
 
@@ -299,8 +312,6 @@ def judge(records: list[dict], fleet: FleetPlan, references: dict[str, Reference
     values = member_values(records)
     nodes = _against(robust_deviation(values[values["scope"] == "node"], min_shortfall), references or {})
     nodes["result"] = np.where(nodes["bad"], "fail", "pass")
-    links = _against(robust_deviation(values[values["scope"] == "link"], min_shortfall), references or {})
-
     failures = _failures(records)
     summary = []
     node_rows = {name: rows for name, rows in nodes.groupby("member", sort=False)}
@@ -316,23 +327,34 @@ def judge(records: list[dict], fleet: FleetPlan, references: dict[str, Reference
             node_fault[name] = "not measured: no record of this node"
         elif (mine["result"] == "fail").any():
             node_fault[name] = "; ".join(mine.loc[mine["result"] == "fail", "reason"])
+    # Links are set against the links between nodes that passed: a node slow in everything (a CPU
+    # fault) slows its links too, and in a small batch those would drag the links' median along.
+    links = values[values["scope"] == "link"]
+    healthy = [not set(member.split("+")) & set(node_fault) for member in links["member"]]
+    links = _against(robust_deviation(links, min_shortfall, healthy), references or {})
+    link_rows = {name: rows for name, rows in links.groupby("member", sort=False)}
     # A node slow in every link it is in (three or more from four nodes) is the culprit for all of them.
+    # Counted: its measured links to nodes that passed; a link to a failed node, or a link job that
+    # failed (no figure), says nothing about this end.
     pairs = [in_order(pair) for pair in fleet.links]
-    slow_links = set(links.loc[links["bad"], "member"]) | {link_name(key) for key in failures if len(key) == 2}
-    links_of: dict[str, list[str]] = {}
+    measured_slow = set(links.loc[links["bad"], "member"])
+    slow_links = measured_slow | {link_name(key) for key in failures if len(key) == 2}
+    judged_links: dict[str, list[str]] = {}
     for pair in pairs:
-        for end in pair:
-            links_of.setdefault(end, []).append(link_name(pair))
+        if link_name(pair) in link_rows and pair not in failures:
+            for end, other in (pair, pair[::-1]):
+                if other not in node_fault:
+                    judged_links.setdefault(end, []).append(link_name(pair))
     link_culprits = set()
     for name in fleet.nodes:
-        mine = links_of.get(name, [])
-        if len(mine) >= 2 and all(link in slow_links for link in mine):
+        mine = judged_links.get(name, [])
+        if len(mine) >= 2 and all(link in measured_slow for link in mine):
             link_culprits.add(name)
-            node_fault.setdefault(name, f"slow in all {len(mine)} of its links ({', '.join(mine)})")
+            node_fault.setdefault(name, f"slow in all {len(mine)} of its links to nodes that passed "
+                                        f"({', '.join(mine)})")
     for name in [*fleet.nodes, *fleet.unavailable]:
         summary.append({"member": name, "kind": "node", "result": "fail" if name in node_fault else "pass",
                         "reason": node_fault.get(name, "")})
-    link_rows = {name: rows for name, rows in links.groupby("member", sort=False)}
     blamed = {}
     for pair in pairs:
         link = link_name(pair)
@@ -413,3 +435,136 @@ def format_verdict(verdict: FleetVerdict) -> str:
     width = max([len(member) for member in shown["member"]] or [0])
     lines += [f"  {row.kind:4} {row.member:<{width}}  {row.result:9} {row.reason}" for row in shown.itertuples()]
     return "\n".join(lines)
+
+
+# The runs of each node and link job (snakemake validate_nodes: workflow/rules/fleet.smk).
+
+def node_runs(config: dict, node: str) -> list[RunSpec]:
+    """A node's job, per repetition: the single-node training in every runtime (and MPI model) of the
+    config on all of the node's ranks (the largest scaling.ranks_per_node), and the intra-node
+    netbench (two ranks), all pinned to the node."""
+    bench, fabric = config["benchmark"], next(iter(config["fabrics"]))
+    per_node = max(config["scaling"]["ranks_per_node"])
+    runs = []
+    for repetition in range(1, config["validation"]["repetitions"] + 1):
+        for runtime in config["runtimes"]:
+            runs += [RunSpec("train", runtime, fabric, 1, per_node, repetition, bench["batch_sizes"][0],
+                             bench["modes"][0], bench["data"][0], model, (node,))
+                     for model in mpi_models(config, runtime)]
+        runtime = config["runtimes"][0]
+        runs.append(RunSpec("netbench", runtime, fabric, 1, 2, repetition, mpi_model=mpi_models(config, runtime)[0],
+                            nodelist=(node,)))
+    return runs
+
+
+def link_runs(config: dict, pair: tuple[str, str]) -> list[RunSpec]:
+    """A link's job, per repetition: the two-node netbench (one rank a node) over every fabric of the
+    config, and with validation.link_training a two-node training run, in the config's first runtime."""
+    bench, runtime = config["benchmark"], config["runtimes"][0]
+    model = mpi_models(config, runtime)[0]
+    runs = []
+    for repetition in range(1, config["validation"]["repetitions"] + 1):
+        runs += [RunSpec("netbench", runtime, fabric, 2, 1, repetition, mpi_model=model, nodelist=tuple(pair))
+                 for fabric in config["fabrics"]]
+        if config["validation"]["link_training"]:
+            runs.append(RunSpec("train", runtime, next(iter(config["fabrics"])), 2,
+                                max(config["scaling"]["ranks_per_node"]), repetition, bench["batch_sizes"][0],
+                                bench["modes"][0], bench["data"][0], model, tuple(pair)))
+    return runs
+
+
+def allocation_argv(config: dict, nodes: tuple[str, ...], runs: list[RunSpec]) -> list[str]:
+    """salloc for one node or link job: exactly these nodes, exclusively, with the slurm section's
+    partition, account, QoS and GPUs, for as long as all its runs may take (their timeouts summed)."""
+    settings = config["slurm"]
+    seconds = sum(config["netbench" if run.kind == "netbench" else "benchmark"]["timeout_s"] for run in runs)
+    argv = ["salloc", f"--nodes={len(nodes)}", f"--nodelist={','.join(nodes)}", "--exclusive",
+            f"--ntasks-per-node={max(run.ranks_per_node for run in runs)}",
+            f"--cpus-per-task={settings['cpus_per_rank']}", f"--time={seconds // 60 + 1}",
+            f"--job-name=containerbench-fleet-{link_name(nodes)}"]
+    for key, option in (("partition", "--partition"), ("account", "--account"), ("qos", "--qos")):
+        if settings[key]:
+            argv.append(f"{option}={settings[key]}")
+    if settings["mem_mb_per_node"]:
+        argv.append(f"--mem={settings['mem_mb_per_node']}")
+    if settings["gpus_per_node"]:
+        argv.append(f"--gres=gpu:{settings['gpus_per_node']}")
+    return argv
+
+
+def run_job(plans: list[dict], logs: list[str], echo=None, not_run: str | None = None) -> int:
+    """A node's or link's runs one after another in the allocation salloc made (SLURM_JOB_ID). This
+    process runs outside the allocation: when Slurm ends it (scancel, time limit, node failure), the run
+    under way gets Slurm's state and reason in its log, and the runs after it a log saying why they did
+    not run, so each becomes a failed record instead of a job Snakemake would quietly submit again.
+    `not_run`: salloc itself failed; every log not yet written says so, those written stay."""
+    import os
+    import socket
+    import time
+
+    from containerbench import markers
+    from containerbench.launch import measure
+
+    allocation = os.environ.get("SLURM_JOB_ID")
+    why = {"not_run": not_run} if not_run else None  # what the exit line of a run never started says
+    for run_plan, log in zip(plans, logs):
+        if not_run and Path(log).exists():
+            continue
+        if why:
+            Path(log).write_text(
+                markers.line(markers.LAUNCH, {**run_plan, "host": socket.gethostname(), "started_unix": time.time()})
+                + markers.line(markers.EXIT, {"returncode": None, "wall_s": 0.0, "timed_out": False,
+                                              "ended_unix": time.time(), **why}))
+            continue
+        if measure(run_plan, Path(log), *([echo] if echo else []), allocation=allocation) != 0 and allocation:
+            last = Path(log).read_text().splitlines()[-1]
+            ended = (markers.payload(last, markers.EXIT) or {}).get("slurm") if last.startswith(markers.EXIT) else None
+            if ended:
+                why = {"not_run": f"its allocation ended before it: Slurm job {ended['job']} {ended['state']}",
+                       "slurm": ended}
+    return 0
+
+
+class FleetJobs:
+    """The node and link jobs of a plan as the workflow runs them (workflow/rules/fleet.smk): each
+    job's runs and raw logs, its plans, its allocation, and the jobs it waits for."""
+
+    def __init__(self, config: dict, fleet: FleetPlan, directory: str):
+        self.config, self.directory = config, directory
+        # Fleet runs are judged by their figures; their telemetry is not collected (no rule declares it).
+        self.run_config = {**config, "telemetry": {**config["telemetry"], "enabled": False}}
+        self.runs = {("node", node): node_runs(config, node) for node in fleet.nodes} | {
+            ("link", link_name(in_order(pair))): link_runs(config, in_order(pair)) for pair in fleet.links}
+        # The jobs before each link's on its two nodes: each node's own job first, then its links by round.
+        latest = {node: ("node", node) for node in fleet.nodes}
+        self.after: dict[str, list[tuple[str, str]]] = {}
+        for taken in fleet.rounds:
+            for pair in map(in_order, taken):
+                self.after[link_name(pair)] = [latest[end] for end in pair]
+                latest.update({end: ("link", link_name(pair)) for end in pair})
+
+    def logs(self, job: tuple[str, str]) -> list[str]:
+        return [f"{self.directory}/runs/{spec.run_id}.log" for spec in self.runs[job]]
+
+    def waits_for(self, link: str) -> list[str]:
+        """The raw logs of the jobs before this link's on its nodes: one job per node at a time."""
+        return [log for job in self.after[link] for log in self.logs(job)]
+
+    def plans(self, job: tuple[str, str]) -> str:
+        from containerbench.launch import plan as run_plan
+
+        return json.dumps([run_plan(spec, self.run_config) for spec in self.runs[job]], sort_keys=True)
+
+    def allocation(self, job: tuple[str, str]) -> list[str]:
+        nodes = (job[1],) if job[0] == "node" else tuple(job[1].split("+"))
+        return allocation_argv(self.config, nodes, self.runs[job])
+
+    def records(self) -> list[str]:
+        return [log.removesuffix(".log") + ".json" for job in self.runs for log in self.logs(job)]
+
+    def images(self, image_files: dict[str, str]) -> list[str]:
+        """The built images the runs need (runtime label -> file, as the sweep has them)."""
+        from containerbench.config import runtime_label
+
+        return sorted({image_files[label] for runs in self.runs.values() for spec in runs
+                       if (label := runtime_label(spec.runtime, spec.mpi_model)) in image_files})

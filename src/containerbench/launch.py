@@ -210,8 +210,9 @@ def collect_telemetry(run_plan: dict) -> Path | None:
     return merged
 
 
-def measure(run_plan: dict, log_path: Path, echo=sys.stdout) -> int:
-    """One run as the workflow makes it: its raw log (execute) and its nodes' samples beside it."""
+def measure(run_plan: dict, log_path: Path, echo=sys.stdout, allocation: str | None = None) -> int:
+    """One run as the workflow makes it: its raw log (execute) and its nodes' samples beside it.
+    `allocation`: the Slurm job it runs in, from outside it (fleet jobs), asked after a failure."""
     clear_telemetry(run_plan)
     # Where the launch ran, for the ranks' own view to be compared with (records.judge_container).
     context = rank_context()
@@ -220,7 +221,7 @@ def measure(run_plan: dict, log_path: Path, echo=sys.stdout) -> int:
         context["native_mpi"] = {"library": library, "version": library_mpi_version(library)}
     run_plan = {**run_plan, "launch_context": context}
     try:
-        return execute(run_plan, log_path, echo)
+        return execute(run_plan, log_path, echo, allocation)
     finally:
         collect_telemetry(run_plan)
 
@@ -285,7 +286,7 @@ class RunAbandoned(SystemExit):
     left incomplete for the next invocation to run again (rerun-incomplete)."""
 
 
-def execute(run_plan: dict, log_path: Path, echo=sys.stdout) -> int:
+def execute(run_plan: dict, log_path: Path, echo=sys.stdout, allocation: str | None = None) -> int:
     """Run the plan, copying its output to the log (and to `echo`); return its exit code.
 
     A failing benchmark is a result, not an error of the workflow: the log keeps
@@ -321,6 +322,10 @@ def execute(run_plan: dict, log_path: Path, echo=sys.stdout) -> int:
             log.write(f"containerbench: {abandoned[0]}: run abandoned\n")
         footer = {"returncode": returncode, "wall_s": round(time.monotonic() - started, 3),
                   "timed_out": timed_out.is_set(), "ended_unix": time.time()}
+        if returncode != 0 and allocation:  # ended from outside (scancel, time limit, node failure)?
+            ended = slurm.job_state(allocation)
+            if ended:
+                footer["slurm"] = ended
         log.write(markers.line(markers.EXIT, footer))
     if abandoned:
         raise RunAbandoned(f"containerbench: {run_plan['run_id']}: {abandoned[0]}: run abandoned")

@@ -110,13 +110,20 @@ def judge_exit(found: LogLines, verdict: Verdict) -> None:
         verdict.fail("log has no readable launch line: not written by containerbench launch, or corrupt")
     if found.exit is None:
         verdict.fail("log ends without an exit line: the run was killed or is still running")
+    elif found.exit.get("not_run"):  # a fleet job's run after its allocation ended, or never began
+        verdict.fail(f"not run: {found.exit['not_run']}")
+    elif found.exit.get("slurm"):  # its allocation ended under it: Slurm's own state and reason (sacct)
+        ended = found.exit["slurm"]
+        verdict.fail(f"Slurm job {ended['job']} {ended['state']}" + (
+            f" (reason {ended['reason']})" if ended.get("reason") not in (None, "", "None") else "") + " (sacct)")
     elif found.exit.get("timed_out"):
         verdict.fail(f"timed out after {(found.launch or {}).get('timeout_s')} s")
     elif found.exit.get("returncode") != 0:
         verdict.fail(f"exit code {found.exit.get('returncode')}")
     if found.failure:
         verdict.reasons.append(found.failure)
-    if found.result is None:
+    ended_outside = bool(found.exit and (found.exit.get("not_run") or found.exit.get("slurm")))
+    if found.result is None and not ended_outside:  # else the reason above says why there is none
         verdict.fail("no result line" if found.result_line is None else "result line is not valid JSON")
 
 

@@ -369,8 +369,9 @@ def node_chart(nodes: pd.DataFrame, min_shortfall: float | None = None) -> str |
     return _png(figure)
 
 
-def link_matrix(links: pd.DataFrame, order: list[str]) -> str | None:
-    """Nodes x nodes: each measured link's worst signed deviation; slow links crossed."""
+def link_matrix(links: pd.DataFrame, order: list[str], unmeasured=()) -> str | None:
+    """Nodes x nodes: each measured link's worst signed deviation; slow links crossed, links whose job
+    failed (`unmeasured`, no figure) squared."""
     if links.empty:
         return None
     position = {node: i for i, node in enumerate(order)}
@@ -389,6 +390,10 @@ def link_matrix(links: pd.DataFrame, order: list[str]) -> str | None:
     if slow:
         rows, columns = zip(*slow)
         axis.scatter(columns, rows, marker="x", color="black", s=40 if len(order) <= 32 else 8)
+    failed = [(position[a], position[b]) for a, b in (link.split("+") for link in unmeasured)]
+    if failed:
+        rows, columns = zip(*failed, *[(b, a) for a, b in failed])
+        axis.scatter(columns, rows, marker="s", facecolors="none", edgecolors="black", s=60 if len(order) <= 32 else 10)
     ticks = range(len(order)) if len(order) <= 64 else []
     axis.set_xticks(ticks, [order[i] for i in ticks], rotation=90, fontsize=7)
     axis.set_yticks(ticks, [order[i] for i in ticks], fontsize=7)
@@ -423,7 +428,9 @@ def render_fleet(verdict_dir, out_path, min_shortfall: float | None = None, z_li
         bad_links=int(((summary["kind"] == "link") & (summary["result"] == "fail")).sum()),
         failures_table=_table(failing, FLEET_SUMMARY_COLUMNS),
         node_chart=node_chart(nodes, min_shortfall), node_table=_table(nodes, FLEET_NODE_COLUMNS),
-        link_matrix=link_matrix(links, order), link_table=_table(links[links["slow"]], FLEET_LINK_COLUMNS),
+        link_matrix=link_matrix(links, order, sorted(set(failing.loc[failing["kind"] == "link", "member"])
+                                                     - set(links["link"]))),
+        link_table=_table(links[links["slow"]], FLEET_LINK_COLUMNS),
         drain=(folder / "drain.txt").read_text(), z_limit=z_limit,
     )
     Path(out_path).write_text(page)

@@ -81,3 +81,29 @@ def check_cluster(config: dict, runs: list[RunSpec], sinfo=("sinfo",)) -> None:
     if slurm["gpus_per_node"] > gpus:
         raise ConfigError(f"config: 'slurm.gpus_per_node' = {slurm['gpus_per_node']}, nodes of partition {name!r} "
                           f"have {gpus} GPU(s); allowed: at most {gpus}")
+
+
+# sacct's job states in which the job no longer runs (sacct(1), "JOB STATE CODES").
+ENDED_STATES = ("BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY",
+                "PREEMPTED", "TIMEOUT")
+
+
+def job_state(job_id: str, sacct=("sacct",), wait_s: float = 15.0) -> dict | None:
+    """Slurm's own word on an allocation that ended under a run: its state and reason from sacct, once
+    they say it ended (the accounting lags the event by a few seconds); None while it still runs, or
+    where sacct cannot answer."""
+    import time
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            listing = subprocess.run([*sacct, "--jobs", str(job_id), "--allocations", "--noheader", "--parsable2",
+                                      "--format", "State,Reason,ExitCode"], capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        fields = (listing.stdout.strip().splitlines() or [""])[0].split("|") if listing.returncode == 0 else []
+        if len(fields) == 3 and fields[0].split()[0] in ENDED_STATES:
+            return {"job": str(job_id), "state": fields[0], "reason": fields[1], "exit_code": fields[2]}
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(1)

@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# A real two-node Slurm 22.05 cluster on one machine, for the tests.
+# A real Slurm 22.05 cluster of two nodes (CB_NODES=4: four, up to 9) on one machine, for the tests.
 #
 #   tests/slurm/cluster.sh install          apt packages (idempotent)
-#   tests/slurm/cluster.sh start DIR        network, munge, MariaDB, slurmdbd, slurmctld, 2 x slurmd
+#   tests/slurm/cluster.sh start DIR        network, munge, MariaDB, slurmdbd, slurmctld, N x slurmd
 #   tests/slurm/cluster.sh stop DIR         everything it started, by PID; namespaces removed
 #   tests/slurm/cluster.sh exec DIR CMD...  run a client command (sbatch, snakemake) on the controller host
+#   tests/slurm/cluster.sh slow-node DIR NODE PERCENT   cap everything NODE's slurmd runs at PERCENT of a CPU
+#   tests/slurm/cluster.sh slow-link DIR NODE NODE RATE   cap what the two send each other on fast0 (htb)
+#   tests/slurm/cluster.sh heal DIR         undo slow-node and slow-link
 #
-# Each host is a network namespace of its own (cbctl, cbn1, cbn2) with its own
+# Each host is a network namespace of its own (cbctl, cbn1, cbn2, ...) with its own
 # hostname (UTS namespace), so records see distinct hosts and distinct
 # interfaces. Two networks connect the nodes, as on a cluster with two fabrics:
 #   fast0 (10.77.1.0/24)  stands for InfiniBand: unshaped
@@ -17,7 +20,9 @@ set -euo pipefail
 
 SLOW_RATE=${CB_SLOW_RATE:-1gbit}
 CLUSTER=cbtest
-NODES=(n1 n2)
+# The node count is the one the cluster in DIR was started with (stop, exec and the rest read it).
+nodes_of() { local count=${CB_NODES:-2}; [ -s "${1:-/nonexistent}/nodes" ] && count=$(cat "$1/nodes"); seq -f 'n%g' "$count"; }
+NODES=()
 NS_CTL=cbctl
 # Every slurmd sees its own spool at this one path, and its own /dev/shm, as a real node
 # would (a mount namespace each): Slurm's PMIx plugin builds its socket paths from
@@ -101,9 +106,9 @@ AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost=127.0.0.1
 JobAcctGatherType=jobacct_gather/none
 JobCompType=jobcomp/none
-NodeName=n1 NodeHostname=n1 NodeAddr=10.77.2.11 CPUs=$cpus RealMemory=$memory State=UNKNOWN
-NodeName=n2 NodeHostname=n2 NodeAddr=10.77.2.12 CPUs=$cpus RealMemory=$memory State=UNKNOWN
-PartitionName=cpu Nodes=n1,n2 Default=YES MaxTime=120 State=UP OverSubscribe=NO
+$(i=0; for node in "${NODES[@]}"; do i=$((i + 1))
+  echo "NodeName=$node NodeHostname=$node NodeAddr=10.77.2.1$i CPUs=$cpus RealMemory=$memory State=UNKNOWN"; done)
+PartitionName=cpu Nodes=$(IFS=,; echo "${NODES[*]}") Default=YES MaxTime=120 State=UP OverSubscribe=NO
 EOF
   cat > /etc/slurm/slurmdbd.conf <<EOF
 AuthType=auth/munge
@@ -148,6 +153,8 @@ start() {
   local dir=$1
   [ -e /run/netns/$NS_CTL ] && die "a test cluster is already running (namespace $NS_CTL); stop it first"
   mkdir -p "$dir"
+  [ "${#NODES[@]}" -le 9 ] || die "CB_NODES=${#NODES[@]}: at most 9 (addresses 10.77.x.11-19)"
+  echo "${#NODES[@]}" > "$dir/nodes"
   install_packages
   make_network
   write_configs "$dir"
@@ -170,7 +177,7 @@ start() {
       sh -c "mount --bind '$dir/spool/$node' '$SPOOL' && mount -t tmpfs -o mode=1777 shm /dev/shm \
              && hostname $node && exec slurmd -N $node"
   done
-  wait_for 60 "2 idle nodes" sh -c "nsenter --net=/run/netns/$NS_CTL sinfo -h -t idle -o %D | grep -qx 2"
+  wait_for 60 "${#NODES[@]} idle nodes" sh -c "nsenter --net=/run/netns/$NS_CTL sinfo -h -t idle -o %D | grep -qx ${#NODES[@]}"
   echo "cluster.sh: $CLUSTER up: nodes ${NODES[*]}, fast0 10.77.1.0/24, slow0 10.77.2.0/24 ($SLOW_RATE)" >&2
 }
 
@@ -185,8 +192,57 @@ stop_pidfile() {
   rm -f "$file"
 }
 
+# A CPU quota on a node's slurmd: the jobs it starts inherit its cgroup (no cgroup plugin here).
+slow_node() {
+  local dir=$1 node=$2 percent=$3 group pid
+  pid=$(cat "$dir/slurmd-$node.pid") || die "no slurmd of $node in $dir"
+  if [ -e /sys/fs/cgroup/cgroup.controllers ]; then  # cgroup v2
+    group=/sys/fs/cgroup/cbtest-$node
+    echo +cpu > /sys/fs/cgroup/cgroup.subtree_control 2>/dev/null || true
+    mkdir -p "$group" && echo "$((percent * 1000)) 100000" > "$group/cpu.max"
+  else
+    group=/sys/fs/cgroup/cpu/cbtest-$node
+    mkdir -p "$group" && echo 100000 > "$group/cpu.cfs_period_us" && echo $((percent * 1000)) > "$group/cpu.cfs_quota_us"
+  fi
+  echo "$pid" > "$group/cgroup.procs"
+  echo "$group" >> "$dir/slowed-groups"
+}
+
+# A rate limit on the fast network (a bad cable or port of the "InfiniBand"), on both nodes, only for
+# what they send each other (htb: unclassified traffic goes out directly, unshaped; this machine's
+# kernel has no netem). fast0 has no qdisc of its own to keep (slow0 has the tbf).
+slow_link() {
+  local dir=$1 a=$2 b=$3 rate=$4 from to
+  for from in "$a" "$b"; do
+    to=$([ "$from" = "$a" ] && echo "$b" || echo "$a")
+    in_ns "cb$from" tc qdisc replace dev fast0 root handle 1: htb default 0
+    in_ns "cb$from" tc class replace dev fast0 parent 1: classid 1:20 htb rate "$rate" ceil "$rate"
+    in_ns "cb$from" tc filter add dev fast0 protocol ip parent 1: prio 1 u32 match ip dst "10.77.1.1${to#n}/32" flowid 1:20
+    echo "$from" >> "$dir/slowed-links"
+  done
+}
+
+heal() {
+  local dir=$1 group node
+  if [ -s "$dir/slowed-groups" ]; then
+    while read -r group; do
+      # Back to the root group, then the group goes.
+      for pid in $(cat "$group/cgroup.procs" 2>/dev/null); do echo "$pid" > "$(dirname "$group")/cgroup.procs" 2>/dev/null || true; done
+      rmdir "$group" 2>/dev/null || true
+    done < "$dir/slowed-groups"
+    rm -f "$dir/slowed-groups"
+  fi
+  if [ -s "$dir/slowed-links" ]; then
+    for node in $(sort -u "$dir/slowed-links"); do
+      in_ns "cb$node" tc qdisc del dev fast0 root 2>/dev/null || true
+    done
+    rm -f "$dir/slowed-links"
+  fi
+}
+
 stop() {
   local dir=$1
+  heal "$dir"
   for node in "${NODES[@]}"; do stop_pidfile "$dir/slurmd-$node.pid"; done
   stop_pidfile "$dir/slurmctld.pid"
   stop_pidfile "$dir/slurmdbd.pid"
@@ -202,8 +258,13 @@ stop() {
   done
 }
 
+[ -n "${2:-}" ] && mapfile -t NODES < <(nodes_of "$2")
+
 case "${1:-}" in
   install) install_packages ;;
+  slow-node) slow_node "$2" "${3:?usage: cluster.sh slow-node DIR NODE PERCENT}" "${4:?PERCENT}" ;;
+  slow-link) slow_link "$2" "${3:?usage: cluster.sh slow-link DIR NODE NODE RATE}" "${4:?NODE}" "${5:?RATE}" ;;
+  heal) heal "${2:?usage: cluster.sh heal DIR}" ;;
   start) start "${2:?usage: cluster.sh start DIR}" ;;
   stop) stop "${2:?usage: cluster.sh stop DIR}" ;;
   exec) shift 2; exec nsenter --net=/run/netns/$NS_CTL "$@" ;;

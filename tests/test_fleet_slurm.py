@@ -1,0 +1,100 @@
+"""`snakemake validate_nodes` on a real four-node Slurm cluster (tests/slurm/cluster.sh, CB_NODES=4)
+with one node made slow for real (a CPU quota on its slurmd's cgroup), one link made slow for real
+(a 20 Mbit/s cap on the pair's fast network) and one link job cancelled from outside while it runs: the verdict
+must name exactly that node, that link and that job, with Slurm's own word for the cancellation."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+from helpers import BENCH_PYTHON, ROOT
+
+from containerbench.processes import run_group
+
+pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.slurm, pytest.mark.netns, pytest.mark.timeout(1500)]
+CLUSTER = ROOT / "tests" / "slurm" / "cluster.sh"
+SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
+SLOW_NODE, SLOW_LINK, CANCELLED_LINK = "n3", ("n1", "n2"), "n2+n4"
+
+
+@pytest.fixture(scope="module")
+def four_nodes(tmp_path_factory):
+    state = tmp_path_factory.mktemp("slurm-four")
+    subprocess.run([str(CLUSTER), "install"], check=True, timeout=600)
+    started = subprocess.run([str(CLUSTER), "start", str(state)], capture_output=True, text=True, timeout=300,
+                             env={**os.environ, "CB_NODES": "4"})
+    try:
+        assert started.returncode == 0, started.stderr
+        yield state
+    finally:
+        subprocess.run([str(CLUSTER), "stop", str(state)], timeout=300)
+
+
+def on_controller(state: Path, *argv: str, timeout=1800) -> subprocess.CompletedProcess:
+    return run_group([str(CLUSTER), "exec", str(state), *argv], timeout=timeout)
+
+
+def cancel_when_running(state: Path, job_name: str, cancelled: list, stop: threading.Event) -> None:
+    """scancel the job of that name as soon as it runs: a job ended from outside, as an admin would."""
+    while not stop.is_set():
+        running = on_controller(state, "squeue", "--noheader", "--name", job_name, "--states", "RUNNING",
+                                "--format", "%i", timeout=30).stdout.split()
+        if running:
+            time.sleep(1)  # into its first run
+            on_controller(state, "scancel", running[0], timeout=30)
+            cancelled.append(running[0])
+            return
+        time.sleep(0.3)
+
+
+def test_validate_nodes_names_the_slowed_node_the_slowed_link_and_the_cancelled_job(four_nodes, tmp_path):
+    site = tmp_path / "site.yaml"
+    site.write_text(yaml.safe_dump({"bare_metal": {"python": str(BENCH_PYTHON)}}))
+    subprocess.run([str(CLUSTER), "slow-node", str(four_nodes), SLOW_NODE, "40"], check=True, timeout=60)
+    subprocess.run([str(CLUSTER), "slow-link", str(four_nodes), *SLOW_LINK, "20mbit"], check=True, timeout=60)
+    cancelled, stop = [], threading.Event()
+    watcher = threading.Thread(target=cancel_when_running,
+                               args=(four_nodes, f"containerbench-fleet-{CANCELLED_LINK}", cancelled, stop))
+    watcher.start()
+    try:
+        done = on_controller(
+            four_nodes, "timeout", "-s", "INT", "1200", SNAKEMAKE, "validate_nodes", "--snakefile",
+            str(ROOT / "Snakefile"), "--directory", str(tmp_path), "--profile", str(ROOT / "profiles" / "slurm"),
+            "--configfile", str(ROOT / "tests" / "slurm" / "fleet.yaml"), str(site),
+            "--slurm-init-seconds-before-status-checks", "2")
+    finally:
+        stop.set()
+        watcher.join()
+        subprocess.run([str(CLUSTER), "heal", str(four_nodes)], timeout=60)
+    output = done.stdout + done.stderr
+    # A FAIL fails the workflow, after the verdict is written.
+    assert done.returncode == 1, output[-5000:]
+    fleet_dir = tmp_path / "results" / "fleet"
+    summary = pd.read_csv(fleet_dir / "fleet_summary.csv", keep_default_na=False).set_index("member")
+    print(summary.to_string())  # the verdict, for the issue's note (pytest -s)
+    print(pd.read_csv(fleet_dir / "fleet_nodes.csv")[["node", "variable", "value", "fleet_median", "mad",
+                                                        "robust_z", "deviation_percent", "result"]].to_string())
+    assert "fleet: 1 of 4 node(s) failed, 2 of 6 link(s) bad" in output
+    failed = summary[summary["result"] == "fail"]
+    assert sorted(failed.index) == sorted([SLOW_NODE, "+".join(SLOW_LINK), CANCELLED_LINK]), summary
+    assert summary.loc[SLOW_NODE, "reason"].startswith("images_per_sec ")
+    # The cancelled job is a failed record with Slurm's state from sacct, not a job submitted again.
+    assert cancelled, "the link job never ran"
+    assert f"failed: Slurm job {cancelled[0]} CANCELLED by 0 (sacct)" in summary.loc[CANCELLED_LINK, "reason"]
+    assert output.count("fleet run --plans") <= 10 + 1  # 4 node and 6 link jobs, and the cancelled one's fallback
+    # Links through the slow node are explained by it, or not slow at all: never a bad link of their own.
+    assert set(summary.loc[["n1+n3", "n2+n3", "n3+n4"], "result"]) <= {"explained", "pass"}
+    assert "pingpong_bandwidth_MBps" in summary.loc["n1+n2", "reason"]
+    drain = (fleet_dir / "drain.txt").read_text().splitlines()
+    assert drain[0].startswith(f"scontrol update NodeName={SLOW_NODE} State=DRAIN 'Reason=containerbench: ")
+    assert (fleet_dir / "fleet.html").read_text().count('src="data:image/png;base64,') == 2
+    states = on_controller(four_nodes, "sinfo", "--noheader", "--Node", "--format", "%N %T").stdout
+    assert "drain" not in states  # printed, never run unless validation.drain asks

@@ -1,0 +1,150 @@
+# Validating a batch of new nodes: `snakemake validate_nodes` with validation.nodes (a Slurm hostlist)
+# or validation.partition. docs/validation.md says how nodes are paired and judged.
+#
+# Each node's job and each link's job is a local rule that asks Slurm for exactly its nodes (salloc,
+# exclusive) and runs its runs one after another in that allocation, from outside it
+# (containerbench fleet run): when Slurm ends the allocation (scancel, time limit, node failure), the
+# runs get Slurm's state and reason from sacct in their logs and become failed records, so the
+# verdict names the node instead of the workflow submitting it again. A link's job waits for the
+# jobs before it on both of its nodes (fleet.job_rounds), so no node ever has two jobs at a time, and
+# at most validation.max_jobs run at once.
+
+FLEET_SELECTION = {key: config["validation"][key] for key in ("nodes", "partition") if config["validation"][key]}
+FLEET = None
+if FLEET_SELECTION and workflow.is_main_process:  # every fleet rule is local: the planning process runs them
+    try:
+        if config["launcher"]["kind"] != "srun":
+            raise fleet.FleetError(f"'validation.{next(iter(FLEET_SELECTION))}' needs launcher.kind srun "
+                                   f"(it is {config['launcher']['kind']!r}); allowed: a Slurm site's config")
+        FLEET = fleet.plan(fleet.select(config["validation"]["nodes"], config["validation"]["partition"]))
+    except fleet.FleetError as error:
+        sys.exit(f"containerbench: config: {error}")  # one line, before anything is submitted
+    if "fleet_jobs" not in workflow.global_resources:  # a --resources fleet_jobs=N of the admin wins
+        workflow.register_resource("fleet_jobs", config["validation"]["max_jobs"])
+
+if FLEET is not None:
+    FLEET_DIR = f"{RESULTS}/fleet"
+    FLEET_JOBS = fleet.FleetJobs(config, FLEET, FLEET_DIR)
+    FLEET_IMAGES = FLEET_JOBS.images(SWEEP.image_files)
+
+    rule fleet_plan:
+        """What was planned, for the verdict: the nodes measured, those Slurm could not run on, the links."""
+        output:
+            f"{FLEET_DIR}/plan.json",
+        log:
+            f"{RESULTS}/logs/fleet/plan.txt",
+        params:
+            plan=json.dumps(FLEET.as_dict(), sort_keys=True),
+        localrule: True
+        shell:
+            "echo {params.plan:q} > {output:q} 2> {log:q}"
+
+    rule fleet_node:
+        input:
+            FLEET_IMAGES,
+        output:
+            # One template per run of a node's job: the same runs on every node.
+            [f"{FLEET_DIR}/runs/{spec.run_id}.log" for spec in fleet.node_runs(config, "{node}")],
+        log:
+            f"{RESULTS}/logs/fleet/node-{{node}}.txt",
+        wildcard_constraints:
+            node=r"[^+/]+",
+        params:
+            cb=CB,
+            salloc=lambda wildcards: FLEET_JOBS.allocation(("node", wildcards.node)),
+            plans=lambda wildcards: FLEET_JOBS.plans(("node", wildcards.node)),
+        resources:
+            fleet_jobs=1,
+        localrule: True
+        shell:
+            "({params.salloc:q} {params.cb} fleet run --plans {params.plans:q} --logs {output:q} || "
+            "{params.cb} fleet run --plans {params.plans:q} --logs {output:q} --allocation-failed \"salloc exit $?\") "
+            "> {log:q} 2>&1"
+
+    rule fleet_link:
+        input:
+            FLEET_IMAGES,
+            after=lambda wildcards: FLEET_JOBS.waits_for(wildcards.link),
+        output:
+            [f"{FLEET_DIR}/runs/{spec.run_id}.log" for spec in fleet.link_runs(config, ("{link}",))],
+        log:
+            f"{RESULTS}/logs/fleet/link-{{link}}.txt",
+        wildcard_constraints:
+            link=r"[^+/]+\+[^+/]+",
+        params:
+            cb=CB,
+            salloc=lambda wildcards: FLEET_JOBS.allocation(("link", wildcards.link)),
+            plans=lambda wildcards: FLEET_JOBS.plans(("link", wildcards.link)),
+        resources:
+            fleet_jobs=1,
+        localrule: True
+        shell:
+            "({params.salloc:q} {params.cb} fleet run --plans {params.plans:q} --logs {output:q} || "
+            "{params.cb} fleet run --plans {params.plans:q} --logs {output:q} --allocation-failed \"salloc exit $?\") "
+            "> {log:q} 2>&1"
+
+    rule fleet_parse:
+        input:
+            f"{FLEET_DIR}/runs/{{fleet_run}}.log",
+        output:
+            f"{FLEET_DIR}/runs/{{fleet_run}}.json",
+        log:
+            f"{RESULTS}/logs/fleet/parse/{{fleet_run}}.txt",
+        wildcard_constraints:
+            fleet_run=r"(train|netbench)_[^/]+_on_[^/]+_rep\d+",
+        params:
+            cb=CB,
+        localrule: True
+        shell:
+            "{params.cb} parse {input:q} --out {output:q} 2> {log:q}"
+
+    FLEET_VERDICT = {key: f"{FLEET_DIR}/{name}" for key, name in fleet.VERDICT_FILES.items()}
+
+    rule fleet_verdict:
+        """The tables, the page and the drain list; it always succeeds, so they are kept on FAIL."""
+        input:
+            plan=rules.fleet_plan.output,
+            records=FLEET_JOBS.records(),
+        output:
+            **FLEET_VERDICT,
+            page=f"{FLEET_DIR}/fleet.html",
+        log:
+            f"{RESULTS}/logs/fleet/verdict.txt",
+        params:
+            cb=CB,
+            out_dir=FLEET_DIR,
+            references=lambda wildcards: ["--references", config["validation"]["references"], "--system",
+                                          config["system"]] if config["validation"]["references"] else [],
+            shortfall=config["validation"]["min_shortfall"],
+            drain=["--drain"] if config["validation"]["drain"] else [],
+        localrule: True
+        shell:
+            "{params.cb} fleet judge {input.records:q} --plan {input.plan:q} --out-dir {params.out_dir:q} "
+            "{params.references:q} --min-shortfall {params.shortfall} {params.drain:q} > {log:q} 2>&1 || "
+            "test $? -eq 1"
+
+    rule validate_nodes:
+        """`snakemake validate_nodes`: the workflow exits non-zero when a node or link failed."""
+        input:
+            rules.fleet_verdict.output.summary,
+        log:
+            f"{RESULTS}/logs/fleet/validate_nodes.txt",
+        params:
+            cb=CB,
+        localrule: True
+        shell:
+            "{params.cb} fleet summary {input:q} 2>&1 | tee {log:q}"
+
+else:
+
+    rule validate_nodes:
+        """Without a batch to validate: one line saying what to set."""
+        input:
+            lambda wildcards: sys.exit("containerbench: config: 'validation.nodes' and 'validation.partition' are "
+                                       "not set; allowed: a Slurm hostlist (n[001-064]) or a partition, in the "
+                                       "site config"),
+        log:
+            f"{RESULTS}/logs/fleet/validate_nodes.txt",
+        localrule: True
+        shell:
+            "true > {log:q}"
