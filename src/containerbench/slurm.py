@@ -102,7 +102,7 @@ def job_state(job_id: str, sacct=("sacct",), wait_s: float = 15.0) -> dict | Non
         except (OSError, subprocess.TimeoutExpired):
             return None
         fields = (listing.stdout.strip().splitlines() or [""])[0].split("|") if listing.returncode == 0 else []
-        if len(fields) == 3 and fields[0].split()[0] in ENDED_STATES:
+        if len(fields) == 3 and fields[0].split()[:1] and fields[0].split()[0] in ENDED_STATES:
             return {"job": str(job_id), "state": fields[0], "reason": fields[1], "exit_code": fields[2]}
         if time.monotonic() > deadline:
             return None
