@@ -134,3 +134,27 @@ def fleet_records(recorded_runs: dict, nodes: list[str], links: list[tuple[str, 
             records.append(on_nodes(recorded_runs[("netbench", 2)], list(pair), repetition,
                                     factor * (1 + noise.normal(0, 0.01))))
     return records
+
+
+# The Slurm test cluster (tests/slurm/cluster.sh): its clients run in the controller's namespace.
+SLURM_CLUSTER = ROOT / "tests" / "slurm" / "cluster.sh"
+
+
+def on_controller(state: Path, *argv: str, timeout=1800, cwd=None):
+    return run_group([str(SLURM_CLUSTER), "exec", str(state), *argv], timeout=timeout, cwd=cwd)
+
+
+def cancel_when_running(state: Path, job_name: str, cancelled: list, stop, settle_s: float = 1.0) -> None:
+    """scancel the job of that name as soon as it runs (after `settle_s`, into its run): a job ended from
+    outside, as an admin would. Meant for a thread; `stop` (an Event) ends the watch."""
+    import time
+
+    while not stop.is_set():
+        running = on_controller(state, "squeue", "--noheader", "--name", job_name, "--states", "RUNNING",
+                                "--format", "%i", timeout=30).stdout.split()
+        if running:
+            time.sleep(settle_s)
+            on_controller(state, "scancel", running[0], timeout=30)
+            cancelled.append(running[0])
+            return
+        time.sleep(0.3)

@@ -22,7 +22,7 @@ import yaml
 from helpers import ROOT, fleet_records
 
 from containerbench import config as cb_config
-from containerbench import fleet, launch, markers, report
+from containerbench import fleet, launch, markers, report, slurm
 from containerbench.records import parse_log
 
 NODES = [f"n{i:02d}" for i in range(1, 7)]
@@ -299,24 +299,47 @@ def test_each_node_and_link_job_runs_its_runs_pinned_in_one_exclusive_allocation
         "netbench_bare-metal_fast_2x1_on_n1+n2_rep1", "train_bare-metal_fast_2x1_b2_on_n1+n2_rep1",
         "netbench_bare-metal_fast_2x1_on_n1+n2_rep2", "train_bare-metal_fast_2x1_b2_on_n1+n2_rep2"]
     assert link[0].as_dict()["nodelist"] == ["n1", "n2"] and "nodelist" not in cb_config.plan_runs(config)[0].as_dict()
-    # salloc(1): --nodelist, --exclusive, --time in minutes; partition and account from the slurm section.
-    assert fleet.allocation_argv(config, ("n1", "n2"), link) == [
+    # salloc(1) OPTIONS: --nodelist, --exclusive, --time in minutes (a bare number is minutes), --partition,
+    # --account; the time is the runs' timeouts rounded up, with 2 minutes a run for sacct after a failure.
+    plan = fleet.plan({name: fleet.NodeState(name, "idle") for name in ("n1", "n2")})
+    jobs = fleet.FleetJobs(config, plan, "results/fleet")
+    minutes = -(-(2 * 600 + 2 * config["netbench"]["timeout_s"]) // 60) + 2 * 4
+    assert jobs.allocation(("link", "n1+n2")) == [
         "salloc", "--nodes=2", "--nodelist=n1,n2", "--exclusive", "--ntasks-per-node=1", "--cpus-per-task=1",
-        f"--time={(2 * 600 + 2 * config['netbench']['timeout_s']) // 60 + 1}", "--job-name=containerbench-fleet-n1+n2",
-        "--partition=cpu", "--account=cbtest-account"]
+        f"--time={minutes}", "--job-name=containerbench-fleet-n1+n2", "--partition=cpu", "--account=cbtest-account"]
+    assert jobs.longest()[1] == minutes  # the node jobs run as many runs as long
+    limit = {"cpu": slurm.Partition(nodes=2, gpus=0, max_minutes=minutes - 1)}
+    with pytest.raises(fleet.FleetError) as caught:
+        fleet.check_time_limit(jobs, config["slurm"], limit)
+    assert str(caught.value) == (
+        f"the job of n1 may take {minutes} minutes (its runs' timeouts, 'benchmark.timeout_s' and "
+        "'netbench.timeout_s', and 'validation.repetitions'), beyond partition 'cpu''s time limit of "
+        f"{minutes - 1}; allowed: shorter timeouts or fewer repetitions")
+    fleet.check_time_limit(jobs, config["slurm"], {"cpu": slurm.Partition(2, 0, minutes)})
+    fleet.check_time_limit(jobs, config["slurm"], None)  # where sinfo cannot answer: not checked
 
 
-def test_runs_of_a_job_whose_allocation_failed_become_failed_records_and_measured_ones_stay(tmp_path):
+@pytest.mark.parametrize("text, minutes", [("infinite", None), ("UNLIMITED", None), ("30:00", 30), ("2:00:00", 120),
+                                           ("1-00:00:00", 1440), ("1-12:30:00", 2190), ("45", 45), ("5:30", 6)])
+def test_sinfos_time_limits_are_read_in_whole_minutes(text, minutes):
+    # sinfo(1) %l: "Maximum time for any job in the format "days-hours:minutes:seconds"", or "infinite".
+    assert slurm.time_limit_minutes(text) == minutes
+
+
+def test_a_jobs_file_holds_its_allocation_plans_and_logs_and_a_run_never_started_is_a_failed_record(tmp_path):
     config = cb_config.load([ROOT / "tests" / "slurm" / "fleet.yaml"])
-    runs = fleet.node_runs(config, "n1")
-    plans = [launch.plan(spec, config) for spec in runs]
-    logs = [str(tmp_path / f"{spec.run_id}.log") for spec in runs]
-    Path(logs[0]).write_text("what the first run wrote before salloc failed\n")
-    assert fleet.run_job(plans, logs, not_run="salloc exit 1") == 0
-    assert Path(logs[0]).read_text() == "what the first run wrote before salloc failed\n"
-    record = parse_log(logs[1])
-    assert (record["status"], record["reasons"]) == ("failed", ["not run: salloc exit 1"])
-    assert record["spec"]["nodelist"] == ["n1"] and record["run_id"] == runs[1].run_id
+    plan = fleet.plan({"n1": fleet.NodeState("n1", "idle")})
+    jobs = fleet.FleetJobs(config, plan, str(tmp_path / "fleet"))
+    jobs.write(plan, tmp_path / "plan.json")
+    job = json.loads(Path(jobs.job_file(("node", "n1"))).read_text())
+    assert fleet.FleetPlan.from_dict(json.loads((tmp_path / "plan.json").read_text())) == plan
+    assert job["logs"] == jobs.logs(("node", "n1")) and job["allocation"] == jobs.allocation(("node", "n1"))
+    # Fleet runs are in their job's allocation, not one each; their telemetry is not collected.
+    assert all("allocation" not in run_plan and run_plan["telemetry"] is None for run_plan in job["plans"])
+    launch.write_not_run(job["plans"][1], job["logs"][1], {"not_run": "no allocation: Job allocation 7 has been revoked"})
+    record = parse_log(job["logs"][1])
+    assert (record["status"], record["reasons"]) == ("failed", ["not run: no allocation: Job allocation 7 has been revoked"])
+    assert record["spec"]["nodelist"] == ["n1"] and record["run_id"] == jobs.runs[("node", "n1")][1].run_id
 
 
 def test_a_run_whose_allocation_slurm_ended_carries_slurms_state_and_reason(tmp_path):
@@ -343,7 +366,6 @@ def test_a_links_job_waits_for_the_jobs_before_it_on_both_of_its_nodes():
             assert set(jobs.logs(before)) <= set(jobs.waits_for(after[1])), (node, before, after)
     assert jobs.logs(("link", "n1+n2")) == ["results/fleet/runs/netbench_bare-metal_fast_2x1_on_n1+n2_rep1.log"]
     assert len(jobs.records()) == 7 * 2 + 11 and jobs.records()[0].endswith("_on_n1_rep1.json")
-    assert json.loads(jobs.plans(("node", "n1")))[0]["telemetry"] is None  # not collected for the fleet
 
 
 def test_half_the_fleets_figure_fails_however_wide_a_small_fleets_spread():

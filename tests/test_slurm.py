@@ -7,13 +7,14 @@ import json
 import re
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import yaml
-from helpers import BENCH_PYTHON, ROOT, fleet_records
+from helpers import BENCH_PYTHON, ROOT, cancel_when_running, fleet_records, on_controller
 
 from containerbench import config as cb_config
 from containerbench import fleet, slurm
@@ -39,10 +40,6 @@ def cluster(tmp_path_factory):
         yield state
     finally:
         subprocess.run([str(CLUSTER), "stop", str(state)], timeout=300)
-
-
-def on_controller(state: Path, *argv: str, timeout=1800, cwd=None) -> subprocess.CompletedProcess:
-    return run_group([str(CLUSTER), "exec", str(state), *argv], timeout=timeout, cwd=cwd)
 
 
 def workflow(state: Path, workdir: Path, *args: str, overrides: dict | None = None) -> subprocess.CompletedProcess:
@@ -79,8 +76,8 @@ def slurm_run(cluster, container_engines, tmp_path_factory):
 def test_what_the_cluster_cannot_give_is_refused_in_one_line_before_any_job(cluster, tmp_path):
     (tmp_path / "site.yaml").write_text(yaml.safe_dump({"bare_metal": {"python": str(BENCH_PYTHON)}}))
     config = cb_config.load([ROOT / "tests" / "slurm" / "config.yaml", tmp_path / "site.yaml"])
-    sinfo = (str(CLUSTER), "exec", str(cluster), "sinfo")  # the controller's own sinfo
-    slurm.check_cluster(config, cb_config.plan_runs(config), sinfo)  # what the test cluster has: fine
+    via = (str(CLUSTER), "exec", str(cluster))  # the controller's own sinfo
+    slurm.check_cluster(config, cb_config.plan_runs(config), via)  # what the test cluster has: fine
     for change, message in (
         ({"slurm": {"partition": "gpu"}}, "'slurm.partition' = 'gpu' is not a partition of this cluster; allowed: cpu"),
         ({"scaling": {"nodes": [4]}}, "'scaling.nodes' asks for 4 nodes, partition 'cpu' has 2; allowed: at most 2"),
@@ -88,7 +85,7 @@ def test_what_the_cluster_cannot_give_is_refused_in_one_line_before_any_job(clus
     ):
         wanted = cb_config.merge(config, change)
         with pytest.raises(cb_config.ConfigError) as caught:
-            slurm.check_cluster(wanted, cb_config.plan_runs(wanted), sinfo)
+            slurm.check_cluster(wanted, cb_config.plan_runs(wanted), via)
         assert str(caught.value).startswith(f"config: {message}")
 
 
@@ -162,6 +159,68 @@ def test_what_slurm_cannot_give_is_refused_before_submission(cluster, tmp_path):
                       "allowed: cpu"]
 
 
+def measured(output: str) -> list[tuple[str, str]]:
+    """The measure jobs a workflow ran: (rule, run id), from Snakemake's lines for each local job."""
+    return re.findall(r"^localrule (measure_rep\d+):\n(?:    .*\n)*?    wildcards: run_id=(\S+)", output, re.M)
+
+
+def test_a_run_slurm_ended_is_a_failed_record_with_slurms_reason_and_is_not_submitted_again(cluster, tmp_path):
+    with open(ROOT / "tests" / "slurm" / "config.yaml") as handle:
+        config = yaml.safe_load(handle)
+    del config["fabrics"]["slow"]
+    config.update(runtimes=["bare-metal"], bare_metal={"python": str(BENCH_PYTHON)})
+    config["scaling"]["nodes"] = [1]
+    config["benchmark"]["steps"] = 2000  # minutes: it is cancelled long before
+    site = tmp_path / "site.yaml"
+    site.write_text(yaml.safe_dump(config))
+    run_id = "train_bare-metal_fast_1x1_b2_rep1"
+    cancelled, stop = [], threading.Event()
+    watcher = threading.Thread(target=cancel_when_running, args=(cluster, f"containerbench-{run_id}", cancelled, stop),
+                               kwargs={"settle_s": 5})
+    watcher.start()
+    try:
+        done = on_controller(cluster, "timeout", "-s", "INT", "900", SNAKEMAKE, "--snakefile", str(ROOT / "Snakefile"),
+                             "--directory", str(tmp_path), "--profile", str(ROOT / "profiles" / "slurm"),
+                             "--configfile", str(site), "--slurm-init-seconds-before-status-checks", "2")
+    finally:
+        stop.set()
+        watcher.join()
+    output = done.stdout + done.stderr
+    assert cancelled, output[-3000:]
+    # The run Slurm ended is a measured outcome: a failed record with sacct's state, and the report is made.
+    assert done.returncode == 0, output[-5000:]
+    assert sorted(measured(output)) == [("measure_rep1", "netbench_bare-metal_fast_1x2_rep1"), ("measure_rep1", run_id)]
+    record = json.loads((tmp_path / "results" / "runs" / f"{run_id}.json").read_text())
+    assert (record["status"], record["reasons"]) == ("failed", [f"Slurm job {cancelled[0]} CANCELLED by 0 (sacct)"])
+    assert (tmp_path / "results" / "report.html").exists()
+    again = on_controller(cluster, SNAKEMAKE, "--snakefile", str(ROOT / "Snakefile"), "--directory", str(tmp_path),
+                          "--profile", str(ROOT / "profiles" / "slurm"), "--configfile", str(site), "--dry-run")
+    assert again.returncode == 0 and measured(again.stdout + again.stderr) == [], again.stdout[-3000:]
+    assert "Nothing to be done" in again.stdout + again.stderr
+
+
+def test_a_run_slurm_gives_no_allocation_is_a_failed_record_with_sallocs_error(cluster, tmp_path):
+    (tmp_path / "site.yaml").write_text(yaml.safe_dump({"bare_metal": {"python": str(BENCH_PYTHON)},
+                                                        "slurm": {"partition": "nosuch"}}))
+    config = cb_config.load([ROOT / "tests" / "slurm" / "config.yaml", tmp_path / "site.yaml"])
+    spec = next(run for run in cb_config.plan_runs(config) if run.kind == "train" and run.nodes == 1)
+    run_plan = plan(spec, config)
+    # salloc(1): the job's shape, time limit and name; the slurm section's partition and account.
+    assert run_plan["allocation"] == [
+        "salloc", "--nodes=1", "--exclusive", "--ntasks-per-node=1", "--cpus-per-task=1",
+        f"--time={config['slurm']['runtime_minutes']}", f"--job-name=containerbench-{spec.run_id}",
+        "--partition=nosuch", "--account=cbtest-account"]
+    (tmp_path / "plan.json").write_text(json.dumps(run_plan))
+    log = tmp_path / "run.log"
+    done = on_controller(cluster, sys.executable, "-m", "containerbench", "launch", "--plan", f"@{tmp_path / 'plan.json'}",
+                         "--log", str(log), timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    record = parse_log(log)
+    assert record["status"] == "failed"
+    assert record["reasons"] == ["not run: no allocation: error: Job submit/allocate failed: Invalid partition name "
+                                 "specified"], record["reasons"]
+
+
 def test_a_killed_workflow_resubmits_only_what_is_missing(cluster, slurm_run):
     # What a workflow killed mid-run leaves: one run never measured (no log, no record),
     # and no tables or report yet.
@@ -173,8 +232,7 @@ def test_a_killed_workflow_resubmits_only_what_is_missing(cluster, slurm_run):
     done = workflow(cluster, slurm_run)
     assert done.returncode == 0, done.stderr[-3000:]
     output = done.stdout + done.stderr
-    submitted = re.findall(r"submitted with SLURM jobid \d+ \(log: [^)]*rule_(\w+)/([^/]+)/", output)
-    assert submitted == [("measure_rep1", "train_bare-metal_slow_1x1_b2_rep1")], output[-3000:]
+    assert measured(output) == [("measure_rep1", "train_bare-metal_slow_1x1_b2_rep1")], output[-3000:]
     assert (results / "report.html").exists()
 
 
@@ -290,16 +348,16 @@ def test_the_nodes_to_validate_come_from_slurm_and_a_failed_one_is_drained_on_re
                                                                                        tmp_path):
     # Last in this module: it drains a node of the shared cluster for a moment.
     via = (str(CLUSTER), "exec", str(cluster))
-    assert fleet.expand_hostlist("n[1-2]", via) == ["n1", "n2"]
+    assert slurm.expand_hostlist("n[1-2]", via) == ["n1", "n2"]
     for query, message in (
-        (lambda: fleet.expand_hostlist("n[3-", via),
+        (lambda: slurm.expand_hostlist("n[3-", via),
          "'validation.nodes' = 'n[3-' expands to no node names; allowed: a Slurm hostlist such as n[001-064] or n1,n2"),
-        (lambda: fleet.node_states(["n1", "n9"], via),
+        (lambda: slurm.node_states(["n1", "n9"], via),
          "'validation.nodes' names 'n9', which Slurm does not know (sinfo); allowed: nodes of this cluster"),
-        (lambda: fleet.partition_states("new", via),
+        (lambda: slurm.partition_states("new", via),
          "'validation.partition' = 'new' is not a partition with nodes; allowed: cpu"),
     ):
-        with pytest.raises(fleet.FleetError) as caught:
+        with pytest.raises(slurm.QueryError) as caught:
             query()
         assert str(caught.value) == message
     cli = (sys.executable, "-m", "containerbench", "fleet")
@@ -315,7 +373,7 @@ def test_the_nodes_to_validate_come_from_slurm_and_a_failed_one_is_drained_on_re
         judged = on_controller(cluster, *cli, "judge", "--plan", str(tmp_path / "plan.json"), "--out-dir",
                                str(tmp_path / "fleet"), "--drain", *map(str, tmp_path.glob("*_rep*.json")))
         assert judged.returncode == 1 and judged.stdout.endswith("\n  n2: drained\n"), judged.stdout + judged.stderr
-        states = fleet.node_states(["n1", "n2"], via)
+        states = slurm.node_states(["n1", "n2"], via)
         assert states["n2"].state == "drained" and states["n2"].reason.startswith(
             "containerbench: train_bare-metal_tcp-loopback_1x1_b2_n2_rep1 and 2 more failed: Slurm NODE_FAIL (sacct)")
         assert states["n1"].available

@@ -62,9 +62,15 @@ def cmd_plan(args) -> int:
 
 
 def cmd_launch(args) -> int:
-    from containerbench.launch import measure
+    from containerbench.launch import measure, run_allocating, run_in_allocation
 
     run_plan = json.loads(Path(args.plan[1:]).read_text()) if args.plan.startswith("@") else json.loads(args.plan)
+    if args.in_allocation:
+        return run_in_allocation([run_plan], [args.log])
+    if run_plan.get("allocation"):  # its own allocation, with this process outside it
+        inner = [sys.executable, "-m", "containerbench", "launch", "--plan", args.plan, "--log", args.log,
+                 "--in-allocation"]
+        return run_allocating(run_plan["allocation"], inner, [run_plan], [args.log])
     returncode = measure(run_plan, Path(args.log))
     if returncode != 0:
         print(f"containerbench: {run_plan['run_id']} exited with {returncode}; kept as a failed run, "
@@ -150,11 +156,12 @@ def cmd_baseline(args) -> int:
     records, _ = load_records(args.records)
     source = f"{len(records)} run records"
     if args.good_nodes:  # the nodes a site trusts: the reference for their node type
-        from containerbench.fleet import FleetError, expand_hostlist, in_order, on_nodes
+        from containerbench.fleet import in_order, on_nodes
+        from containerbench.slurm import QueryError, expand_hostlist
 
         try:
             good = expand_hostlist(args.good_nodes) if "[" in args.good_nodes else args.good_nodes.split(",")
-        except FleetError as error:
+        except QueryError as error:
             raise cb_config.ConfigError(f"baseline: --good-nodes: {error}") from None
         records = on_nodes(records, good)
         source = f"{len(records)} run records on {','.join(in_order(good))}"
@@ -232,14 +239,11 @@ def cmd_compare(args) -> int:
 def cmd_fleet(args) -> int:
     import subprocess
 
-    from containerbench import fleet
+    from containerbench import fleet, slurm
     from containerbench.records import load_records
 
     if args.action == "run":
-        plans = json.loads(Path(args.plans[1:]).read_text()) if args.plans.startswith("@") else json.loads(args.plans)
-        if len(plans) != len(args.logs):
-            raise cb_config.ConfigError(f"fleet run: {len(plans)} plan(s) for {len(args.logs)} log(s)")
-        return fleet.run_job(plans, args.logs, not_run=args.allocation_failed)
+        return fleet.run_job(args.job, args.in_allocation)
     if args.action == "summary":
         import pandas as pd
 
@@ -257,7 +261,7 @@ def cmd_fleet(args) -> int:
             print(fleet.format_plan(planned))
             return 0
         planned = fleet.FleetPlan.from_dict(json.loads(Path(args.plan).read_text()))
-    except fleet.FleetError as error:
+    except slurm.QueryError as error:
         print(f"containerbench: fleet: {error}", file=sys.stderr)
         return 2
     records, _ = load_records(args.records)
@@ -285,7 +289,7 @@ def cmd_fleet(args) -> int:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
         node = argv[2].removeprefix("NodeName=")
         print(f"  {node}: {'drained' if done.returncode == 0 else 'NOT drained: ' + done.stderr.strip()}")
-    return 1 if verdict.failed_nodes or verdict.bad_links else 0
+    return 1 if (verdict.failed_nodes or verdict.bad_links) and not args.exit_zero else 0
 
 
 def cmd_freeze_image(args) -> int:
@@ -372,10 +376,8 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--partition", help="every node of this partition")
     a.add_argument("--write", metavar="PLAN_JSON", help="also write the plan, for `fleet judge`")
     a = actions.add_parser("run", help="a node's or link's runs one after another, in the allocation salloc made")
-    a.add_argument("--plans", required=True, help="the runs' plans as a JSON list, or @FILE")
-    a.add_argument("--logs", nargs="+", required=True, help="each run's raw log, in the plans' order")
-    a.add_argument("--allocation-failed", metavar="WHY",
-                   help="salloc failed: write a failed log, saying WHY, for each run that has none")
+    a.add_argument("job", help="the job's file (its allocation, its runs' plans and logs), as validate_nodes writes it")
+    a.add_argument("--in-allocation", action="store_true", help="run the plans in the allocation salloc made")
     a = actions.add_parser("summary", help="print a verdict's summary and drain list; exit 1 if a node or link failed")
     a.add_argument("summary", help="fleet_summary.csv")
     a = actions.add_parser("judge", help="the verdict on every node and link; exit 1 if any failed")
@@ -385,6 +387,8 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--min-shortfall", type=float, default=0.10,
                    help="a figure fails only this far (a fraction) worse than the fleet median")
     a.add_argument("--drain", action="store_true", help="run the drain list's scontrol lines")
+    a.add_argument("--exit-zero", action="store_true",
+                   help="exit 0 when a node or link failed too (the workflow's judge; else 1, and 2 on bad input)")
     a.add_argument("--references", help="a references file: its system's figures bound every node and link too")
     a.add_argument("--system", help="the node type's system in the references file (default: the records' system)")
     p.set_defaults(func=cmd_fleet)
@@ -398,6 +402,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("launch", help="run one plan, writing its raw log")
     p.add_argument("--plan", required=True, help="the plan as JSON, or @FILE")
     p.add_argument("--log", required=True)
+    p.add_argument("--in-allocation", action="store_true",
+                   help="run in the allocation salloc made (SLURM_JOB_ID), asking sacct why when it ends under the run")
     p.set_defaults(func=cmd_launch)
 
     p = sub.add_parser("parse", help="turn a raw log into a run record")

@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import re
 import shlex
-import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,6 +31,15 @@ import numpy as np
 import pandas as pd
 
 from containerbench.config import RunSpec, mpi_models
+from containerbench.slurm import (
+    ALLOCATION_SLACK_MINUTES,
+    NodeState,
+    QueryError,
+    allocation_argv,
+    expand_hostlist,
+    node_states,
+    partition_states,
+)
 from containerbench.validate import LOWER_IS_BETTER, Reference, metric_of, record_variables
 
 # MAD x 1.4826 estimates the standard deviation of normal data; 3.5 is Iglewicz and
@@ -42,10 +50,6 @@ ROBUST_Z_LIMIT = 3.5
 # a few nodes one bad figure is a third of the basis and widens the MAD it is measured against.
 GROSS_RATIO = 0.5
 
-# sinfo's node states (%T) in which a node cannot take a job: reported, never waited for.
-UNAVAILABLE_STATES = ("down", "drain", "fail", "maint", "future", "unknown", "not_responding", "reboot",
-                      "power", "inval")
-
 # deviation_percent: from the fleet median; better_percent: the same, signed so that below 0 is worse
 # whatever the metric (latency up is worse), which is what the charts show.
 NODE_COLUMNS = ["node", "variable", "value", "unit", "reference", "fleet_median", "mad", "robust_z",
@@ -55,76 +59,8 @@ LINK_COLUMNS = ["link", "variable", "value", "unit", "reference", "fleet_median"
 SUMMARY_COLUMNS = ["member", "kind", "result", "reason"]
 
 
-class FleetError(ValueError):
+class FleetError(QueryError):
     """A node selection that cannot be validated; the message is one line for the user."""
-
-
-@dataclass(frozen=True)
-class NodeState:
-    name: str
-    state: str  # sinfo's %T, e.g. "idle", "drained", "down*"
-    reason: str = ""  # sinfo's %E
-
-    @property
-    def available(self) -> bool:
-        state = self.state.lower().rstrip("*~#!%$@^-")
-        return not self.state.endswith("*") and not any(state.startswith(bad) for bad in UNAVAILABLE_STATES)
-
-
-def _slurm(argv: list[str], key: str, value: str, via: tuple[str, ...]) -> str:
-    """A Slurm client's output; `via` runs it elsewhere (the tests' controller namespace)."""
-    try:
-        done = subprocess.run([*via, *argv], capture_output=True, text=True, timeout=60)
-    except FileNotFoundError:
-        raise FleetError(f"'{key}' = {value!r} needs Slurm's {argv[0]}, which is not installed here") from None
-    if done.returncode != 0:
-        why = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
-        raise FleetError(f"'{key}' = {value!r}: {shlex.join(argv[:3])} failed: {why}")
-    return done.stdout
-
-
-def expand_hostlist(expression: str, via: tuple[str, ...] = ()) -> list[str]:
-    """The node names of a Slurm hostlist expression (n[001-064]), in order, each once."""
-    names = _slurm(["scontrol", "show", "hostnames", expression], "validation.nodes", expression, via).split()
-    if not names or any(set(name) & set("[],") for name in names):
-        raise FleetError(f"'validation.nodes' = {expression!r} expands to no node names; "
-                         "allowed: a Slurm hostlist such as n[001-064] or n1,n2")
-    return list(dict.fromkeys(names))
-
-
-def _parse_sinfo(text: str) -> dict[str, NodeState]:
-    states = {}
-    for line in text.splitlines():
-        name, state, reason = (line.split("|", 2) + ["", ""])[:3]
-        if name and name not in states:  # a node in several partitions has a line in each
-            states[name] = NodeState(name, state, "" if reason == "none" else reason)
-    return states
-
-
-SINFO_FORMAT = "%N|%T|%E"
-
-
-def node_states(names: list[str], via: tuple[str, ...] = ()) -> dict[str, NodeState]:
-    """sinfo's state of each named node; a name Slurm does not know is refused."""
-    joined = ",".join(names)
-    states = _parse_sinfo(_slurm(["sinfo", "--noheader", "--Node", "--nodes", joined, "--format", SINFO_FORMAT],
-                                 "validation.nodes", joined, via))
-    unknown = [name for name in names if name not in states]
-    if unknown:
-        raise FleetError(f"'validation.nodes' names {unknown[0]!r}, which Slurm does not know (sinfo); "
-                         f"allowed: nodes of this cluster{f' ({len(unknown)} unknown in all)' if len(unknown) > 1 else ''}")
-    return {name: states[name] for name in names}
-
-
-def partition_states(partition: str, via: tuple[str, ...] = ()) -> dict[str, NodeState]:
-    """The nodes sinfo lists in a partition, with their states; a partition that does not exist is refused."""
-    states = _parse_sinfo(_slurm(["sinfo", "--noheader", "--Node", "--partition", partition, "--format", SINFO_FORMAT],
-                                 "validation.partition", partition, via))
-    if not states:
-        known = sorted(set(_slurm(["sinfo", "--noheader", "--format", "%R"], "validation.partition", partition, via).split()))
-        raise FleetError(f"'validation.partition' = {partition!r} is not a partition with nodes; "
-                         f"allowed: {', '.join(known) or 'none'}")
-    return {name: states[name] for name in in_order(states)}
 
 
 def link_pairings(nodes: list[str]) -> list[tuple[str, str]]:
@@ -185,7 +121,37 @@ def select(nodes: str | None = None, partition: str | None = None, via: tuple[st
     if bool(nodes) == bool(partition):
         raise FleetError("give one of 'validation.nodes' (a Slurm hostlist) and 'validation.partition'; "
                          f"got {'both' if nodes else 'neither'}")
-    return node_states(expand_hostlist(nodes, via), via) if nodes else partition_states(partition, via)
+    if nodes:
+        return node_states(expand_hostlist(nodes, via), via)
+    states = partition_states(partition, via)
+    return {name: states[name] for name in in_order(states)}
+
+
+def planned(validation: dict, via: tuple[str, ...] = ()) -> FleetPlan:
+    """The validation section's plan: a saved one (validation.plan: a resumed validation keeps its nodes
+    and links while their states change), else the nodes and links of its selection, from Slurm."""
+    if validation["plan"] and (validation["nodes"] or validation["partition"]):
+        raise FleetError("give one of 'validation.nodes', 'validation.partition' and 'validation.plan'; got "
+                         "'validation.plan' with " + ("'validation.nodes'" if validation["nodes"] else "'validation.partition'"))
+    if validation["plan"]:
+        try:
+            return FleetPlan.from_dict(json.loads(Path(validation["plan"]).read_text()))
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            raise FleetError(f"'validation.plan' = {validation['plan']!r} is not a readable plan ({error}); "
+                             "allowed: a plan.json that `containerbench fleet plan --write` or validate_nodes wrote")
+    return plan(select(validation["nodes"], validation["partition"], via))
+
+
+def check_time_limit(jobs: FleetJobs, settings: dict, partitions: dict | None) -> None:
+    """Refuse, before anything is submitted, a job longer than its partition's MaxTime (sinfo)."""
+    name = settings["partition"] or next(iter(partitions or {}), None)
+    limit = (partitions or {}).get(name)
+    member, minutes = jobs.longest()
+    if limit and limit.max_minutes is not None and minutes > limit.max_minutes:
+        raise FleetError(f"the job of {member} may take {minutes} minutes (its runs' timeouts, "
+                         f"'benchmark.timeout_s' and 'netbench.timeout_s', and 'validation.repetitions'), beyond "
+                         f"partition {name!r}'s time limit of {limit.max_minutes}; allowed: shorter timeouts or "
+                         "fewer repetitions")
 
 
 def format_plan(fleet: FleetPlan) -> str:
@@ -218,8 +184,9 @@ def link_name(hosts: tuple[str, ...]) -> str:
 
 
 def _members(record: dict) -> tuple[str, ...]:
-    """The nodes a run ran on: what its ranks reported, else what it was pinned to."""
-    hosts = (record.get("result") or {}).get("hostnames") or record["spec"].get("nodelist") or []
+    """The nodes a run ran on: Slurm's names of the nodes it was pinned to, else what its ranks reported
+    (a node's hostname may differ from its NodeName: an FQDN, a NodeHostname)."""
+    hosts = record["spec"].get("nodelist") or (record.get("result") or {}).get("hostnames") or []
     return in_order(hosts.split(",") if isinstance(hosts, str) else hosts)
 
 
@@ -473,56 +440,25 @@ def link_runs(config: dict, pair: tuple[str, str]) -> list[RunSpec]:
     return runs
 
 
-def allocation_argv(config: dict, nodes: tuple[str, ...], runs: list[RunSpec]) -> list[str]:
-    """salloc for one node or link job: exactly these nodes, exclusively, with the slurm section's
-    partition, account, QoS and GPUs, for as long as all its runs may take (their timeouts summed)."""
-    settings = config["slurm"]
+def allocation_minutes(config: dict, runs: list[RunSpec]) -> int:
+    """How long a node's or link's job may hold its nodes: its runs' timeouts, each with the slack a
+    failed run may spend asking sacct."""
     seconds = sum(config["netbench" if run.kind == "netbench" else "benchmark"]["timeout_s"] for run in runs)
-    argv = ["salloc", f"--nodes={len(nodes)}", f"--nodelist={','.join(nodes)}", "--exclusive",
-            f"--ntasks-per-node={max(run.ranks_per_node for run in runs)}",
-            f"--cpus-per-task={settings['cpus_per_rank']}", f"--time={seconds // 60 + 1}",
-            f"--job-name=containerbench-fleet-{link_name(nodes)}"]
-    for key, option in (("partition", "--partition"), ("account", "--account"), ("qos", "--qos")):
-        if settings[key]:
-            argv.append(f"{option}={settings[key]}")
-    if settings["mem_mb_per_node"]:
-        argv.append(f"--mem={settings['mem_mb_per_node']}")
-    if settings["gpus_per_node"]:
-        argv.append(f"--gres=gpu:{settings['gpus_per_node']}")
-    return argv
+    return -(-seconds // 60) + ALLOCATION_SLACK_MINUTES * len(runs)
 
 
-def run_job(plans: list[dict], logs: list[str], echo=None, not_run: str | None = None) -> int:
-    """A node's or link's runs one after another in the allocation salloc made (SLURM_JOB_ID). This
-    process runs outside the allocation: when Slurm ends it (scancel, time limit, node failure), the run
-    under way gets Slurm's state and reason in its log, and the runs after it a log saying why they did
-    not run, so each becomes a failed record instead of a job Snakemake would quietly submit again.
-    `not_run`: salloc itself failed; every log not yet written says so, those written stay."""
-    import os
-    import socket
-    import time
+def run_job(job_file, in_allocation: bool = False) -> int:
+    """A node's or link's job (the file FleetJobs.write made): its allocation asked from here, its runs
+    run in it one after another (launch.run_in_allocation), from outside it."""
+    import sys
 
-    from containerbench import markers
-    from containerbench.launch import measure
+    from containerbench.launch import run_allocating, run_in_allocation
 
-    allocation = os.environ.get("SLURM_JOB_ID")
-    why = {"not_run": not_run} if not_run else None  # what the exit line of a run never started says
-    for run_plan, log in zip(plans, logs):
-        if not_run and Path(log).exists():
-            continue
-        if why:
-            Path(log).write_text(
-                markers.line(markers.LAUNCH, {**run_plan, "host": socket.gethostname(), "started_unix": time.time()})
-                + markers.line(markers.EXIT, {"returncode": None, "wall_s": 0.0, "timed_out": False,
-                                              "ended_unix": time.time(), **why}))
-            continue
-        if measure(run_plan, Path(log), *([echo] if echo else []), allocation=allocation) != 0 and allocation:
-            last = Path(log).read_text().splitlines()[-1]
-            ended = (markers.payload(last, markers.EXIT) or {}).get("slurm") if last.startswith(markers.EXIT) else None
-            if ended:
-                why = {"not_run": f"its allocation ended before it: Slurm job {ended['job']} {ended['state']}",
-                       "slurm": ended}
-    return 0
+    job = json.loads(Path(job_file).read_text())
+    if in_allocation:
+        return run_in_allocation(job["plans"], job["logs"])
+    inner = [sys.executable, "-m", "containerbench", "fleet", "run", str(job_file), "--in-allocation"]
+    return run_allocating(job["allocation"], inner, job["plans"], job["logs"])
 
 
 class FleetJobs:
@@ -550,14 +486,38 @@ class FleetJobs:
         """The raw logs of the jobs before this link's on its nodes: one job per node at a time."""
         return [log for job in self.after[link] for log in self.logs(job)]
 
-    def plans(self, job: tuple[str, str]) -> str:
-        from containerbench.launch import plan as run_plan
+    def job_file(self, job: tuple[str, str]) -> str:
+        return f"{self.directory}/jobs/{job[0]}-{job[1]}.json"
 
-        return json.dumps([run_plan(spec, self.run_config) for spec in self.runs[job]], sort_keys=True)
+    def job_files(self) -> list[str]:
+        return [self.job_file(job) for job in self.runs]
 
     def allocation(self, job: tuple[str, str]) -> list[str]:
+        """salloc for the job: exactly its nodes, exclusively, for as long as its runs may take."""
         nodes = (job[1],) if job[0] == "node" else tuple(job[1].split("+"))
-        return allocation_argv(self.config, nodes, self.runs[job])
+        runs = self.runs[job]
+        return allocation_argv(self.config["slurm"], len(nodes), max(run.ranks_per_node for run in runs),
+                               allocation_minutes(self.config, runs), f"containerbench-fleet-{job[1]}", nodes,
+                               exclusive=True)
+
+    def longest(self) -> tuple[str, int]:
+        """The job that may hold its nodes longest, and for how many minutes (checked against MaxTime)."""
+        job = max(self.runs, key=lambda job: allocation_minutes(self.config, self.runs[job]))
+        return job[1], allocation_minutes(self.config, self.runs[job])
+
+    def write(self, fleet: FleetPlan, plan_path) -> None:
+        """The plan, for the verdict, and each job's file: its allocation, its runs' plans and their raw logs
+        (files, not arguments: a node's plans can pass the 128 KiB a single argument may take)."""
+        from containerbench.launch import plan as run_plan
+
+        Path(plan_path).write_text(json.dumps(fleet.as_dict(), indent=1, sort_keys=True) + "\n")
+        for job, runs in self.runs.items():
+            path = Path(self.job_file(job))
+            path.parent.mkdir(parents=True, exist_ok=True)
+            plans = [{key: value for key, value in run_plan(spec, self.run_config).items() if key != "allocation"}
+                     for spec in runs]
+            path.write_text(json.dumps({"allocation": self.allocation(job), "plans": plans, "logs": self.logs(job)},
+                                       sort_keys=True) + "\n")
 
     def records(self) -> list[str]:
         return [log.removesuffix(".log") + ".json" for job in self.runs for log in self.logs(job)]

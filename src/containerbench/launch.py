@@ -265,7 +265,18 @@ def plan(spec: RunSpec, config: dict) -> dict:
         "fabric": {"name": spec.fabric, "env": fabric_env, "expect": fabric.get("expect")},
         "telemetry": telemetry,
         **({"native_mpi": {"library": runtime.native_mpi.library}} if getattr(runtime, "native", False) else {}),
+        **({"allocation": slurm.allocation_argv(config["slurm"], spec.nodes, spec.ranks_per_node,
+                                                config["slurm"]["runtime_minutes"], f"containerbench-{spec.run_id}",
+                                                spec.nodelist)} if allocates(config) else {}),
     }
+
+
+def allocates(config: dict) -> bool:
+    """Whether each run asks Slurm for its own allocation (salloc) from the workflow's node: with launcher
+    srun, from outside any allocation. Its launcher then outlives the allocation, and a run Slurm ends
+    (scancel, time limit, node failure, preemption) is recorded with sacct's state and reason instead of
+    vanishing with its job. Inside an allocation (a site's salloc session), runs are its job steps."""
+    return config["launcher"]["kind"] == "srun" and "SLURM_JOB_ID" not in os.environ
 
 
 def _final_argv(argv: list[str]) -> list[str]:
@@ -330,6 +341,49 @@ def execute(run_plan: dict, log_path: Path, echo=sys.stdout, allocation: str | N
     if abandoned:
         raise RunAbandoned(f"containerbench: {run_plan['run_id']}: {abandoned[0]}: run abandoned")
     return returncode
+
+
+def write_not_run(run_plan: dict, log_path: Path, why: dict) -> None:
+    """The raw log of a run that never started: its launch line and an exit line saying why (`not_run`,
+    and Slurm's word in `slurm` where there is one), so it becomes a failed record, not a missing one."""
+    Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+    Path(log_path).write_text(
+        markers.line(markers.LAUNCH, {**run_plan, "host": socket.gethostname(), "started_unix": time.time()})
+        + markers.line(markers.EXIT, {"returncode": None, "wall_s": 0.0, "timed_out": False,
+                                      "ended_unix": time.time(), **why}))
+
+
+def run_in_allocation(plans: list[dict], logs: list, echo=sys.stdout) -> int:
+    """Runs one after another in the allocation salloc made (SLURM_JOB_ID), launched from outside it:
+    when Slurm ends it (scancel, time limit, node failure, preemption), the run under way gets Slurm's
+    state and reason in its log, and the runs after it a log saying they did not run, so each becomes a
+    failed record instead of a job Snakemake would quietly submit again."""
+    allocation = os.environ.get("SLURM_JOB_ID")
+    why = None
+    for run_plan, log in zip(plans, logs):
+        if why:
+            write_not_run(run_plan, log, why)
+            continue
+        if measure(run_plan, Path(log), echo, allocation=allocation) != 0 and allocation:
+            last = (Path(log).read_text(errors="replace").splitlines() or [""])[-1]
+            ended = (markers.payload(last, markers.EXIT) or {}).get("slurm") if last.startswith(markers.EXIT) else None
+            if ended:
+                why = {"not_run": f"its allocation ended before it: Slurm job {ended['job']} {ended['state']}",
+                       "slurm": ended}
+    return 0
+
+
+def run_allocating(allocation: list[str], inner: list[str], plans: list[dict], logs: list) -> int:
+    """Ask Slurm for the allocation and run `inner` (which runs the plans, run_in_allocation) in it from
+    here. Where Slurm gave none, or revoked it before `inner` ran, every log not yet written says why and
+    those written stay; where `inner` itself failed, its status is returned for the workflow to show."""
+    returncode, refused = slurm.run_allocated(allocation, inner)
+    if refused is None:
+        return returncode
+    for run_plan, log in zip(plans, logs):
+        if not Path(log).exists():
+            write_not_run(run_plan, log, {"not_run": refused})
+    return 0
 
 
 def _follow(process, log, echo, timeout_s: float, timed_out: threading.Event, abandoned: list) -> int:

@@ -1,15 +1,33 @@
-"""What a Slurm site's config asks of its cluster: job resources, checked against sinfo.
+"""What a Slurm site's config asks of its cluster, and how runs get their nodes.
 
 `job_resources` turns the config's `slurm` section into the resources of the
 Snakemake executor plugin; `check_time_limit` and `check_cluster` refuse,
 before anything is submitted, what cannot work or what the cluster cannot give.
+The node queries (hostlists, node and partition states) and sacct's word on an
+ended job live here too. `allocation_argv` and `run_allocated` give a run (or a
+fleet job's runs) its own allocation with the launcher outside it: when Slurm
+ends the allocation, the launcher is still there to record why.
+
+Every query takes `via`, an argv prefix that runs the Slurm client elsewhere
+(the tests' controller namespace); empty on a site.
 """
 
 from __future__ import annotations
 
+import os
+import re
+import shlex
 import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
 
-from containerbench.config import ConfigError, RunSpec
+from containerbench.config import ConfigError
+
+
+class QueryError(ValueError):
+    """A node selection Slurm refuses; the message is one line for the user."""
 
 
 def job_resources(settings: dict) -> dict:
@@ -43,28 +61,50 @@ def check_time_limit(config: dict) -> None:
                           "killed by Slurm")
 
 
-def partitions(sinfo=("sinfo",)) -> dict[str, tuple[int, int]] | None:
-    """partition -> (nodes, most GPUs on one node), from sinfo; None where sinfo cannot answer."""
+def time_limit_minutes(text: str) -> int | None:
+    """sinfo's %l (days-hours:minutes:seconds, hours:minutes:seconds, minutes:seconds or minutes) in
+    whole minutes; None for no limit ("infinite", "UNLIMITED", "n/a")."""
+    match = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", text.strip())
+    if not match:
+        return None
+    days, first, second, third = (int(part) if part else 0 for part in match.groups())
+    if match.group(4) is not None:  # [days-]hours:minutes:seconds
+        return days * 1440 + first * 60 + second + (third > 0)
+    if match.group(1) is not None:  # days-hours[:minutes]
+        return days * 1440 + first * 60 + second
+    return first + (second > 0)  # minutes[:seconds]
+
+
+@dataclass(frozen=True)
+class Partition:
+    nodes: int
+    gpus: int  # the most on one node
+    max_minutes: int | None  # MaxTime; None: no limit
+
+
+def partitions(via: tuple[str, ...] = ()) -> dict[str, Partition] | None:
+    """Each partition's nodes, GPUs and time limit, from sinfo; None where sinfo cannot answer."""
     try:
-        listing = subprocess.run([*sinfo, "-h", "-o", "%R|%D|%G"], capture_output=True, text=True, timeout=30)
+        listing = subprocess.run([*via, "sinfo", "-h", "-o", "%R|%D|%G|%l"], capture_output=True, text=True,
+                                 timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return None
     if listing.returncode != 0:
         return None
-    found: dict[str, tuple[int, int]] = {}
+    found: dict[str, Partition] = {}
     for line in listing.stdout.split():
-        name, nodes, gres = line.split("|")
+        name, nodes, gres, limit = line.split("|")
         gpus = max((int(g.split(":")[-1].split("(")[0]) for g in gres.split(",") if g.startswith("gpu")), default=0)
-        known = found.get(name, (0, 0))
-        found[name] = (known[0] + int(nodes), max(known[1], gpus))
+        known = found.get(name, Partition(0, 0, time_limit_minutes(limit)))
+        found[name] = Partition(known.nodes + int(nodes), max(known.gpus, gpus), known.max_minutes)
     return found
 
 
-def check_cluster(config: dict, runs: list[RunSpec], sinfo=("sinfo",)) -> None:
-    """Refuse, before anything is submitted, a partition, node count or GPU count this cluster
-    cannot give (ConfigError, one line). Nothing is checked where sinfo cannot answer."""
+def check_cluster(config: dict, runs: list, via: tuple[str, ...] = ()) -> None:
+    """Refuse, before anything is submitted, a partition, node count, GPU count or time limit this
+    cluster cannot give (ConfigError, one line). Nothing is checked where sinfo cannot answer."""
     slurm = config["slurm"]
-    found = partitions(sinfo)
+    found = partitions(via)
     if found is None:
         return
     name = slurm["partition"] or next(iter(found), None)
@@ -73,14 +113,151 @@ def check_cluster(config: dict, runs: list[RunSpec], sinfo=("sinfo",)) -> None:
                           f"allowed: {', '.join(sorted(found))}")
     if name is None:
         return
-    nodes, gpus = found[name]
+    partition = found[name]
     most = max(r.nodes for r in runs) if runs else 0
-    if most > nodes:
-        raise ConfigError(f"config: 'scaling.nodes' asks for {most} nodes, partition {name!r} has {nodes}; "
-                          f"allowed: at most {nodes}")
-    if slurm["gpus_per_node"] > gpus:
+    if most > partition.nodes:
+        raise ConfigError(f"config: 'scaling.nodes' asks for {most} nodes, partition {name!r} has {partition.nodes}; "
+                          f"allowed: at most {partition.nodes}")
+    if slurm["gpus_per_node"] > partition.gpus:
         raise ConfigError(f"config: 'slurm.gpus_per_node' = {slurm['gpus_per_node']}, nodes of partition {name!r} "
-                          f"have {gpus} GPU(s); allowed: at most {gpus}")
+                          f"have {partition.gpus} GPU(s); allowed: at most {partition.gpus}")
+    if partition.max_minutes is not None and slurm["runtime_minutes"] > partition.max_minutes:
+        raise ConfigError(f"config: 'slurm.runtime_minutes' = {slurm['runtime_minutes']} is beyond partition "
+                          f"{name!r}'s time limit; allowed: at most {partition.max_minutes}")
+
+
+# The nodes of a batch to validate, and their states.
+
+# sinfo's node states (%T) in which a node cannot take a job: reported, never waited for.
+UNAVAILABLE_STATES = ("down", "drain", "fail", "maint", "future", "unknown", "not_responding", "reboot",
+                      "power", "inval")
+
+
+@dataclass(frozen=True)
+class NodeState:
+    name: str
+    state: str  # sinfo's %T, e.g. "idle", "drained", "down*"
+    reason: str = ""  # sinfo's %E
+
+    @property
+    def available(self) -> bool:
+        state = self.state.lower().rstrip("*~#!%$@^-")
+        return not self.state.endswith("*") and not any(state.startswith(bad) for bad in UNAVAILABLE_STATES)
+
+
+def query(argv: list[str], key: str, value: str, via: tuple[str, ...] = ()) -> str:
+    """A Slurm client's output; a client missing or failing is refused in one line naming the key."""
+    try:
+        done = subprocess.run([*via, *argv], capture_output=True, text=True, timeout=60)
+    except FileNotFoundError:
+        raise QueryError(f"'{key}' = {value!r} needs Slurm's {argv[0]}, which is not installed here") from None
+    if done.returncode != 0:
+        why = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+        raise QueryError(f"'{key}' = {value!r}: {shlex.join(argv[:3])} failed: {why}")
+    return done.stdout
+
+
+def expand_hostlist(expression: str, via: tuple[str, ...] = ()) -> list[str]:
+    """The node names of a Slurm hostlist expression (n[001-064]), in order, each once."""
+    names = query(["scontrol", "show", "hostnames", expression], "validation.nodes", expression, via).split()
+    if not names or any(set(name) & set("[],") for name in names):
+        raise QueryError(f"'validation.nodes' = {expression!r} expands to no node names; "
+                         "allowed: a Slurm hostlist such as n[001-064] or n1,n2")
+    return list(dict.fromkeys(names))
+
+
+SINFO_FORMAT = "%N|%T|%E"
+
+
+def _parse_sinfo(text: str) -> dict[str, NodeState]:
+    states = {}
+    for line in text.splitlines():
+        name, state, reason = (line.split("|", 2) + ["", ""])[:3]
+        if name and name not in states:  # a node in several partitions has a line in each
+            states[name] = NodeState(name, state, "" if reason == "none" else reason)
+    return states
+
+
+def node_states(names: list[str], via: tuple[str, ...] = ()) -> dict[str, NodeState]:
+    """sinfo's state of each named node, in the order given; a name Slurm does not know is refused."""
+    joined = ",".join(names)
+    states = _parse_sinfo(query(["sinfo", "--noheader", "--Node", "--nodes", joined, "--format", SINFO_FORMAT],
+                                "validation.nodes", joined, via))
+    unknown = [name for name in names if name not in states]
+    if unknown:
+        raise QueryError(f"'validation.nodes' names {unknown[0]!r}, which Slurm does not know (sinfo); "
+                         f"allowed: nodes of this cluster{f' ({len(unknown)} unknown in all)' if len(unknown) > 1 else ''}")
+    return {name: states[name] for name in names}
+
+
+def partition_states(partition: str, via: tuple[str, ...] = ()) -> dict[str, NodeState]:
+    """The nodes sinfo lists in a partition, with their states (sinfo's order); a partition that does not
+    exist is refused."""
+    states = _parse_sinfo(query(["sinfo", "--noheader", "--Node", "--partition", partition, "--format", SINFO_FORMAT],
+                                "validation.partition", partition, via))
+    if not states:
+        known = sorted(set(query(["sinfo", "--noheader", "--format", "%R"], "validation.partition", partition,
+                                 via).split()))
+        raise QueryError(f"'validation.partition' = {partition!r} is not a partition with nodes; "
+                         f"allowed: {', '.join(known) or 'none'}")
+    return states
+
+
+# An allocation per job, with the launcher outside it.
+
+# Slurm's ExitCode of its own errors in salloc (an allocation refused, revoked while pending), told apart
+# from the command's (salloc(1), ENVIRONMENT: SLURM_EXIT_ERROR).
+SALLOC_ERROR_EXIT = 75
+# Minutes an allocation holds beyond its runs' timeouts: each failed run may wait for sacct (job_state).
+ALLOCATION_SLACK_MINUTES = 2
+
+
+def allocation_argv(settings: dict, nodes: int, ranks_per_node: int, minutes: int, name: str,
+                    nodelist: tuple[str, ...] = (), exclusive: bool | None = None) -> list[str]:
+    """salloc for one job of runs: its nodes (exactly these, with a nodelist), exclusively where the slurm
+    section says so (or `exclusive`), with its partition, account, QoS, constraint, memory and GPUs."""
+    argv = ["salloc", f"--nodes={nodes}", *([f"--nodelist={','.join(nodelist)}"] if nodelist else []),
+            *(["--exclusive"] if (settings["exclusive"] if exclusive is None else exclusive) else []),
+            f"--ntasks-per-node={ranks_per_node}", f"--cpus-per-task={settings['cpus_per_rank']}",
+            f"--time={minutes}", f"--job-name={name}"]
+    for key, option in (("partition", "--partition"), ("account", "--account"), ("qos", "--qos"),
+                        ("constraint", "--constraint")):
+        if settings[key]:
+            argv.append(f"{option}={settings[key]}")
+    if settings["mem_mb_per_node"]:
+        argv.append(f"--mem={settings['mem_mb_per_node']}")
+    if settings["gpus_per_node"]:
+        argv.append(f"--gres=gpu:{settings['gpus_per_node']}")
+    return argv
+
+
+def run_allocated(allocation: list[str], command: list[str], echo=sys.stderr) -> tuple[int, str | None]:
+    """Run `command` in a new allocation (salloc `allocation` `command`), from here: (the command's exit
+    status, None), or (SALLOC_ERROR_EXIT, why) when Slurm gave no allocation or revoked it before the
+    command ran: salloc's own error, and sacct's state where salloc named its job.
+
+    stdin is /dev/null: salloc from a terminal, in a job not in the foreground (Snakemake's), would stop
+    on SIGTTIN (salloc.c asks the terminal for its process group)."""
+    process = subprocess.Popen([*allocation, *command], stdin=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                               text=True, errors="replace", env={**os.environ, "SLURM_EXIT_ERROR": str(SALLOC_ERROR_EXIT)})
+    said: list[str] = []
+
+    def copy() -> None:
+        for line in process.stderr:
+            said.append(line) if line.startswith("salloc: ") else None
+            echo.write(line)
+
+    reader = threading.Thread(target=copy, daemon=True)
+    reader.start()
+    returncode = process.wait()
+    reader.join(timeout=10)
+    if returncode != SALLOC_ERROR_EXIT:
+        return returncode, None
+    errors = [line.removeprefix("salloc: ").strip() for line in said if "error" in line.lower() or "revoked" in line]
+    job = next((match.group(1) for line in said if (match := re.search(r"job allocation (\d+)", line, re.I))), None)
+    ended = job_state(job, wait_s=5) if job else None
+    why = "; ".join(errors[-1:] + ([f"Slurm job {job} {ended['state']}"] if ended else [])) or f"salloc exit {returncode}"
+    return returncode, f"no allocation: {why}"
 
 
 # sacct's job states in which the job no longer runs (sacct(1), "JOB STATE CODES").
@@ -88,17 +265,16 @@ ENDED_STATES = ("BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NO
                 "PREEMPTED", "TIMEOUT")
 
 
-def job_state(job_id: str, sacct=("sacct",), wait_s: float = 15.0) -> dict | None:
+def job_state(job_id: str, via: tuple[str, ...] = (), wait_s: float = 15.0) -> dict | None:
     """Slurm's own word on an allocation that ended under a run: its state and reason from sacct, once
     they say it ended (the accounting lags the event by a few seconds); None while it still runs, or
     where sacct cannot answer."""
-    import time
-
     deadline = time.monotonic() + wait_s
     while True:
         try:
-            listing = subprocess.run([*sacct, "--jobs", str(job_id), "--allocations", "--noheader", "--parsable2",
-                                      "--format", "State,Reason,ExitCode"], capture_output=True, text=True, timeout=30)
+            listing = subprocess.run([*via, "sacct", "--jobs", str(job_id), "--allocations", "--noheader",
+                                      "--parsable2", "--format", "State,Reason,ExitCode"],
+                                     capture_output=True, text=True, timeout=30)
         except (OSError, subprocess.TimeoutExpired):
             return None
         fields = (listing.stdout.strip().splitlines() or [""])[0].split("|") if listing.returncode == 0 else []

@@ -7,11 +7,18 @@
 
 REPETITIONS = sorted({run.repetition for run in SWEEP.runs})
 TELEMETRY_OUTPUT = {"telemetry": f"{RESULTS}/telemetry/{{run_id}}.csv"} if config["telemetry"]["enabled"] else {}
+# Launcher srun from the workflow's node (launch.allocates): each run is a local job that asks Slurm for its
+# own allocation (salloc, with the slurm section's resources: in its plan) and launches from outside it, so
+# that a run Slurm ends (scancel, time limit, node failure, preemption) is recorded with sacct's state and
+# reason, as a failed record, instead of vanishing with its job and being submitted again next time.
+ALLOCATES = launch.allocates(config)
+# Inside a site's allocation instead, runs are its job steps: through the executor plugin, with this shape.
 JOB_SHAPE = {
     "nodes": lambda wildcards: PLANS[wildcards.run_id]["spec"]["nodes"],
     "tasks": lambda wildcards: PLANS[wildcards.run_id]["spec"]["ranks"],
     "mpi": lambda wildcards: "srun" if PLANS[wildcards.run_id]["spec"]["ranks"] > 1 else None,
-} if config["launcher"]["kind"] == "srun" else {}
+    **SLURM_RESOURCES,
+} if config["launcher"]["kind"] == "srun" and not ALLOCATES else {}
 
 for repetition in REPETITIONS:
 
@@ -38,10 +45,10 @@ for repetition in REPETITIONS:
             plan=lambda wildcards: json.dumps(PLANS[wildcards.run_id], sort_keys=True),
         priority: max(REPETITIONS) - repetition
         resources:
-            # On Slurm (launcher srun): the run's nodes and ranks. A multi-rank job is an MPI job
-            # for the executor plugin (`mpi` set, tasks > 1): it runs our command, which calls srun.
+            # A job step's nodes and ranks, for the executor plugin. A multi-rank job is an MPI job
+            # for it (`mpi` set, tasks > 1): it runs our command, which calls srun.
             **JOB_SHAPE,
-            **SLURM_RESOURCES,
+        localrule: ALLOCATES
         shell:
             "{params.cb} launch --log {output.log:q} --plan {params.plan:q} 2> {log:q}"
 

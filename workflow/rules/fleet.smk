@@ -9,39 +9,41 @@
 # jobs before it on both of its nodes (fleet.job_rounds), so no node ever has two jobs at a time, and
 # at most validation.max_jobs run at once.
 
-FLEET_SELECTION = {key: config["validation"][key] for key in ("nodes", "partition") if config["validation"][key]}
+FLEET_SELECTION = {key: config["validation"][key] for key in ("nodes", "partition", "plan") if config["validation"][key]}
 FLEET = None
 if FLEET_SELECTION and workflow.is_main_process:  # every fleet rule is local: the planning process runs them
     try:
         if config["launcher"]["kind"] != "srun":
             raise fleet.FleetError(f"'validation.{next(iter(FLEET_SELECTION))}' needs launcher.kind srun "
                                    f"(it is {config['launcher']['kind']!r}); allowed: a Slurm site's config")
-        FLEET = fleet.plan(fleet.select(config["validation"]["nodes"], config["validation"]["partition"]))
-    except fleet.FleetError as error:
+        FLEET = fleet.planned(config["validation"])
+        FLEET_JOBS = fleet.FleetJobs(config, FLEET, f"{RESULTS}/fleet")
+        fleet.check_time_limit(FLEET_JOBS, config["slurm"], slurm.partitions())
+    except slurm.QueryError as error:
         sys.exit(f"containerbench: config: {error}")  # one line, before anything is submitted
     if "fleet_jobs" not in workflow.global_resources:  # a --resources fleet_jobs=N of the admin wins
         workflow.register_resource("fleet_jobs", config["validation"]["max_jobs"])
 
 if FLEET is not None:
     FLEET_DIR = f"{RESULTS}/fleet"
-    FLEET_JOBS = fleet.FleetJobs(config, FLEET, FLEET_DIR)
     FLEET_IMAGES = FLEET_JOBS.images(SWEEP.image_files)
 
     rule fleet_plan:
-        """What was planned, for the verdict: the nodes measured, those Slurm could not run on, the links."""
+        """What was planned, for the verdict (the nodes measured, those Slurm could not run on, the links),
+        and each node's and link's job: its allocation, its runs' plans and logs."""
         output:
-            f"{FLEET_DIR}/plan.json",
+            plan=f"{FLEET_DIR}/plan.json",
+            jobs=FLEET_JOBS.job_files(),
         log:
             f"{RESULTS}/logs/fleet/plan.txt",
-        params:
-            plan=json.dumps(FLEET.as_dict(), sort_keys=True),
         localrule: True
-        shell:
-            "echo {params.plan:q} > {output:q} 2> {log:q}"
+        run:
+            FLEET_JOBS.write(FLEET, output.plan)
 
     rule fleet_node:
         input:
             FLEET_IMAGES,
+            job=f"{FLEET_DIR}/jobs/node-{{node}}.json",
         output:
             # One template per run of a node's job: the same runs on every node.
             [f"{FLEET_DIR}/runs/{spec.run_id}.log" for spec in fleet.node_runs(config, "{node}")],
@@ -51,20 +53,19 @@ if FLEET is not None:
             node=r"[^+/]+",
         params:
             cb=CB,
-            salloc=lambda wildcards: FLEET_JOBS.allocation(("node", wildcards.node)),
-            plans=lambda wildcards: FLEET_JOBS.plans(("node", wildcards.node)),
         resources:
             fleet_jobs=1,
         localrule: True
         shell:
-            "({params.salloc:q} {params.cb} fleet run --plans {params.plans:q} --logs {output:q} || "
-            "{params.cb} fleet run --plans {params.plans:q} --logs {output:q} --allocation-failed \"salloc exit $?\") "
-            "> {log:q} 2>&1"
+            "{params.cb} fleet run {input.job:q} > {log:q} 2>&1"
 
     rule fleet_link:
         input:
             FLEET_IMAGES,
-            after=lambda wildcards: FLEET_JOBS.waits_for(wildcards.link),
+            job=f"{FLEET_DIR}/jobs/link-{{link}}.json",
+            # Finished before: their logs' times are not this job's business (a rerun of one is not a reason
+            # to measure this link again).
+            after=lambda wildcards: [ancient(log) for log in FLEET_JOBS.waits_for(wildcards.link)],
         output:
             [f"{FLEET_DIR}/runs/{spec.run_id}.log" for spec in fleet.link_runs(config, ("{link}",))],
         log:
@@ -73,15 +74,11 @@ if FLEET is not None:
             link=r"[^+/]+\+[^+/]+",
         params:
             cb=CB,
-            salloc=lambda wildcards: FLEET_JOBS.allocation(("link", wildcards.link)),
-            plans=lambda wildcards: FLEET_JOBS.plans(("link", wildcards.link)),
         resources:
             fleet_jobs=1,
         localrule: True
         shell:
-            "({params.salloc:q} {params.cb} fleet run --plans {params.plans:q} --logs {output:q} || "
-            "{params.cb} fleet run --plans {params.plans:q} --logs {output:q} --allocation-failed \"salloc exit $?\") "
-            "> {log:q} 2>&1"
+            "{params.cb} fleet run {input.job:q} > {log:q} 2>&1"
 
     rule fleet_parse:
         input:
@@ -103,7 +100,7 @@ if FLEET is not None:
     rule fleet_verdict:
         """The tables, the page and the drain list; it always succeeds, so they are kept on FAIL."""
         input:
-            plan=rules.fleet_plan.output,
+            plan=rules.fleet_plan.output.plan,
             records=FLEET_JOBS.records(),
         output:
             **FLEET_VERDICT,
@@ -120,8 +117,7 @@ if FLEET is not None:
         localrule: True
         shell:
             "{params.cb} fleet judge {input.records:q} --plan {input.plan:q} --out-dir {params.out_dir:q} "
-            "{params.references:q} --min-shortfall {params.shortfall} {params.drain:q} > {log:q} 2>&1 || "
-            "test $? -eq 1"
+            "{params.references:q} --min-shortfall {params.shortfall} {params.drain:q} --exit-zero > {log:q} 2>&1"
 
     rule validate_nodes:
         """`snakemake validate_nodes`: the workflow exits non-zero when a node or link failed."""
