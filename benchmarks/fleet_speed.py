@@ -1,10 +1,13 @@
 """How fast a batch of nodes is planned and judged: the link pairings and job rounds of
-N nodes, and the verdict over their records (N nodes x R repetitions of single-node
-training and netbench, and of two-node netbench over every link), timed.
+N nodes, the workflow's DAG of their jobs (`snakemake -n validate_nodes`, from the
+command line, as an admin waits for it), and the verdict over their records (N nodes x
+R repetitions of single-node training and netbench, and of two-node netbench over
+every link), timed.
 
     .venv/bin/python benchmarks/fleet_speed.py [--nodes 1024] [--repetitions 3] [--tries 3]
 
-The records are the recorded real runs of tests/data/runs moved onto N node names
+The DAG is planned from the pairings saved as a plan (validation.plan), so no Slurm of
+N nodes is needed; with launcher srun, as on a site. The records are the recorded real runs of tests/data/runs moved onto N node names
 (tests/helpers.py: fleet_records), one node and one link slowed. Prints the best of
 --tries for each step and its ratio to the target; asserts nothing.
 """
@@ -12,9 +15,15 @@ The records are the recorded real runs of tests/data/runs moved onto N node name
 from __future__ import annotations
 
 import argparse
+import json
+import re
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
+
+import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from helpers import fleet_records, recorded_records  # noqa: E402
@@ -22,6 +31,29 @@ from helpers import fleet_records, recorded_records  # noqa: E402
 from containerbench import fleet  # noqa: E402
 
 PLAN_TARGET_S, VERDICT_TARGET_S = 10.0, 2.0
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def dag_seconds(plan: fleet.FleetPlan, tries: int) -> tuple[float, dict[str, int]]:
+    """`snakemake -n validate_nodes` on the saved plan: the best time, and the jobs of each rule."""
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "plan.json").write_text(json.dumps(plan.as_dict()))
+        config = Path(tmp) / "site.yaml"
+        config.write_text(yaml.safe_dump({
+            "results_dir": f"{tmp}/results", "runtimes": ["bare-metal"], "launcher": {"kind": "srun"},
+            "history": {"store": f"{tmp}/history.sqlite"},
+            "validation": {"plan": f"{tmp}/plan.json", "repetitions": 3}}))
+        argv = [str(Path(sys.executable).parent / "snakemake"), "validate_nodes", "-n", "--cores", "2",
+                "--configfile", str(ROOT / "config" / "config.yaml"), str(config)]
+        best, jobs = float("inf"), {}
+        for _ in range(tries):
+            started = time.perf_counter()
+            done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)
+            best = min(best, time.perf_counter() - started)
+            if done.returncode != 0:
+                sys.exit(done.stderr[-3000:])
+            jobs = {rule: int(count) for rule, count in re.findall(r"^(fleet_\w+)\s+(\d+)$", done.stdout, flags=re.M)}
+    return best, jobs
 
 
 def best_of(tries: int, step):
@@ -44,6 +76,12 @@ def main() -> None:
     plan_s, plan = best_of(args.tries, lambda: fleet.plan(states))
     print(f"plan, {args.nodes} nodes: {len(plan.links)} links in {len(plan.rounds)} rounds, {plan.jobs} jobs: "
           f"{plan_s:.3f} s (target {PLAN_TARGET_S:g} s, time/target = {plan_s / PLAN_TARGET_S:.3f})")
+
+    dag_s, jobs = dag_seconds(plan, args.tries)
+    print(f"snakemake -n validate_nodes, {args.nodes} nodes: {jobs.get('fleet_node', 0)} node and "
+          f"{jobs.get('fleet_link', 0)} link jobs, {sum(jobs.values())} fleet jobs in all: {dag_s:.2f} s "
+          f"(target {PLAN_TARGET_S:g} s for pairings and DAG together, time/target = "
+          f"{(plan_s + dag_s) / PLAN_TARGET_S:.3f})")
 
     slow_node, slow_link = plan.nodes[len(plan.nodes) // 3], tuple(sorted(plan.links[len(plan.links) // 2]))
     records = fleet_records(recorded_records(), plan.nodes, plan.links, compute={slow_node: 0.7},

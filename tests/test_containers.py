@@ -42,7 +42,9 @@ def container_run(container_engines, tmp_path_factory):
     config = {**TINY, "runtimes": RUNTIMES, "runtime_policy": "require", "results_dir": str(workdir / "results"),
               "benchmark": {**TINY["benchmark"], "repetitions": 2}, "telemetry": {"disturbed_cpu_share": 0.3},
               "scaling": {"nodes": [1], "ranks_per_node": [2]},
-              "images": {name: {"mpi_model": ["hybrid", "native"]} for name in NATIVE}}
+              "images": {name: {"mpi_model": ["hybrid", "native"]} for name in NATIVE},
+              # The workflow runs in the clone (its image and build cache); its results store does not.
+              "history": {"store": str(workdir / "history.sqlite")}}
     (workdir / "tiny.yaml").write_text(yaml.safe_dump(config))
     done = run_group(
         [SNAKEMAKE, "--snakefile", str(ROOT / "Snakefile"), "--directory", str(ROOT), "--profile",

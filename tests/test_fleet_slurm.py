@@ -5,6 +5,7 @@ must name exactly that node, that link and that job, with Slurm's own word for t
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -78,5 +79,8 @@ def test_validate_nodes_names_the_slowed_node_the_slowed_link_and_the_cancelled_
     drain = (fleet_dir / "drain.txt").read_text().splitlines()
     assert drain[0].startswith(f"scontrol update NodeName={SLOW_NODE} State=DRAIN 'Reason=containerbench: ")
     assert (fleet_dir / "fleet.html").read_text().count('src="data:image/png;base64,') == 2
+    # The batch's records are a session of the results store too.
+    session = json.loads((fleet_dir / "history" / "session.json").read_text())["session"]
+    assert session["records"] == len((fleet_dir / "records.txt").read_text().split()) and session["system"] == "cbtest"
     states = on_controller(four_nodes, "sinfo", "--noheader", "--Node", "--format", "%N %T").stdout
     assert "drain" not in states  # printed, never run unless validation.drain asks

@@ -323,3 +323,39 @@ def test_store_writes_the_session_and_since_last_for_the_report(two_sessions, tm
     assert (session["stored"], session["skipped"], session["session"]["id"], session["previous"]["id"]) == (0, 12, 2, 1)
     since = pd.read_csv(tmp_path / "since.csv").set_index("variable")
     assert since.loc[TRAIN_ONE, "change_percent"] == pytest.approx(20.0)
+
+
+CONCURRENT_STORE = """
+import json, sys
+from containerbench import history
+records = json.load(open(sys.argv[2]))
+print(history.store(sys.argv[1], records, tag=sys.argv[3]).session_id)
+"""
+
+
+def test_two_workflows_storing_the_same_records_at_once_make_one_session_and_no_error(recorded_runs, tmp_path):
+    """The duplicate check is inside the write transaction (BEGIN IMMEDIATE): the second writer waits, then
+    finds every record stored; without it both would find them new and the second fail on the digest."""
+    path = tmp_path / "history.sqlite"
+    history.store(path, repetitions(recorded_runs, "first"))  # the store exists: both writers open it
+    records = tmp_path / "records.json"
+    records.write_text(json.dumps(repetitions(recorded_runs, "same") * 20))  # a long write, the same records
+    (tmp_path / "store.py").write_text(CONCURRENT_STORE)
+    writers = [subprocess.Popen([sys.executable, str(tmp_path / "store.py"), str(path), str(records), tag],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for tag in ("a", "b")]
+    results = [writer.communicate(timeout=120) for writer in writers]
+    assert [writer.returncode for writer in writers] == [0, 0], [err[-2000:] for _, err in results]
+    assert sorted(out.strip() for out, _ in results) == ["2", "None"]  # one session, the other had nothing new
+    assert list(history.sessions(path)["id"]) == [1, 2]
+
+
+def test_two_different_records_of_one_run_in_one_session_are_refused_in_one_line(recorded_runs, tmp_path):
+    first = repetitions(recorded_runs, "x")[:1]
+    second = copy.deepcopy(first[0])
+    second["log"]["sha256"] = "0" * 64  # another log of the same run id (a second results directory)
+    with pytest.raises(HistoryError) as caught:
+        history.store(tmp_path / "history.sqlite", [first[0], second])
+    assert str(caught.value) == (f"{tmp_path / 'history.sqlite'}: two different records of run {first[0]['run_id']!r} "
+                                 "in one session; allowed: one record a run (store the results of two directories "
+                                 "as two sessions)")
+    assert history.sessions(tmp_path / "history.sqlite").empty

@@ -13,6 +13,7 @@ import yaml
 from helpers import ROOT, TINY, recorded_records, snakemake
 
 from containerbench import cli, datasets, history, images, singularity
+from containerbench import fleet as fleet_module
 from containerbench import config as cb_config
 from containerbench.runtimes import select_runtimes
 
@@ -127,11 +128,21 @@ def test_every_shell_command_of_the_workflow_parses(tmp_path):
         ("containerbench.singularity", None), ("containerbench.datasets", "generate")}
 
 
-def test_lint_finds_only_the_explained_warning(tmp_path):
-    # The Snakefile explains why no rule has a conda: or container: directive; nothing else is left.
-    done = snakemake(tmp_path, "--configfile", str(ROOT / "config" / "config.yaml"), "--lint")
+@pytest.mark.parametrize("fleet", [False, True], ids=["sweep", "validate_nodes"])
+def test_lint_finds_only_the_explained_warning(tmp_path, fleet):
+    # The Snakefile explains why no rule has a conda: or container: directive; nothing else is left. With a
+    # batch to validate (a saved plan: no Slurm needed), the fleet's rules are linted too.
+    site = []
+    if fleet:
+        plan = fleet_module.plan({f"n{i}": fleet_module.NodeState(f"n{i}", "idle") for i in range(1, 5)})
+        (tmp_path / "plan.json").write_text(json.dumps(plan.as_dict()))
+        (tmp_path / "site.yaml").write_text(yaml.safe_dump({"launcher": {"kind": "srun"},
+                                                            "validation": {"plan": str(tmp_path / "plan.json")}}))
+        site = [str(tmp_path / "site.yaml")]
+    done = snakemake(tmp_path, "--configfile", str(ROOT / "config" / "config.yaml"), *site, "--lint")
     lints = re.findall(r"^    \* (.+?):?$", done.stderr, re.M)
     assert lints and set(lints) == {"Specify a conda environment or container for each rule."}
+    assert ("Lints for rule fleet_verdict" in done.stderr) is fleet
 
 
 @pytest.mark.parametrize("override,expected", [
@@ -143,6 +154,8 @@ def test_lint_finds_only_the_explained_warning(tmp_path):
      "containerbench: config: 'benchmark.target_ci_percent' is required with benchmark.repetitions auto; allowed: "),
     ({"history": {"tag": "latest"}},
      "containerbench: config: 'history': tag 'latest' reads as another selector; allowed: a name that is not a "),
+    ({"launcher": {"kind": "srun"}, "validation": {"plan": "/nonexistent/plan.json"}},
+     "containerbench: config: 'validation.plan' = '/nonexistent/plan.json' is not a readable plan ([Errno 2] No "),
 ])
 def test_bad_config_stops_before_any_job_with_one_line(tmp_path, override, expected):
     bad = tmp_path / "bad.yaml"

@@ -236,33 +236,44 @@ def cmd_compare(args) -> int:
     return 0
 
 
-def cmd_fleet(args) -> int:
-    import subprocess
-
+def cmd_fleet_plan(args) -> int:
     from containerbench import fleet, slurm
-    from containerbench.records import load_records
 
-    if args.action == "run":
-        return fleet.run_job(args.job, args.in_allocation)
-    if args.action == "summary":
-        import pandas as pd
-
-        summary = pd.read_csv(args.summary, keep_default_na=False)
-        verdict = fleet.FleetVerdict(pd.DataFrame(), pd.DataFrame(), summary)
-        print(fleet.format_verdict(verdict))
-        drain = Path(args.summary).with_name(fleet.VERDICT_FILES["drain"])
-        print(drain.read_text(), end="") if drain.exists() else None
-        return 1 if verdict.failed_nodes or verdict.bad_links else 0
     try:
-        if args.action == "plan":
-            planned = fleet.plan(fleet.select(args.nodes, args.partition))
-            if args.write:
-                Path(args.write).write_text(json.dumps(planned.as_dict(), indent=1) + "\n")
-            print(fleet.format_plan(planned))
-            return 0
-        planned = fleet.FleetPlan.from_dict(json.loads(Path(args.plan).read_text()))
+        planned = fleet.plan(fleet.select(args.nodes, args.partition))
     except slurm.QueryError as error:
         print(f"containerbench: fleet: {error}", file=sys.stderr)
+        return 2
+    if args.write:
+        Path(args.write).write_text(json.dumps(planned.as_dict(), indent=1) + "\n")
+    print(fleet.format_plan(planned))
+    return 0
+
+
+def cmd_fleet_run(args) -> int:
+    from containerbench import fleet
+
+    return fleet.run_job(args.job, args.in_allocation)
+
+
+def cmd_fleet_summary(args) -> int:
+    from containerbench import fleet
+
+    text, failed = fleet.format_summary(args.summary)
+    print(text, end="")
+    return 1 if failed else 0
+
+
+def cmd_fleet_judge(args) -> int:
+    import subprocess
+
+    from containerbench import fleet
+    from containerbench.records import load_records
+
+    try:
+        planned = fleet.FleetPlan.from_dict(json.loads(Path(args.plan).read_text()))
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        print(f"containerbench: fleet: --plan {args.plan}: not a readable plan ({error})", file=sys.stderr)
         return 2
     records, _ = load_records(args.records)
     references = {}
@@ -375,13 +386,16 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--nodes", help="a Slurm hostlist, e.g. n[001-064]")
     a.add_argument("--partition", help="every node of this partition")
     a.add_argument("--write", metavar="PLAN_JSON", help="also write the plan, for `fleet judge`")
+    a.set_defaults(func=cmd_fleet_plan)
     a = actions.add_parser("run", help="a node's or link's runs one after another, in the allocation salloc made")
     a.add_argument("job", help="the job's file (its allocation, its runs' plans and logs), as validate_nodes writes it")
     a.add_argument("--in-allocation", action="store_true", help="run the plans in the allocation salloc made")
+    a.set_defaults(func=cmd_fleet_run)
     a = actions.add_parser("summary", help="print a verdict's summary and drain list; exit 1 if a node or link failed")
     a.add_argument("summary", help="fleet_summary.csv")
+    a.set_defaults(func=cmd_fleet_summary)
     a = actions.add_parser("judge", help="the verdict on every node and link; exit 1 if any failed")
-    a.add_argument("records", nargs="*", help="the batch's run records")
+    a.add_argument("records", nargs="*", help="the batch's run records, or @FILE listing them")
     a.add_argument("--plan", required=True, help="the file `fleet plan --write` wrote")
     a.add_argument("--out-dir", default="results/fleet", help="where the tables and the drain list go")
     a.add_argument("--min-shortfall", type=float, default=0.10,
@@ -391,7 +405,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="exit 0 when a node or link failed too (the workflow's judge; else 1, and 2 on bad input)")
     a.add_argument("--references", help="a references file: its system's figures bound every node and link too")
     a.add_argument("--system", help="the node type's system in the references file (default: the records' system)")
-    p.set_defaults(func=cmd_fleet)
+    a.set_defaults(func=cmd_fleet_judge)
 
     p = sub.add_parser("freeze-image", help="write what a runtime's image carries as a lock for a bare-metal venv")
     p.add_argument("--config", action="append", default=None, help="YAML file(s) (default config/config.yaml)")
@@ -458,7 +472,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_baseline)
 
     p = sub.add_parser("store", help="add run records to the results store as one session")
-    p.add_argument("records", nargs="+", metavar="RECORD.json")
+    p.add_argument("records", nargs="+", metavar="RECORD.json", help="run records, or @FILE listing them")
     p.add_argument("--store", required=True, help="the SQLite results store (made when missing)")
     p.add_argument("--tag", help="a name to select this session by")
     p.add_argument("--system", help="the system measured (default: the one the records name)")

@@ -404,6 +404,15 @@ def format_verdict(verdict: FleetVerdict) -> str:
     return "\n".join(lines)
 
 
+def format_summary(summary_csv) -> tuple[str, bool]:
+    """A written verdict's summary (fleet_summary.csv) and drain list, as `validate_nodes` ends with; and
+    whether a node or link failed."""
+    verdict = FleetVerdict(pd.DataFrame(), pd.DataFrame(), pd.read_csv(summary_csv, keep_default_na=False))
+    drain = Path(summary_csv).with_name(VERDICT_FILES["drain"])
+    text = format_verdict(verdict) + "\n" + (drain.read_text() if drain.exists() else "")
+    return text, bool(verdict.failed_nodes or verdict.bad_links)
+
+
 # The runs of each node and link job (snakemake validate_nodes: workflow/rules/fleet.smk).
 
 def node_runs(config: dict, node: str) -> list[RunSpec]:
@@ -454,11 +463,21 @@ def run_job(job_file, in_allocation: bool = False) -> int:
 
     from containerbench.launch import run_allocating, run_in_allocation
 
+    from containerbench.records import write_record
+
     job = json.loads(Path(job_file).read_text())
     if in_allocation:
         return run_in_allocation(job["plans"], job["logs"])
     inner = [sys.executable, "-m", "containerbench", "fleet", "run", str(job_file), "--in-allocation"]
-    return run_allocating(job["allocation"], inner, job["plans"], job["logs"])
+    returncode = run_allocating(job["allocation"], inner, job["plans"], job["logs"])
+    if returncode == 0:  # each raw log parsed here: a parse job per run would be most of a large batch's DAG
+        for log in job["logs"]:
+            write_record(log, record_path(log))
+    return returncode
+
+
+def record_path(log: str) -> str:
+    return log.removesuffix(".log") + ".json"
 
 
 class FleetJobs:
@@ -483,14 +502,16 @@ class FleetJobs:
         return [f"{self.directory}/runs/{spec.run_id}.log" for spec in self.runs[job]]
 
     def waits_for(self, link: str) -> list[str]:
-        """The raw logs of the jobs before this link's on its nodes: one job per node at a time."""
-        return [log for job in self.after[link] for log in self.logs(job)]
+        """A raw log of each job before this link's on its nodes (one output names the job): one job per
+        node at a time."""
+        return [self.logs(job)[0] for job in self.after[link]]
+
+    @property
+    def jobs_dir(self) -> str:
+        return f"{self.directory}/jobs"
 
     def job_file(self, job: tuple[str, str]) -> str:
-        return f"{self.directory}/jobs/{job[0]}-{job[1]}.json"
-
-    def job_files(self) -> list[str]:
-        return [self.job_file(job) for job in self.runs]
+        return f"{self.jobs_dir}/{job[0]}-{job[1]}.json"
 
     def allocation(self, job: tuple[str, str]) -> list[str]:
         """salloc for the job: exactly its nodes, exclusively, for as long as its runs may take."""
@@ -505,12 +526,21 @@ class FleetJobs:
         job = max(self.runs, key=lambda job: allocation_minutes(self.config, self.runs[job]))
         return job[1], allocation_minutes(self.config, self.runs[job])
 
+    @property
+    def records_list(self) -> str:
+        """The file listing every record of the batch, for `fleet judge @FILE` and `store @FILE`."""
+        return f"{self.directory}/records.txt"
+
     def write(self, fleet: FleetPlan, plan_path) -> None:
-        """The plan, for the verdict, and each job's file: its allocation, its runs' plans and their raw logs
-        (files, not arguments: a node's plans can pass the 128 KiB a single argument may take)."""
+        """The plan, for the verdict; the list of the records to come; and each job's file: its allocation,
+        its runs' plans and their raw logs. Files, not arguments: a node's plans can pass the 128 KiB one
+        argument may hold, and a thousand nodes' record paths the 2 MiB of a whole command line."""
         from containerbench.launch import plan as run_plan
 
+        for path in (Path(plan_path), Path(self.records_list)):
+            path.parent.mkdir(parents=True, exist_ok=True)
         Path(plan_path).write_text(json.dumps(fleet.as_dict(), indent=1, sort_keys=True) + "\n")
+        Path(self.records_list).write_text("".join(f"{path}\n" for path in self.records()))
         for job, runs in self.runs.items():
             path = Path(self.job_file(job))
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -520,7 +550,7 @@ class FleetJobs:
                                        sort_keys=True) + "\n")
 
     def records(self) -> list[str]:
-        return [log.removesuffix(".log") + ".json" for job in self.runs for log in self.logs(job)]
+        return [record_path(log) for job in self.runs for log in self.logs(job)]
 
     def images(self, image_files: dict[str, str]) -> list[str]:
         """The built images the runs need (runtime label -> file, as the sweep has them)."""

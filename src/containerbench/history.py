@@ -178,6 +178,9 @@ def write_session(path: str | Path, session: dict, records: list[tuple[str, str,
     skipped with their measurements; with none new, no session is made. store() comes here, and
     benchmarks/history_speed.py does too, with synthetic rows."""
     with closing(_open(path, create=True)) as connection, connection:
+        # The write lock first: two workflows storing at once would otherwise both find a record new and
+        # the second would fail on the unique digest, its whole session lost.
+        connection.execute("BEGIN IMMEDIATE")
         stored_digests = set()
         digests = [row[1] for row in records]
         for start in range(0, len(digests), PARAMETER_CHUNK):
@@ -191,6 +194,12 @@ def write_session(path: str | Path, session: dict, records: list[tuple[str, str,
                 new.append(row)
         if not new:
             return StoreResult(None, 0, len(records))
+        # A session's measurements belong to its records by run id (records and measurements tables).
+        runs = [row[0] for row in new]
+        if len(set(runs)) != len(runs):
+            twice = next(run for run in runs if runs.count(run) > 1)
+            raise HistoryError(f"{path}: two different records of run {twice!r} in one session; allowed: one "
+                               "record a run (store the results of two directories as two sessions)")
         cursor = connection.execute(
             "INSERT INTO sessions (tag, system, created, git_commit, config_digest, provenance_hashes, nodes, records)"
             " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",

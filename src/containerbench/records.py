@@ -299,10 +299,22 @@ def write_record(log_path: str | Path, out: str | Path, telemetry_file: str | Pa
     return record
 
 
+def record_paths(paths) -> list[str]:
+    """The paths given, with each `@FILE` replaced by the paths FILE lists, one a line: how a workflow
+    passes thousands of records (a command line holds 128 KiB in one argument, 2 MiB in all)."""
+    found = []
+    for path in map(str, paths):
+        if path.startswith("@"):
+            found += [line.strip() for line in Path(path[1:]).read_text().splitlines() if line.strip()]
+        else:
+            found.append(path)
+    return found
+
+
 def load_records(paths) -> tuple[list[dict], list[tuple[str, str]]]:
     """Read run records; a corrupt one is reported with its path and skipped."""
     records, problems = [], []
-    for path in sorted(map(str, paths)):
+    for path in sorted(record_paths(paths)):
         try:
             with open(path) as handle:
                 record = json.load(handle)

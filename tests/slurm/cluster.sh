@@ -194,18 +194,21 @@ stop_pidfile() {
 
 # A CPU quota on a node's slurmd: the jobs it starts inherit its cgroup (no cgroup plugin here).
 slow_node() {
-  local dir=$1 node=$2 percent=$3 group pid
+  local dir=$1 node=$2 percent=$3 group pid home
   pid=$(cat "$dir/slurmd-$node.pid") || die "no slurmd of $node in $dir"
   if [ -e /sys/fs/cgroup/cgroup.controllers ]; then  # cgroup v2
     group=/sys/fs/cgroup/cbtest-$node
+    home=/sys/fs/cgroup$(sed -n 's/^0:://p' "/proc/$pid/cgroup")
     echo +cpu > /sys/fs/cgroup/cgroup.subtree_control 2>/dev/null || true
     mkdir -p "$group" && echo "$((percent * 1000)) 100000" > "$group/cpu.max"
   else
     group=/sys/fs/cgroup/cpu/cbtest-$node
+    home=/sys/fs/cgroup/cpu$(awk -F: '$2 ~ /(^|,)cpu(,|$)/ {print $3}' "/proc/$pid/cgroup")
     mkdir -p "$group" && echo 100000 > "$group/cpu.cfs_period_us" && echo $((percent * 1000)) > "$group/cpu.cfs_quota_us"
   fi
   echo "$pid" > "$group/cgroup.procs"
-  echo "$group" >> "$dir/slowed-groups"
+  # Where slurmd came from, for heal to put it (and what it started since) back.
+  echo "$group $home" >> "$dir/slowed-groups"
 }
 
 # A rate limit on the fast network (a bad cable or port of the "InfiniBand"), on both nodes, only for
@@ -225,9 +228,11 @@ slow_link() {
 heal() {
   local dir=$1 group node
   if [ -s "$dir/slowed-groups" ]; then
-    while read -r group; do
-      # Back to the root group, then the group goes.
-      for pid in $(cat "$group/cgroup.procs" 2>/dev/null); do echo "$pid" > "$(dirname "$group")/cgroup.procs" 2>/dev/null || true; done
+    while read -r group home; do
+      # Back to the group each came from, then the group goes.
+      for pid in $(cat "$group/cgroup.procs" 2>/dev/null); do
+        echo "$pid" > "${home:-$(dirname "$group")}/cgroup.procs" 2>/dev/null || true
+      done
       rmdir "$group" 2>/dev/null || true
     done < "$dir/slowed-groups"
     rm -f "$dir/slowed-groups"
@@ -242,7 +247,7 @@ heal() {
 
 stop() {
   local dir=$1
-  heal "$dir"
+  # The daemons first: a slowed group is removed only once nothing is left in it.
   for node in "${NODES[@]}"; do stop_pidfile "$dir/slurmd-$node.pid"; done
   stop_pidfile "$dir/slurmctld.pid"
   stop_pidfile "$dir/slurmdbd.pid"
@@ -253,9 +258,11 @@ stop() {
     for pid in $(ip netns pids "$ns" 2>/dev/null); do kill -9 "$pid" 2>/dev/null || true; done
     ip netns del "$ns" 2>/dev/null || true
   done
+  heal "$dir"
   for file in slurm.conf slurmdbd.conf; do
     if [ -e "$dir/saved-$file" ]; then mv "$dir/saved-$file" "/etc/slurm/$file"; else rm -f "/etc/slurm/$file"; fi
   done
+  rm -f "$dir/nodes"
 }
 
 [ -n "${2:-}" ] && mapfile -t NODES < <(nodes_of "$2")

@@ -33,7 +33,10 @@ if FLEET is not None:
         and each node's and link's job: its allocation, its runs' plans and logs."""
         output:
             plan=f"{FLEET_DIR}/plan.json",
-            jobs=FLEET_JOBS.job_files(),
+            records=FLEET_JOBS.records_list,
+            # One directory, not a file per job: each node's and link's job depends on it, and Snakemake
+            # walks every output of a job's dependencies when the job ends (quadratic in the jobs).
+            jobs=directory(FLEET_JOBS.jobs_dir),
         log:
             f"{RESULTS}/logs/fleet/plan.txt",
         localrule: True
@@ -43,64 +46,57 @@ if FLEET is not None:
     rule fleet_node:
         input:
             FLEET_IMAGES,
-            job=f"{FLEET_DIR}/jobs/node-{{node}}.json",
+            jobs=FLEET_JOBS.jobs_dir,
         output:
-            # One template per run of a node's job: the same runs on every node.
-            [f"{FLEET_DIR}/runs/{spec.run_id}.log" for spec in fleet.node_runs(config, "{node}")],
+            # One template per run of a node's job: the same runs on every node. The job parses its raw
+            # logs into records itself (a parse job per run would be most of a large batch's DAG).
+            logs=[f"{FLEET_DIR}/runs/{spec.run_id}.log" for spec in fleet.node_runs(config, "{node}")],
+            records=[f"{FLEET_DIR}/runs/{spec.run_id}.json" for spec in fleet.node_runs(config, "{node}")],
         log:
             f"{RESULTS}/logs/fleet/node-{{node}}.txt",
         wildcard_constraints:
             node=r"[^+/]+",
         params:
             cb=CB,
+            job=lambda wildcards: FLEET_JOBS.job_file(("node", wildcards.node)),
         resources:
             fleet_jobs=1,
         localrule: True
         shell:
-            "{params.cb} fleet run {input.job:q} > {log:q} 2>&1"
+            "{params.cb} fleet run {params.job:q} > {log:q} 2>&1"
 
     rule fleet_link:
         input:
             FLEET_IMAGES,
-            job=f"{FLEET_DIR}/jobs/link-{{link}}.json",
+            jobs=FLEET_JOBS.jobs_dir,
             # Finished before: their logs' times are not this job's business (a rerun of one is not a reason
             # to measure this link again).
             after=lambda wildcards: [ancient(log) for log in FLEET_JOBS.waits_for(wildcards.link)],
         output:
-            [f"{FLEET_DIR}/runs/{spec.run_id}.log" for spec in fleet.link_runs(config, ("{link}",))],
+            logs=[f"{FLEET_DIR}/runs/{spec.run_id}.log" for spec in fleet.link_runs(config, ("{link}",))],
+            records=[f"{FLEET_DIR}/runs/{spec.run_id}.json" for spec in fleet.link_runs(config, ("{link}",))],
         log:
             f"{RESULTS}/logs/fleet/link-{{link}}.txt",
         wildcard_constraints:
             link=r"[^+/]+\+[^+/]+",
         params:
             cb=CB,
+            job=lambda wildcards: FLEET_JOBS.job_file(("link", wildcards.link)),
         resources:
             fleet_jobs=1,
         localrule: True
         shell:
-            "{params.cb} fleet run {input.job:q} > {log:q} 2>&1"
-
-    rule fleet_parse:
-        input:
-            f"{FLEET_DIR}/runs/{{fleet_run}}.log",
-        output:
-            f"{FLEET_DIR}/runs/{{fleet_run}}.json",
-        log:
-            f"{RESULTS}/logs/fleet/parse/{{fleet_run}}.txt",
-        wildcard_constraints:
-            fleet_run=r"(train|netbench)_[^/]+_on_[^/]+_rep\d+",
-        params:
-            cb=CB,
-        localrule: True
-        shell:
-            "{params.cb} parse {input:q} --out {output:q} 2> {log:q}"
+            "{params.cb} fleet run {params.job:q} > {log:q} 2>&1"
 
     FLEET_VERDICT = {key: f"{FLEET_DIR}/{name}" for key, name in fleet.VERDICT_FILES.items()}
 
     rule fleet_verdict:
         """The tables, the page and the drain list; it always succeeds, so they are kept on FAIL."""
         input:
-            plan=rules.fleet_plan.output.plan,
+            # Paths, not rules.fleet_plan.output: with a rule reference among its inputs, Snakemake hashes a
+            # named list input once for each of its files (quadratic: 70 s for a thousand nodes' records).
+            plan=f"{FLEET_DIR}/plan.json",
+            listed=FLEET_JOBS.records_list,
             records=FLEET_JOBS.records(),
         output:
             **FLEET_VERDICT,
@@ -109,27 +105,51 @@ if FLEET is not None:
             f"{RESULTS}/logs/fleet/verdict.txt",
         params:
             cb=CB,
-            out_dir=FLEET_DIR,
+            out_dir=lambda wildcards, output: os.path.dirname(output.summary),
             references=lambda wildcards: ["--references", config["validation"]["references"], "--system",
                                           config["system"]] if config["validation"]["references"] else [],
             shortfall=config["validation"]["min_shortfall"],
             drain=["--drain"] if config["validation"]["drain"] else [],
         localrule: True
         shell:
-            "{params.cb} fleet judge {input.records:q} --plan {input.plan:q} --out-dir {params.out_dir:q} "
+            "{params.cb} fleet judge @{input.listed:q} --plan {input.plan:q} --out-dir {params.out_dir:q} "
             "{params.references:q} --min-shortfall {params.shortfall} {params.drain:q} --exit-zero > {log:q} 2>&1"
+
+    rule fleet_store_history:
+        """The batch's records go into the results store too, as a session of their own (history,
+        compare), with what changed since the system's previous session."""
+        input:
+            listed=FLEET_JOBS.records_list,  # a path, not a rule reference (fleet_verdict says why)
+            # After the verdict, which waits for every record: the records themselves again would double
+            # the files the DAG resolves.
+            judged=FLEET_VERDICT["summary"],
+        output:
+            summary=f"{FLEET_DIR}/history/session.json",
+            since_last=f"{FLEET_DIR}/history/since_last.csv",
+        log:
+            f"{RESULTS}/logs/fleet/store_history.txt",
+        params:
+            cb=CB,
+            store=HISTORY_STORE,
+            tag=["--tag", config["history"]["tag"]] if config["history"]["tag"] else [],
+            digest=CONFIG_DIGEST,
+        localrule: True
+        shell:
+            "{params.cb} store @{input.listed:q} --store {params.store:q} {params.tag:q} --config-digest "
+            "{params.digest} --summary {output.summary:q} --since-last {output.since_last:q} > {log:q} 2>&1"
 
     rule validate_nodes:
         """`snakemake validate_nodes`: the workflow exits non-zero when a node or link failed."""
         input:
-            rules.fleet_verdict.output.summary,
+            verdict=rules.fleet_verdict.output.summary,
+            stored=rules.fleet_store_history.output.summary,
         log:
             f"{RESULTS}/logs/fleet/validate_nodes.txt",
         params:
             cb=CB,
         localrule: True
         shell:
-            "{params.cb} fleet summary {input:q} 2>&1 | tee {log:q}"
+            "{params.cb} fleet summary {input.verdict:q} 2>&1 | tee {log:q}"
 
 else:
 

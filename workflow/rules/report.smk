@@ -49,7 +49,9 @@ rule report:
     input:
         tables=[path for path in rules.tables.output if path.endswith(".csv")],
         records=RECORDS,
-        history=rules.store_history.output,
+        # Paths: a rule reference among the inputs makes Snakemake hash the named list of records once
+        # for each record (quadratic in the runs).
+        history=[str(path) for path in rules.store_history.output],
     output:
         f"{RESULTS}/report.html",
     log:
