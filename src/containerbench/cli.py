@@ -65,7 +65,8 @@ def cmd_launch(args) -> int:
     from containerbench.launch import measure, run_allocating, run_in_allocation
 
     run_plan = json.loads(Path(args.plan[1:]).read_text()) if args.plan.startswith("@") else json.loads(args.plan)
-    if args.in_allocation:
+    if args.in_allocation or (run_plan.get("allocation") and "SLURM_JOB_ID" in os.environ):
+        # In an allocation already (salloc's, or a site's own session): the run is a step of it.
         return run_in_allocation([run_plan], [args.log])
     if run_plan.get("allocation"):  # its own allocation, with this process outside it
         inner = [sys.executable, "-m", "containerbench", "launch", "--plan", args.plan, "--log", args.log,
