@@ -15,11 +15,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-from helpers import BENCH_PYTHON, ROOT, cancel_when_running, on_controller
+from helpers import BENCH_PYTHON, ROOT, SLURM_CLUSTER, cancel_when_running, on_controller
 
 
 pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.slurm, pytest.mark.netns, pytest.mark.timeout(1500)]
-CLUSTER = ROOT / "tests" / "slurm" / "cluster.sh"
+CLUSTER = SLURM_CLUSTER
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 SLOW_NODE, SLOW_LINK, CANCELLED_LINK = "n3", ("n1", "n2"), "n2+n4"
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-from helpers import BENCH_PYTHON, ROOT, cancel_when_running, fleet_records, on_controller
+from helpers import BENCH_PYTHON, ROOT, SLURM_CLUSTER, cancel_when_running, fleet_records, on_controller
 
 from containerbench import config as cb_config
 from containerbench import fleet, slurm
@@ -26,7 +26,7 @@ from containerbench.records import parse_log
 # the first test waits for the cluster, the image check and a 12-run workflow
 pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.slurm, pytest.mark.netns, pytest.mark.containers,
               pytest.mark.timeout(2700)]
-CLUSTER = ROOT / "tests" / "slurm" / "cluster.sh"
+CLUSTER = SLURM_CLUSTER
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 
 

@@ -62,16 +62,16 @@ def cmd_plan(args) -> int:
 
 
 def cmd_launch(args) -> int:
-    from containerbench.launch import measure, run_allocating, run_in_allocation
+    from containerbench.launch import measure, run_allocated_plans, run_in_allocation
+    from containerbench.slurm import in_allocation
 
     run_plan = json.loads(Path(args.plan[1:]).read_text()) if args.plan.startswith("@") else json.loads(args.plan)
-    if args.in_allocation or (run_plan.get("allocation") and "SLURM_JOB_ID" in os.environ):
+    if args.in_allocation or (run_plan.get("allocation") and in_allocation()):
         # In an allocation already (salloc's, or a site's own session): the run is a step of it.
         return run_in_allocation([run_plan], [args.log])
     if run_plan.get("allocation"):  # its own allocation, with this process outside it
-        inner = [sys.executable, "-m", "containerbench", "launch", "--plan", args.plan, "--log", args.log,
-                 "--in-allocation"]
-        return run_allocating(run_plan["allocation"], inner, [run_plan], [args.log])
+        return run_allocated_plans([run_plan], [args.log], run_plan["allocation"],
+                                   ["launch", "--plan", args.plan, "--log", args.log])
     returncode = measure(run_plan, Path(args.log))
     if returncode != 0:
         print(f"containerbench: {run_plan['run_id']} exited with {returncode}; kept as a failed run, "
@@ -272,9 +272,9 @@ def cmd_fleet_judge(args) -> int:
     from containerbench.records import load_records
 
     try:
-        planned = fleet.FleetPlan.from_dict(json.loads(Path(args.plan).read_text()))
-    except (OSError, ValueError, KeyError, TypeError) as error:
-        print(f"containerbench: fleet: --plan {args.plan}: not a readable plan ({error})", file=sys.stderr)
+        planned = fleet.FleetPlan.load(args.plan, "--plan")
+    except fleet.FleetError as error:
+        print(f"containerbench: fleet: {error}", file=sys.stderr)
         return 2
     records, _ = load_records(args.records)
     references = {}

@@ -36,6 +36,7 @@ from containerbench.slurm import (
     NodeState,
     QueryError,
     allocation_argv,
+    job_partition,
     expand_hostlist,
     node_states,
     partition_states,
@@ -115,6 +116,15 @@ class FleetPlan:
                    {name: NodeState(name, state["state"], state["reason"]) for name, state in data["unavailable"].items()},
                    [tuple(pair) for pair in data["links"]], [[tuple(pair) for pair in taken] for taken in data["rounds"]])
 
+    @classmethod
+    def load(cls, path, key: str) -> FleetPlan:
+        """A saved plan; one that cannot be read is refused in one line naming `key` (where it was given)."""
+        try:
+            return cls.from_dict(json.loads(Path(path).read_text()))
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            raise FleetError(f"{key} = {str(path)!r} is not a readable plan ({error}); allowed: a plan.json that "
+                             "`containerbench fleet plan --write` or validate_nodes wrote") from None
+
 
 def select(nodes: str | None = None, partition: str | None = None, via: tuple[str, ...] = ()) -> dict[str, NodeState]:
     """The batch to validate, with Slurm's state of each node: a hostlist or a partition, not both."""
@@ -134,17 +144,13 @@ def planned(validation: dict, via: tuple[str, ...] = ()) -> FleetPlan:
         raise FleetError("give one of 'validation.nodes', 'validation.partition' and 'validation.plan'; got "
                          "'validation.plan' with " + ("'validation.nodes'" if validation["nodes"] else "'validation.partition'"))
     if validation["plan"]:
-        try:
-            return FleetPlan.from_dict(json.loads(Path(validation["plan"]).read_text()))
-        except (OSError, ValueError, KeyError, TypeError) as error:
-            raise FleetError(f"'validation.plan' = {validation['plan']!r} is not a readable plan ({error}); "
-                             "allowed: a plan.json that `containerbench fleet plan --write` or validate_nodes wrote")
+        return FleetPlan.load(validation["plan"], "'validation.plan'")
     return plan(select(validation["nodes"], validation["partition"], via))
 
 
 def check_time_limit(jobs: FleetJobs, settings: dict, partitions: dict | None) -> None:
     """Refuse, before anything is submitted, a job longer than its partition's MaxTime (sinfo)."""
-    name = settings["partition"] or next(iter(partitions or {}), None)
+    name = job_partition(settings, partitions or {})
     limit = (partitions or {}).get(name)
     member, minutes = jobs.longest()
     if limit and limit.max_minutes is not None and minutes > limit.max_minutes:
@@ -459,17 +465,13 @@ def allocation_minutes(config: dict, runs: list[RunSpec]) -> int:
 def run_job(job_file, in_allocation: bool = False) -> int:
     """A node's or link's job (the file FleetJobs.write made): its allocation asked from here, its runs
     run in it one after another (launch.run_in_allocation), from outside it."""
-    import sys
-
-    from containerbench.launch import run_allocating, run_in_allocation
-
+    from containerbench.launch import run_allocated_plans, run_in_allocation
     from containerbench.records import write_record
 
     job = json.loads(Path(job_file).read_text())
     if in_allocation:
         return run_in_allocation(job["plans"], job["logs"])
-    inner = [sys.executable, "-m", "containerbench", "fleet", "run", str(job_file), "--in-allocation"]
-    returncode = run_allocating(job["allocation"], inner, job["plans"], job["logs"])
+    returncode = run_allocated_plans(job["plans"], job["logs"], job["allocation"], ["fleet", "run", str(job_file)])
     if returncode == 0:  # each raw log parsed here: a parse job per run would be most of a large batch's DAG
         for log in job["logs"]:
             write_record(log, record_path(log))
@@ -544,8 +546,7 @@ class FleetJobs:
         for job, runs in self.runs.items():
             path = Path(self.job_file(job))
             path.parent.mkdir(parents=True, exist_ok=True)
-            plans = [{key: value for key, value in run_plan(spec, self.run_config).items() if key != "allocation"}
-                     for spec in runs]
+            plans = [run_plan(spec, self.run_config, allocate=False) for spec in runs]
             path.write_text(json.dumps({"allocation": self.allocation(job), "plans": plans, "logs": self.logs(job)},
                                        sort_keys=True) + "\n")
 

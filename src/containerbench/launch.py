@@ -226,8 +226,9 @@ def measure(run_plan: dict, log_path: Path, echo=sys.stdout, allocation: str | N
         collect_telemetry(run_plan)
 
 
-def plan(spec: RunSpec, config: dict) -> dict:
-    """Everything needed to start the run, as plain JSON-able data."""
+def plan(spec: RunSpec, config: dict, allocate: bool | None = None) -> dict:
+    """Everything needed to start the run, as plain JSON-able data. `allocate`: whether the run asks for an
+    allocation of its own (default: allocates(config)); a fleet job's runs share their job's."""
     module = "containerbench.netbench" if spec.kind == "netbench" else "containerbench.bench"
     fabric = config["fabrics"][spec.fabric]
     fabric_env = {k: str(v) for k, v in fabric["env"].items()}
@@ -267,7 +268,8 @@ def plan(spec: RunSpec, config: dict) -> dict:
         **({"native_mpi": {"library": runtime.native_mpi.library}} if getattr(runtime, "native", False) else {}),
         **({"allocation": slurm.allocation_argv(config["slurm"], spec.nodes, spec.ranks_per_node,
                                                 config["slurm"]["runtime_minutes"], f"containerbench-{spec.run_id}",
-                                                spec.nodelist)} if allocates(config) else {}),
+                                                spec.nodelist)}
+           if (allocates(config) if allocate is None else allocate) else {}),
     }
 
 
@@ -276,7 +278,7 @@ def allocates(config: dict) -> bool:
     srun, from outside any allocation. Its launcher then outlives the allocation, and a run Slurm ends
     (scancel, time limit, node failure, preemption) is recorded with sacct's state and reason instead of
     vanishing with its job. Inside an allocation (a site's salloc session), runs are its job steps."""
-    return config["launcher"]["kind"] == "srun" and "SLURM_JOB_ID" not in os.environ
+    return config["launcher"]["kind"] == "srun" and not slurm.in_allocation()
 
 
 def _final_argv(argv: list[str]) -> list[str]:
@@ -373,10 +375,12 @@ def run_in_allocation(plans: list[dict], logs: list, echo=sys.stdout) -> int:
     return 0
 
 
-def run_allocating(allocation: list[str], inner: list[str], plans: list[dict], logs: list) -> int:
-    """Ask Slurm for the allocation and run `inner` (which runs the plans, run_in_allocation) in it from
-    here. Where Slurm gave none, or revoked it before `inner` ran, every log not yet written says why and
-    those written stay; where `inner` itself failed, its status is returned for the workflow to show."""
+def run_allocated_plans(plans: list[dict], logs: list, allocation: list[str], command: list[str]) -> int:
+    """A job of runs with an allocation of its own (`allocation`, salloc's argv), asked for from here, and
+    `containerbench COMMAND --in-allocation` (which comes to run_in_allocation) run in it. Where Slurm gave
+    none, or revoked it before the command ran, every log not yet written says why and those written stay;
+    where the command itself failed, its status is returned for the workflow to show."""
+    inner = [sys.executable, "-m", "containerbench", *command, "--in-allocation"]
     returncode, refused = slurm.run_allocated(allocation, inner)
     if refused is None:
         return returncode

@@ -110,7 +110,7 @@ def judge_exit(found: LogLines, verdict: Verdict) -> None:
         verdict.fail("log has no readable launch line: not written by containerbench launch, or corrupt")
     if found.exit is None:
         verdict.fail("log ends without an exit line: the run was killed or is still running")
-    elif found.exit.get("not_run"):  # a fleet job's run after its allocation ended, or never began
+    elif found.exit.get("not_run"):  # a run after its allocation ended, or whose allocation Slurm never gave
         verdict.fail(f"not run: {found.exit['not_run']}")
     elif found.exit.get("slurm"):  # its allocation ended under it: Slurm's own state and reason (sacct)
         ended = found.exit["slurm"]

@@ -100,6 +100,11 @@ def partitions(via: tuple[str, ...] = ()) -> dict[str, Partition] | None:
     return found
 
 
+def job_partition(settings: dict, found: dict) -> str | None:
+    """The partition a job goes to: the slurm section's, else the first sinfo lists."""
+    return settings["partition"] or next(iter(found), None)
+
+
 def check_cluster(config: dict, runs: list, via: tuple[str, ...] = ()) -> None:
     """Refuse, before anything is submitted, a partition, node count, GPU count or time limit this
     cluster cannot give (ConfigError, one line). Nothing is checked where sinfo cannot answer."""
@@ -107,7 +112,7 @@ def check_cluster(config: dict, runs: list, via: tuple[str, ...] = ()) -> None:
     found = partitions(via)
     if found is None:
         return
-    name = slurm["partition"] or next(iter(found), None)
+    name = job_partition(slurm, found)
     if slurm["partition"] and name not in found:
         raise ConfigError(f"config: 'slurm.partition' = {name!r} is not a partition of this cluster; "
                           f"allowed: {', '.join(sorted(found))}")
@@ -210,6 +215,11 @@ def partition_states(partition: str, via: tuple[str, ...] = ()) -> dict[str, Nod
 SALLOC_ERROR_EXIT = 75
 # Minutes an allocation holds beyond its runs' timeouts: each failed run may wait for sacct (job_state).
 ALLOCATION_SLACK_MINUTES = 2
+
+
+def in_allocation() -> bool:
+    """Whether this process runs inside a Slurm allocation (a job's, or salloc's), where runs are its steps."""
+    return "SLURM_JOB_ID" in os.environ
 
 
 def allocation_argv(settings: dict, nodes: int, ranks_per_node: int, minutes: int, name: str,
