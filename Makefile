@@ -3,6 +3,7 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 BENCH_VENV := .venv-bench
+TORCH_VENV := .venv-bench-torch
 PROFILE ?= profiles/local
 SNAKEMAKE_ARGS ?=
 
@@ -17,7 +18,7 @@ help:
 	@echo "make gpu-env    the GPU benchmark venv (.venv-bench-gpu) and its NCCL Horovod wheel (benchmark_env: gpu)"
 	@echo "make test-gpu-env  build it, and the GPU image from it, and test both (opt-in: 5 GB, 15-30 minutes)"
 
-setup: $(VENV)/.containerbench-ready $(BENCH_VENV)/.containerbench-ready build/engines/containers.conf
+setup: $(VENV)/.containerbench-ready $(BENCH_VENV)/.containerbench-ready $(TORCH_VENV)/.containerbench-ready build/engines/containers.conf
 
 # Container engines for the runtimes the default config measures (podman,
 # Charliecloud; docker when its daemon runs), and podman settings that work
@@ -32,6 +33,11 @@ $(VENV)/.containerbench-ready: envs/workflow.lock.txt envs/build-tools.txt pypro
 $(BENCH_VENV)/.containerbench-ready: envs/bench.lock.txt envs/bench.txt envs/build-tools.txt pyproject.toml scripts/setup-venv.sh
 	scripts/install-system-deps.sh
 	PYTHON=$(PYTHON) scripts/setup-venv.sh bench $(BENCH_VENV)
+
+# The PyTorch side (benchmark.frameworks: [..., pytorch]): about a minute, 750 MB.
+$(TORCH_VENV)/.containerbench-ready: envs/bench-torch.lock.txt envs/bench-torch.txt envs/build-tools.txt pyproject.toml scripts/setup-venv.sh
+	scripts/install-system-deps.sh
+	PYTHON=$(PYTHON) scripts/setup-venv.sh bench-torch $(TORCH_VENV)
 
 # A CONTAINERS_CONF of the user's own wins over ours.
 export CONTAINERS_CONF ?= $(CURDIR)/build/engines/containers.conf

@@ -22,4 +22,9 @@ grep -v '^horovod==' "$root/envs/bench.txt" > "$scratch/bench.txt"
 { echo "# Full closure of the benchmark side, resolved from bench.txt (make lock). Horovod is"
   echo "# not listed: it is built from source after TensorFlow, by scripts/setup-venv.sh."
   "$scratch/bench/bin/pip" freeze --exclude-editable; } > "$root/envs/bench.lock.txt"
-echo "lock-envs: wrote envs/workflow.lock.txt and envs/bench.lock.txt" >&2
+"$python" -m venv "$scratch/bench-torch"
+"$scratch/bench-torch/bin/pip" install --quiet -r "$root/envs/build-tools.txt"
+"$scratch/bench-torch/bin/pip" install --quiet -r "$root/envs/bench-torch.txt"
+{ echo "# Full closure of the PyTorch benchmark side, resolved from bench-torch.txt (make lock)."
+  "$scratch/bench-torch/bin/pip" freeze --exclude-editable; } > "$root/envs/bench-torch.lock.txt"
+echo "lock-envs: wrote envs/workflow.lock.txt, envs/bench.lock.txt and envs/bench-torch.lock.txt" >&2

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Create (or bring up to date) one of the project's virtual environments from
-# its lock file:   scripts/setup-venv.sh workflow|bench|bench-gpu VENV_DIR
+# its lock file:   scripts/setup-venv.sh workflow|bench|bench-gpu|bench-torch VENV_DIR
 #
 # workflow:  snakemake, pandas, the report; the login node's side.
 # bench:     TensorFlow (CPU), Horovod, mpi4py; what every rank runs. The container
@@ -8,8 +8,9 @@
 # bench-gpu: the same for GPU nodes (benchmark_env: gpu): TensorFlow with its CUDA 11.8
 #            wheels, Horovod with NCCL operations, compiled by CUDA 11.8's nvcc
 #            (CUDA_HOME, default Debian's nvidia-cuda-toolkit: scripts/install-system-deps.sh --gpu-build).
+# bench-torch: the PyTorch side (benchmark.frameworks with pytorch): torch, mpi4py; no Horovod.
 set -euo pipefail
-usage="usage: setup-venv.sh workflow|bench|bench-gpu VENV_DIR"
+usage="usage: setup-venv.sh workflow|bench|bench-gpu|bench-torch VENV_DIR"
 side=${1:?$usage}
 venv=${2:?$usage}
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -17,6 +18,7 @@ python=${PYTHON:-python3}
 case "$side" in
   bench) pins=envs/bench.txt lock=envs/bench.lock.txt wheelhouse="$root/build/wheelhouse" ;;
   bench-gpu) pins=envs/bench-gpu.txt lock=envs/bench-gpu.lock.txt wheelhouse="$root/build/wheelhouse-gpu" ;;
+  bench-torch) pins=envs/bench-torch.txt lock=envs/bench-torch.lock.txt wheelhouse="$root/build/wheelhouse-torch" ;;
 esac
 lock_path="$root/${lock:-}"
 # BENCH_LOCK: another lock, e.g. what a vendor's image carries (containerbench freeze-image); its
@@ -33,6 +35,9 @@ pip_install -r "$root/envs/build-tools.txt"
 case "$side" in
   workflow)
     pip_install -r "$root/envs/workflow.lock.txt"
+    ;;
+  bench-torch)
+    pip_install -r "$lock_path"
     ;;
   bench|bench-gpu)
     horovod_version=$(sed -n 's/^# horovod==//p' "$lock_path" | head -1)
@@ -72,7 +77,7 @@ case "$side" in
       pip_install --no-deps "$wheelhouse"/horovod-"$horovod_version"-*.whl
     fi
     ;;
-  *) echo "setup-venv: unknown side '$side' (allowed: workflow, bench, bench-gpu)" >&2; exit 2 ;;
+  *) echo "setup-venv: unknown side '$side' (allowed: workflow, bench, bench-gpu, bench-torch)" >&2; exit 2 ;;
 esac
 # The package itself, editable, without dependencies: the locks above are the truth.
 pip_install --no-deps --editable "$root"

@@ -14,7 +14,7 @@ import shutil
 import subprocess
 
 import pytest
-from helpers import BENCH_PYTHON, ROOT, exported, recorded_records, run_and_parse, tiny_config
+from helpers import BENCH_PYTHON, ROOT, TORCH_PYTHON, exported, recorded_records, run_and_parse, tiny_config
 
 from containerbench import config as cb_config
 
@@ -23,6 +23,8 @@ from containerbench import config as cb_config
 FIXTURE_MARKS = {
     "bench_python": ("bench",),
     "tiny_runs": ("bench", "slow"),
+    "torch_python": ("bench",),
+    "torch_runs": ("bench", "slow"),
     "netns": ("root", "netns"),
     "container_engines": ("root", "containers"),
     "cluster": ("root", "slurm", "netns"),
@@ -61,6 +63,25 @@ def tiny_runs(tmp_path_factory, bench_python) -> dict:
         pytest.fail("mpirun missing (run `make setup`, which installs Open MPI)")
     workdir = tmp_path_factory.mktemp("tiny-runs")
     config = tiny_config(workdir)
+    runs = [r for r in cb_config.plan_runs(config) if r.repetition == 1]
+    return {(spec.kind, spec.ranks): record for spec, record in run_and_parse(runs, config, workdir)}
+
+
+@pytest.fixture(scope="session")
+def torch_python():
+    if not TORCH_PYTHON.exists():
+        pytest.fail(f"PyTorch benchmark venv missing: {TORCH_PYTHON} (run `make setup`)")
+    return TORCH_PYTHON
+
+
+@pytest.fixture(scope="session")
+def torch_runs(tmp_path_factory, torch_python) -> dict:
+    """Really train ResNet-50 with PyTorch DDP on 1 and 2 ranks and run the torch.distributed netbench on 2,
+    bare metal, as the workflow plans them; their records by kind/ranks."""
+    if shutil.which("mpirun") is None:
+        pytest.fail("mpirun missing (run `make setup`, which installs Open MPI)")
+    workdir = tmp_path_factory.mktemp("torch-runs")
+    config = tiny_config(workdir, benchmark={"frameworks": ["pytorch"]})
     runs = [r for r in cb_config.plan_runs(config) if r.repetition == 1]
     return {(spec.kind, spec.ranks): record for spec, record in run_and_parse(runs, config, workdir)}
 

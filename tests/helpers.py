@@ -23,6 +23,7 @@ from containerbench.runtimes import RunRequest
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH_PYTHON = Path(os.environ.get("CONTAINERBENCH_BENCH_PYTHON", ROOT / ".venv-bench" / "bin" / "python"))
+TORCH_PYTHON = ROOT / ".venv-bench-torch" / "bin" / "python"
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 # Raw logs of real tiny runs (tests/data/regenerate.py), for the tests that only read records.
 RECORDED_RUNS = ROOT / "tests" / "data" / "runs"
@@ -34,7 +35,7 @@ TINY = {
     "runtimes": ["bare-metal"],  # container runtimes: tests/test_containers.py
     "benchmark": {"image_size": 32, "batch_sizes": [2], "warmup_steps": 1, "steps": 2, "repetitions": 2,
                   "node_probe_steps": 1, "timeout_s": 600},
-    "bare_metal": {"python": str(BENCH_PYTHON)},
+    "bare_metal": {"python": str(BENCH_PYTHON), "torch_python": str(TORCH_PYTHON)},
     "netbench": {"max_bytes": 65536},
 }
 

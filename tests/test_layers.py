@@ -16,11 +16,13 @@ MODULES = sorted(path.stem for path in PACKAGE.glob("*.py") if path.stem != "__i
 # Each layer may use the layers before it, never one after it or its own (so no cycle can form).
 # The benchmark side (bench, netbench and what they use) is what the provenance hash covers.
 LAYERS = [
+    ("model definitions", {"torchmodels"}),
     ("leaves", {"markers", "processes", "provenance", "datasets", "distribution", "fabrics", "config", "telemetry",
                 "intervals"}),
     ("benchmark, runtimes, Slurm, recipes, telemetry read back",
      {"bench", "netbench", "rankexec", "runtimes", "slurm", "singularity", "usage"}),
-    ("images, records, the pre-flight job", {"images", "records", "preflight"}),
+    ("the PyTorch harness (bench's record), images, records, the pre-flight job",
+     {"torchbench", "images", "records", "preflight"}),
     ("plans and launches, tables", {"launch", "results"}),
     ("report, validation, repetition rounds", {"report", "validate", "repetitions"}),
     ("fleet verdicts, the results history", {"fleet", "history"}),
@@ -28,7 +30,8 @@ LAYERS = [
     ("python -m containerbench", {"__main__"}),
 ]
 # Imported by the ranks, in the benchmark venv (TensorFlow, mpi4py); the rest runs in the workflow venv.
-BENCHMARK_SIDE = {"bench", "netbench", "distribution", "datasets", "provenance", "markers", "telemetry"}
+BENCHMARK_SIDE = {"bench", "netbench", "distribution", "datasets", "provenance", "markers", "telemetry", "torchbench",
+                  "torchmodels"}
 
 
 def package_imports(module: str) -> set[str]:
@@ -103,6 +106,15 @@ def test_each_benchmark_module_imports_alone_in_the_benchmark_venv(module, bench
     imports_alone(bench_python, module)
 
 
+# What a PyTorch rank imports: its harness and what they share with the TensorFlow side, never TensorFlow.
+TORCH_SIDE = {"torchbench", "torchmodels", "bench", "netbench", "distribution", "provenance", "markers", "telemetry"}
+
+
+@pytest.mark.parametrize("module", sorted(TORCH_SIDE))
+def test_each_pytorch_side_module_imports_alone_in_the_pytorch_venv(module, torch_python):
+    imports_alone(torch_python, module)
+
+
 def test_log_markers_are_spelled_only_in_markers_py():
     for path in PACKAGE.glob("*.py"):
         if path.name != "markers.py":
@@ -115,7 +127,7 @@ def test_log_markers_are_spelled_only_in_markers_py():
 def test_the_provenance_hash_covers_every_module_the_benchmark_runs():
     from containerbench.provenance import BENCH_SOURCES
 
-    ran, pending = set(), ["bench", "netbench"]
+    ran, pending = set(), ["bench", "torchbench", "netbench"]  # the modules ranks run (launch.BENCHMARKS)
     while pending:
         module = pending.pop()
         if module not in ran:

@@ -81,6 +81,25 @@ def test_the_bare_metal_python_must_import_the_benchmark(tmp_path):
     assert done.returncode == 1 and "cannot import the benchmark's packages on this node" in done.stderr
 
 
+def test_a_pytorch_sweep_refuses_a_torch_python_without_torch_before_any_run(tmp_path, torch_python):
+    digest = preflight.sources_digest(ROOT)
+    done = run_preflight(tmp_path, "--repo", str(ROOT), "--sources-digest", digest, "--torch-python", str(torch_python))
+    assert done.returncode == 0, done.stderr
+    # The TensorFlow venv given for PyTorch's: it has mpi4py and no torch.
+    done = run_preflight(tmp_path, "--repo", str(ROOT), "--sources-digest", digest, "--torch-python", str(BENCH_PYTHON))
+    assert done.returncode == 1
+    assert done.stderr.splitlines() == [
+        f"containerbench: preflight on {os.uname().nodename}: 'bare_metal.torch_python' = '{BENCH_PYTHON}' cannot "
+        "import the benchmark's packages on this node: ModuleNotFoundError: No module named 'torch'"]
+
+
+def test_the_workflow_checks_each_frameworks_bare_metal_python(tmp_path):
+    config = tiny_config(tmp_path, benchmark={"frameworks": ["pytorch"]})
+    argv = preflight.check_argv(config, ROOT, sys.executable, None, {}, (), config["bare_metal"]["torch_python"])
+    assert argv[argv.index("--torch-python") + 1] == config["bare_metal"]["torch_python"]
+    assert "--bench-python" not in argv
+
+
 COMPUTE_ONLY = {"runtimes": ["bare-metal", "apptainer"], "runtime_policy": "require",
                 "images": {"apptainer": {"image": "/sw/images/containerbench.sif", "available": "compute-nodes"}}}
 

@@ -152,20 +152,19 @@ def input_source(tf, mode, args, shape):
     return mode.input_source(tf, real_data if args.data_dir else None, random_batch)
 
 
-def weights_checksum(np, variables) -> dict:
+def weights_digest(arrays) -> dict:
+    """Digest and sums of a model's weights (numpy arrays): ranks that averaged gradients agree."""
     digest = hashlib.sha256()
     sums = []
-    for variable in variables:
-        values = variable.numpy()
+    for values in arrays:
         digest.update(values.tobytes())
-        sums.append(float(np.sum(values, dtype=np.float64)))
-    return {"sha256": digest.hexdigest()[:16], "sum": float(np.sum(sums)), "abs_sum": float(np.sum(np.abs(sums)))}
+        sums.append(float(values.sum(dtype="float64")))
+    return {"sha256": digest.hexdigest()[:16], "sum": float(sum(sums)), "abs_sum": float(sum(abs(x) for x in sums))}
 
 
-def batch_digest(images, labels) -> dict:
+def batch_digest_bytes(images: bytes, labels: bytes) -> dict:
     """Short digests of one batch: ranks that trained on the same data show the same ones (records.py)."""
-    return {"images": hashlib.sha256(images.numpy().tobytes()).hexdigest()[:16],
-            "labels": hashlib.sha256(labels.numpy().tobytes()).hexdigest()[:16]}
+    return {"images": hashlib.sha256(images).hexdigest()[:16], "labels": hashlib.sha256(labels).hexdigest()[:16]}
 
 
 def local_compute_rate(tf, model, images, labels, args) -> float:
@@ -194,7 +193,7 @@ def local_compute_rate(tf, model, images, labels, args) -> float:
 def measure(train_step, source, args, rank: int, images_per_step: int) -> tuple[list, list, float]:
     """Warmup, then measured steps; each step's wall time includes waiting for its result.
     Also the measured window (wall clock and this rank's CPU time), for the telemetry."""
-    warmup_times, step_times = [], []
+    warmup_times, step_times, losses = [], [], []
     loop_started = time.perf_counter()
     window = {"start_unix": time.time(), "cpu_s": telemetry.cpu_seconds()}
     for step in range(args.warmup_steps + args.steps):
@@ -206,12 +205,13 @@ def measure(train_step, source, args, rank: int, images_per_step: int) -> tuple[
         elapsed = time.perf_counter() - started
         measured = step >= args.warmup_steps
         (step_times if measured else warmup_times).append(elapsed)
+        losses.append(loss)
         if rank == 0:
             label = f"step {step - args.warmup_steps + 1}/{args.steps}" if measured else f"warmup {step + 1}/{args.warmup_steps}"
             print(f"  {label}: {elapsed:.3f} s  {images_per_step / elapsed:8.2f} img/s (rank 0)  loss {loss:.3f}", flush=True)
     loop_s = time.perf_counter() - loop_started
     window = {**window, "end_unix": time.time(), "cpu_s": telemetry.cpu_seconds() - window["cpu_s"]}
-    return warmup_times, step_times, (loop_s - sum(step_times)) / sum(step_times), window
+    return warmup_times, step_times, (loop_s - sum(step_times)) / sum(step_times), window, losses
 
 
 def train(tf, np, mode, args, gpu_names: list[str]) -> dict:
@@ -234,7 +234,7 @@ def train(tf, np, mode, args, gpu_names: list[str]) -> dict:
                   f"{'data ' + args.data_dir if args.data_dir else 'synthetic data'}, "
                   f"{args.precision}{', XLA' if args.xla else ''}, "
                   f"{args.warmup_steps} warmup + {args.steps} measured steps", flush=True)
-        mine["warmup_step_s"], mine["step_s"], mine["harness_overhead_fraction"], mine["window"] = measure(
+        mine["warmup_step_s"], mine["step_s"], mine["harness_overhead_fraction"], mine["window"], mine["loss"] = measure(
             train_step, source, args, mode.rank, per_step)
         mine["images_per_sec"] = per_step * args.steps / sum(mine["step_s"])
         mine["probe_images_per_sec"] = mine["peak_gpu_memory_bytes"] = mine["batch_digest"] = None
@@ -243,10 +243,10 @@ def train(tf, np, mode, args, gpu_names: list[str]) -> dict:
         # schedules has neither: its workers read their batches themselves).
         if mode.measures_all_ranks:
             images, labels = next_batch(*source)
-            mine["batch_digest"] = batch_digest(images, labels)
+            mine["batch_digest"] = batch_digest_bytes(images.numpy().tobytes(), labels.numpy().tobytes())
             if args.probe_steps:
                 mine["probe_images_per_sec"] = local_compute_rate(tf, model, images, labels, args)
-        mine["weights"] = weights_checksum(np, model.trainable_variables)
+        mine["weights"] = weights_digest([v.numpy() for v in model.trainable_variables])
         mine["parameters"] = int(sum(np.prod(v.shape) for v in model.trainable_variables))
         if gpu_names:
             mine["peak_gpu_memory_bytes"] = tf.config.experimental.get_memory_info("GPU:0")["peak"]
@@ -255,26 +255,28 @@ def train(tf, np, mode, args, gpu_names: list[str]) -> dict:
     return mine
 
 
-def run_result(args, mode, ranks: list[dict], gpu_names: list[str], versions: dict) -> dict:
-    """The run's result, from every rank's part: total = sum of the ranks' rates, weights compared."""
+def run_result(args, size: int, distribution: dict, ranks: list[dict], gpu_names: list[str], versions: dict) -> dict:
+    """The run's result, from every rank's part: total = sum of the ranks' rates, weights compared.
+    Both frameworks' harnesses (torchbench.py) give the same shape."""
     measured = [r for r in ranks if "step_s" in r]
     sums = [r["weights"]["sum"] for r in measured]
     scale = max(max(r["weights"]["abs_sum"] for r in measured), 1e-30)
     return {
         "kind": "train",
+        "framework": "tensorflow",
         "model": args.model,
         "batch_size": args.batch_size,
         "image_size": args.image_size,
         "warmup_steps": args.warmup_steps,
         "steps": args.steps,
         "precision": args.precision,
-        "xla": args.xla,
+        "xla": getattr(args, "xla", False),
         "data_format": args.data_format,
-        "data": "real" if args.data_dir else "synthetic",
-        "data_dir": args.data_dir,
+        "data": "real" if getattr(args, "data_dir", None) else "synthetic",
+        "data_dir": getattr(args, "data_dir", None),
         "mode": args.mode,
-        "distribution": mode.describe(bool(gpu_names)),
-        "ranks": mode.size,
+        "distribution": distribution,
+        "ranks": size,
         "nodes": len({r["hostname"] for r in ranks}),
         "hostnames": [r["hostname"] for r in ranks],
         "launcher": detect_launcher(),
@@ -312,7 +314,7 @@ def run(args) -> dict | None:
         return None
     versions = {"python": platform.python_version(), "tensorflow": tf.__version__, "horovod": _version("horovod"),
                 "mpi": mpi_version}
-    result = run_result(args, mode, ranks, gpu_names, versions)
+    result = run_result(args, mode.size, mode.describe(bool(gpu_names)), ranks, gpu_names, versions)
     rates = [r["images_per_sec"] for r in result["per_rank"]]
     print(f"containerbench: total {result['images_per_sec']:.2f} img/s over {mode.size} rank(s) "
           f"(per rank {result['images_per_sec'] / mode.size:.2f}, spread {max(rates) - min(rates):.2f}), "

@@ -171,6 +171,7 @@ class RunSpec:
     data: str = "synthetic"
     mpi_model: str = "hybrid"  # of a container runtime: its image's MPI, or the host's swapped in (native)
     nodelist: tuple[str, ...] = ()  # pinned to these nodes (fleet validation); empty: wherever Slurm places it
+    framework: str = "tensorflow"  # of a train run: whose harness trains (bench.py, torchbench.py)
 
     @property
     def ranks(self) -> int:
@@ -182,8 +183,9 @@ class RunSpec:
         shape = f"{self.nodes}x{self.ranks_per_node}"
         batch = f"_b{self.batch_size}" if self.batch_size else ""
         # The defaults leave the id as it was: old results stay where a resumed sweep finds them.
-        variant = "".join(f"_{value}" for value, default in ((self.mode, "horovod"), (self.data, "synthetic"),
-                                                             (self.mpi_model, "hybrid")) if value != default)
+        variant = "".join(f"_{value}" for value, default in (
+            (self.framework, "tensorflow"), (self.mode, DEFAULT_MODE[self.framework]), (self.data, "synthetic"),
+            (self.mpi_model, "hybrid")) if value != default)
         pinned = f"_on_{'+'.join(self.nodelist)}" if self.nodelist else ""  # a fleet's node or link
         return f"{self.kind}_{self.runtime}_{self.fabric}_{shape}{batch}{variant}{pinned}"
 
@@ -193,10 +195,23 @@ class RunSpec:
 
     def as_dict(self) -> dict:
         fields = asdict(self)
-        # Only a pinned run names its nodes: every other record and plan keeps the shape it had.
+        # Only a pinned run names its nodes, only a PyTorch run its framework: every other record and
+        # plan keeps the shape it had (earlier records stay at the same sweep point).
         nodelist = fields.pop("nodelist")
+        if fields["framework"] == "tensorflow":
+            del fields["framework"]
         return {**fields, **({"nodelist": list(nodelist)} if nodelist else {}), "ranks": self.ranks,
                 "run_id": self.run_id}
+
+
+# Each framework's modes: PyTorch trains with DistributedDataParallel, and alone (local) when modes has it.
+DEFAULT_MODE = {"tensorflow": "horovod", "pytorch": "ddp"}
+
+
+def framework_modes(framework: str, modes: list[str]) -> list[str]:
+    if framework == "tensorflow":
+        return list(modes)
+    return ["ddp", *(["local"] if "local" in modes else [])]
 
 
 def mpi_models(config: dict, runtime: str) -> tuple[str, ...]:
@@ -220,20 +235,49 @@ def plan_runs(config: dict) -> list[RunSpec]:
     runs: list[RunSpec] = []
     runtime_models = [(runtime, model) for runtime in config["runtimes"] for model in mpi_models(config, runtime)]
     for repetition in range(1, repetition_bounds(bench)[1] + 1):
-        for (runtime, model), fabric, nodes, per_node, batch, mode, data in itertools.product(
-            runtime_models, config["fabrics"], scaling["nodes"], scaling["ranks_per_node"], bench["batch_sizes"],
-            bench["modes"], bench["data"],
+        for framework, (runtime, model), fabric, nodes, per_node, batch in itertools.product(
+            bench["frameworks"], runtime_models, config["fabrics"], scaling["nodes"], scaling["ranks_per_node"],
+            bench["batch_sizes"],
         ):
-            runs.append(RunSpec("train", runtime, fabric, nodes, per_node, repetition, batch, mode, data, model))
+            for mode, data in itertools.product(framework_modes(framework, bench["modes"]), bench["data"]):
+                runs.append(RunSpec("train", runtime, fabric, nodes, per_node, repetition, batch, mode, data, model,
+                                    framework=framework))
     net = config["netbench"]
     if net["enabled"]:
         # At every node count of the sweep: two ranks on one node (the intra-node path),
         # else one rank per node, so that the network, not the node, is measured.
+        # MPI's own, and with pytorch torch.distributed's collectives (Gloo, or NCCL on GPUs) beside it.
         for repetition in range(1, net["repetitions"] + 1):
-            for (runtime, model), fabric, nodes in itertools.product(runtime_models, config["fabrics"], scaling["nodes"]):
+            for framework, (runtime, model), fabric, nodes in itertools.product(
+                    bench["frameworks"], runtime_models, config["fabrics"], scaling["nodes"]):
                 runs.append(RunSpec("netbench", runtime, fabric, nodes, 2 if nodes == 1 else 1, repetition,
-                                    mpi_model=model))
+                                    mode=DEFAULT_MODE[framework], mpi_model=model, framework=framework))
     return runs
+
+
+def check_frameworks(config: dict, runs: list[RunSpec]) -> None:
+    """What the PyTorch side cannot run yet, refused before any run."""
+    bench = config["benchmark"]
+    if "pytorch" not in bench["frameworks"]:
+        return
+    from containerbench.torchmodels import MODELS as TORCH_MODELS
+
+    allowed = "allowed: benchmark.frameworks [tensorflow]"
+    if bench["model"] not in TORCH_MODELS:
+        raise ConfigError(f"config: 'benchmark.model' = {bench['model']!r} has no PyTorch version here; allowed with "
+                          f"frameworks pytorch: {', '.join(TORCH_MODELS)}, or {allowed}")
+    torch_runs = [r for r in runs if r.framework == "pytorch"]
+    if any(r.data == "real" for r in torch_runs):
+        raise ConfigError("config: 'benchmark.data' = real: the PyTorch side reads synthetic data only so far; "
+                          f"allowed with frameworks pytorch: data [synthetic], or {allowed}")
+    containers = sorted({r.runtime for r in torch_runs if r.runtime != "bare-metal"})
+    if containers:
+        raise ConfigError(f"config: 'benchmark.frameworks' has pytorch, which runs bare-metal only so far (no "
+                          f"PyTorch image flavour yet), but runtimes has {', '.join(containers)}; allowed with "
+                          f"frameworks pytorch: runtimes [bare-metal], or {allowed}")
+    if bench["torch_backend"] == "nccl" and config["slurm"]["gpus_per_node"] == 0:
+        raise ConfigError("config: 'benchmark.torch_backend' = nccl needs GPUs, but slurm.gpus_per_node is 0; "
+                          "allowed: auto or gloo, or slurm.gpus_per_node > 0")
 
 
 def first_runs(config: dict, runs: list[RunSpec]) -> list[RunSpec]:
@@ -261,6 +305,7 @@ def check_runs(config: dict, runs: list[RunSpec]) -> None:
     if config["benchmark"]["xla"] and any(r.mode == "parameter_server" for r in runs):
         raise ConfigError("config: 'benchmark.xla' = true cannot run mode parameter_server (XLA cannot read "
                           "variables held on parameter servers); allowed: xla false, or modes without parameter_server")
+    check_frameworks(config, runs)
     ids = [r.run_id for r in runs]
     if len(ids) != len(set(ids)):
         raise ConfigError("config: two sweep points give the same run id; make fabric and runtime names distinct")

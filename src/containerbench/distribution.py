@@ -111,6 +111,39 @@ def free_port(host: str) -> int:
         return probe.getsockname()[1]
 
 
+# -- PyTorch's process group (torchbench.py, netbench's torch.distributed backend) ------------------
+
+class BackendUnavailable(RuntimeError):
+    """This torch or node cannot run the requested backend."""
+
+
+def choose_backend(torch, requested: str) -> str:
+    gpus = torch.cuda.is_available()
+    backend = requested if requested != "auto" else "nccl" if gpus else "gloo"
+    if backend == "nccl" and not (gpus and torch.distributed.is_nccl_available()):
+        raise BackendUnavailable("backend nccl needs GPUs and a torch built with NCCL; this rank has "
+                                 f"{torch.cuda.device_count()} GPU(s), torch {torch.__version__}")
+    if not torch.distributed.is_available() or (backend == "gloo" and not torch.distributed.is_gloo_available()):
+        raise BackendUnavailable(f"backend {backend} is not built into torch {torch.__version__}")
+    return backend
+
+
+def rendezvous(ranks, torch, backend: str) -> dict:
+    """PyTorch's process group: rank 0's address on the fabric's interface, sent to all over MPI
+    (`ranks`: MpiRanks), never a host list."""
+    address = None
+    if ranks.rank == 0:
+        host, interface, chosen = grpc_host()
+        address = {"host": host, "port": free_port(host), "interface": interface, "from": chosen}
+    address = ranks.comm.bcast(address, root=0)
+    # Gloo binds the interface GLOO_SOCKET_IFNAME names, else the hostname's address: the fabric's, as NCCL's.
+    if address["interface"] and "GLOO_SOCKET_IFNAME" not in os.environ:
+        os.environ["GLOO_SOCKET_IFNAME"] = address["interface"]
+    torch.distributed.init_process_group(backend, init_method=f"tcp://{address['host']}:{address['port']}",
+                                         rank=ranks.rank, world_size=ranks.size)
+    return address
+
+
 class MpiRanks:
     """Rank, size and local rank from the launcher, through MPI (works under mpirun and srun)."""
 

@@ -330,17 +330,19 @@ def interface_ok(name: str, address: str | None, patterns: tuple[str, ...]) -> b
     return None if None in results else exclude
 
 
-def check_grpc(check: dict, interface: str | None, address: str | None, evidence: str = "") -> dict:
-    """Add TensorFlow's gRPC traffic (collective, parameter_server modes) to a transport check.
+def check_grpc(check: dict, interface: str | None, address: str | None, evidence: str = "",
+               layer: str = "grpc") -> dict:
+    """Add TensorFlow's gRPC traffic (collective, parameter_server modes), or PyTorch's Gloo sockets
+    (`layer` gloo), to a transport check.
 
-    MPI only exchanged the addresses; the gradients went over gRPC on the address the
-    benchmark bound, which it records with the interface it took it from.
+    MPI only exchanged the addresses; the gradients went over sockets on the address the
+    benchmark bound, which it records with the interface it took it from (Gloo itself logs none).
     """
     patterns = tuple(check.get("expected", {}).get("interface") or ())
-    seen = f"grpc: tcp over {interface or 'the hostname'}" + (f" ({address})" if address else "")
+    seen = f"{layer}: tcp over {interface or 'the hostname'}" + (f" ({address})" if address else "")
     if interface and patterns and interface_ok(interface, address, patterns) is False:
         return {**check, "status": "mismatch", "evidence": [evidence, *check.get("evidence", [])],
-                "reason": f"grpc: the fabric asks for interface {_describe(patterns)}, the benchmark bound "
+                "reason": f"{layer}: the fabric asks for interface {_describe(patterns)}, the benchmark bound "
                           f"{interface} ({address})"}
     if patterns and not interface and check["status"] == "ok":
         return {**check, "status": "unverified", "reason": f"{check['reason']}; {seen}: not an interface of the fabric"}

@@ -52,7 +52,10 @@ RANK_ENV = {"PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "1"}
 
 # Benchmark settings copied into every train plan's spec: a failed run still
 # belongs to its sweep point, and the parser checks that what ran is what was asked.
-PLANNED_SETTINGS = ("model", "image_size", "precision", "xla", "data_format", "warmup_steps", "steps")
+PLANNED_SETTINGS = {"tensorflow": ("model", "image_size", "precision", "xla", "data_format", "warmup_steps", "steps"),
+                    "pytorch": ("model", "image_size", "precision", "data_format", "warmup_steps", "steps",
+                                "torch_compile")}
+BENCHMARKS = {"tensorflow": "containerbench.bench", "pytorch": "containerbench.torchbench"}
 
 
 class NoLauncher:
@@ -139,7 +142,10 @@ def benchmark_args(spec: RunSpec, config: dict) -> list[str]:
     if spec.kind == "netbench":
         # Ping-pong is always ranks 0 and 1, i.e. the first two nodes: the 2-node run has
         # measured that pair, so larger allocations measure only the all-reduce.
-        return ["--max-bytes", str(config["netbench"]["max_bytes"]), *(["--no-pingpong"] if spec.nodes > 2 else [])]
+        net = config["netbench"]
+        backend = ["--backend", "torch-" + config["benchmark"]["torch_backend"]] if spec.framework == "pytorch" else []
+        return ["--max-bytes", str(net["max_bytes"]), *backend, *(["--nccl-ring"] if backend and net["nccl_ring"] else []),
+                *(["--no-pingpong"] if spec.nodes > 2 else [])]
     bench = config["benchmark"]
     args = ["--model", bench["model"], "--batch-size", str(spec.batch_size),
             "--image-size", str(bench["image_size"]), "--warmup-steps", str(bench["warmup_steps"]),
@@ -147,6 +153,8 @@ def benchmark_args(spec: RunSpec, config: dict) -> list[str]:
             "--data-format", bench["data_format"], "--threads", str(bench["threads_per_rank"]),
             "--probe-steps", str(bench["node_probe_steps"]),
             "--mode", spec.mode, "--runtime", spec.runtime]
+    if spec.framework == "pytorch":
+        return args + ["--backend", bench["torch_backend"], *(["--compile"] if bench["torch_compile"] else [])]
     if spec.mode == "collective":
         args += ["--collective", bench["collective_implementation"]]
     if spec.mode == "parameter_server":
@@ -229,12 +237,12 @@ def measure(run_plan: dict, log_path: Path, echo=sys.stdout, allocation: str | N
 def plan(spec: RunSpec, config: dict, allocate: bool | None = None) -> dict:
     """Everything needed to start the run, as plain JSON-able data. `allocate`: whether the run asks for an
     allocation of its own (default: allocates(config)); a fleet job's runs share their job's."""
-    module = "containerbench.netbench" if spec.kind == "netbench" else "containerbench.bench"
+    module = "containerbench.netbench" if spec.kind == "netbench" else BENCHMARKS[spec.framework]
     fabric = config["fabrics"][spec.fabric]
     fabric_env = {k: str(v) for k, v in fabric["env"].items()}
     # Every layer logs which network it chose, so the parser can verify the fabric.
     rank_env = {**RANK_ENV, **debug_environment(fabric_env), **fabric_env}
-    runtime = runtime_for(spec.runtime, config, spec.mpi_model)
+    runtime = runtime_for(spec.runtime, config, spec.mpi_model, spec.framework)
     binds = tuple(config["images"]["binds"]) + ((dataset_dir(config),) if spec.data == "real" else ())
     if runtime.package == "clone":
         source = clone_sources()
@@ -254,7 +262,7 @@ def plan(spec: RunSpec, config: dict, allocate: bool | None = None) -> dict:
     settings = {}
     if spec.kind == "train":
         bench = config["benchmark"]
-        settings = {key: bench[key] for key in PLANNED_SETTINGS}
+        settings = {key: bench[key] for key in PLANNED_SETTINGS[spec.framework]}
     return {
         "run_id": spec.run_id,
         "spec": {**spec.as_dict(), "system": config["system"], "launcher": config["launcher"]["kind"],
@@ -505,7 +513,7 @@ STEP_FLAGS = ("--warmup-steps", "--steps", "--probe-steps")
 NOT_THE_POINT = {"run_id", "repetition", "warmup_steps", "steps"}
 # Benchmark flags that say where a run writes, not what it measures (the path holds the run id).
 NOT_THE_POINT_FLAGS = ("--telemetry-dir", "--telemetry-interval")
-BENCHMARK_MODULES = ("containerbench.bench", "containerbench.netbench")
+BENCHMARK_MODULES = ("containerbench.bench", "containerbench.torchbench", "containerbench.netbench")
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,9 @@
-"""MPI network microbenchmark: ping-pong (NetPIPE-style) and Allreduce (nccl-tests-style).
+"""Network microbenchmark: ping-pong (NetPIPE-style) and Allreduce (nccl-tests-style).
+
+Over MPI (the default), or over torch.distributed's collectives (--backend torch-gloo,
+torch-nccl, torch-auto): the path PyTorch's gradients take, on GPU buffers with NCCL, which
+shows InfiniBand against Ethernet on GPU nodes directly. Either way the launcher starts the
+ranks and MPI coordinates them (iteration counts, barriers, the slowest rank's time).
 
 Run with >= 2 ranks, e.g. ``mpirun -np 2 python -m containerbench.netbench``.
 Rank 0 prints a human line and a netbench marker line (JSON) per measurement,
@@ -39,6 +44,11 @@ def build_parser():
     parser.add_argument("--max-iters", type=positive_int, default=1000)
     parser.add_argument("--seconds-per-size", type=float, default=0.5,
                         help="time budget per message size, estimated from the warmup")
+    parser.add_argument("--backend", choices=("mpi", "torch-auto", "torch-gloo", "torch-nccl"), default="mpi",
+                        help="what moves the bytes: MPI, or torch.distributed (auto: nccl on GPUs, gloo on CPUs)")
+    parser.add_argument("--nccl-ring", action="store_true",
+                        help="torch-nccl: force NCCL's ring algorithm (NCCL_ALGO=Ring), as NVIDIA advises for "
+                             "two nodes: other algorithms can report more bus bandwidth than the NIC carries")
     parser.add_argument("--no-pingpong", action="store_true")
     parser.add_argument("--no-allreduce", action="store_true")
     parser.add_argument("--telemetry-dir", help="each node's local rank 0 samples the node into DIR/<host>.csv")
@@ -80,20 +90,107 @@ def report(human_line, record):
     print(markers.line(markers.NETBENCH, record), end="", flush=True)
 
 
-def measure_pingpong(comm, size, options):
+class MpiTransport:
+    """The bytes move through MPI, on host buffers."""
+
+    backend = "mpi"
+
+    def __init__(self, comm):
+        self.comm = comm
+
+    def buffer(self, count: int, fill: float = 0, dtype=np.uint8):
+        return np.full(count, fill, dtype=dtype)
+
+    def send(self, buffer, peer: int):
+        self.comm.Send(buffer, dest=peer, tag=PINGPONG_TAG)
+
+    def recv(self, buffer, peer: int):
+        self.comm.Recv(buffer, source=peer, tag=PINGPONG_TAG)
+
+    def allreduce(self, send, received):
+        self.comm.Allreduce(send, received, op=MPI.SUM)
+
+    def all_equal(self, buffer, value: float) -> bool:
+        return bool(np.all(buffer == value))
+
+    def wait(self):
+        """Until every operation issued so far has completed (MPI's calls are blocking)."""
+
+    def describe(self) -> dict:
+        return {"backend": self.backend}
+
+
+class TorchTransport:
+    """The bytes move through torch.distributed: Gloo on host tensors, NCCL on this rank's GPU."""
+
+    def __init__(self, comm, requested: str, nccl_ring: bool):
+        import torch
+
+        from containerbench.distribution import MpiRanks, choose_backend, rendezvous
+
+        if nccl_ring:
+            os.environ["NCCL_ALGO"] = "Ring"  # before NCCL's communicator is made
+        self.torch, self.dist = torch, torch.distributed
+        self.backend = choose_backend(torch, requested)
+        ranks = MpiRanks()
+        gpus = torch.cuda.device_count() if self.backend == "nccl" else 0
+        self.device = torch.device("cuda", ranks.local_rank % gpus) if gpus else torch.device("cpu")
+        if gpus:
+            torch.cuda.set_device(self.device)
+        self.gpus = [torch.cuda.get_device_name(self.device)] if gpus else []
+        self.address = rendezvous(ranks, torch, self.backend)
+        self.nccl_algo = os.environ.get("NCCL_ALGO") if self.backend == "nccl" else None
+
+    def buffer(self, count: int, fill: float = 0, dtype=np.uint8):
+        kind = self.torch.uint8 if dtype == np.uint8 else self.torch.float32
+        return self.torch.full((count,), fill, dtype=kind, device=self.device)
+
+    def send(self, buffer, peer: int):
+        self.dist.send(buffer, dst=peer)
+
+    def recv(self, buffer, peer: int):
+        self.dist.recv(buffer, src=peer)
+
+    def allreduce(self, send, received):
+        # In place, as torch.distributed has it: the bytes moved are the same as out of place. The timed
+        # buffer holds zeros (from all_equal's check), so repeated sums stay finite.
+        self.dist.all_reduce(received)
+
+    def all_equal(self, buffer, value: float) -> bool:
+        ok = bool((buffer == value).all())
+        buffer.zero_()
+        return ok
+
+    def wait(self):
+        if self.device.type == "cuda":
+            self.torch.cuda.synchronize(self.device)
+
+    def describe(self) -> dict:
+        return {"backend": self.backend, "torch": self.torch.__version__, "nccl_algo": self.nccl_algo,
+                "nccl": ".".join(map(str, self.torch.cuda.nccl.version())) if self.gpus else None,
+                "rendezvous": f"tcp://{self.address['host']}:{self.address['port']}",
+                "socket_host": self.address["host"], "socket_interface": self.address["interface"],
+                "socket_host_from": self.address["from"]}
+
+    def close(self):
+        self.dist.destroy_process_group()
+
+
+def measure_pingpong(comm, transport, size, options):
     """Round trips between ranks 0 and 1; returns (iterations, elapsed seconds on this rank)."""
-    buffer = np.zeros(size, dtype=np.uint8)
+    buffer = transport.buffer(size)
     is_initiator = comm.Get_rank() == 0
     peer = 1 if is_initiator else 0
 
     def round_trips(count):
         for _ in range(count):
             if is_initiator:
-                comm.Send(buffer, dest=peer, tag=PINGPONG_TAG)
-                comm.Recv(buffer, source=peer, tag=PINGPONG_TAG)
+                transport.send(buffer, peer)
+                transport.recv(buffer, peer)
             else:
-                comm.Recv(buffer, source=peer, tag=PINGPONG_TAG)
-                comm.Send(buffer, dest=peer, tag=PINGPONG_TAG)
+                transport.recv(buffer, peer)
+                transport.send(buffer, peer)
+        transport.wait()
 
     start = MPI.Wtime()
     round_trips(WARMUP_ITERATIONS)  # connection setup and cache warming stay out of the timing
@@ -109,22 +206,23 @@ def measure_pingpong(comm, size, options):
     return iterations, MPI.Wtime() - start
 
 
-def measure_allreduce(comm, size, options):
+def measure_allreduce(comm, transport, size, options):
     """Checks the sum once, then returns (iterations, the slowest rank's elapsed seconds)."""
     ranks = comm.Get_size()
-    send = np.full(size // 4, comm.Get_rank() + 1, dtype=np.float32)
-    received = np.empty_like(send)
+    send = transport.buffer(size // 4, comm.Get_rank() + 1, np.float32)
+    received = transport.buffer(size // 4, comm.Get_rank() + 1, np.float32)
 
-    comm.Allreduce(send, received, op=MPI.SUM)
+    transport.allreduce(send, received)
     expected = ranks * (ranks + 1) / 2  # exact in float32 for any realistic rank count
-    if not np.all(received == expected):
+    if not transport.all_equal(received, expected):
         raise RuntimeError(f"allreduce of {size} B gave wrong result, expected {expected} everywhere")
 
     def timed_calls(count):
         comm.Barrier()  # start the clock together so early ranks don't wait inside the timing
         start = MPI.Wtime()
         for _ in range(count):
-            comm.Allreduce(send, received, op=MPI.SUM)
+            transport.allreduce(send, received)
+        transport.wait()
         # The slowest rank's time, identical on every rank.
         return comm.allreduce(MPI.Wtime() - start, op=MPI.MAX)
 
@@ -132,11 +230,11 @@ def measure_allreduce(comm, size, options):
     return iterations, timed_calls(iterations)
 
 
-def run_pingpong(comm, options):
+def run_pingpong(comm, transport, options):
     results = []
     if comm.Get_rank() <= 1:
         for size in powers_of_two(options.min_bytes, options.max_bytes):
-            iterations, elapsed = measure_pingpong(comm, size, options)
+            iterations, elapsed = measure_pingpong(comm, transport, size, options)
             latency_us = elapsed / iterations / 2 * 1e6
             record = {"test": "pingpong", "bytes": size, "iterations": iterations,
                       "latency_us": latency_us, "bandwidth_MBps": size / latency_us}
@@ -148,11 +246,11 @@ def run_pingpong(comm, options):
     return results
 
 
-def run_allreduce(comm, options):
+def run_allreduce(comm, transport, options):
     ranks = comm.Get_size()
     results = []
     for size in powers_of_two(max(4, options.min_bytes), options.max_bytes):
-        iterations, elapsed = measure_allreduce(comm, size, options)
+        iterations, elapsed = measure_allreduce(comm, transport, size, options)
         time_s = elapsed / iterations
         algbw = size / time_s / 1e9
         busbw = algbw * 2 * (ranks - 1) / ranks  # nccl-tests: traffic per link of a ring allreduce
@@ -165,13 +263,17 @@ def run_allreduce(comm, options):
     return results
 
 
-def run(options, comm):
+def run(options, comm, transport=None):
     """Runs the enabled benchmarks on every rank of comm and returns the result dict on all ranks."""
+    transport = transport or MpiTransport(comm)
     started = time.perf_counter()
     hostnames = comm.allgather(socket.gethostname())
+    if comm.Get_rank() == 0:
+        print(f"netbench: {comm.Get_size()} ranks on {len(set(hostnames))} node(s), backend {transport.backend}",
+              flush=True)
     window = {"start_unix": time.time(), "cpu_s": telemetry.cpu_seconds()}
-    pingpong = [] if options.no_pingpong else run_pingpong(comm, options)
-    allreduce = [] if options.no_allreduce else run_allreduce(comm, options)
+    pingpong = [] if options.no_pingpong else run_pingpong(comm, transport, options)
+    allreduce = [] if options.no_allreduce else run_allreduce(comm, transport, options)
     window = {**window, "end_unix": time.time(), "cpu_s": telemetry.cpu_seconds() - window["cpu_s"]}
     processes = comm.allgather({"rank": comm.Get_rank(), "hostname": socket.gethostname(), "window": window,
                                 "context": telemetry.rank_context()})
@@ -182,6 +284,9 @@ def run(options, comm):
         # Open MPI pads the version string with a NUL terminator; keep the JSON clean.
         "mpi_library": MPI.Get_library_version().replace("\0", "").splitlines()[0].strip(),
         "mpi4py": mpi4py.__version__,
+        "backend": transport.backend,
+        "distribution": transport.describe(),
+        "gpus": getattr(transport, "gpus", []),
         "runtime": os.environ.get("CONTAINERBENCH_RUNTIME", "bare-metal"),
         "provenance": provenance(),
         "pingpong": pingpong,
@@ -207,7 +312,18 @@ def main(argv=None):
         if comm.Split_type(MPI.COMM_TYPE_SHARED).Get_rank() == 0:  # one sampler per node
             sampler = telemetry.start_sampler(options.telemetry_dir, options.telemetry_interval)
     try:
-        run(options, comm)
+        if options.backend == "mpi":
+            run(options, comm)
+        else:
+            from containerbench.distribution import BackendUnavailable
+
+            try:
+                transport = TorchTransport(comm, options.backend.removeprefix("torch-"), options.nccl_ring)
+            except (BackendUnavailable, ImportError) as error:  # a failed run with its reason
+                print(markers.FAILURE + str(error), flush=True)
+                raise SystemExit(3) from None
+            run(options, comm, transport)
+            transport.close()
     finally:
         telemetry.stop_sampler(sampler)
 

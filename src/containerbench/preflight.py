@@ -38,8 +38,11 @@ PACKAGE = Path("src") / "containerbench"
 SRUN_MINUTES = 10
 # How long the workflow waits for it, queue included.
 TIMEOUT_S = 3600
-# What a rank imports first: fails fast, without TensorFlow's seconds-long import.
+# What a rank imports first: fails fast, without TensorFlow's seconds-long import. Each framework's
+# bare-metal interpreter, and the config key that names it.
 BENCH_IMPORT_CHECK = "import containerbench.provenance, mpi4py, horovod, tensorflow"
+IMPORT_CHECKS = {"tensorflow": ("bare_metal.python", "bench", BENCH_IMPORT_CHECK),
+                 "pytorch": ("bare_metal.torch_python", "bench-torch", "import containerbench.provenance, mpi4py, torch")}
 
 
 def sources_digest(repo: Path) -> str:
@@ -61,29 +64,31 @@ def check_clone(repo: Path, expected_digest: str) -> str | None:
     return None
 
 
-def check_bench_python(python: str, timeout: float = 300) -> str | None:
+def check_bench_python(python: str, timeout: float = 300, framework: str = "tensorflow") -> str | None:
+    key, side, check = IMPORT_CHECKS[framework]
     try:
-        done = subprocess.run([python, "-c", BENCH_IMPORT_CHECK], capture_output=True, text=True, timeout=timeout)
+        done = subprocess.run([python, "-c", check], capture_output=True, text=True, timeout=timeout)
     except FileNotFoundError:
-        return (f"'bare_metal.python' = {python!r} does not exist on this node; allowed: a venv on a shared "
-                "filesystem (scripts/setup-venv.sh bench) or an interpreter every node has")
+        return (f"'{key}' = {python!r} does not exist on this node; allowed: a venv on a shared "
+                f"filesystem (scripts/setup-venv.sh {side}) or an interpreter every node has")
     except subprocess.TimeoutExpired:
-        return f"'bare_metal.python' = {python!r} did not import the benchmark's packages within {timeout:g} s"
+        return f"'{key}' = {python!r} did not import the benchmark's packages within {timeout:g} s"
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        return f"'bare_metal.python' = {python!r} cannot import the benchmark's packages on this node: {last[:200]}"
+        return f"'{key}' = {python!r} cannot import the benchmark's packages on this node: {last[:200]}"
     return None
 
 
 def run_checks(repo: Path, expected_digest: str, bench_python: str | None,
-               probes: dict[str, list[str]], image_files=()) -> dict:
+               probes: dict[str, list[str]], image_files=(), torch_python: str | None = None) -> dict:
     """Every check, run here; the result names each problem in one line."""
     started = time.time()
     problems = []
     if problem := check_clone(repo, expected_digest):
         problems.append(problem)
-    if bench_python and (problem := check_bench_python(bench_python)):
-        problems.append(problem)
+    for framework, python in (("tensorflow", bench_python), ("pytorch", torch_python)):
+        if python and (problem := check_bench_python(python, framework=framework)):
+            problems.append(problem)
     for image in image_files:
         if not Path(image).exists():
             problems.append(f"the image {image} does not exist on this node; allowed: an image on a filesystem "
@@ -95,15 +100,16 @@ def run_checks(repo: Path, expected_digest: str, bench_python: str | None,
         if not ok:
             problems.append(f"runtime {runtime!r} cannot run on this node: {detail}")
     return {"host": socket.gethostname(), "repo": str(repo), "sources_digest": expected_digest,
-            "bench_python": bench_python, "image_files": list(image_files), "probes": probed, "problems": problems,
+            "bench_python": bench_python, "torch_python": torch_python, "image_files": list(image_files), "probes": probed, "problems": problems,
             "seconds": round(time.time() - started, 3)}
 
 
 def check_argv(config: dict, repo: Path, python: str, bench_python: str | None, probes: dict[str, list[str]],
-               image_files=()) -> list[str]:
+               image_files=(), torch_python: str | None = None) -> list[str]:
     """The check's command line: on one compute node through srun when the runs use srun, else here."""
     argv = [python, "-m", "containerbench.preflight", "--repo", str(repo), "--sources-digest", sources_digest(repo),
-            *(["--bench-python", str(bench_python)] if bench_python else []), "--probes", json.dumps(probes),
+            *(["--bench-python", str(bench_python)] if bench_python else []),
+            *(["--torch-python", str(torch_python)] if torch_python else []), "--probes", json.dumps(probes),
             *(f"--image-file={path}" for path in image_files)]
     if config["launcher"]["kind"] != "srun":
         return argv
@@ -133,6 +139,7 @@ def parser() -> argparse.ArgumentParser:
     cli.add_argument("--repo", type=Path, required=True, help="the clone, as the workflow sees it")
     cli.add_argument("--sources-digest", required=True, help="sources_digest(repo) where the workflow planned")
     cli.add_argument("--bench-python", help="the bare-metal interpreter, when bare metal is in the sweep")
+    cli.add_argument("--torch-python", help="the PyTorch side's bare-metal interpreter, when the sweep has pytorch")
     cli.add_argument("--probes", default="{}", help="JSON {runtime: probe argv} to run on this node")
     cli.add_argument("--image-file", action="append", default=[], dest="image_files",
                      help="an image file the site supplies, which the node must see (repeatable)")
@@ -142,7 +149,8 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
-    result = run_checks(args.repo, args.sources_digest, args.bench_python, json.loads(args.probes), args.image_files)
+    result = run_checks(args.repo, args.sources_digest, args.bench_python, json.loads(args.probes), args.image_files,
+                        args.torch_python)
     for problem in result["problems"]:
         print(f"containerbench: preflight on {result['host']}: {problem}", file=sys.stderr)
     if result["problems"]:

@@ -26,7 +26,8 @@ RECORD_FORMAT = "containerbench.record/1"
 # that did not drift apart by orders of magnitude more than this.
 WEIGHT_SPREAD_TOLERANCE = 1e-6
 # What the parser checks against the plan: a run that ran something else is invalid.
-PLANNED_KEYS = ("model", "image_size", "precision", "batch_size", "warmup_steps", "steps", "mode", "data")
+PLANNED_KEYS = ("model", "image_size", "precision", "batch_size", "warmup_steps", "steps", "mode", "data", "framework",
+                "torch_compile")
 
 log = logging.getLogger(__name__)
 
@@ -176,6 +177,10 @@ def check_fabric(found: LogLines, spec: dict) -> dict:
         check = check_grpc(check, distribution.get("grpc_interface"), distribution["grpc_host"],
                            f"result line {found.result_line}: distribution.grpc_host {distribution['grpc_host']} "
                            f"from {distribution.get('grpc_host_from')}")
+    elif distribution.get("backend") == "gloo" and distribution.get("socket_host"):  # PyTorch's Gloo sockets
+        check = check_grpc(check, distribution.get("socket_interface"), distribution["socket_host"],
+                           f"result line {found.result_line}: distribution.socket_host {distribution['socket_host']} "
+                           f"from {distribution.get('socket_host_from')}", layer="gloo")
     if spec.get("ranks") == 1:  # one rank never touches the network
         return {"status": "not applicable", "reason": "one rank: no traffic between ranks",
                 "evidence": [], "expected": check["expected"], "observed": {}}

@@ -887,11 +887,12 @@ CONTAINER_RUNTIMES = {"docker": Docker, "podman": Podman, "apptainer": Apptainer
 RUNTIME_NAMES = ("bare-metal", *CONTAINER_RUNTIMES)
 
 
-def runtime_for(name: str, config: dict, mpi_model: str | None = None) -> Runtime:
+def runtime_for(name: str, config: dict, mpi_model: str | None = None, framework: str = "tensorflow") -> Runtime:
     """The runtime called `name`, in `mpi_model` (default: its first); container runtimes read
-    config["images"][name] = {image: ..., native_image: ..., options}."""
+    config["images"][name] = {image: ..., native_image: ..., options}. Bare metal runs the
+    framework's own venv (bare_metal.python, bare_metal.torch_python)."""
     if name == "bare-metal":
-        return BareMetal(config["bare_metal"]["python"])
+        return BareMetal(config["bare_metal"]["torch_python" if framework == "pytorch" else "python"])
     if name not in CONTAINER_RUNTIMES:
         raise ValueError(f"runtime {name!r} is not supported; allowed: {', '.join(RUNTIME_NAMES)}")
     options = dict((config.get("images") or {}).get(name) or {})

@@ -72,10 +72,12 @@ wildcard_constraints:
 # What the compute nodes must see (the clone and the bare-metal Python at the same path, the
 # runtimes installed only there, the site's image files), checked on one of them before any job
 # is submitted; not in a dry run. A hook, not a rule: see containerbench/preflight.py.
+BARE_METAL = "bare-metal" in config["runtimes"]
 PREFLIGHT = preflight.check_argv(
-    config, REPO, PYTHON, BENCH_PYTHON if "bare-metal" in config["runtimes"] else None,
+    config, REPO, PYTHON, BENCH_PYTHON if BARE_METAL and "tensorflow" in config["benchmark"]["frameworks"] else None,
     {name: list(runtimes.runtime_for(name, config).probe) for name in sorted(ON_COMPUTE_NODES)},
-    launch.site_image_files(config, SWEEP.image_files))
+    launch.site_image_files(config, SWEEP.image_files),
+    config["bare_metal"]["torch_python"] if BARE_METAL and "pytorch" in config["benchmark"]["frameworks"] else None)
 
 
 onstart:
