@@ -93,7 +93,7 @@ def test_tables_put_modes_and_data_sources_side_by_side(mode_records):
     tables = build_tables(list(mode_records.values()))
     modes = tables["modes"]
     assert sorted(modes["mode"]) == ["collective", "collective", "parameter_server", "parameter_server"]
-    assert (modes["ratio_to_horovod_of_means"] > 0).all() and modes["note"].isna().all()
+    assert (modes["ratio_to_baseline_of_means"] > 0).all() and modes["note"].isna().all()
     inputs = tables["input"]
     assert sorted(inputs["mode"]) == sorted(BACKENDS) and inputs["input_overhead_percent_of_means"].notna().all()
 

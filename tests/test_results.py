@@ -232,8 +232,8 @@ def test_fabric_modes_and_input_tables_carry_counts_means_and_intervals(recorded
     modes = tables["modes"].query("fabric == 'infiniband' and data == 'synthetic'").set_index("mode")
     collective = modes.loc["collective"]
     expected = ratio_interval(rates[("collective", "infiniband", "synthetic")], horovod)
-    assert (collective["mode_runs"], collective["horovod_runs"]) == (3, 3)
-    assert (collective["ratio_to_horovod_of_means"], collective["ratio_ci95_low"], collective["ratio_ci95_high"]) == \
+    assert (collective["mode_runs"], collective["baseline_runs"]) == (3, 3)
+    assert (collective["ratio_to_baseline_of_means"], collective["ratio_ci95_low"], collective["ratio_ci95_high"]) == \
         pytest.approx((expected.ratio, expected.low, expected.high))
     assert np.isnan(collective["communication_overhead_percent_of_means"])  # only the local mode has one
     # Communication overhead = 1 - horovod / local; its interval is the local/horovod interval turned over.
@@ -273,10 +273,11 @@ def test_memory_per_batch_and_the_study_table(recorded_runs):
     assert list(memory["batch_size"]) == [2] and memory.loc[0, "runs"] == 2
     assert 0.1 < memory.loc[0, "peak_host_memory_gib"] < 16
     table1 = tables["table1"]
-    assert list(table1.columns) == ["ranks", "mode", "data", "runtime", "fabric", "batch/rank", "img/s", "std"]
+    assert list(table1.columns) == ["framework", "ranks", "mode", "data", "runtime", "fabric", "batch/rank", "img/s",
+                                    "std"]
     assert list(table1["ranks"]) == [1, 2] and set(table1["mode"]) == {"horovod"}
     markdown = markdown_summary(tables)
-    assert re.search(r"^\|\s+ranks \| mode\s+\| data\s+\|", markdown, re.M)
+    assert re.search(r"^\| framework\s+\|\s+ranks \| mode\s+\| data\s+\|", markdown, re.M)
     assert "### Container overhead vs bare metal (% of the means, Fieller 95% interval)" in markdown
     assert "_none_" in markdown
 
@@ -311,3 +312,25 @@ def test_overhead_flags_ranks_bound_differently_from_bare_metal(recorded_runs):
                            "docker ranks 2 CPU, memory 2 GiB, quota -")
     same = [variant(one, f"pod{i}", 90.0 + i, i, runtime="podman") for i in (1, 2)]
     assert not isinstance(build_tables(bare + same)["overhead"].loc[0, "note"], str)
+
+
+def test_frameworks_table_sets_pytorch_beside_tensorflow_at_the_same_point(recorded_runs):
+    two = recorded_runs[("train", 2)]
+    rates = {("tensorflow", "horovod"): [30.0, 31.0, 29.0], ("pytorch", "ddp"): [45.0, 44.0, 46.5],
+             ("tensorflow", "local"): [33.0, 34.0, 32.5], ("pytorch", "local"): [50.0, 49.0, 51.0]}
+    records = [variant(two, f"{framework}-{mode}-{i}", rate, i, framework=framework, mode=mode)
+               for (framework, mode), values in rates.items() for i, rate in enumerate(values, 1)]
+    tables = build_tables(records)
+    compared = tables["frameworks"].set_index("pytorch_mode")
+    assert list(compared["tensorflow_mode"]) == ["horovod", "local"]  # each mode beside its counterpart
+    for torch_mode, tf_mode in (("ddp", "horovod"), ("local", "local")):
+        row = compared.loc[torch_mode]
+        expected = ratio_interval(rates[("pytorch", torch_mode)], rates[("tensorflow", tf_mode)])
+        assert (row["tensorflow_runs"], row["pytorch_runs"]) == (3, 3)
+        assert (row["ratio_to_tensorflow_of_means"], row["ratio_ci95_low"], row["ratio_ci95_high"]) == \
+            pytest.approx((expected.ratio, expected.low, expected.high))
+        assert row["pytorch_cv_percent"] > 0 and row["tensorflow_cv_percent"] > 0
+    # Each framework's modes against its own baseline: PyTorch's local beside DDP, TF's beside Horovod.
+    modes = tables["modes"].set_index("framework")
+    assert modes.loc["pytorch", "baseline_mode"] == "ddp" and modes.loc["tensorflow", "baseline_mode"] == "horovod"
+    assert set(tables["table1"]["framework"]) == {"tensorflow", "pytorch"}

@@ -25,7 +25,7 @@ from containerbench.records import load_records  # noqa: E402
 from containerbench.results import TABLES  # noqa: E402
 
 SUMMARY_COLUMNS = {
-    "runtime": "runtime", "fabric": "fabric", "mode": "mode", "data": "data", "nodes": "nodes", "ranks": "ranks", "batch_size": "batch/rank",
+    "framework": "framework", "runtime": "runtime", "fabric": "fabric", "mode": "mode", "data": "data", "nodes": "nodes", "ranks": "ranks", "batch_size": "batch/rank",
     "repetitions": "reps", "failed_or_invalid": "failed", "images_per_sec_median": "img/s median",
     "images_per_sec_std": "std", "cv_percent": "CV %", "ci95_low": "95% CI low", "ci95_high": "95% CI high",
     "images_per_sec_min": "min", "images_per_sec_max": "max", "per_rank_median": "img/s per rank",
@@ -42,8 +42,8 @@ def _png(figure) -> str:
 
 
 def _series(summary: pd.DataFrame):
-    # Mode and data name a line only when the sweep varies them.
-    varied = [c for c in ("mode", "data") if c in summary and summary[c].nunique() > 1]
+    # Framework, mode and data name a line only when the sweep varies them.
+    varied = [c for c in ("framework", "mode", "data") if c in summary and summary[c].nunique() > 1]
     for key, group in summary.groupby(["runtime", "fabric", "batch_size", *varied]):
         group = group.dropna(subset=["images_per_sec_median"]).sort_values("ranks")
         if not group.empty:
@@ -256,16 +256,23 @@ FABRIC_COLUMNS = {"runtime": "runtime", "ranks": "ranks", "batch_size": "batch/r
                   "faster_mean": "faster img/s mean", "slower_mean": "slower img/s mean",
                   "ratio_of_means": "ratio (of means)", "ratio_ci95_low": "95% CI low",
                   "ratio_ci95_high": "95% CI high", "significance": "significance"}
-MODE_COLUMNS = {"runtime": "runtime", "fabric": "fabric", "data": "data", "ranks": "ranks", "batch_size": "batch/rank",
-                "mode": "mode", "horovod_runs": "horovod runs", "mode_runs": "mode runs",
-                "horovod_median": "horovod img/s median", "mode_median": "mode img/s median",
-                "horovod_mean": "horovod img/s mean", "mode_mean": "mode img/s mean",
-                "horovod_cv_percent": "horovod CV %", "mode_cv_percent": "mode CV %",
-                "ratio_to_horovod_of_means": "ratio to horovod (of means)", "ratio_ci95_low": "95% CI low",
+MODE_COLUMNS = {"framework": "framework", "runtime": "runtime", "fabric": "fabric", "data": "data", "ranks": "ranks",
+                "batch_size": "batch/rank", "mode": "mode", "baseline_mode": "baseline", "baseline_runs": "baseline runs",
+                "mode_runs": "mode runs", "baseline_median": "baseline img/s median", "mode_median": "mode img/s median",
+                "baseline_mean": "baseline img/s mean", "mode_mean": "mode img/s mean",
+                "baseline_cv_percent": "baseline CV %", "mode_cv_percent": "mode CV %",
+                "ratio_to_baseline_of_means": "ratio to baseline (of means)", "ratio_ci95_low": "95% CI low",
                 "ratio_ci95_high": "95% CI high", "significance": "significance",
                 "communication_overhead_percent_of_means": "communication overhead % (of means)",
                 "communication_overhead_ci95_low": "its 95% CI low", "communication_overhead_ci95_high": "its 95% CI high",
                 "note": "note"}
+FRAMEWORK_COLUMNS = {"runtime": "runtime", "fabric": "fabric", "data": "data", "ranks": "ranks",
+                     "batch_size": "batch/rank", "tensorflow_mode": "TensorFlow", "pytorch_mode": "PyTorch",
+                     "tensorflow_runs": "TF runs", "pytorch_runs": "PyTorch runs",
+                     "tensorflow_median": "TF img/s median", "pytorch_median": "PyTorch img/s median",
+                     "tensorflow_cv_percent": "TF CV %", "pytorch_cv_percent": "PyTorch CV %",
+                     "ratio_to_tensorflow_of_means": "PyTorch / TF (of means)", "ratio_ci95_low": "95% CI low",
+                     "ratio_ci95_high": "95% CI high", "significance": "significance", "note": "note"}
 INPUT_COLUMNS = {"runtime": "runtime", "fabric": "fabric", "mode": "mode", "ranks": "ranks", "batch_size": "batch/rank",
                  "synthetic_runs": "synthetic runs", "real_runs": "real runs",
                  "synthetic_median": "synthetic img/s median", "real_median": "real img/s median",
@@ -328,6 +335,7 @@ def render(table_files, record_paths, out_path: str | Path, skipped: dict | None
         fabric_table=_table(tables["fabrics"], FABRIC_COLUMNS),
         fabric_plot=side_by_side_plot(tables["summary"], "fabric", "Throughput by interconnect"),
         mode_table=_table(tables["modes"], MODE_COLUMNS),
+        framework_table=_table(tables["frameworks"], FRAMEWORK_COLUMNS) if not tables["frameworks"].empty else None,
         mode_plot=side_by_side_plot(tables["summary"], "mode", "Throughput by distribution mode"),
         input_table=_table(tables["input"], INPUT_COLUMNS),
         data_plot=side_by_side_plot(tables["summary"], "data", "Throughput by input: synthetic vs real data"),

@@ -13,14 +13,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from containerbench.config import point_id_of, runtime_label
+from containerbench.config import DEFAULT_MODE, point_id_of, runtime_label
 from containerbench.distribution import LOCAL as LOCAL_MODE
 from containerbench.intervals import RatioInterval, ratio_interval, t_quantile
 from containerbench.provenance import difference as provenance_difference
 from containerbench.records import load_records
 
 # A sweep point: runs that differ only in repetition.
-POINT = ["model", "image_size", "precision", "mode", "data", "runtime", "fabric", "nodes", "ranks", "batch_size"]
+POINT = ["framework", "model", "image_size", "precision", "mode", "data", "runtime", "fabric", "nodes", "ranks", "batch_size"]
 # Runs whose scaling is compared: a point without its rank count.
 SERIES = [c for c in POINT if c not in ("nodes", "ranks")]
 
@@ -83,6 +83,7 @@ def _train_row(record: dict) -> dict:
         # The point comes from the plan, so a failed run still belongs to it.
         **{key: spec.get(key, result.get(key)) for key in POINT},
         "runtime": runtime_label(spec.get("runtime"), spec.get("mpi_model")),  # native beside hybrid
+        "framework": spec.get("framework") or result.get("framework") or "tensorflow",  # older records: TF's
         "repetition": spec.get("repetition"),
         "images_per_sec": rate,
         "rank_images_per_sec_min": min(rank_rates, default=np.nan),
@@ -253,34 +254,67 @@ def fabric_table(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def modes_table(runs: pd.DataFrame) -> pd.DataFrame:
-    """Each distribution mode beside Horovod at the same point.
+    """Each distribution mode beside its framework's data-parallel baseline at the same point (Horovod for
+    TensorFlow, DistributedDataParallel for PyTorch: DEFAULT_MODE).
 
-    ratio_to_horovod_of_means = mean(mode) / mean(horovod) over the repetitions (above 1:
-    faster than Horovod), with Fieller's 95% interval; medians and CVs stand beside it.
+    ratio_to_baseline_of_means = mean(mode) / mean(baseline) over the repetitions (above 1:
+    faster than the baseline), with Fieller's 95% interval; medians and CVs stand beside it.
     For the `local` mode (no gradient exchange), communication_overhead_percent_of_means
-    = 100 * (1 - horovod / local): what exchanging gradients costs, with its interval.
+    = 100 * (1 - baseline / local): what exchanging gradients costs, with its interval.
     """
     others = [c for c in POINT if c != "mode"]
-    columns = [*others, "mode", "horovod_runs", "mode_runs", "horovod_median", "mode_median", "horovod_mean",
-               "mode_mean", "horovod_cv_percent", "mode_cv_percent", "ratio_to_horovod_of_means", "ratio_ci95_low",
-               "ratio_ci95_high", "significance", "communication_overhead_percent_of_means",
+    columns = [*others, "mode", "baseline_mode", "baseline_runs", "mode_runs", "baseline_median", "mode_median",
+               "baseline_mean", "mode_mean", "baseline_cv_percent", "mode_cv_percent", "ratio_to_baseline_of_means",
+               "ratio_ci95_low", "ratio_ci95_high", "significance", "communication_overhead_percent_of_means",
                "communication_overhead_ci95_low", "communication_overhead_ci95_high", "note"]
     ok = _ok_runs(runs)
     rows = []
     for point, group in ok.groupby(others, dropna=False, sort=True):
-        horovod = group.loc[group["mode"] == "horovod", "images_per_sec"]
-        for mode, rates in group[group["mode"] != "horovod"].groupby("mode")["images_per_sec"]:
-            row = {**dict(zip(others, point)), "mode": mode, **_basis("mode", rates), "mode_cv_percent": _cv(rates)}
-            if horovod.empty:
-                rows.append({**row, "note": "no horovod run at this point"})
+        framework = dict(zip(others, point))["framework"]
+        base_mode = DEFAULT_MODE.get(framework, "horovod")
+        baseline = group.loc[group["mode"] == base_mode, "images_per_sec"]
+        for mode, rates in group[group["mode"] != base_mode].groupby("mode")["images_per_sec"]:
+            row = {**dict(zip(others, point)), "mode": mode, "baseline_mode": base_mode, **_basis("mode", rates),
+                   "mode_cv_percent": _cv(rates)}
+            if baseline.empty:
+                rows.append({**row, "note": f"no {base_mode} run at this point"})
                 continue
-            row |= {**_basis("horovod", horovod), "horovod_cv_percent": _cv(horovod),
-                    **_ratio_columns("ratio_to_horovod", ratio_interval(rates, horovod, "horovod"))}
+            row |= {**_basis("baseline", baseline), "baseline_cv_percent": _cv(baseline),
+                    **_ratio_columns("ratio_to_baseline", ratio_interval(rates, baseline, base_mode))}
             if mode == LOCAL_MODE:
-                # Fieller's set for horovod / local is the inverse of the set for local / horovod
+                # Fieller's set for baseline / local is the inverse of the set for local / baseline
                 # (same inequality, same degrees of freedom): the same interval, turned over.
-                row |= _overhead_columns("communication_overhead", ratio_interval(horovod, rates, LOCAL_MODE))
+                row |= _overhead_columns("communication_overhead", ratio_interval(baseline, rates, LOCAL_MODE))
             rows.append(row)
+    return pd.DataFrame(rows, columns=columns)
+
+
+# Modes that do the same work in each framework: its data-parallel baseline, or no exchange at all.
+COUNTERPARTS = {"horovod": "ddp", LOCAL_MODE: LOCAL_MODE}
+
+
+def frameworks_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """PyTorch beside TensorFlow at the same point (Horovod against DDP, local against local): ratio =
+    mean(pytorch) / mean(tensorflow) over the repetitions, with Fieller's 95% interval and both CVs."""
+    others = [c for c in POINT if c not in ("framework", "mode")]
+    columns = [*others, "tensorflow_mode", "pytorch_mode", "tensorflow_runs", "pytorch_runs", "tensorflow_median",
+               "pytorch_median", "tensorflow_mean", "pytorch_mean", "tensorflow_cv_percent", "pytorch_cv_percent",
+               "ratio_to_tensorflow_of_means", "ratio_ci95_low", "ratio_ci95_high", "significance", "note"]
+    ok = _ok_runs(runs)
+    rows = []
+    for point, group in ok.groupby(others, dropna=False, sort=True):
+        for tf_mode, torch_mode in COUNTERPARTS.items():
+            tf = group.loc[(group["framework"] == "tensorflow") & (group["mode"] == tf_mode), "images_per_sec"]
+            torch = group.loc[(group["framework"] == "pytorch") & (group["mode"] == torch_mode), "images_per_sec"]
+            if torch.empty:
+                continue
+            row = {**dict(zip(others, point)), "tensorflow_mode": tf_mode, "pytorch_mode": torch_mode,
+                   **_basis("pytorch", torch), "pytorch_cv_percent": _cv(torch)}
+            if tf.empty:
+                rows.append({**row, "note": f"no tensorflow {tf_mode} run at this point"})
+                continue
+            rows.append({**row, **_basis("tensorflow", tf), "tensorflow_cv_percent": _cv(tf),
+                         **_ratio_columns("ratio_to_tensorflow", ratio_interval(torch, tf, "tensorflow"))})
     return pd.DataFrame(rows, columns=columns)
 
 
@@ -320,13 +354,14 @@ def memory_table(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def study_table(summary: pd.DataFrame) -> pd.DataFrame:
-    """The CSCS report's Table 1 shape: ranks, mode, data, images/s (with runtime and fabric)."""
+    """The CSCS report's Table 1 shape: ranks, mode, data, images/s (with framework, runtime and fabric)."""
     if summary.empty:
-        return pd.DataFrame(columns=["ranks", "mode", "data", "runtime", "fabric", "batch/rank", "img/s", "std"])
-    table = summary[["ranks", "mode", "data", "runtime", "fabric", "batch_size", "images_per_sec_median",
+        return pd.DataFrame(columns=["framework", "ranks", "mode", "data", "runtime", "fabric", "batch/rank", "img/s",
+                                     "std"])
+    table = summary[["framework", "ranks", "mode", "data", "runtime", "fabric", "batch_size", "images_per_sec_median",
                      "images_per_sec_std"]].rename(columns={"batch_size": "batch/rank", "images_per_sec_median": "img/s",
                                                             "images_per_sec_std": "std"})
-    return table.sort_values(["runtime", "fabric", "mode", "data", "ranks"], ignore_index=True)
+    return table.sort_values(["framework", "runtime", "fabric", "mode", "data", "ranks"], ignore_index=True)
 
 
 def netbench_table(records: list[dict]) -> pd.DataFrame:
@@ -374,14 +409,15 @@ def _markdown(frame: pd.DataFrame) -> str:
 def markdown_summary(tables: dict[str, pd.DataFrame]) -> str:
     """The headline tables as Markdown, for pasting into a ticket."""
     summary = tables["summary"]
-    headline = summary[[c for c in ("runtime", "fabric", "mode", "data", "nodes", "ranks", "batch_size", "repetitions",
+    headline = summary[[c for c in ("framework", "runtime", "fabric", "mode", "data", "nodes", "ranks", "batch_size", "repetitions",
                                     "images_per_sec_median", "cv_percent", "scaling_efficiency_percent", "repetitions_stop")
                         if c in summary]] if not summary.empty else summary
     sections = [
         ("Throughput (images/s, median over repetitions)", headline),
         ("Container overhead vs bare metal (% of the means, Fieller 95% interval)", tables["overhead"]),
         ("Interconnects (ratio of mean throughputs, Fieller 95% interval)", tables["fabrics"]),
-        ("Distribution modes (ratio of means to Horovod, Fieller 95% interval)", tables["modes"]),
+        ("Distribution modes (ratio of means to the framework's baseline, Fieller 95% interval)", tables["modes"]),
+        ("Frameworks (PyTorch / TensorFlow, ratio of means, Fieller 95% interval)", tables["frameworks"]),
         ("Input overhead (% of the means, Fieller 95% interval)", tables["input"]),
         ("Table 1 (ranks, mode, data, images/s)", tables["table1"]),
         ("Failed, invalid, disturbed and unreadable runs", tables["failures"]),
@@ -400,6 +436,7 @@ def build_tables(records: list[dict], problems=(), stops: dict[str, str] | None 
         "overhead": overhead_table(runs, provenance),
         "fabrics": fabric_table(runs),
         "modes": modes_table(runs),
+        "frameworks": frameworks_table(runs),
         "input": input_overhead_table(runs),
         "memory": memory_table(runs),
         "table1": study_table(summary),
@@ -410,7 +447,7 @@ def build_tables(records: list[dict], problems=(), stops: dict[str, str] | None 
 
 
 # Every file write_tables makes, by name: the workflow declares each as an output.
-TABLES = ("runs", "summary", "overhead", "fabrics", "modes", "input", "memory", "table1", "netbench", "telemetry",
+TABLES = ("runs", "summary", "overhead", "fabrics", "modes", "frameworks", "input", "memory", "table1", "netbench", "telemetry",
           "failures")
 TABLE_FILES = {**{name: f"{name}.csv" for name in TABLES}, "table1_md": "table1.md", "summary_md": "summary.md"}
 
