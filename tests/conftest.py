@@ -56,15 +56,20 @@ def bench_python():
     return BENCH_PYTHON
 
 
+def planned_tiny_runs(tmp_path_factory, name: str, **overrides) -> dict:
+    """The tiny config's first repetition, each run made as the workflow makes it; records by kind/ranks."""
+    if shutil.which("mpirun") is None:
+        pytest.fail("mpirun missing (run `make setup`, which installs Open MPI)")
+    workdir = tmp_path_factory.mktemp(name)
+    config = tiny_config(workdir, **overrides)
+    runs = [r for r in cb_config.plan_runs(config) if r.repetition == 1]
+    return {(spec.kind, spec.ranks): record for spec, record in run_and_parse(runs, config, workdir)}
+
+
 @pytest.fixture(scope="session")
 def tiny_runs(tmp_path_factory, bench_python) -> dict:
     """Really train ResNet-50 on 1 and 2 ranks and run netbench; return their records by kind/ranks."""
-    if shutil.which("mpirun") is None:
-        pytest.fail("mpirun missing (run `make setup`, which installs Open MPI)")
-    workdir = tmp_path_factory.mktemp("tiny-runs")
-    config = tiny_config(workdir)
-    runs = [r for r in cb_config.plan_runs(config) if r.repetition == 1]
-    return {(spec.kind, spec.ranks): record for spec, record in run_and_parse(runs, config, workdir)}
+    return planned_tiny_runs(tmp_path_factory, "tiny-runs")
 
 
 @pytest.fixture(scope="session")
@@ -78,12 +83,7 @@ def torch_python():
 def torch_runs(tmp_path_factory, torch_python) -> dict:
     """Really train ResNet-50 with PyTorch DDP on 1 and 2 ranks and run the torch.distributed netbench on 2,
     bare metal, as the workflow plans them; their records by kind/ranks."""
-    if shutil.which("mpirun") is None:
-        pytest.fail("mpirun missing (run `make setup`, which installs Open MPI)")
-    workdir = tmp_path_factory.mktemp("torch-runs")
-    config = tiny_config(workdir, benchmark={"frameworks": ["pytorch"]})
-    runs = [r for r in cb_config.plan_runs(config) if r.repetition == 1]
-    return {(spec.kind, spec.ranks): record for spec, record in run_and_parse(runs, config, workdir)}
+    return planned_tiny_runs(tmp_path_factory, "torch-runs", benchmark={"frameworks": ["pytorch"]})
 
 
 @pytest.fixture(scope="session")

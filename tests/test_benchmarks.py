@@ -30,6 +30,13 @@ def test_harness_speed_compares_ours_with_horovod_and_keras(root, bench_python):
     assert re.search(r"^2 rank\(s\): ours .* horovod ", out, re.M) and out.count("harness overhead per step") == 2
 
 
+def test_torch_harness_speed_compares_ours_with_a_plain_ddp_loop(root, torch_python):
+    out = run([str(torch_python), "benchmarks/torch_harness_speed.py", "--quick"], root)
+    for ranks in (1, 2):
+        assert re.search(rf"^{ranks} rank\(s\): ours \d+\.\d\d img/s, reference DDP loop \d+\.\d\d img/s; "
+                         r"ratio ours/reference \d\.\d{3}; harness overhead per step \d+\.\d\d%$", out, re.M), out
+
+
 def test_dag_speed_plans_a_thousand_run_sweep(root):
     out = run([sys.executable, "benchmarks/dag_speed.py", "--tries", "1"], root)
     assert re.search(r"snakemake -n, 1081 benchmark runs: \d+\.\d\d s .* time/target = \d", out)

@@ -13,7 +13,7 @@ import pytest
 from containerbench.intervals import ratio_interval, t_quantile
 from containerbench.records import load_records
 from containerbench.results import (build_tables, markdown_summary, netbench_table,
-                                    runs_table, summary_table, write_tables)
+                                    runs_table, summary_table, write_tables, write_tensorboard)
 
 
 def variant(record: dict, run_id: str, rate: float | None = None, repetition: int | None = None, status=None,
@@ -334,3 +334,51 @@ def test_frameworks_table_sets_pytorch_beside_tensorflow_at_the_same_point(recor
     modes = tables["modes"].set_index("framework")
     assert modes.loc["pytorch", "baseline_mode"] == "ddp" and modes.loc["tensorflow", "baseline_mode"] == "horovod"
     assert set(tables["table1"]["framework"]) == {"tensorflow", "pytorch"}
+
+
+def with_losses(record: dict, losses: list[float]) -> dict:
+    record["result"]["per_rank"][0]["loss"] = list(losses)
+    return record
+
+
+def read_events(directory) -> list[tuple[int, str, float]]:
+    """(step, tag, value) of every scalar in a TensorBoard event file, read record by record (TFRecord
+    framing: length, its CRC, the Event protobuf, its CRC)."""
+    import struct
+
+    from tensorboardX.proto.event_pb2 import Event
+
+    [path] = list(directory.glob("events.out.tfevents.*"))
+    data, offset, scalars = path.read_bytes(), 0, []
+    while offset < len(data):
+        (length,) = struct.unpack("<Q", data[offset:offset + 8])
+        event = Event.FromString(data[offset + 12:offset + 12 + length])
+        offset += 12 + length + 4
+        scalars += [(event.step, value.tag, value.simple_value) for value in event.summary.value]
+    return scalars
+
+
+def test_a_container_whose_loss_trajectory_parts_from_bare_metals_is_flagged_at_that_step(recorded_runs, tmp_path):
+    two = recorded_runs[("train", 2)]
+    same = [6.9, 5.1, 3.8, 2.9, 2.4]
+    parted = [6.9, 5.1, 4.2, 3.5, 3.1]  # step 3 is 10% from bare metal's
+    records = [with_losses(variant(two, f"bare-{i}", 30.0 + i, i, runtime="bare-metal"), same) for i in (1, 2)]
+    records += [with_losses(variant(two, f"podman-{i}", 29.0 + i, i, runtime="podman"), same) for i in (1, 2)]
+    records += [with_losses(variant(two, "ch-1", 28.0, 1, runtime="charliecloud"), same),
+                with_losses(variant(two, "ch-2", 28.5, 2, runtime="charliecloud"), parted)]
+    tables = build_tables(records)
+    trajectories = tables["trajectories"].set_index("runtime")
+    assert trajectories.loc["podman", "loss_trajectory"] == "same as bare metal within 2% (5 steps)"
+    assert trajectories.loc["podman", "max_relative_difference"] == 0
+    assert (trajectories.loc["charliecloud", "first_parting_step"], trajectories.loc["charliecloud", "parting_run"]) \
+        == (3, "ch-2")
+    overhead = tables["overhead"].set_index("runtime")
+    assert overhead.loc["charliecloud", "note"] == "loss trajectory parts from bare metal at step 3"
+    assert overhead.loc["charliecloud", "loss_trajectory"].startswith("parts from bare metal at step 3 (ch-2")
+    assert pd.isna(overhead.loc["podman", "note"])
+    # The curves themselves: rank 0's loss per step, warmup marked, and as TensorBoard scalars per run.
+    losses = tables["losses"]
+    assert list(losses.loc[losses["run_id"] == "ch-2", "loss"]) == parted
+    assert list(losses.loc[losses["run_id"] == "ch-2", "measured"]) == [False, True, True, True, True]
+    write_tensorboard(losses, tmp_path)
+    assert read_events(tmp_path / "ch-2") == [(step, "loss", pytest.approx(loss)) for step, loss in enumerate(parted, 1)]

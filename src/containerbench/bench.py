@@ -55,6 +55,8 @@ def parse_args(argv=None):
                         help="after the measured steps, time this many local steps with no communication, "
                              "per rank: finds a slow node that synchronous training hides")
     parser.add_argument("--threads", type=int, default=0, help="TF intra-op threads; 0 = the CPUs this rank may use")
+    parser.add_argument("--seed", type=int, default=1234,
+                        help="initial weights: the same in every runtime, so that loss trajectories can be compared")
     parser.add_argument("--runtime", default=os.environ.get("CONTAINERBENCH_RUNTIME", "bare-metal"))
     parser.add_argument("--telemetry-dir", help="each node's local rank 0 samples the node into DIR/<host>.csv")
     parser.add_argument("--telemetry-interval", type=float, default=0.5, help="seconds between samples")
@@ -308,6 +310,7 @@ def run(args) -> dict | None:
     mpi_version = mpi_library()
     # Before any mode starts: TF's own modes start servers that fix the thread pools.
     gpu_names = configure_devices(tf, local_rank_hint(), args.threads)
+    tf.keras.utils.set_random_seed(args.seed)  # Python, NumPy and TF: the same initial weights on every run
     mode = mode_for(args)
     ranks = mode.allgather(train(tf, np, mode, args, gpu_names))
     if mode.rank != 0:
@@ -315,11 +318,7 @@ def run(args) -> dict | None:
     versions = {"python": platform.python_version(), "tensorflow": tf.__version__, "horovod": _version("horovod"),
                 "mpi": mpi_version}
     result = run_result(args, mode.size, mode.describe(bool(gpu_names)), ranks, gpu_names, versions)
-    rates = [r["images_per_sec"] for r in result["per_rank"]]
-    print(f"containerbench: total {result['images_per_sec']:.2f} img/s over {mode.size} rank(s) "
-          f"(per rank {result['images_per_sec'] / mode.size:.2f}, spread {max(rates) - min(rates):.2f}), "
-          f"backend {result['distribution']['backend']}; "
-          f"weights identical on all ranks: {result['weights_identical']}", flush=True)
+    print(total_line(result, result["distribution"]["backend"]), flush=True)
     return result
 
 
@@ -330,9 +329,18 @@ def _version(module: str) -> str | None:
         return None
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
-    from containerbench.distribution import ModeUnsupported
+def total_line(result: dict, backend: str) -> str:
+    """Rank 0's closing human line (both frameworks' harnesses)."""
+    rates, size = [r["images_per_sec"] for r in result["per_rank"]], result["ranks"]
+    return (f"containerbench: total {result['images_per_sec']:.2f} img/s over {size} rank(s) "
+            f"(per rank {result['images_per_sec'] / size:.2f}, spread {max(rates) - min(rates):.2f}), "
+            f"backend {backend}; weights identical on all ranks: {result['weights_identical']}")
+
+
+def run_and_report(args, run, refusals: tuple[type[Exception], ...]) -> int:
+    """A harness's life around `run(args)`: the node's sampler, the result line with the provenance hash,
+    or, for what this framework cannot do (`refusals`), a failure line with its reason instead of a
+    traceback to dig in (exit 3)."""
     from containerbench.provenance import provenance
 
     sampler = None
@@ -342,8 +350,7 @@ def main(argv=None) -> int:
             sampler = telemetry.start_sampler(args.telemetry_dir, args.telemetry_interval)
     try:
         result = run(args)
-    except ModeUnsupported as error:
-        # A mode this TensorFlow cannot do is a failed run with its reason, not a traceback to dig in.
+    except refusals as error:
         print(markers.FAILURE + str(error), flush=True)
         return 3
     finally:
@@ -352,6 +359,12 @@ def main(argv=None) -> int:
         result["provenance"] = provenance()
         print(markers.line(markers.RESULT, result), end="", flush=True)
     return 0
+
+
+def main(argv=None) -> int:
+    from containerbench.distribution import ModeUnsupported
+
+    return run_and_report(parse_args(argv), run, (ModeUnsupported,))
 
 
 if __name__ == "__main__":

@@ -192,6 +192,29 @@ def side_by_side_plot(summary: pd.DataFrame, column: str, title: str) -> str | N
     return _png(figure)
 
 
+def loss_plot(losses: pd.DataFrame) -> str | None:
+    """Loss against step, one line per runtime (first repetition, first fabric and batch size), one panel
+    per framework and rank count: lines that lie on each other trained the same benchmark."""
+    if losses.empty:
+        return None
+    losses = losses[(losses["repetition"] == losses["repetition"].min()) & (losses["fabric"] == losses["fabric"].min())
+                    & (losses["batch_size"] == losses["batch_size"].min())]
+    panels = list(losses.groupby(["framework", "mode", "data", "ranks"], sort=True))
+    figure, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.4), squeeze=False, sharey=True)
+    for axis, ((framework, mode, data, ranks), panel) in zip(axes[0], panels):
+        for (runtime,), run in panel.groupby(["runtime"], sort=True):
+            run = run.sort_values("step")
+            axis.plot(run["step"], run["loss"], marker=".", label=runtime, alpha=0.8)
+        warmup = panel.loc[~panel["measured"], "step"]
+        if not warmup.empty:
+            axis.axvspan(0.5, warmup.max() + 0.5, color="grey", alpha=0.12, label="warmup")
+        axis.set(title=f"{framework} {mode}, {data}, {ranks} rank(s)", xlabel="step")
+        axis.grid(alpha=0.3)
+        axis.legend(fontsize=7)
+    axes[0][0].set_ylabel("training loss (rank 0)")
+    return _png(figure)
+
+
 def _table(frame: pd.DataFrame, columns: dict | None = None) -> str:
     if frame.empty:
         return "<p class='empty'>none</p>"
@@ -206,12 +229,19 @@ def environment_rows(records: list[dict]) -> list[tuple[str, str]]:
     results = [r["result"] for r in records if r["status"] == "ok" and r.get("kind") == "train"]
     def distinct(values):
         return ", ".join(sorted({str(v) for v in values if v is not None})) or "–"
+
+    def framework(result):
+        return result.get("framework") or "tensorflow"
+
     rows = [
         ("system", distinct(r["spec"].get("system") for r in records)),
-        ("benchmark provenance hash", distinct((x.get("provenance") or {}).get("hash") for x in results)),
+        # One hash per framework: each has its own venv (and image).
+        ("benchmark provenance hash", distinct(f"{(x.get('provenance') or {}).get('hash')} ({framework(x)})"
+                                               for x in results)),
         ("Python", distinct(x["versions"]["python"] for x in results)),
-        ("TensorFlow", distinct(x["versions"]["tensorflow"] for x in results)),
-        ("Horovod", distinct(x["versions"]["horovod"] for x in results)),
+        *[(name, distinct(x["versions"].get(key) for x in results)) for name, key in (
+            ("TensorFlow", "tensorflow"), ("Horovod", "horovod"), ("PyTorch", "torch"), ("torchvision", "torchvision"))
+          if any(x["versions"].get(key) for x in results)],
         ("distribution mode / backend", distinct(f"{x['mode']} / {x['distribution']['backend']}" for x in results)),
         ("data", distinct(x["data"] + (f" ({x['data_dir']})" if x.get("data_dir") else "") for x in results)),
         ("MPI", distinct(x["versions"]["mpi"] for x in results)),
@@ -248,8 +278,12 @@ OVERHEAD_COLUMNS = {
     "bare_metal_mean": "bare metal img/s mean", "runtime_mean": "runtime img/s mean",
     "overhead_percent_of_means": "overhead % (of means)", "overhead_ci95_low": "95% CI low",
     "overhead_ci95_high": "95% CI high", "significance": "significance", "startup_overhead_s": "start-up +s",
-    "note": "note",
+    "loss_trajectory": "loss trajectory", "note": "note",
 }
+TRAJECTORY_COLUMNS = {"framework": "framework", "runtime": "runtime", "mode": "mode", "data": "data", "ranks": "ranks",
+                      "batch_size": "batch/rank", "precision": "precision", "runs_compared": "runs",
+                      "steps_compared": "steps", "max_relative_difference": "largest relative difference",
+                      "loss_trajectory": "loss trajectory"}
 FABRIC_COLUMNS = {"runtime": "runtime", "ranks": "ranks", "batch_size": "batch/rank", "faster_fabric": "faster",
                   "slower_fabric": "slower", "faster_runs": "faster runs", "slower_runs": "slower runs",
                   "faster_median": "faster img/s median", "slower_median": "slower img/s median",
@@ -331,6 +365,8 @@ def render(table_files, record_paths, out_path: str | Path, skipped: dict | None
         summary_table=_table(tables["summary"], SUMMARY_COLUMNS),
         throughput_plot=throughput_plot(tables["summary"]) if not tables["summary"].empty else None,
         overhead_table=_table(tables["overhead"], OVERHEAD_COLUMNS),
+        loss_plot=loss_plot(tables["losses"]),
+        trajectory_table=_table(tables["trajectories"], TRAJECTORY_COLUMNS),
         overhead_plot=overhead_plot(tables["overhead"]),
         fabric_table=_table(tables["fabrics"], FABRIC_COLUMNS),
         fabric_plot=side_by_side_plot(tables["summary"], "fabric", "Throughput by interconnect"),

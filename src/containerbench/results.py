@@ -188,7 +188,77 @@ def _overhead_columns(name: str, interval: RatioInterval) -> dict:
             f"{name}_ci95_low": 100 * (1 - interval.high), f"{name}_ci95_high": 100 * (1 - interval.low)}
 
 
-def overhead_table(runs: pd.DataFrame, provenance: dict[str, dict]) -> pd.DataFrame:
+# Runs with the same seed, framework, precision and ranks follow one loss trajectory in every runtime
+# (measured here: bit-identical on CPUs); GPU kernels that sum in another order may part by rounding.
+# A trajectory further than this from bare metal's, relative to it, ran another benchmark.
+LOSS_TOLERANCE = 0.02
+LOSS_KEYS = ["run_id", *POINT, "repetition"]
+
+
+def losses_table(records: list[dict]) -> pd.DataFrame:
+    """Rank 0's loss at every step (warmup included, `measured` tells) of each ok training run."""
+    rows = []
+    for record in records:
+        if record.get("kind") != "train" or record["status"] != "ok":
+            continue
+        row = {key: value for key, value in _train_row(record).items() if key in LOSS_KEYS}
+        rank0 = next((r for r in record["result"].get("per_rank") or [] if r.get("rank") == 0), {})
+        warmup = len(rank0.get("warmup_step_s") or [])
+        rows += [{**row, "step": step, "measured": step > warmup, "loss": loss}
+                 for step, loss in enumerate(rank0.get("loss") or [], 1)]
+    return pd.DataFrame(rows, columns=[*LOSS_KEYS, "step", "measured", "loss"])
+
+
+def _parting(loss: pd.Series, reference: pd.Series) -> tuple[int | None, float]:
+    """The first step where `loss` is further than LOSS_TOLERANCE from `reference` (relative), and the
+    largest relative difference over the steps both have."""
+    steps = min(len(loss), len(reference))
+    ours, theirs = loss.to_numpy()[:steps], reference.to_numpy()[:steps]
+    relative = np.abs(ours - theirs) / np.maximum(np.abs(theirs), 1e-12)
+    apart = np.flatnonzero(relative > LOSS_TOLERANCE)
+    return (int(apart[0]) + 1 if apart.size else None), float(relative.max()) if steps else np.nan
+
+
+def trajectory_table(losses: pd.DataFrame) -> pd.DataFrame:
+    """Each container run's loss trajectory against bare metal's at the same point and repetition
+    (seed, framework, precision and ranks equal): the first step where they part, if any."""
+    others = [c for c in POINT if c != "runtime"]
+    columns = [*others, "runtime", "runs_compared", "steps_compared", "max_relative_difference",
+               "first_parting_step", "parting_run", "loss_trajectory"]
+    rows = []
+    for point, group in losses.groupby(others, dropna=False, sort=True):
+        bare = {rep: run.sort_values("step")["loss"] for rep, run in
+                group[group["runtime"] == BASELINE_RUNTIME].groupby("repetition")}
+        for runtime, contained in group[group["runtime"] != BASELINE_RUNTIME].groupby("runtime"):
+            row = {**dict(zip(others, point)), "runtime": runtime}
+            if dict(zip(others, point))["data"] == "real":
+                rows.append({**row, "loss_trajectory": "not checked: real data is read in no fixed order"})
+                continue
+            compared, steps, worst, parted = 0, 0, 0.0, None
+            for (run_id, rep), run in contained.groupby(["run_id", "repetition"]):
+                reference = bare.get(rep, next(iter(bare.values()), None))
+                if reference is None:
+                    continue
+                first, largest = _parting(run.sort_values("step")["loss"], reference)
+                compared, steps, worst = compared + 1, max(steps, min(len(run), len(reference))), max(worst, largest)
+                if first is not None and (parted is None or first < parted[0]):
+                    parted = (first, run_id)
+            if not compared:
+                rows.append({**row, "loss_trajectory": "not checked: no bare-metal run at this point"})
+                continue
+            row |= {"runs_compared": compared, "steps_compared": steps, "max_relative_difference": worst}
+            if parted:
+                row |= {"first_parting_step": parted[0], "parting_run": parted[1],
+                        "loss_trajectory": f"parts from bare metal at step {parted[0]} ({parted[1]}; tolerance "
+                                           f"{LOSS_TOLERANCE:.0%})"}
+            else:
+                row["loss_trajectory"] = f"same as bare metal within {LOSS_TOLERANCE:.0%} ({steps} steps)"
+            rows.append(row)
+    return pd.DataFrame(rows, columns=columns)
+
+
+def overhead_table(runs: pd.DataFrame, provenance: dict[str, dict],
+                   trajectories: pd.DataFrame | None = None) -> pd.DataFrame:
     """Each runtime's cost relative to bare metal at the same point, with Fieller's 95% interval.
 
     (bare - runtime) / bare in percent of the means of the repetitions, 100 * (1 - R)
@@ -198,12 +268,14 @@ def overhead_table(runs: pd.DataFrame, provenance: dict[str, dict]) -> pd.DataFr
     means for reading; nothing is computed from the medians. Refused, with the
     differing field named, when the two did not run the same benchmark
     (provenance hashes differ), and flagged in the note when the ranks were bound
-    differently (CPUs, memory or CPU limits, as each rank saw them).
+    differently (CPUs, memory or CPU limits, as each rank saw them). With `trajectories`
+    (trajectory_table), each row says whether its loss trajectory followed bare metal's, and the
+    note flags one that parted, with the first step where it did.
     """
     others = [c for c in POINT if c != "runtime"]
     columns = [*others, "runtime", "bare_metal_runs", "runtime_runs", "bare_metal_median", "runtime_median",
                "bare_metal_mean", "runtime_mean", "overhead_percent_of_means", "overhead_ci95_low",
-               "overhead_ci95_high", "significance", "startup_overhead_s", "note"]
+               "overhead_ci95_high", "significance", "startup_overhead_s", "loss_trajectory", "note"]
     ok = _ok_runs(runs)
     rows = []
     for point, group in ok.groupby(others, dropna=False, sort=True):
@@ -231,6 +303,16 @@ def overhead_table(runs: pd.DataFrame, provenance: dict[str, dict]) -> pd.DataFr
                 row["note"] = (f"binding differs: bare-metal ranks had {' / '.join(bound['bare'])}, "
                                f"{runtime} ranks {' / '.join(bound['runtime'])}")
             rows.append(row)
+    checked = {} if trajectories is None else {
+        tuple(row[c] for c in [*others, "runtime"]): row for row in trajectories.to_dict("records")}
+    for row in rows:
+        found = checked.get(tuple(row[c] for c in [*others, "runtime"]))
+        if not found:
+            continue
+        row["loss_trajectory"] = found["loss_trajectory"]
+        if pd.notna(found.get("first_parting_step")):
+            flag = f"loss trajectory parts from bare metal at step {int(found['first_parting_step'])}"
+            row["note"] = f"{flag}; {row['note']}" if row.get("note") else flag
     return pd.DataFrame(rows, columns=columns)
 
 
@@ -430,10 +512,14 @@ def build_tables(records: list[dict], problems=(), stops: dict[str, str] | None 
     summary = summary_table(runs, stops)
     provenance = {(r["result"].get("provenance") or {}).get("hash"): r["result"].get("provenance")
                   for r in records if r.get("kind") == "train" and r.get("result")}
+    losses = losses_table(records)
+    trajectories = trajectory_table(losses)
     return {
         "runs": runs,
         "summary": summary,
-        "overhead": overhead_table(runs, provenance),
+        "overhead": overhead_table(runs, provenance, trajectories),
+        "losses": losses,
+        "trajectories": trajectories,
         "fabrics": fabric_table(runs),
         "modes": modes_table(runs),
         "frameworks": frameworks_table(runs),
@@ -447,13 +533,33 @@ def build_tables(records: list[dict], problems=(), stops: dict[str, str] | None 
 
 
 # Every file write_tables makes, by name: the workflow declares each as an output.
-TABLES = ("runs", "summary", "overhead", "fabrics", "modes", "frameworks", "input", "memory", "table1", "netbench", "telemetry",
+TABLES = ("runs", "summary", "overhead", "losses", "trajectories", "fabrics", "modes", "frameworks", "input", "memory", "table1", "netbench", "telemetry",
           "failures")
 TABLE_FILES = {**{name: f"{name}.csv" for name in TABLES}, "table1_md": "table1.md", "summary_md": "summary.md"}
 
 
+# TensorBoard event files, one directory per training run, beside the tables.
+TENSORBOARD_DIR = "tensorboard"
+
+
+def write_tensorboard(losses: pd.DataFrame, out_dir: str | Path) -> list[Path]:
+    """Each run's loss per step as TensorBoard scalars (OUT_DIR/<run_id>/events.out.tfevents.*), the studies'
+    tool for loss curves: `tensorboard --logdir results/tensorboard` overlays the runtimes."""
+    from tensorboardX import SummaryWriter
+
+    Path(out_dir).mkdir(parents=True, exist_ok=True)  # a declared output, even with no training run
+    written = []
+    for run_id, run in losses.groupby("run_id", sort=True):
+        with SummaryWriter(str(Path(out_dir) / run_id)) as writer:
+            for step, loss in zip(run["step"], run["loss"]):
+                writer.add_scalar("loss", float(loss), int(step))
+        written.append(Path(out_dir) / run_id)
+    return written
+
+
 def write_tables(record_paths, out_dir: str | Path, stops: dict[str, str] | None = None) -> dict[str, pd.DataFrame]:
-    """Every table as OUT_DIR/<name>.csv, plus table1.md and summary.md (TABLE_FILES)."""
+    """Every table as OUT_DIR/<name>.csv, plus table1.md and summary.md (TABLE_FILES), and the runs'
+    TensorBoard files under OUT_DIR/tensorboard."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     records, problems = load_records(record_paths)
@@ -462,4 +568,5 @@ def write_tables(record_paths, out_dir: str | Path, stops: dict[str, str] | None
         tables[name].to_csv(out_dir / TABLE_FILES[name], index=False, float_format="%.6g")
     (out_dir / TABLE_FILES["table1_md"]).write_text(_markdown(tables["table1"]) + "\n")
     (out_dir / TABLE_FILES["summary_md"]).write_text(markdown_summary(tables))
+    write_tensorboard(tables["losses"], out_dir / TENSORBOARD_DIR)
     return tables

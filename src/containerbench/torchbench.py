@@ -23,8 +23,9 @@ import socket
 import sys
 import time
 
-from containerbench import markers, telemetry
-from containerbench.bench import batch_digest_bytes, local_rank_hint, mpi_library, weights_digest
+from containerbench import telemetry
+from containerbench.bench import (batch_digest_bytes, local_rank_hint, mpi_library, run_and_report, total_line,
+                                  weights_digest)
 from containerbench.distribution import BackendUnavailable, choose_backend, rendezvous
 
 ENTRY_UNIX_TIME = time.time()  # before torch's import: start-up cost counts
@@ -208,34 +209,12 @@ def run(args) -> dict | None:
         return None
     result = run_result(args, ranks.size, distribution, everyone, gpus, versions(torch, mpi_version))
     result.update(framework="pytorch", torch_compile=args.compile, xla=False)
-    rates = [r["images_per_sec"] for r in result["per_rank"]]
-    print(f"containerbench: total {result['images_per_sec']:.2f} img/s over {ranks.size} rank(s) "
-          f"(per rank {result['images_per_sec'] / ranks.size:.2f}, spread {max(rates) - min(rates):.2f}), "
-          f"backend {distribution['backend']}; weights identical on all ranks: {result['weights_identical']}",
-          flush=True)
+    print(total_line(result, distribution["backend"]), flush=True)
     return result
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
-    from containerbench.provenance import provenance
-
-    sampler = None
-    if args.telemetry_dir:
-        telemetry.register_rank(args.telemetry_dir)
-        if local_rank_hint() == 0:
-            sampler = telemetry.start_sampler(args.telemetry_dir, args.telemetry_interval)
-    try:
-        result = run(args)
-    except BackendUnavailable as error:
-        print(markers.FAILURE + str(error), flush=True)
-        return 3
-    finally:
-        telemetry.stop_sampler(sampler)
-    if result is not None:
-        result["provenance"] = provenance()
-        print(markers.line(markers.RESULT, result), end="", flush=True)
-    return 0
+    return run_and_report(parse_args(argv), run, (BackendUnavailable,))
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ rule tables:
     output:
         # Every file `containerbench tables` writes, by name (results.TABLE_FILES).
         **{name: f"{RESULTS}/{file}" for name, file in results.TABLE_FILES.items()},
+        tensorboard=directory(f"{RESULTS}/{results.TENSORBOARD_DIR}"),
     log:
         f"{RESULTS}/logs/tables.txt",
     params:

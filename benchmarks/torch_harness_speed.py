@@ -1,0 +1,149 @@
+"""Is our PyTorch harness as fast as a plain DDP training loop over the same ResNet-50?
+
+Side by side in one launch per rank count, interleaved round by round (each first in every other
+round) so that a drift of the machine hits both alike, on one model, optimizer and batch per rank:
+
+- ours:      containerbench.torchbench's step and measuring loop (autocast context, GradScaler, a
+             loss read back every step, per-step timing, rank 0's line per step);
+- reference: the loop of PyTorch's DDP tutorial, written out below: zero_grad, forward, loss,
+             backward, step, timed over the round with one synchronisation at its end.
+
+Also the harness overhead: time in our loop outside the timed steps, as a share of step time.
+
+    .venv-bench-torch/bin/python benchmarks/torch_harness_speed.py [--quick] [--ranks 1 2]
+
+Prints images/s per method (median of rounds), the ratio ours/reference (median of the per-round
+ratios) and the overhead; asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULT_PREFIX = "torch-harness-speed "
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--image-size", type=int, default=64)
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=8, help="steps per round and method")
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--quick", action="store_true",
+                        help="CI: 32 px, batch 2, 3 steps, 2 rounds (the script proven to run; not the ratios to quote)")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.image_size, args.batch_size, args.steps, args.rounds = 32, 2, 3, 2
+    return args
+
+
+def reference_round(torch, model, optimizer, images, labels, steps: int) -> float:
+    """PyTorch's DDP tutorial loop; seconds for `steps` steps, synchronised once at the end."""
+    loss_fn = torch.nn.CrossEntropyLoss()
+    started = time.perf_counter()
+    for _ in range(steps):
+        optimizer.zero_grad()
+        loss_fn(model(images), labels).backward()
+        optimizer.step()
+    float(loss_fn(model(images[:1]), labels[:1]))  # the host waits for the last update's results
+    return time.perf_counter() - started
+
+
+def worker(args) -> None:
+    import torch
+
+    from containerbench import torchbench
+    from containerbench.distribution import MpiRanks, choose_backend
+    from containerbench.torchmodels import build
+
+    ranks = MpiRanks()
+    torch.set_num_threads(len(os.sched_getaffinity(0)))
+    backend = choose_backend(torch, "auto")
+    device = torch.device("cpu")
+    bench_args = torchbench.parse_args(["--batch-size", str(args.batch_size), "--image-size", str(args.image_size),
+                                        "--warmup-steps", "0", "--steps", str(args.steps)])
+    torchbench.rendezvous(ranks, torch, backend)
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(
+        build("resnet50")[0].to(memory_format=torch.channels_last))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    batch = torchbench.synthetic_batch(torch, bench_args, device, ranks.rank)
+    ours_step = torchbench.make_step(torch, model, optimizer, bench_args, device)
+    for _ in range(2):  # warmup of both, not measured
+        ours_step(*batch)
+        reference_round(torch, model, optimizer, *batch, 1)
+    rates = {"ours": [], "reference": []}
+    ratios, overheads = [], []
+    def ours_round():
+        with contextlib.redirect_stdout(io.StringIO()):  # rank 0's step lines are part of the cost, not the output
+            _, step_s, outside, _, _ = torchbench.measure(ours_step, batch, bench_args, ranks.rank, args.batch_size)
+        overheads.append(outside)
+        # The loop's wall time: the steps and what the loop adds between them.
+        return args.batch_size * args.steps / (sum(step_s) * (1 + outside))
+
+    for round_number in range(args.rounds):
+        # Each method first in every other round: whatever the first of a pair pays, both pay alike.
+        if round_number % 2 == 0:
+            ours = ours_round()
+            reference = args.batch_size * args.steps / reference_round(torch, model, optimizer, *batch, args.steps)
+        else:
+            reference = args.batch_size * args.steps / reference_round(torch, model, optimizer, *batch, args.steps)
+            ours = ours_round()
+        rates["ours"].append(ours)
+        rates["reference"].append(reference)
+        ratios.append(ours / reference)
+    everyone = ranks.allgather({"rates": rates, "ratios": ratios, "overheads": overheads})
+    torch.distributed.destroy_process_group()
+    if ranks.rank == 0:
+        total = {name: statistics.median(sum(r["rates"][name][i] for r in everyone) for i in range(args.rounds))
+                 for name in rates}
+        ratio = statistics.median(statistics.mean(r["ratios"][i] for r in everyone) for i in range(args.rounds))
+        overhead = statistics.median(o for r in everyone for o in r["overheads"])
+        print(RESULT_PREFIX + json.dumps({"ranks": ranks.size, "images_per_sec": total, "ratio": ratio,
+                                          "overhead": overhead}), flush=True)
+
+
+def launch(ranks: int, args) -> dict:
+    command = [sys.executable, __file__, "--worker", "--image-size", str(args.image_size),
+               "--batch-size", str(args.batch_size), "--steps", str(args.steps), "--rounds", str(args.rounds)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMPI_MCA_btl": "self,tcp", "OMPI_MCA_btl_tcp_if_include": "lo",
+           "NCCL_SOCKET_IFNAME": "lo", "OMPI_MCA_rmaps_base_oversubscribe": "1"}
+    mpirun = [shutil.which("mpirun") or "mpirun", *(["--allow-run-as-root"] if os.geteuid() == 0 else []),
+              "-np", str(ranks), "--bind-to", "core" if ranks <= (os.cpu_count() or 1) else "none"]
+    done = subprocess.run([*mpirun, *command], capture_output=True, text=True, env=env, timeout=1800)
+    lines = [line for line in done.stdout.splitlines() if line.startswith(RESULT_PREFIX)]
+    if done.returncode != 0 or not lines:
+        sys.exit(f"torch_harness_speed: {ranks} rank(s) failed (exit {done.returncode}): {done.stderr[-1500:]}")
+    return json.loads(lines[0][len(RESULT_PREFIX):])
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.worker:
+        worker(args)
+        return 0
+    print(f"ResNet-50, {args.image_size} px, batch {args.batch_size}/rank, {args.rounds} rounds x {args.steps} steps "
+          "per method, interleaved")
+    for ranks in args.ranks:
+        result = launch(ranks, args)
+        rates = result["images_per_sec"]
+        print(f"{ranks} rank(s): ours {rates['ours']:.2f} img/s, reference DDP loop {rates['reference']:.2f} img/s; "
+              f"ratio ours/reference {result['ratio']:.3f}; harness overhead per step {100 * result['overhead']:.2f}%")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
