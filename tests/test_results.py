@@ -81,6 +81,19 @@ def test_netbench_table_is_the_long_form_of_the_curves(recorded_runs):
     assert list(pingpong["bytes"]) == [2**k for k in range(17)]
     assert (pingpong["latency_us"] > 0).all()
     assert table[table["test"] == "allreduce"]["busbw_GBps"].gt(0).all()
+    assert set(table["backend"]) == {"mpi"}  # the recorded run predates the field: MPI's own
+
+
+def test_netbench_curves_over_torch_distributed_stand_apart_from_mpis(recorded_runs, tmp_path):
+    mpi = recorded_runs[("netbench", 2)]
+    gloo = variant(mpi, "netbench-gloo", framework="pytorch")
+    gloo["result"]["backend"] = "gloo"
+    table = netbench_table([mpi, gloo])
+    assert table.groupby("backend")["run_id"].unique().to_dict() == {
+        "gloo": ["netbench-gloo"], "mpi": [mpi["run_id"]]}
+    from containerbench.report import network_plot
+
+    assert network_plot(table).startswith("data:image/png;base64,")
 
 
 def test_container_overhead_with_interval_and_significance(recorded_runs):

@@ -131,11 +131,16 @@ def network_plot(netbench: pd.DataFrame) -> str | None:
     figure, axes = plt.subplots(1, 3, figsize=(14, 4))
     pingpong = netbench[netbench["test"] == "pingpong"]
     allreduce = netbench[netbench["test"] == "allreduce"]
-    # One curve per runtime, fabric and layout (netbench runs at every node count).
-    curves = ["runtime", "fabric", "nodes", "ranks"]
+    # One curve per runtime, what moved the bytes, fabric and layout (netbench runs at every node count).
+    curves = ["runtime", "backend", "fabric", "nodes", "ranks"]
+    netbench = netbench.assign(backend=netbench["backend"].fillna("mpi")) if "backend" in netbench else \
+        netbench.assign(backend="mpi")
+    pingpong = netbench[netbench["test"] == "pingpong"]
+    allreduce = netbench[netbench["test"] == "allreduce"]
 
-    def label(runtime, fabric, nodes, ranks):
-        return f"{runtime} / {fabric} / {nodes}x{ranks // nodes}"
+    def label(runtime, backend, fabric, nodes, ranks):
+        over = "" if backend == "mpi" else f" ({backend})"
+        return f"{runtime}{over} / {fabric} / {nodes}x{ranks // nodes}"
 
     for key, group in pingpong.groupby(curves):
         curve = group.groupby("bytes")[["latency_us", "bandwidth_MBps"]].median()

@@ -455,7 +455,9 @@ def netbench_table(records: list[dict]) -> pd.DataFrame:
         spec = record["spec"]
         for test in ("pingpong", "allreduce"):
             for point in record["result"].get(test, []):
+                # What moved the bytes: MPI, or torch.distributed's backend (Gloo, NCCL) for a PyTorch sweep.
                 rows.append({"run_id": record["run_id"], "runtime": runtime_label(spec.get("runtime"), spec.get("mpi_model")),
+                             "backend": record["result"].get("backend", "mpi"),
                              "fabric": spec.get("fabric"), "nodes": spec.get("nodes"), "ranks": spec.get("ranks"),
                              "repetition": spec.get("repetition"), **point})
     return pd.DataFrame(rows)
