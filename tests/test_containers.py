@@ -35,12 +35,15 @@ def container_run(container_engines, tmp_path_factory):
     # the results of this run go to the temporary directory.
     # Here 2 ranks fill both cores of a CI machine that also runs dockerd, podman's conmon and the
     # workflow: those take up to ~12% of the cores in a window, over the 10% that marks a run
-    # disturbed. The verdict itself is proven in test_telemetry; this run raises the limit so that
-    # the identity of the benchmark, which this module checks, does not hang on the machine's quiet.
+    # disturbed; and a shared VM's hypervisor steals time (13% of one netbench run's CPUs, measured on
+    # 2026-11-25, over the 5% limit). The verdicts themselves are proven in test_telemetry; this run raises
+    # both limits so that the identity of the benchmark, which this module checks, does not hang on the
+    # machine's quiet.
     # Two ranks only: what a container changes for MPI shows there, and one rank less per point keeps the
     # whole suite under its time (the one-rank path is the same argv with -np 1, run bare metal elsewhere).
     config = {**TINY, "runtimes": RUNTIMES, "runtime_policy": "require", "results_dir": str(workdir / "results"),
-              "benchmark": {**TINY["benchmark"], "repetitions": 2}, "telemetry": {"disturbed_cpu_share": 0.3},
+              "benchmark": {**TINY["benchmark"], "repetitions": 2},
+              "telemetry": {"disturbed_cpu_share": 0.3, "max_steal_share": 0.3},
               "scaling": {"nodes": [1], "ranks_per_node": [2]},
               "images": {name: {"mpi_model": ["hybrid", "native"]} for name in NATIVE},
               # The workflow runs in the clone (its image and build cache); its results store does not.

@@ -25,7 +25,8 @@ from containerbench.records import load_records  # noqa: E402
 from containerbench.results import TABLES  # noqa: E402
 
 SUMMARY_COLUMNS = {
-    "framework": "framework", "runtime": "runtime", "fabric": "fabric", "mode": "mode", "data": "data", "nodes": "nodes", "ranks": "ranks", "batch_size": "batch/rank",
+    "framework": "framework",
+    "runtime": "runtime", "fabric": "fabric", "mode": "mode", "data": "data", "nodes": "nodes", "ranks": "ranks", "batch_size": "batch/rank",
     "repetitions": "reps", "failed_or_invalid": "failed", "images_per_sec_median": "img/s median",
     "images_per_sec_std": "std", "cv_percent": "CV %", "ci95_low": "95% CI low", "ci95_high": "95% CI high",
     "images_per_sec_min": "min", "images_per_sec_max": "max", "per_rank_median": "img/s per rank",

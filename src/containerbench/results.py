@@ -20,7 +20,8 @@ from containerbench.provenance import difference as provenance_difference
 from containerbench.records import load_records
 
 # A sweep point: runs that differ only in repetition.
-POINT = ["framework", "model", "image_size", "precision", "mode", "data", "runtime", "fabric", "nodes", "ranks", "batch_size"]
+POINT = ["framework", "model", "image_size", "precision", "mode", "data", "runtime", "fabric", "nodes", "ranks",
+         "batch_size"]
 # Runs whose scaling is compared: a point without its rank count.
 SERIES = [c for c in POINT if c not in ("nodes", "ranks")]
 
@@ -493,8 +494,8 @@ def _markdown(frame: pd.DataFrame) -> str:
 def markdown_summary(tables: dict[str, pd.DataFrame]) -> str:
     """The headline tables as Markdown, for pasting into a ticket."""
     summary = tables["summary"]
-    headline = summary[[c for c in ("framework", "runtime", "fabric", "mode", "data", "nodes", "ranks", "batch_size", "repetitions",
-                                    "images_per_sec_median", "cv_percent", "scaling_efficiency_percent", "repetitions_stop")
+    headline = summary[[c for c in ("framework", "runtime", "fabric", "mode", "data", "nodes", "ranks", "batch_size",
+                                    "repetitions", "images_per_sec_median", "cv_percent", "scaling_efficiency_percent", "repetitions_stop")
                         if c in summary]] if not summary.empty else summary
     sections = [
         ("Throughput (images/s, median over repetitions)", headline),
@@ -535,8 +536,8 @@ def build_tables(records: list[dict], problems=(), stops: dict[str, str] | None 
 
 
 # Every file write_tables makes, by name: the workflow declares each as an output.
-TABLES = ("runs", "summary", "overhead", "losses", "trajectories", "fabrics", "modes", "frameworks", "input", "memory", "table1", "netbench", "telemetry",
-          "failures")
+TABLES = ("runs", "summary", "overhead", "losses", "trajectories", "fabrics", "modes", "frameworks", "input",
+          "memory", "table1", "netbench", "telemetry", "failures")
 TABLE_FILES = {**{name: f"{name}.csv" for name in TABLES}, "table1_md": "table1.md", "summary_md": "summary.md"}
 
 
