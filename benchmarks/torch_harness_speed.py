@@ -41,6 +41,9 @@ def parse_args(argv=None):
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--steps", type=int, default=8, help="steps per round and method")
     parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                        help="auto: a GPU per rank where torch sees one (NCCL), else the CPU (Gloo)")
+    parser.add_argument("--precision", choices=("fp32", "mixed_float16", "mixed_bfloat16"), default="fp32")
     parser.add_argument("--quick", action="store_true",
                         help="CI: 32 px, batch 2, 3 steps, 2 rounds (the script proven to run; not the ratios to quote)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -50,16 +53,23 @@ def parse_args(argv=None):
     return args
 
 
-def reference_round(torch, model, optimizer, images, labels, steps: int) -> float:
-    """PyTorch's DDP tutorial loop; seconds for `steps` steps, synchronised once at the end."""
+def reference_round(torch, model, optimizer, images, labels, steps: int, precision: str = "fp32") -> float:
+    """PyTorch's DDP tutorial loop (with its AMP recipe's autocast and GradScaler for mixed
+    precision); seconds for `steps` steps, synchronised once at the end."""
     loss_fn = torch.nn.CrossEntropyLoss()
+    dtype = {"mixed_float16": torch.float16, "mixed_bfloat16": torch.bfloat16}.get(precision)
+    scaler = torch.amp.GradScaler(images.device.type, enabled=precision == "mixed_float16")
     started = time.perf_counter()
     for _ in range(steps):
         optimizer.zero_grad()
-        loss = loss_fn(model(images), labels)
-        loss.backward()
-        optimizer.step()
-    float(loss)  # read after the last update was issued: the host waits for the device's queue
+        with torch.autocast(images.device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
+            loss = loss_fn(model(images), labels)
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+    float(loss)
+    if images.device.type == "cuda":  # the loss is ready before its step's backward and update: wait for them
+        torch.cuda.synchronize()
     return time.perf_counter() - started
 
 
@@ -72,36 +82,46 @@ def worker(args) -> None:
 
     ranks = MpiRanks()
     torch.set_num_threads(len(os.sched_getaffinity(0)))
-    backend = choose_backend(torch, "auto")
-    device = torch.device("cpu")
+    on_gpu = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+    backend = choose_backend(torch, "nccl" if on_gpu else "gloo")
+    device = torch.device("cuda", ranks.local_rank % torch.cuda.device_count()) if on_gpu else torch.device("cpu")
+    if on_gpu:
+        torch.cuda.set_device(device)
     bench_args = torchbench.parse_args(["--batch-size", str(args.batch_size), "--image-size", str(args.image_size),
-                                        "--warmup-steps", "0", "--steps", str(args.steps)])
+                                        "--warmup-steps", "0", "--steps", str(args.steps),
+                                        "--precision", args.precision])
     torchbench.rendezvous(ranks, torch, backend)
     torch.manual_seed(0)
     model = torch.nn.parallel.DistributedDataParallel(
-        build("resnet50")[0].to(memory_format=torch.channels_last))
+        build("resnet50")[0].to(device, memory_format=torch.channels_last),
+        device_ids=[device.index] if on_gpu else None)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     batch = torchbench.synthetic_batch(torch, bench_args, device, ranks.rank)
     ours_step = torchbench.make_step(torch, model, optimizer, bench_args, device)
     for _ in range(2):  # warmup of both, not measured
         ours_step(*batch)
-        reference_round(torch, model, optimizer, *batch, 1)
+        reference_round(torch, model, optimizer, *batch, 1, args.precision)
     rates = {"ours": [], "reference": []}
     ratios, overheads = [], []
     def ours_round():
         with contextlib.redirect_stdout(io.StringIO()):  # rank 0's step lines are part of the cost, not the output
-            _, step_s, outside, _, _ = torchbench.measure(ours_step, batch, bench_args, ranks.rank, args.batch_size)
+            _, step_s, outside, _, _ = torchbench.measure(ours_step, batch, bench_args, ranks.rank, args.batch_size,
+                                                          torchbench.clock_for(torch, device))
         overheads.append(outside)
         # The loop's wall time: the steps and what the loop adds between them.
         return args.batch_size * args.steps / (sum(step_s) * (1 + outside))
+
+    def reference_rate():
+        return args.batch_size * args.steps / reference_round(torch, model, optimizer, *batch, args.steps,
+                                                              args.precision)
 
     for round_number in range(args.rounds):
         # Each method first in every other round: whatever the first of a pair pays, both pay alike.
         if round_number % 2 == 0:
             ours = ours_round()
-            reference = args.batch_size * args.steps / reference_round(torch, model, optimizer, *batch, args.steps)
+            reference = reference_rate()
         else:
-            reference = args.batch_size * args.steps / reference_round(torch, model, optimizer, *batch, args.steps)
+            reference = reference_rate()
             ours = ours_round()
         rates["ours"].append(ours)
         rates["reference"].append(reference)
@@ -113,13 +133,17 @@ def worker(args) -> None:
                  for name in rates}
         ratio = statistics.median(statistics.mean(r["ratios"][i] for r in everyone) for i in range(args.rounds))
         overhead = statistics.median(o for r in everyone for o in r["overheads"])
-        print(RESULT_PREFIX + json.dumps({"ranks": ranks.size, "images_per_sec": total, "ratio": ratio,
-                                          "overhead": overhead}), flush=True)
+        print(RESULT_PREFIX + json.dumps({"ranks": ranks.size, "device": device.type, "images_per_sec": total,
+                                          "ratio": ratio, "overhead": overhead,
+                                          "rounds": {name: [round(sum(r["rates"][name][i] for r in everyone), 2)
+                                                            for i in range(args.rounds)] for name in rates}}),
+              flush=True)
 
 
 def launch(ranks: int, args) -> dict:
     command = [sys.executable, __file__, "--worker", "--image-size", str(args.image_size),
-               "--batch-size", str(args.batch_size), "--steps", str(args.steps), "--rounds", str(args.rounds)]
+               "--batch-size", str(args.batch_size), "--steps", str(args.steps), "--rounds", str(args.rounds),
+               "--device", args.device, "--precision", args.precision]
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMPI_MCA_btl": "self,tcp", "OMPI_MCA_btl_tcp_if_include": "lo",
            "NCCL_SOCKET_IFNAME": "lo", "OMPI_MCA_rmaps_base_oversubscribe": "1"}
     mpirun = [shutil.which("mpirun") or "mpirun", *(["--allow-run-as-root"] if os.geteuid() == 0 else []),
@@ -136,12 +160,13 @@ def main(argv=None) -> int:
     if args.worker:
         worker(args)
         return 0
-    print(f"ResNet-50, {args.image_size} px, batch {args.batch_size}/rank, {args.rounds} rounds x {args.steps} steps "
-          "per method, interleaved")
+    print(f"ResNet-50, {args.image_size} px, batch {args.batch_size}/rank, {args.precision}, device {args.device}, "
+          f"{args.rounds} rounds x {args.steps} steps per method, interleaved")
     for ranks in args.ranks:
         result = launch(ranks, args)
         rates = result["images_per_sec"]
-        print(f"{ranks} rank(s): ours {rates['ours']:.2f} img/s, reference DDP loop {rates['reference']:.2f} img/s; "
+        print(f"{ranks} rank(s) on {result['device']}: ours {rates['ours']:.2f} img/s, "
+              f"reference DDP loop {rates['reference']:.2f} img/s; "
               f"ratio ours/reference {result['ratio']:.3f}; harness overhead per step {100 * result['overhead']:.2f}%")
     return 0
 
