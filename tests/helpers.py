@@ -40,6 +40,11 @@ TINY = {
 }
 
 
+# Where a test proves plumbing (every runtime, mode, image), not ResNet-50's figures: the two-convolution
+# network trains in seconds where ResNet-50 spends half a minute tracing its graph on each rank.
+SMOKE_MODEL = "cnn_smoke"
+
+
 def tiny_config(tmp_path: Path, **overrides) -> dict:
     """The embedded default with TINY (and `overrides`) merged in, checked and defaulted."""
     data = {**copy.deepcopy(TINY), "results_dir": str(tmp_path / "results")}  # the runs' telemetry goes there

@@ -7,7 +7,7 @@ import json
 import subprocess
 
 import pytest
-from helpers import run_and_parse, tiny_config
+from helpers import SMOKE_MODEL, run_and_parse, tiny_config
 
 from containerbench import config as cb_config
 from containerbench.config import RunSpec
@@ -35,7 +35,7 @@ def mode_records(tmp_path_factory, sample):
     workdir = tmp_path_factory.mktemp("modes")
     config = tiny_config(workdir, benchmark={"modes": ["horovod", "collective", "parameter_server"],
                                              "data": ["synthetic", "real"], "collective_implementation": "ring",
-                                             "repetitions": 1, "node_probe_steps": 0},
+                                             "repetitions": 1, "node_probe_steps": 0, "model": SMOKE_MODEL},
                          scaling={"nodes": [1], "ranks_per_node": [2]}, dataset={"path": str(sample)},
                          netbench={"enabled": False})
     runs = cb_config.plan_runs(config)
@@ -48,7 +48,7 @@ def local_records(tmp_path_factory, sample):
     """2 ranks in mode local (no gradient exchange), synthetic and real data: two real trainings."""
     workdir = tmp_path_factory.mktemp("local")
     config = tiny_config(workdir, benchmark={"modes": ["local"], "data": ["synthetic", "real"], "repetitions": 1,
-                                             "node_probe_steps": 0},
+                                             "node_probe_steps": 0, "model": SMOKE_MODEL},
                          scaling={"nodes": [1], "ranks_per_node": [2]}, dataset={"path": str(sample)},
                          netbench={"enabled": False})
     runs = cb_config.plan_runs(config)

@@ -15,7 +15,7 @@ import subprocess
 
 import pandas as pd
 import pytest
-from helpers import BENCH_PYTHON, ROOT, run_and_parse, snakemake, tiny_config
+from helpers import BENCH_PYTHON, ROOT, SMOKE_MODEL, run_and_parse, snakemake, tiny_config
 
 from containerbench import config as cb_config
 from containerbench import images
@@ -49,7 +49,7 @@ def vendor_config(tmp_path, package: str) -> dict:
     return tiny_config(tmp_path, runtimes=["bare-metal", "podman"], runtime_policy="require",
                        images={"podman": {"image": VENDOR, "package": package}},
                        scaling={"nodes": [1], "ranks_per_node": [1]}, netbench={"enabled": False},
-                       benchmark={"repetitions": 1})
+                       benchmark={"repetitions": 1, "model": SMOKE_MODEL})
 
 
 def test_freeze_image_writes_the_lock_of_what_the_image_carries(vendor_image, container_engines, tmp_path,

@@ -27,9 +27,24 @@ def test_models_have_torchvisions_parameter_counts(torch_python):
             "for n in t.MODELS}))")
     counts = json.loads(subprocess.run([str(torch_python), "-c", code], capture_output=True, text=True,
                                        check=True, timeout=300).stdout)
+    smoke = counts.pop("cnn_smoke")
     assert {name: count for name, (count, _) in counts.items()} == TORCHVISION_NUM_PARAMS
     # This venv's torch has no importable torchvision (envs/bench-torch.txt): the plain torch.nn definitions ran.
     assert {source for _, source in counts.values()} == {"containerbench.torchmodels (torchvision's definition)"}
+    assert smoke[0] == SMOKE_WEIGHTS
+
+
+# cnn_smoke by hand: 3x3x3x16 + 3x3x16x32 convolution weights, 2x(16+32) batch-norm scales and offsets,
+# 32x1000 + 1000 classifier weights and biases.
+SMOKE_WEIGHTS = 3 * 3 * 3 * 16 + 3 * 3 * 16 * 32 + 2 * (16 + 32) + 32 * 1000 + 1000
+
+
+def test_the_smoke_network_has_the_same_weights_in_tensorflow(bench_python):
+    code = ("import tensorflow as tf; from containerbench import bench; "
+            "model = bench.build_model(tf, bench.parse_args(['--model', 'cnn_smoke', '--image-size', '32']))[0]; "
+            "print(sum(int(tf.size(v)) for v in model.trainable_variables))")
+    done = subprocess.run([str(bench_python), "-c", code], capture_output=True, text=True, check=True, timeout=300)
+    assert int(done.stdout.split()[-1]) == SMOKE_WEIGHTS == 38_136
 
 
 class StreamClock:
@@ -183,7 +198,7 @@ def test_the_modes_of_tensorflow_are_one_ddp_point_for_pytorch(tmp_path):
 @pytest.mark.parametrize("overrides, message", [
     ({"benchmark": {"model": "inception_v3"}},
      "config: 'benchmark.model' = 'inception_v3' has no PyTorch version here; allowed with frameworks pytorch: "
-     "resnet50, resnet101, resnet152, vgg16, or allowed: benchmark.frameworks [tensorflow]"),
+     "resnet50, resnet101, resnet152, vgg16, cnn_smoke, or allowed: benchmark.frameworks [tensorflow]"),
     ({"benchmark": {"data": ["synthetic", "real"]}},
      "config: 'benchmark.data' = real: the PyTorch side reads synthetic data only so far"),
     ({"runtimes": ["bare-metal", "podman"]},

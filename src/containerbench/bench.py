@@ -30,7 +30,9 @@ from containerbench.distribution import MODES  # no TensorFlow import: parsing s
 
 ENTRY_UNIX_TIME = time.time()  # before TensorFlow's import: start-up cost counts
 
-MODELS = ("resnet50", "resnet101", "resnet152", "inception_v3", "vgg16")
+# cnn_smoke: a plumbing check (every runtime, launcher and fabric path in seconds); its figures say
+# nothing of ResNet-50's. torchmodels.cnn_smoke is the same network.
+MODELS = ("resnet50", "resnet101", "resnet152", "inception_v3", "vgg16", "cnn_smoke")
 PRECISIONS = ("fp32", "mixed_float16", "mixed_bfloat16")
 
 
@@ -120,6 +122,7 @@ def build_model(tf, args):
     side = args.image_size
     shape = (side, side, 3) if args.data_format == "channels_last" else (3, side, side)
     constructor = {
+        "cnn_smoke": cnn_smoke,
         "resnet50": tf.keras.applications.ResNet50,
         "resnet101": tf.keras.applications.ResNet101,
         "resnet152": tf.keras.applications.ResNet152,
@@ -134,6 +137,21 @@ def build_model(tf, args):
     if args.precision == "mixed_float16":
         optimizer = tf.keras.mixed_precision.LossScaleOptimizer(optimizer)
     return model, optimizer, shape
+
+
+def cnn_smoke(weights, input_shape, classes, classifier_activation):
+    """Two convolutions with batch norm, global pooling and the classifier (38,136 weights): the
+    keyword arguments of tf.keras.applications, so that it is built as the others are."""
+    import tensorflow as tf
+
+    layers = tf.keras.layers
+    channels = -1 if tf.keras.backend.image_data_format() == "channels_last" else 1
+    return tf.keras.Sequential([
+        tf.keras.Input(input_shape),
+        layers.Conv2D(16, 3, padding="same", use_bias=False), layers.BatchNormalization(axis=channels), layers.ReLU(),
+        layers.Conv2D(32, 3, strides=2, padding="same", use_bias=False), layers.BatchNormalization(axis=channels),
+        layers.ReLU(), layers.GlobalAveragePooling2D(), layers.Dense(classes, activation=classifier_activation),
+    ], name="cnn_smoke")
 
 
 def input_source(tf, mode, args, shape):

@@ -11,7 +11,8 @@ from __future__ import annotations
 # Parameter counts of torchvision's models with 1000 classes (torchvision.models docs, "num_params").
 TORCHVISION_PARAMETERS = {"resnet50": 25_557_032, "resnet101": 44_549_160, "resnet152": 60_192_808,
                           "vgg16": 138_357_544}
-MODELS = tuple(TORCHVISION_PARAMETERS)
+# cnn_smoke: bench.cnn_smoke's network (a plumbing check, 38,136 weights), not a torchvision model.
+MODELS = (*TORCHVISION_PARAMETERS, "cnn_smoke")
 RESNET_BLOCKS = {"resnet50": (3, 4, 6, 3), "resnet101": (3, 4, 23, 3), "resnet152": (3, 8, 36, 3)}
 VGG16_LAYERS = (64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512, "M")
 
@@ -31,6 +32,8 @@ def build(name: str, num_classes: int = 1000):
     """(model, where its definition came from)."""
     if name not in MODELS:
         raise ValueError(f"model {name!r}: the PyTorch side has {', '.join(MODELS)}")
+    if name == "cnn_smoke":
+        return cnn_smoke(num_classes), "containerbench.torchmodels (cnn_smoke, as bench.py's)"
     version = torchvision_version()
     if version:
         import torchvision
@@ -38,6 +41,15 @@ def build(name: str, num_classes: int = 1000):
         return getattr(torchvision.models, name)(weights=None, num_classes=num_classes), f"torchvision {version}"
     model = vgg16(num_classes) if name == "vgg16" else resnet(RESNET_BLOCKS[name], num_classes)
     return model, "containerbench.torchmodels (torchvision's definition)"
+
+
+def cnn_smoke(num_classes: int = 1000):
+    from torch import nn
+
+    return nn.Sequential(
+        nn.Conv2d(3, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU(inplace=True),
+        nn.Conv2d(16, 32, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(32), nn.ReLU(inplace=True),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, num_classes))
 
 
 def resnet(blocks: tuple[int, ...], num_classes: int = 1000):
