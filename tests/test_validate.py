@@ -10,8 +10,9 @@ import pytest
 import yaml
 
 from containerbench.records import load_records
-from containerbench.validate import (UNITS, Reference, ReferencesError, format_outcome, load_references,
-                                     performance_variables, slow_nodes, validate, verdict, write_baseline)
+from containerbench.validate import (UNITS, VARIABLE_PATTERN, Reference, ReferencesError, format_outcome,
+                                     load_references, performance_variables, slow_nodes, validate, verdict,
+                                     write_baseline)
 
 TRAIN = "train/resnet50-32px-fp32/bare-metal/tcp-loopback"
 NET = "netbench/bare-metal/tcp-loopback/1x2"
@@ -58,6 +59,29 @@ def test_variables_of_real_runs_have_expected_names_units_and_values(recorded_ru
     assert variables.loc[ONE_RANK, "value"] == recorded_runs[("train", 1)]["result"]["images_per_sec"]
     latency = [p["latency_us"] for p in recorded_runs[("netbench", 2)]["result"]["pingpong"] if p["bytes"] == 1]
     assert variables.loc[f"{NET}/pingpong_latency_us@1", "value"] == latency[0]
+
+
+def test_each_framework_mode_data_and_netbench_backend_is_a_variable_of_its_own(recorded_runs):
+    """A sweep over frameworks, modes, data or netbench backends: every point its own variable (the
+    default's names unchanged), never two points' runs judged as one."""
+    def variant(key, run_id, spec=None, result=None):
+        record = copy.deepcopy(recorded_runs[key])
+        record["run_id"] = run_id
+        record["spec"].update(spec or {})
+        record["result"].update(result or {})
+        return record
+
+    records = [recorded_runs[("train", 1)], recorded_runs[("netbench", 2)],
+               variant(("train", 1), "t-pytorch", {"framework": "pytorch", "mode": "ddp"}),
+               variant(("train", 1), "t-local", {"mode": "local"}),
+               variant(("train", 1), "t-real", {"data": "real"}),
+               variant(("netbench", 2), "n-gloo", result={"backend": "gloo"})]
+    names = set(performance_variables(records)["variable"])
+    assert {name for name in names if name.startswith("train/")} == {
+        f"train/resnet50-32px-fp32{suffix}/bare-metal/tcp-loopback/1x1/b2/images_per_sec"
+        for suffix in ("", "-pytorch", "-local", "-real")}
+    assert {name.split("/", 1)[0] for name in names if "@" in name} == {"netbench", "netbench-gloo"}
+    assert all(VARIABLE_PATTERN.fullmatch(name) for name in names), names
 
 
 def test_variables_are_medians_of_ok_repetitions(recorded_runs):

@@ -9,6 +9,7 @@ slower than its peers. `write_baseline` turns a good run into a references file.
 
 from __future__ import annotations
 
+import math
 import re
 import statistics
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ import jsonschema
 import pandas as pd
 import yaml
 
-from containerbench.config import describe, load_schema, runtime_label
+from containerbench.config import DEFAULT_MODE, describe, load_schema, runtime_label
 from containerbench.records import load_records
 from containerbench.results import SERIES, runs_table, summary_table
 
@@ -47,11 +48,11 @@ NETBENCH_PICKS = [
 _PART = r"[^/@\s]+"
 VARIABLE_PATTERN = re.compile(
     rf"train/{_PART}-\d+px-{_PART}/{_PART}/{_PART}/\d+x\d+/b\d+/({'|'.join(TRAIN_METRICS)})"
-    rf"|netbench/{_PART}/{_PART}/\d+x\d+/({'|'.join(NETBENCH_METRICS)})@\d+")
+    rf"|netbench(-gloo|-nccl)?/{_PART}/{_PART}/\d+x\d+/({'|'.join(NETBENCH_METRICS)})@\d+")
 VARIABLE_FORMS = (
-    "train/{model}-{image_size}px-{precision}/{runtime}/{fabric}/{nodes}x{ranks_per_node}/b{batch_size}/"
-    f"{{{'|'.join(TRAIN_METRICS)}}} or netbench/{{runtime}}/{{fabric}}/{{nodes}}x{{ranks_per_node}}/"
-    f"{{{'|'.join(NETBENCH_METRICS)}}}@{{bytes}}")
+    "train/{model}-{image_size}px-{precision}[-{framework}][-{mode}][-real]/{runtime}/{fabric}/"
+    f"{{nodes}}x{{ranks_per_node}}/b{{batch_size}}/{{{'|'.join(TRAIN_METRICS)}}} or netbench[-gloo|-nccl]/"
+    f"{{runtime}}/{{fabric}}/{{nodes}}x{{ranks_per_node}}/{{{'|'.join(NETBENCH_METRICS)}}}@{{bytes}}")
 
 VARIABLE_COLUMNS = ["variable", "value", "unit", "runs"]
 VERDICT_COLUMNS = ["variable", "measured", "reference", "lower_bound", "upper_bound", "unit", "result", "failed"]
@@ -62,15 +63,30 @@ def metric_of(variable: str) -> str:
     return variable.rsplit("/", 1)[-1].split("@", 1)[0]
 
 
+def _given(value, default):
+    """A point's column, or its default where the record predates it (None, or NaN in a table)."""
+    return default if value is None or (isinstance(value, float) and math.isnan(value)) else value
+
+
 def train_variable(point) -> str:
-    """A training point's variable name, without its metric (`point`: a row of the run or summary table)."""
+    """A training point's variable name, without its metric (`point`: a row of the run or summary table).
+    A framework, mode or data other than the default is named after the precision (as in the run ids),
+    so that the points of a sweep over them are variables of their own; the default's names are as
+    they always were, and a site's references keep matching."""
     nodes, ranks = int(point.nodes), int(point.ranks)  # columns turn float when a failed run has gaps
-    return (f"train/{point.model}-{int(point.image_size)}px-{point.precision}/{point.runtime}/{point.fabric}/"
+    framework = _given(getattr(point, "framework", None), "tensorflow")
+    mode = _given(getattr(point, "mode", None), DEFAULT_MODE[framework])
+    data = _given(getattr(point, "data", None), "synthetic")
+    variant = "".join(f"-{value}" for value, default in (
+        (framework, "tensorflow"), (mode, DEFAULT_MODE[framework]), (data, "synthetic")) if value != default)
+    return (f"train/{point.model}-{int(point.image_size)}px-{point.precision}{variant}/{point.runtime}/{point.fabric}/"
             f"{nodes}x{ranks // nodes}/b{int(point.batch_size)}")
 
 
-def netbench_variable(runtime: str, fabric: str, nodes, ranks) -> str:
-    return f"netbench/{runtime}/{fabric}/{int(nodes)}x{int(ranks) // int(nodes)}"
+def netbench_variable(runtime: str, fabric: str, nodes, ranks, backend: str = "mpi") -> str:
+    """MPI's netbench as it always was; torch.distributed's under netbench-gloo or netbench-nccl."""
+    kind = "netbench" if backend == "mpi" else f"netbench-{backend}"
+    return f"{kind}/{runtime}/{fabric}/{int(nodes)}x{int(ranks) // int(nodes)}"
 
 
 def _variable(name: str, metric: str, value: float, runs: int, at: str = "") -> dict:
@@ -98,7 +114,7 @@ def _train_variables(records: list[dict]) -> list[dict]:
     return rows
 
 
-PICK_COLUMNS = ["run_id", "runtime", "fabric", "nodes", "ranks", "bytes", "value", "metric"]
+PICK_COLUMNS = ["run_id", "runtime", "fabric", "nodes", "ranks", "backend", "bytes", "value", "metric"]
 
 
 def _netbench_picks(records: list[dict]) -> pd.DataFrame:
@@ -116,11 +132,11 @@ def _netbench_picks(records: list[dict]) -> pd.DataFrame:
                 size = pick(point["bytes"] for point in points)
                 value = float(statistics.median(point[column] for point in points if point["bytes"] == size))
                 rows.append((record["run_id"], runtime, spec.get("fabric"), spec.get("nodes"), spec.get("ranks"),
-                             size, value, metric))
+                             record["result"].get("backend", "mpi"), size, value, metric))
     picked = pd.DataFrame(rows, columns=PICK_COLUMNS)
     picked["name"] = [f"{netbench_variable(*point)}/{metric}@{int(size)}" for *point, size, _, metric in zip(
-        picked["runtime"], picked["fabric"], picked["nodes"], picked["ranks"], picked["bytes"], picked["value"],
-        picked["metric"])]
+        picked["runtime"], picked["fabric"], picked["nodes"], picked["ranks"], picked["backend"], picked["bytes"],
+        picked["value"], picked["metric"])]
     return picked
 
 
