@@ -364,9 +364,12 @@ def test_auto_repetitions_add_rounds_until_the_target_or_the_most_without_measur
     assert idle.returncode == 0 and "Nothing to be done" in idle.stdout + idle.stderr
 
 
+@pytest.mark.containers
 def test_a_gpu_sweep_injects_the_nvidia_libraries_into_charliecloud_on_a_node(tmp_path):
     # The directory is converted where the image was built (the engine's store is there); only
     # ch-fromhost --nvidia runs as a job on a node, whose libraries it copies (ch-fromhost(1)).
+    # The plan has Charliecloud only where the build engine answers (runtimes.select_runtimes): this
+    # needs podman as `make setup` configures it (build/engines/containers.conf), not only the venv.
     relaxed = tmp_path / "relaxed.yaml"
     relaxed.write_text("runtime_policy: skip-unusable\nbenchmark_env: cpu\nruntimes: [bare-metal, charliecloud]\n")
     done = snakemake(tmp_path, "--configfile", str(ROOT / "config" / "site.example.yaml"), str(relaxed), "--dry-run",
