@@ -105,8 +105,8 @@ def worker(args) -> None:
     ratios, overheads = [], []
     def ours_round():
         with contextlib.redirect_stdout(io.StringIO()):  # rank 0's step lines are part of the cost, not the output
-            _, step_s, outside, _, _ = torchbench.measure(ours_step, batch, bench_args, ranks.rank, args.batch_size,
-                                                          torchbench.clock_for(torch, device))
+            _, step_s, outside, _, _ = torchbench.measure(ours_step, lambda: batch, bench_args, ranks.rank,
+                                                          args.batch_size, torchbench.clock_for(torch, device))
         overheads.append(outside)
         # The loop's wall time: the steps and what the loop adds between them.
         return args.batch_size * args.steps / (sum(step_s) * (1 + outside))

@@ -73,6 +73,16 @@ def tiny_runs(tmp_path_factory, bench_python) -> dict:
 
 
 @pytest.fixture(scope="session")
+def imagenet_sample(tmp_path_factory, bench_python):
+    """A tiny ImageNet-shaped TFRecord set, written by the generator the workflow uses (both
+    frameworks' real-data pipelines read it)."""
+    out = tmp_path_factory.mktemp("imagenet-sample")
+    subprocess.run([str(bench_python), "-m", "containerbench.datasets", "generate", str(out), "--images", "24",
+                    "--shards", "3", "--size", "48"], check=True, capture_output=True, timeout=300)
+    return out
+
+
+@pytest.fixture(scope="session")
 def torch_python():
     if not TORCH_PYTHON.exists():
         pytest.fail(f"PyTorch benchmark venv missing: {TORCH_PYTHON} (run `make setup`)")

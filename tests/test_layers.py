@@ -19,8 +19,8 @@ LAYERS = [
     ("model definitions", {"torchmodels"}),
     ("leaves", {"markers", "processes", "provenance", "datasets", "distribution", "fabrics", "config", "telemetry",
                 "intervals"}),
-    ("benchmark, runtimes, Slurm, recipes, telemetry read back",
-     {"bench", "netbench", "rankexec", "runtimes", "slurm", "singularity", "usage"}),
+    ("benchmark, runtimes, Slurm, recipes, telemetry read back, PyTorch's input",
+     {"bench", "netbench", "rankexec", "runtimes", "slurm", "singularity", "usage", "torchdata"}),
     ("the PyTorch harness (bench's record), images, records, the pre-flight job",
      {"torchbench", "images", "records", "preflight"}),
     ("plans and launches, tables", {"launch", "results"}),
@@ -31,7 +31,7 @@ LAYERS = [
 ]
 # Imported by the ranks, in the benchmark venv (TensorFlow, mpi4py); the rest runs in the workflow venv.
 BENCHMARK_SIDE = {"bench", "netbench", "distribution", "datasets", "provenance", "markers", "telemetry", "torchbench",
-                  "torchmodels"}
+                  "torchmodels", "torchdata"}
 
 
 def package_imports(module: str) -> set[str]:
@@ -107,7 +107,8 @@ def test_each_benchmark_module_imports_alone_in_the_benchmark_venv(module, bench
 
 
 # What a PyTorch rank imports: its harness and what they share with the TensorFlow side, never TensorFlow.
-TORCH_SIDE = {"torchbench", "torchmodels", "bench", "netbench", "distribution", "provenance", "markers", "telemetry"}
+TORCH_SIDE = {"torchbench", "torchmodels", "torchdata", "datasets", "bench", "netbench", "distribution", "provenance",
+              "markers", "telemetry"}
 
 
 @pytest.mark.parametrize("module", sorted(TORCH_SIDE))

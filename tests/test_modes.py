@@ -4,7 +4,6 @@ records say which mode, backend and data source produced the number."""
 from __future__ import annotations
 
 import json
-import subprocess
 
 import pytest
 from helpers import SMOKE_MODEL, run_and_parse, tiny_config
@@ -21,12 +20,8 @@ BACKENDS = {"horovod": "mpi", "collective": "ring", "parameter_server": "grpc"}
 
 
 @pytest.fixture(scope="module")
-def sample(tmp_path_factory, bench_python):
-    """A tiny ImageNet-shaped TFRecord set, written by the generator the workflow uses."""
-    out = tmp_path_factory.mktemp("imagenet-sample")
-    subprocess.run([str(bench_python), "-m", "containerbench.datasets", "generate", str(out), "--images", "24",
-                    "--shards", "3", "--size", "48"], check=True, capture_output=True, timeout=300)
-    return out
+def sample(imagenet_sample):
+    return imagenet_sample
 
 
 @pytest.fixture(scope="module")

@@ -4,13 +4,14 @@ as TensorFlow's, and the torch.distributed netbench on 2 ranks; the framework ax
 from __future__ import annotations
 
 import json
+import random
 import subprocess
 
 import pytest
-from helpers import tiny_config
+from helpers import SMOKE_MODEL, run_and_parse, tiny_config
 
 from containerbench import config as cb_config
-from containerbench import torchbench
+from containerbench import torchbench, torchdata
 from containerbench.config import ConfigError
 from containerbench.launch import plan
 from containerbench.markers import FAILURE
@@ -47,6 +48,44 @@ def test_the_smoke_network_has_the_same_weights_in_tensorflow(bench_python):
     assert int(done.stdout.split()[-1]) == SMOKE_WEIGHTS == 38_136
 
 
+def test_crop_windows_are_drawn_as_tensorflows_sample_distorted_bounding_box():
+    """8% to 100% of the area, aspect 3/4 to 4/3 (up to rounding to whole pixels), inside the image;
+    the whole image when 10 tries find no such window (datasets._parse_and_augment's arguments)."""
+    rng = random.Random(0)
+    for _ in range(2000):
+        left, top, width, height = torchdata.crop_window(rng, 400, 300)
+        assert 0 <= left <= 400 - width and 0 <= top <= 300 - height
+        assert 0.08 * 0.98 <= width * height / (400 * 300) <= 1
+        assert 3 / 4 * 0.97 <= width / height <= 4 / 3 * 1.03
+    assert torchdata.crop_window(rng, 1, 1000) == (0, 0, 1, 1000)  # no window of that aspect fits
+
+
+def test_each_rank_reads_whole_files_when_there_are_enough_else_every_nth_record():
+    files = ["train-0", "train-1", "train-2"]
+    assert [torchdata.share(files, rank, 2) for rank in (0, 1)] == [(["train-0", "train-2"], 0, 1),
+                                                                     (["train-1"], 0, 1)]
+    assert [torchdata.share(files, rank, 4) for rank in range(4)] == [(files, rank, 4) for rank in range(4)]
+
+
+@pytest.mark.slow
+def test_pytorch_reads_the_same_tfrecords_as_tensorflow(tmp_path, imagenet_sample, torch_python):
+    """Real data at 2 ranks: each rank its own share of the sample TensorFlow reads, decoded and
+    augmented in DataLoader workers; the same record as every training run."""
+    config = tiny_config(tmp_path, benchmark={"frameworks": ["pytorch"], "data": ["real"], "repetitions": 1,
+                                              "model": SMOKE_MODEL},
+                         scaling={"nodes": [1], "ranks_per_node": [2]}, dataset={"path": str(imagenet_sample)},
+                         netbench={"enabled": False})
+    runs = cb_config.plan_runs(config)
+    cb_config.check_runs(config, runs)
+    [(spec, record)] = run_and_parse(runs, config, tmp_path)
+    assert spec.run_id.endswith("_pytorch_real_rep1") and record["status"] == "ok", record["reasons"]
+    result = record["result"]
+    assert (result["framework"], result["data"], result["data_dir"]) == ("pytorch", "real", str(imagenet_sample))
+    assert result["batches_distinct"] is True and result["weights_identical"] is True  # own data, one model
+    assert all(len(rank["loss"]) == 2 + 1 for rank in result["per_rank"])
+    assert "DataLoader worker(s) per rank" in (tmp_path / f"{spec.run_id}.log").read_text()
+
+
 class StreamClock:
     """A GPU stream's clock as measure() uses it, in the order of use: a mark is an event queued
     behind the work so far, reading a span waits for its end event."""
@@ -79,7 +118,7 @@ def test_on_a_gpu_the_host_reads_a_step_only_once_the_next_is_queued(capsys):
         return 7.0 - sum(kind == "step" for kind, _ in log) * 2
 
     args = torchbench.parse_args(["--warmup-steps", "2", "--steps", "3"])
-    warmup, steps, _, _, losses = torchbench.measure(step, (), args, 0, 32, StreamClock(log))
+    warmup, steps, _, _, losses = torchbench.measure(step, tuple, args, 0, 32, StreamClock(log))
     queued = [[("step", i), ("copy", 2 * i + 1)] for i in range(5)]
     assert log == [*queued[0], *queued[1], ("wait", 2), *queued[2], ("wait", 4), *queued[3], ("wait", 6),
                    *queued[4], ("wait", 8), ("wait", 10)]
@@ -104,7 +143,7 @@ def test_on_a_cpu_each_step_is_read_as_it_returns():
             log.append("read")
             return end - start
 
-    warmup, steps, overhead, _, _ = torchbench.measure(step, (), args, 1, 32, Clock)
+    warmup, steps, overhead, _, _ = torchbench.measure(step, tuple, args, 1, 32, Clock)
     assert log == ["step", "read"] * 3 and len(warmup) == 1 and len(steps) == 2 and all(t >= 0 for t in steps)
 
 
@@ -199,8 +238,6 @@ def test_the_modes_of_tensorflow_are_one_ddp_point_for_pytorch(tmp_path):
     ({"benchmark": {"model": "inception_v3"}},
      "config: 'benchmark.model' = 'inception_v3' has no PyTorch version here; allowed with frameworks pytorch: "
      "resnet50, resnet101, resnet152, vgg16, cnn_smoke, or allowed: benchmark.frameworks [tensorflow]"),
-    ({"benchmark": {"data": ["synthetic", "real"]}},
-     "config: 'benchmark.data' = real: the PyTorch side reads synthetic data only so far"),
     ({"runtimes": ["bare-metal", "podman"]},
      "config: 'benchmark.frameworks' has pytorch, which runs bare-metal only so far (no PyTorch image flavour yet), "
      "but runtimes has podman"),

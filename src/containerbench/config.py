@@ -267,9 +267,6 @@ def check_frameworks(config: dict, runs: list[RunSpec]) -> None:
         raise ConfigError(f"config: 'benchmark.model' = {bench['model']!r} has no PyTorch version here; allowed with "
                           f"frameworks pytorch: {', '.join(TORCH_MODELS)}, or {allowed}")
     torch_runs = [r for r in runs if r.framework == "pytorch"]
-    if any(r.data == "real" for r in torch_runs):
-        raise ConfigError("config: 'benchmark.data' = real: the PyTorch side reads synthetic data only so far; "
-                          f"allowed with frameworks pytorch: data [synthetic], or {allowed}")
     containers = sorted({r.runtime for r in torch_runs if r.runtime != "bare-metal"})
     if containers:
         raise ConfigError(f"config: 'benchmark.frameworks' has pytorch, which runs bare-metal only so far (no "

@@ -153,15 +153,14 @@ def benchmark_args(spec: RunSpec, config: dict) -> list[str]:
             "--data-format", bench["data_format"], "--threads", str(bench["threads_per_rank"]),
             "--probe-steps", str(bench["node_probe_steps"]),
             "--mode", spec.mode, "--runtime", spec.runtime]
+    data = ["--data-dir", os.path.abspath(dataset_dir(config))] if spec.data == "real" else []  # both frameworks'
     if spec.framework == "pytorch":
-        return args + ["--backend", bench["torch_backend"], *(["--compile"] if bench["torch_compile"] else [])]
+        return args + data + ["--backend", bench["torch_backend"], *(["--compile"] if bench["torch_compile"] else [])]
     if spec.mode == "collective":
         args += ["--collective", bench["collective_implementation"]]
     if spec.mode == "parameter_server":
         args += ["--parameter-servers", str(bench["parameter_servers"])]
-    if spec.data == "real":
-        args += ["--data-dir", os.path.abspath(dataset_dir(config))]
-    return args + (["--xla"] if bench["xla"] else [])
+    return args + data + (["--xla"] if bench["xla"] else [])
 
 
 def clone_sources() -> str:

@@ -22,11 +22,12 @@ from packaging.utils import canonicalize_name
 # The modules a benchmark run executes; the report and workflow code may change
 # without making old measurements incomparable.
 BENCH_SOURCES = ("bench.py", "datasets.py", "distribution.py", "markers.py", "netbench.py", "provenance.py",
-                "telemetry.py", "torchbench.py", "torchmodels.py")
+                "telemetry.py", "torchbench.py", "torchdata.py", "torchmodels.py")
 
 # Whichever of these is installed roots the dependency walk (a GPU image holds
 # `tensorflow`, a CPU venv `tensorflow-cpu`).
-ROOT_DISTRIBUTIONS = ("tensorflow", "tensorflow-cpu", "horovod", "torch", "torchvision", "mpi4py", "numpy")
+ROOT_DISTRIBUTIONS = ("tensorflow", "tensorflow-cpu", "horovod", "torch", "torchvision", "tfrecord", "pillow", "mpi4py",
+                      "numpy")
 # And every installed distribution named so: the CUDA libraries TensorFlow loads come from an
 # extra (tensorflow[and-cuda]), which the dependency walk does not follow.
 ROOT_PREFIXES = ("nvidia-",)

@@ -55,12 +55,16 @@ def parse_args(argv=None):
                         help="after the measured steps, time this many local steps with no communication")
     parser.add_argument("--threads", type=int, default=0, help="intra-op threads; 0 = the CPUs this rank may use")
     parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument("--data-dir", help="ImageNet TFRecords (as TensorFlow's --data-dir); default: synthetic data")
+    parser.add_argument("--data-workers", type=int, default=0,
+                        help="DataLoader worker processes per rank; 0 = one fewer than the CPUs this rank may use "
+                             "(at least 1)")
     parser.add_argument("--runtime", default=os.environ.get("CONTAINERBENCH_RUNTIME", "bare-metal"))
     parser.add_argument("--telemetry-dir", help="each node's local rank 0 samples the node into DIR/<host>.csv")
     parser.add_argument("--telemetry-interval", type=float, default=0.5, help="seconds between samples")
     args = parser.parse_args(argv)
-    for name in ("batch_size", "image_size", "steps", "warmup_steps", "probe_steps"):
-        if getattr(args, name) < (0 if name in ("warmup_steps", "probe_steps") else 1):
+    for name in ("batch_size", "image_size", "steps", "warmup_steps", "probe_steps", "data_workers"):
+        if getattr(args, name) < (0 if name in ("warmup_steps", "probe_steps", "data_workers") else 1):
             parser.error(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
     return args
 
@@ -71,6 +75,27 @@ def synthetic_batch(torch, args, device, rank: int):
     images = torch.randn(args.batch_size, 3, args.image_size, args.image_size, generator=generator)
     labels = torch.randint(0, 1000, (args.batch_size,), generator=generator)
     return images.to(device, memory_format=memory_format(torch, args)), labels.to(device)
+
+
+def input_batches(torch, args, device, ranks):
+    """(next_batch, what a batch is): one random batch held on the device (synthetic, as TF's), or
+    this rank's share of the TFRecords through DataLoader workers, each batch copied to the device
+    as the step takes it (its wait is in the step's time, as tf.data's is in TF's step)."""
+    if not args.data_dir:
+        batch = synthetic_batch(torch, args, device, ranks.rank)
+        return (lambda: batch), "synthetic data"
+    from containerbench import torchdata
+
+    workers = args.data_workers or max(1, len(os.sched_getaffinity(0)) - 1)
+    batches = torchdata.loader(args.data_dir, args.batch_size, args.image_size, ranks.rank, ranks.size, args.seed,
+                               workers, pin_memory=device.type == "cuda")
+
+    def next_batch():
+        images, labels = next(batches)
+        return (images.to(device, memory_format=memory_format(torch, args), non_blocking=True),
+                labels.to(device, non_blocking=True))
+
+    return next_batch, f"data {args.data_dir} ({workers} DataLoader worker(s) per rank)"
 
 
 def memory_format(torch, args):
@@ -142,7 +167,7 @@ def clock_for(torch, device):
     return CudaClock(torch) if device.type == "cuda" else HostClock
 
 
-def measure(step, batch, args, rank: int, images_per_step: int, clock=HostClock):
+def measure(step, next_batch, args, rank: int, images_per_step: int, clock=HostClock):
     """Warmup, then measured steps (bench.measure's timing, line for line the same output)."""
     warmup_times, step_times, losses = [], [], []
     spans, loss_tensors = [], []
@@ -166,7 +191,7 @@ def measure(step, batch, args, rank: int, images_per_step: int, clock=HostClock)
     total = args.warmup_steps + args.steps
     for index in range(total):
         started = clock.mark()
-        loss_tensors.append(clock.hold(step(*batch)))
+        loss_tensors.append(clock.hold(step(*next_batch())))
         spans.append((started, clock.mark()))
         if index >= clock.lag:
             report(index - clock.lag)
@@ -216,17 +241,19 @@ def train(torch, ranks, args, device, backend: str) -> tuple[dict, dict]:
         model = torch.compile(model)
     # Plain SGD, as on the TF side (Horovod's synthetic benchmark, tf_cnn_benchmarks).
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    batch = synthetic_batch(torch, args, device, ranks.rank)
+    next_batch, input_description = input_batches(torch, args, device, ranks)
     mine["setup_s"] = time.time() - ENTRY_UNIX_TIME
     if ranks.rank == 0:
         print(f"containerbench: {args.model} {args.image_size}px batch {args.batch_size}/rank, {ranks.size} rank(s), "
-              f"PyTorch {args.mode} over {distribution['backend']}, synthetic data, {args.precision}, "
+              f"PyTorch {args.mode} over {distribution['backend']}, {input_description}, {args.precision}, "
               f"{args.data_format}{', torch.compile' if args.compile else ''}, "
               f"{args.warmup_steps} warmup + {args.steps} measured steps", flush=True)
     step = make_step(torch, model, optimizer, args, device)
     (mine["warmup_step_s"], mine["step_s"], mine["harness_overhead_fraction"], mine["window"],
-     mine["loss"]) = measure(step, batch, args, ranks.rank, args.batch_size, clock_for(torch, device))
+     mine["loss"]) = measure(step, next_batch, args, ranks.rank, args.batch_size, clock_for(torch, device))
     mine["images_per_sec"] = args.batch_size * args.steps / sum(mine["step_s"])
+    # One batch of this rank's input, outside the timed steps: the evidence that each rank had its own data.
+    batch = next_batch()
     mine["batch_digest"] = batch_digest_bytes(batch[0].cpu().numpy().tobytes(), batch[1].cpu().numpy().tobytes())
     mine["probe_images_per_sec"] = local_compute_rate(torch, model, batch, args) if args.probe_steps else None
     parameters = [p.detach().float().cpu().numpy() for p in getattr(model, "module", model).parameters()]
