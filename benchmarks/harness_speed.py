@@ -53,14 +53,22 @@ def parse_args(argv=None):
     parser.add_argument("--steps", type=int, default=10, help="steps per round (model.fit is timed per round)")
     parser.add_argument("--rounds", type=int, default=6, help="rounds; ours and Horovod's method alternate "
                                                               "step by step, rounds x steps pairs")
-    parser.add_argument("--quick", action="store_true", help="CI: 32 px, batch 2, 3 steps, 2 rounds, one build order "
-                        "(the script proven to run, in half the time; its ratios are not the ones to quote)")
+    parser.add_argument("--model", choices=("resnet50", "cnn_smoke"), default="resnet50")
+    parser.add_argument("--quick", action="store_true", help="CI: cnn_smoke, 32 px, batch 2, 3 steps, 2 rounds, one "
+                        "build order (the script proven to run, in a fraction of the time; not the ratios to quote)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--references-first", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.quick:
-        args.image_size, args.batch_size, args.steps, args.rounds = 32, 2, 3, 2
+        args.model, args.image_size, args.batch_size, args.steps, args.rounds = "cnn_smoke", 32, 2, 3, 2
     return args
+
+
+def keras_model(tf, name: str, shape, classifier_activation):
+    from containerbench import bench
+
+    constructor = bench.cnn_smoke if name == "cnn_smoke" else tf.keras.applications.ResNet50
+    return constructor(weights=None, input_shape=shape, classes=1000, classifier_activation=classifier_activation)
 
 
 def bootstrap_median_ci(values: list[float], resamples: int = 2000, seed: int = 7) -> tuple[float, float]:
@@ -78,7 +86,8 @@ def worker(args) -> dict:
 
     from containerbench import bench
 
-    ours_args = bench.parse_args(["--image-size", str(args.image_size), "--batch-size", str(args.batch_size),
+    ours_args = bench.parse_args(["--model", args.model, "--image-size", str(args.image_size),
+                                  "--batch-size", str(args.batch_size),
                                   "--warmup-steps", "0", "--steps", str(args.steps)])
     bench.configure_devices(tf, bench.local_rank_hint(), 0)
     from containerbench.distribution import Horovod
@@ -105,7 +114,7 @@ def worker(args) -> dict:
         return sum(step_times) * (1 + outside)  # the loop's wall time
 
     # Horovod's tensorflow2_synthetic_benchmark.py method
-    ref_model = tf.keras.applications.ResNet50(weights=None, input_shape=shape)
+    ref_model = keras_model(tf, args.model, shape, "softmax")
     ref_opt = tf.optimizers.SGD(0.01 * hvd.size())
     ref_loss = tf.losses.SparseCategoricalCrossentropy()
     data = tf.random.uniform([args.batch_size, *shape])
@@ -128,7 +137,7 @@ def worker(args) -> dict:
 
     methods = {"ours": ours, "horovod": horovod}
     if hvd.size() == 1:
-        fit_model = tf.keras.applications.ResNet50(weights=None, input_shape=shape, classifier_activation=None)
+        fit_model = keras_model(tf, args.model, shape, None)
         fit_model.compile(optimizer=tf.keras.optimizers.SGD(0.01),
                           loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
         dataset = tf.data.Dataset.from_tensors(bench.input_source(tf, mode, ours_args, shape)[0]()).repeat()
@@ -206,8 +215,8 @@ def launch(args, ranks: int, references_first: bool) -> dict:
     """Run the worker on `ranks` ranks (mpirun, one core each, TCP over loopback as the default config)."""
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "OMPI_MCA_pml": "ob1", "OMPI_MCA_btl": "self,tcp",
            "OMPI_MCA_btl_tcp_if_include": "lo", "PYTHONPATH": str(ROOT / "src")}
-    argv = [sys.executable, __file__, "--worker", "--image-size", str(args.image_size), "--batch-size",
-            str(args.batch_size), "--steps", str(args.steps), "--rounds", str(args.rounds)]
+    argv = [sys.executable, __file__, "--worker", "--model", args.model, "--image-size", str(args.image_size),
+            "--batch-size", str(args.batch_size), "--steps", str(args.steps), "--rounds", str(args.rounds)]
     if references_first:
         argv.append("--references-first")
     mpirun = ["mpirun", "-np", str(ranks), "--bind-to", "core", "--map-by", "core"]
@@ -229,7 +238,7 @@ def main(argv=None) -> int:
         if result:
             print(RESULT_PREFIX + json.dumps(result), flush=True)
         return 0
-    print(f"ResNet-50, {args.image_size} px, batch {args.batch_size}/rank; ours and Horovod's method alternating "
+    print(f"{args.model}, {args.image_size} px, batch {args.batch_size}/rank; ours and Horovod's method alternating "
           f"over {args.rounds * args.steps} step pairs, ours and model.fit over {args.rounds} rounds of {args.steps} "
           "steps; images/s total, median (CV); ratios: median of the paired ratios")
     for ranks in args.ranks:

@@ -51,7 +51,8 @@ def sampler_cpu_percent(interval: float, seconds: float, directory: Path) -> flo
 
 def training_rate(bench_python: str, telemetry_dir: Path | None, args) -> float:
     command = ["mpirun", "--allow-run-as-root", "-np", "1", "--bind-to", "core", bench_python, "-m",
-               "containerbench.bench", "--image-size", str(args.image_size), "--batch-size", str(args.batch_size),
+               "containerbench.bench", "--model", args.model, "--image-size", str(args.image_size),
+               "--batch-size", str(args.batch_size),
                "--warmup-steps", "2", "--steps", str(args.steps)]
     if telemetry_dir:
         command += ["--telemetry-dir", str(telemetry_dir), "--telemetry-interval", "0.5"]
@@ -70,10 +71,13 @@ def main(argv=None) -> None:
     parser.add_argument("--image-size", type=int, default=64)
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--bench-python", default=str(ROOT / ".venv-bench" / "bin" / "python"))
-    parser.add_argument("--quick", action="store_true", help="CI: 3 s per interval, 1 round of 3 steps at 32 px")
+    parser.add_argument("--model", choices=("resnet50", "cnn_smoke"), default="resnet50")
+    parser.add_argument("--quick", action="store_true",
+                        help="CI: 3 s per interval, 1 round of 3 steps of cnn_smoke at 32 px (proves the script runs)")
     args = parser.parse_args(argv)
     if args.quick:
         args.seconds, args.rounds, args.steps, args.image_size, args.batch_size = 3, 1, 3, 32, 2
+        args.model = "cnn_smoke"
     with tempfile.TemporaryDirectory() as scratch:
         scratch = Path(scratch)
         print(f"sampler alone, {args.seconds:g} s, following one busy process:")
@@ -88,7 +92,8 @@ def main(argv=None) -> None:
             with_rates.append(rates[True])
             without_rates.append(rates[False])
             ratios.append(rates[True] / rates[False])
-    print(f"training, 1 rank, {args.image_size} px, batch {args.batch_size}, {args.steps} steps, {args.rounds} round(s):")
+    print(f"training {args.model}, 1 rank, {args.image_size} px, batch {args.batch_size}, {args.steps} steps, "
+          f"{args.rounds} round(s):")
     print(f"  with telemetry    {statistics.median(with_rates):8.2f} img/s (median)")
     print(f"  without           {statistics.median(without_rates):8.2f} img/s (median)")
     spread = f" (rounds {min(ratios):.3f}..{max(ratios):.3f})" if len(ratios) > 1 else ""
