@@ -183,9 +183,8 @@ class RunSpec:
         shape = f"{self.nodes}x{self.ranks_per_node}"
         batch = f"_b{self.batch_size}" if self.batch_size else ""
         # The defaults leave the id as it was: old results stay where a resumed sweep finds them.
-        variant = "".join(f"_{value}" for value, default in (
-            (self.framework, "tensorflow"), (self.mode, DEFAULT_MODE[self.framework]), (self.data, "synthetic"),
-            (self.mpi_model, "hybrid")) if value != default)
+        variant = "".join(f"_{value}" for value in (*variant_parts(self.framework, self.mode, self.data),
+                                                     *([self.mpi_model] if self.mpi_model != "hybrid" else [])))
         pinned = f"_on_{'+'.join(self.nodelist)}" if self.nodelist else ""  # a fleet's node or link
         return f"{self.kind}_{self.runtime}_{self.fabric}_{shape}{batch}{variant}{pinned}"
 
@@ -206,6 +205,13 @@ class RunSpec:
 
 # Each framework's modes: PyTorch trains with DistributedDataParallel, and alone (local) when modes has it.
 DEFAULT_MODE = {"tensorflow": "horovod", "pytorch": "ddp"}
+
+
+def variant_parts(framework: str, mode: str, data: str) -> list[str]:
+    """What sets a training point apart from the default benchmark (TensorFlow in its default mode,
+    synthetic data), in the order run ids and performance variables name it."""
+    return [value for value, default in ((framework, "tensorflow"), (mode, DEFAULT_MODE[framework]),
+                                         (data, "synthetic")) if value != default]
 
 
 def framework_modes(framework: str, modes: list[str]) -> list[str]:

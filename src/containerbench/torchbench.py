@@ -138,9 +138,10 @@ class HostClock:
 
 
 class CudaClock:
-    """GPU: CUDA events on the stream between the steps; the host reads step i (its time and loss)
-    once step i+1 is queued, so that the GPU never idles waiting on the host between steps, as in a
-    plain training loop (a per-step host read cost 6% at batch 256 on an H200)."""
+    """GPU: CUDA events on the stream around each step; the host reads step i (its time and loss)
+    once step i+1 is queued, so that the GPU need not drain between steps, as in a plain training
+    loop. (With a per-step .item() our loop ran at 0.92-0.95 of a plain one on an H200 at batch 256;
+    this clock is not yet measured there.)"""
     lag = 1
 
     def __init__(self, torch):

@@ -20,7 +20,7 @@ import jsonschema
 import pandas as pd
 import yaml
 
-from containerbench.config import DEFAULT_MODE, describe, load_schema, runtime_label
+from containerbench.config import DEFAULT_MODE, describe, load_schema, runtime_label, variant_parts
 from containerbench.records import load_records
 from containerbench.results import SERIES, runs_table, summary_table
 
@@ -77,8 +77,7 @@ def train_variable(point) -> str:
     framework = _given(getattr(point, "framework", None), "tensorflow")
     mode = _given(getattr(point, "mode", None), DEFAULT_MODE[framework])
     data = _given(getattr(point, "data", None), "synthetic")
-    variant = "".join(f"-{value}" for value, default in (
-        (framework, "tensorflow"), (mode, DEFAULT_MODE[framework]), (data, "synthetic")) if value != default)
+    variant = "".join(f"-{value}" for value in variant_parts(framework, mode, data))
     return (f"train/{point.model}-{int(point.image_size)}px-{point.precision}{variant}/{point.runtime}/{point.fabric}/"
             f"{nodes}x{ranks // nodes}/b{int(point.batch_size)}")
 
