@@ -13,11 +13,13 @@ import pytest
 from helpers import ROOT
 
 from containerbench import images, singularity
+from containerbench.config import BENCH_ENVS, MPI_FLAVOURS
 from containerbench.images import ImageSpec
 from containerbench.runtimes import DEFAULT_PATH, engine_env, engine_usable
 
 ENGINES_SCRIPT = ROOT / "scripts" / "container-engines.sh"
 TAG = "localhost/containerbench:0123456789abcdef"
+HOROVOD_STEP = "env HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=1 \\"
 CUDA = "nvcr.io/nvidia/cuda:12.2.2-cudnn8-devel-ubuntu22.04"
 
 
@@ -44,9 +46,32 @@ def test_definition_from_local_daemon_base():
     post = section(text, "%post")
     assert "export PATH=/opt/containerbench/venv/bin:$PATH" in post  # ENV also holds for later steps
     assert "HOROVOD_GPU_OPERATIONS=''" in post and "--no-binary" not in text
-    assert any(line.strip() == "--no-build-isolation horovod==0.28.1" for line in post)
+    assert any(line.strip() == "--no-build-isolation horovod==0.28.1; fi" for line in post)
+    horovod = [line.strip() for line in post].index(HOROVOD_STEP)
+    assert post[horovod - 1].strip() == '&& if [ -n "0.28.1" ]; then \\'  # ARGs expanded as Docker would
     assert section(text, "%labels") == ["org.containerbench.provenance 0123456789abcdef"]
     assert "envs/bench.lock.txt /opt/containerbench/bench.lock.txt" in section(text, "%files")
+
+
+def test_the_pytorch_flavour_is_the_same_definition_from_its_own_lock_without_horovod():
+    flavour_args = images.image_build_args(BENCH_ENVS["torch"], MPI_FLAVOURS["openmpi"])
+    assert flavour_args == {"LOCK": "envs/bench-torch.lock.txt", "WHEELHOUSE": "build/wheelhouse-torch",
+                            "HOROVOD_VERSION": ""}
+    text = definition(build_args=flavour_args)
+    post = section(text, "%post")
+    assert "HOROVOD_VERSION=''" in post  # the step's shell test skips Horovod
+    horovod = [line.strip() for line in post].index(HOROVOD_STEP)
+    assert post[horovod - 1].strip() == '&& if [ -n "" ]; then \\'
+    files = section(text, "%files")
+    assert "envs/bench-torch.lock.txt /opt/containerbench/bench.lock.txt" in files
+    assert "build/wheelhouse-torch /opt/containerbench/wheelhouse" in files
+    mpich = images.image_build_args(BENCH_ENVS["torch"], MPI_FLAVOURS["mpich"])
+    assert mpich == {"LOCK": "envs/bench-torch.lock.txt", "WHEELHOUSE": "build/wheelhouse-torch-mpich",
+                     "MPI_WHEELS": "mpich==5.0.2", "HOROVOD_VERSION": ""}
+    assert images.image_build_args(BENCH_ENVS["cpu"], MPI_FLAVOURS["openmpi"]) == {
+        "LOCK": "envs/bench.lock.txt", "WHEELHOUSE": "build/wheelhouse"}  # TensorFlow's as it was
+    assert images.flavour_tag(TAG, BENCH_ENVS["torch"], MPI_FLAVOURS["mpich"]) == f"{TAG}-torch-mpich"
+    assert images.flavour_tag(TAG, BENCH_ENVS["cpu"], MPI_FLAVOURS["openmpi"]) == TAG
 
 
 def test_definition_from_archive():
@@ -77,7 +102,7 @@ def test_definition_from_registry_with_site_arguments():
     post = section(text, "%post")
     assert "APT_PACKAGES='python3 python3-venv openmpi-bin'" in post
     assert "HOROVOD_GPU_OPERATIONS=NCCL \\" in post
-    assert "--no-binary=horovod --no-build-isolation horovod==0.28.1" in post  # GPU: compile the sdist
+    assert "--no-binary=horovod --no-build-isolation horovod==0.28.1; fi" in post  # GPU: compile the sdist
     assert "envs/gpu.lock.txt /opt/containerbench/bench.lock.txt" in section(text, "%files")
     assert "${" not in text
 
@@ -227,6 +252,8 @@ def test_dockerfile_and_context_rules():
     assert not re.search(r"^\s*(ENTRYPOINT|CMD)\b", dockerfile, re.M)
     ignore = (ROOT / ".dockerignore").read_text().split()
     assert {".git", ".venv*", "results", ".snakemake", "build/*", "!build/wheelhouse"} <= set(ignore)
+    # every flavour's wheelhouse is in the context (a missing one fails the build's COPY)
+    assert {f"!{flavour.wheelhouse(env)}" for env in BENCH_ENVS.values() for flavour in MPI_FLAVOURS.values()} <= set(ignore)
 
 
 def test_podman_conf_script(tmp_path):

@@ -138,20 +138,22 @@ def test_the_native_model_runs_the_mpich_flavour_of_the_built_image_beside_the_h
     # model. The built image has Open MPI: native runs take its MPICH flavour (tag ending in -mpich, the
     # `mpich` wheel in the venv), hybrid runs the image itself, side by side.
     config = {"runtimes": ["bare-metal", "sarus", "charliecloud"], "slurm": {"gpus_per_node": 0},
+              "benchmark": {"frameworks": ["tensorflow"]}, "benchmark_env": "cpu",
               "images": {"build": {"tag": TAG}, "sarus": {"mpi_model": ["hybrid", "native"]},
                          "charliecloud": {"mpi_model": "native"}}}
     artifacts = images.resolve_images(config, "/clone/build/images")
     assert config["images"]["sarus"]["image"] == "load/library/containerbench:0123456789abcdef"
     assert config["images"]["sarus"]["native_image"] == "load/library/containerbench:0123456789abcdef-mpich"
     assert config["images"]["charliecloud"]["native_image"] == "/clone/build/images/containerbench-0123456789abcdef-mpich.ch"
-    assert sorted(artifacts) == ["charliecloud (native)", "sarus", "sarus (native)"]
+    assert sorted(artifacts) == [("charliecloud", "native", "tensorflow"), ("sarus", "hybrid", "tensorflow"),
+                                 ("sarus", "native", "tensorflow")]
     assert runtime_for("sarus", config, "native").image.endswith("-mpich")
     assert runtime_for("sarus", config, "hybrid").image.endswith("abcdef")
 
 
 def test_a_native_model_that_cannot_use_the_built_image_names_the_key_to_set():
     # Shifter's gateway serves images from a registry (the hybrid model needs images.shifter.image too).
-    config = {"runtimes": ["bare-metal", "shifter"], "slurm": {"gpus_per_node": 0},
+    config = {"runtimes": ["bare-metal", "shifter"], "slurm": {"gpus_per_node": 0}, "benchmark": {"frameworks": ["tensorflow"]}, "benchmark_env": "cpu",
               "images": {"build": {"tag": TAG}, "shifter": {"image": "id:0123abcd", "mpi_model": ["hybrid", "native"]}}}
     with pytest.raises(ConfigError, match=r"^config: 'images.shifter.native_image' is missing; allowed: the image "):
         images.resolve_images(config, "/clone/build/images")
@@ -467,8 +469,10 @@ def test_the_native_example_runs_both_models_side_by_side_with_the_mpich_flavour
     root = Path(__file__).resolve().parents[1]
     config = cb_config.load([root / "config" / "config.yaml", root / "config" / "native.yaml"])
     sweep = prepare(config, root, probe=False)
-    assert sorted(sweep.image_files) == ["charliecloud", "charliecloud (native)", "podman", "podman (native)"]
-    assert sweep.image_files["podman (native)"].endswith("/build/images/podman-containerbench-latest-mpich.json")
+    assert sorted(sweep.image_files) == [(name, model, "tensorflow") for name in ("charliecloud", "podman")
+                                         for model in ("hybrid", "native")]
+    assert sweep.image_files[("podman", "native", "tensorflow")].endswith(
+        "/build/images/podman-containerbench-latest-mpich.json")
     native = sweep.plans["train_podman_tcp-loopback_1x2_b8_native_rep1"]
     assert native["argv"][:7] == ["mpiexec.mpich", "-pmi-port", "-n", "2", "-ppn", "2", "-bind-to"]
     assert "localhost/containerbench:latest-mpich" in native["argv"] and native["spec"]["mpi_model"] == "native"

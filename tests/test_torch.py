@@ -8,7 +8,7 @@ import random
 import subprocess
 
 import pytest
-from helpers import SMOKE_MODEL, run_and_parse, tiny_config
+from helpers import ROOT, SMOKE_MODEL, run_and_parse, tiny_config
 
 from containerbench import config as cb_config
 from containerbench import torchbench, torchdata
@@ -237,10 +237,7 @@ def test_the_modes_of_tensorflow_are_one_ddp_point_for_pytorch(tmp_path):
 @pytest.mark.parametrize("overrides, message", [
     ({"benchmark": {"model": "inception_v3"}},
      "config: 'benchmark.model' = 'inception_v3' has no PyTorch version here; allowed with frameworks pytorch: "
-     "resnet50, resnet101, resnet152, vgg16, cnn_smoke, or allowed: benchmark.frameworks [tensorflow]"),
-    ({"runtimes": ["bare-metal", "podman"]},
-     "config: 'benchmark.frameworks' has pytorch, which runs bare-metal only so far (no PyTorch image flavour yet), "
-     "but runtimes has podman"),
+     "resnet50, resnet101, resnet152, vgg16, cnn_smoke, or benchmark.frameworks [tensorflow]"),
     ({"benchmark": {"torch_backend": "nccl"}},
      "config: 'benchmark.torch_backend' = nccl needs GPUs, but slurm.gpus_per_node is 0; allowed: auto or gloo"),
 ])
@@ -250,6 +247,62 @@ def test_what_the_pytorch_side_cannot_run_is_refused_in_one_line(tmp_path, overr
     with pytest.raises(ConfigError) as refused:
         cb_config.check_runs(config, cb_config.plan_runs(config))  # as launch.prepare does before any run
     assert str(refused.value).startswith(message) and "\n" not in str(refused.value)
+
+
+def test_pytorch_in_a_container_runs_the_pytorch_flavour_of_the_built_image(tmp_path):
+    # One image flavour per framework (containers/Dockerfile with .venv-bench-torch's lock, no Horovod): its
+    # tag and files end in -torch (-torch-mpich for the native model), TensorFlow's keep their names.
+    from containerbench.config import ImageUse
+    from containerbench.launch import prepare
+
+    config = tiny_config(tmp_path, runtimes=["bare-metal", "podman", "charliecloud"],
+                         benchmark={"frameworks": ["tensorflow", "pytorch"]},
+                         images={"podman": {"mpi_model": ["hybrid", "native"]}})
+    sweep = prepare(config, ROOT, probe=False)
+    built = ROOT / "build" / "images"
+    assert sweep.image_files == {
+        ImageUse("podman", "hybrid", "tensorflow"): f"{built}/podman-containerbench-latest.json",
+        ImageUse("podman", "native", "tensorflow"): f"{built}/podman-containerbench-latest-mpich.json",
+        ImageUse("podman", "hybrid", "pytorch"): f"{built}/podman-containerbench-latest-torch.json",
+        ImageUse("podman", "native", "pytorch"): f"{built}/podman-containerbench-latest-torch-mpich.json",
+        ImageUse("charliecloud", "hybrid", "tensorflow"): f"{built}/containerbench-latest.ch",
+        ImageUse("charliecloud", "hybrid", "pytorch"): f"{built}/containerbench-latest-torch.ch"}
+    for run in sweep.runs:
+        argv, needs = sweep.plans[run.run_id]["argv"], sweep.inputs[run.run_id]
+        if run.runtime == "bare-metal":
+            assert "image" not in needs
+            continue
+        assert needs["image"] == sweep.image_files[ImageUse.of(run)]
+        image = {"podman": "localhost/containerbench:latest", "charliecloud": f"{built}/containerbench-latest.ch"}[
+            run.runtime].replace("latest", "latest" + "-torch" * (run.framework == "pytorch")
+                                 + "-mpich" * (run.mpi_model == "native"))
+        assert image in argv, (run.run_id, argv)
+        module = argv[argv.index("-m") + 1]
+        assert module == {"train": {"tensorflow": "containerbench.bench", "pytorch": "containerbench.torchbench"},
+                          "netbench": {"tensorflow": "containerbench.netbench",
+                                       "pytorch": "containerbench.netbench"}}[run.kind][run.framework]
+
+
+def test_a_site_pytorch_image_is_run_as_it_is_and_a_gpu_sweep_must_name_one(tmp_path):
+    from containerbench.config import ImageUse
+    from containerbench.images import check_bench_env, resolve_images
+
+    config = tiny_config(tmp_path, runtimes=["bare-metal", "podman"], benchmark={"frameworks": ["pytorch"]},
+                         images={"podman": {"torch_image": "localhost/site-pytorch:24.10"}})
+    assert resolve_images(config, tmp_path) == {}  # nothing to build: the site's image runs as it is
+    runs = [r for r in cb_config.plan_runs(config) if r.runtime == "podman"]
+    assert runs and all("localhost/site-pytorch:24.10" in plan(run, config)["argv"] for run in runs)
+    # A GPU sweep's PyTorch ranks need CUDA's torch; the built flavour has the CPU wheel of envs/bench-torch.lock.txt.
+    config = tiny_config(tmp_path, runtimes=["bare-metal", "podman"], benchmark={"frameworks": ["pytorch"]},
+                         slurm={"gpus_per_node": 1})
+    artifacts = resolve_images(config, tmp_path)
+    assert list(artifacts) == [ImageUse("podman", "hybrid", "pytorch")]
+    with pytest.raises(ConfigError) as refused:
+        check_bench_env(config, tmp_path, artifacts)
+    assert str(refused.value) == (
+        "config: 'images.podman.torch_image' is missing: a GPU sweep's PyTorch ranks need CUDA's torch, and the "
+        "image the workflow builds has the CPU one of envs/bench-torch.lock.txt; allowed: a site's CUDA PyTorch "
+        "image there (e.g. NGC's), or runtimes [bare-metal] for pytorch")
 
 
 def test_an_unknown_framework_is_refused_by_the_schema(tmp_path):

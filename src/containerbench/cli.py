@@ -340,10 +340,11 @@ def every_runtime(config: dict, repo: Path) -> str:
             one = copy.deepcopy(config)
             one["runtimes"] = [name]
             if name != "bare-metal":
-                settings = {key: value for key, value in (one["images"].get(name) or {}).items() if key != "image"}
+                settings = {key: value for key, value in (one["images"].get(name) or {}).items()
+                            if key not in cb_config.IMAGE_KEYS}
                 settings["mpi_model"] = model
                 if name == "shifter":  # its gateway serves images: a site's (MPICH-based for native)
-                    settings["image"] = SITE_IMAGE[name]
+                    settings["image"] = settings["torch_image"] = SITE_IMAGE[name]
                 one["images"][name] = settings
             title = f"{name} ({model})"
             try:
@@ -354,9 +355,10 @@ def every_runtime(config: dict, repo: Path) -> str:
             run_plan = sweep.plans[sweep.runs[0].run_id]
             build = one["images"]["build"]
             flavour = cb_config.MPI_FLAVOURS[cb_config.MODEL_FLAVOUR[model if model != "host" else "hybrid"]]
-            prepared = images.runtime_commands(build["engine"], flavour.tag(build["tag"]), "REGISTRY",
+            env = cb_config.bench_env(one, sweep.runs[0].framework)
+            prepared = images.runtime_commands(build["engine"], images.flavour_tag(build["tag"], env, flavour), "REGISTRY",
                                                repo / images.IMAGES, one["slurm"]["gpus_per_node"] > 0).get(name, [])
-            uses_built = cb_config.runtime_label(name, model) in sweep.image_files
+            uses_built = any(use[:2] == (name, model) for use in sweep.image_files)
             lines = [title, *(f"  prepare: {shlex.join(argv)}" for argv in (prepared if uses_built or name == "shifter" else []))]
             env = " ".join(f"{k}={v}" for k, v in sorted(run_plan["env"].items()))
             lines += [f"  env:  {env}", f"  argv: {shlex.join(run_plan['argv'])}"]

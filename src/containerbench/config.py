@@ -15,6 +15,7 @@ import itertools
 from dataclasses import asdict, dataclass
 from importlib import resources
 from pathlib import Path
+from typing import NamedTuple
 
 import jsonschema
 import yaml
@@ -233,6 +234,19 @@ def runtime_label(runtime: str, mpi_model: str | None) -> str:
     return f"{runtime} (native)" if mpi_model == "native" else runtime
 
 
+class ImageUse(NamedTuple):
+    """Who runs a built image: a container runtime, in an MPI model, for a framework's ranks (each
+    pair of MPI flavour and framework is an image of its own)."""
+
+    runtime: str
+    mpi_model: str = "hybrid"
+    framework: str = "tensorflow"
+
+    @classmethod
+    def of(cls, run: RunSpec) -> ImageUse:
+        return cls(run.runtime, run.mpi_model, run.framework)
+
+
 def plan_runs(config: dict) -> list[RunSpec]:
     """Every run of the sweep, repetition-major, so repetitions interleave the points. With
     `repetitions: auto`, every run a point may need (up to max_repetitions): the workflow asks for
@@ -262,22 +276,15 @@ def plan_runs(config: dict) -> list[RunSpec]:
 
 
 def check_frameworks(config: dict, runs: list[RunSpec]) -> None:
-    """What the PyTorch side cannot run yet, refused before any run."""
+    """What the PyTorch side cannot run, refused before any run."""
     bench = config["benchmark"]
     if "pytorch" not in bench["frameworks"]:
         return
     from containerbench.torchmodels import MODELS as TORCH_MODELS
 
-    allowed = "allowed: benchmark.frameworks [tensorflow]"
     if bench["model"] not in TORCH_MODELS:
         raise ConfigError(f"config: 'benchmark.model' = {bench['model']!r} has no PyTorch version here; allowed with "
-                          f"frameworks pytorch: {', '.join(TORCH_MODELS)}, or {allowed}")
-    torch_runs = [r for r in runs if r.framework == "pytorch"]
-    containers = sorted({r.runtime for r in torch_runs if r.runtime != "bare-metal"})
-    if containers:
-        raise ConfigError(f"config: 'benchmark.frameworks' has pytorch, which runs bare-metal only so far (no "
-                          f"PyTorch image flavour yet), but runtimes has {', '.join(containers)}; allowed with "
-                          f"frameworks pytorch: runtimes [bare-metal], or {allowed}")
+                          f"frameworks pytorch: {', '.join(TORCH_MODELS)}, or benchmark.frameworks [tensorflow]")
     if bench["torch_backend"] == "nccl" and config["slurm"]["gpus_per_node"] == 0:
         raise ConfigError("config: 'benchmark.torch_backend' = nccl needs GPUs, but slurm.gpus_per_node is 0; "
                           "allowed: auto or gloo, or slurm.gpus_per_node > 0")
@@ -322,21 +329,50 @@ SAMPLE_DIR = "build/data/imagenet-sample"
 @dataclass(frozen=True)
 class BenchEnv:
     """A benchmark environment: the one lock that the bare-metal venv (scripts/setup-venv.sh) and
-    the image (containers/Dockerfile) both install, so that their provenance hashes can match."""
+    the image (containers/Dockerfile) both install, so that their provenance hashes can match.
+    Each framework's image is a flavour of its own (tag and wheelhouse suffix): a PyTorch rank
+    needs neither TensorFlow nor Horovod, nor a TensorFlow rank torch's 750 MB."""
 
     name: str
-    pins: str  # the top-level pins, Horovod's version among them
+    pins: str  # the top-level pins, Horovod's version among them (TensorFlow)
     lock: str  # the full closure
     wheelhouse: str  # the image's offline wheels, with the Horovod wheel setup-venv.sh built
     horovod_gpu_operations: str  # "" = Horovod's CPU collectives (Gloo, MPI)
     venv: str  # where `make setup` / `make gpu-env` puts the bare-metal venv
+    framework: str = "tensorflow"
+    suffix: str = ""  # of the image's tag and files: the TensorFlow image keeps the names it had
+    horovod: bool = True  # the image compiles or installs Horovod (containers/Dockerfile HOROVOD_VERSION)
+    # Pins that PyPI serves only as a source distribution: built into wheels for the offline image.
+    sdist_only: tuple[str, ...] = ()
+
+    def tag(self, tag: str) -> str:
+        return tag + self.suffix
 
 
 BENCH_ENVS = {
     "cpu": BenchEnv("cpu", "envs/bench.txt", "envs/bench.lock.txt", "build/wheelhouse", "", ".venv-bench"),
     "gpu": BenchEnv("gpu", "envs/bench-gpu.txt", "envs/bench-gpu.lock.txt", "build/wheelhouse-gpu", "NCCL",
                     ".venv-bench-gpu"),
+    "torch": BenchEnv("torch", "envs/bench-torch.txt", "envs/bench-torch.lock.txt", "build/wheelhouse-torch", "",
+                      ".venv-bench-torch", framework="pytorch", suffix="-torch", horovod=False,
+                      sdist_only=("tfrecord",)),
 }
+
+
+def bench_env(config: dict, framework: str) -> BenchEnv:
+    """The environment `framework`'s ranks run, bare metal and in the image the workflow builds: TensorFlow's
+    is benchmark_env's (cpu or gpu); PyTorch's is envs/bench-torch.lock.txt (a GPU site gives its own image)."""
+    return BENCH_ENVS["torch"] if framework == "pytorch" else BENCH_ENVS[config["benchmark_env"]]
+
+
+def image_key(mpi_model: str, framework: str = "tensorflow") -> str:
+    """The key of images.<runtime> naming the image a run of this MPI model and framework runs:
+    image, native_image, torch_image, torch_native_image."""
+    return ("torch_" if framework == "pytorch" else "") + ("native_image" if mpi_model == "native" else "image")
+
+
+IMAGE_KEYS = tuple(image_key(model, framework) for framework in ("tensorflow", "pytorch")
+                   for model in ("hybrid", "native"))
 
 
 @dataclass(frozen=True)

@@ -553,9 +553,9 @@ class FleetJobs:
     def records(self) -> list[str]:
         return [record_path(log) for job in self.runs for log in self.logs(job)]
 
-    def images(self, image_files: dict[str, str]) -> list[str]:
-        """The built images the runs need (runtime label -> file, as the sweep has them)."""
-        from containerbench.config import runtime_label
+    def images(self, image_files: dict) -> list[str]:
+        """The built images the runs need (config.ImageUse -> file, as the sweep has them)."""
+        from containerbench.config import ImageUse
 
-        return sorted({image_files[label] for runs in self.runs.values() for spec in runs
-                       if (label := runtime_label(spec.runtime, spec.mpi_model)) in image_files})
+        return sorted({image_files[use] for runs in self.runs.values() for spec in runs
+                       if (use := ImageUse.of(spec)) in image_files})

@@ -25,6 +25,7 @@ here too (image_files, resolve_images), so the rules and the plans agree.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import re
@@ -44,7 +45,10 @@ from containerbench.config import (
     MPI_FLAVOURS,
     BenchEnv,
     ConfigError,
+    ImageUse,
     MpiFlavour,
+    bench_env,
+    image_key,
     mpi_models,
     runtime_label,
 )
@@ -190,11 +194,24 @@ def make_base(engine: str, tag: str = BASE_IMAGE, rootfs: Path = BUILD / "base" 
 
 # -- wheelhouse ------------------------------------------------------------------------------
 
-def horovod_version(root: Path = Path("."), env: BenchEnv = BENCH_ENVS["cpu"]) -> str:
+def horovod_version(root: Path = Path("."), env: BenchEnv = BENCH_ENVS["cpu"]) -> str | None:
+    """The Horovod the env's image installs; None for an env without Horovod (PyTorch's)."""
+    if not env.horovod:
+        return None
     match = re.search(r"^horovod==(\S+)", (root / env.pins).read_text(), re.M)
     if not match:
         raise ImageStepError(f"wheelhouse: no horovod==VERSION pin in {env.pins}")
     return match.group(1)
+
+
+def locked_pins(lock: Path, names) -> list[str]:
+    """NAME==VERSION of each of `names` in the lock (a name the lock lacks is an error)."""
+    pins = dict(re.findall(r"^([A-Za-z0-9_.-]+)==(\S+)", lock.read_text(), re.M))
+    pins = {name.lower().replace("_", "-"): version for name, version in pins.items()}
+    missing = [name for name in names if name.lower() not in pins]
+    if missing:
+        raise ImageStepError(f"wheelhouse: {lock} pins no {', '.join(missing)}")
+    return [f"{name}=={pins[name.lower()]}" for name in names]
 
 
 def platform_args(python_version: str = "3.11", glibc=GLIBC) -> list[str]:
@@ -209,8 +226,15 @@ def platform_args(python_version: str = "3.11", glibc=GLIBC) -> list[str]:
 
 
 def download_argv(python: Path, lock: Path, dest: Path, extra=(), python_version: str = "3.11") -> list[str]:
+    # --find-links: the wheels built here from source distributions (sdist_wheel_argv) satisfy their pins.
     return [str(python), "-m", "pip", "download", "--disable-pip-version-check", "--quiet", "--dest", str(dest),
-            *platform_args(python_version), "-r", str(lock), *extra]
+            "--find-links", str(dest), *platform_args(python_version), "-r", str(lock), *extra]
+
+
+def sdist_wheel_argv(python: Path, dest: Path, pins) -> list[str]:
+    """Pure-Python pins that PyPI serves only as sources, made wheels once (the image installs only wheels)."""
+    return [str(python), "-m", "pip", "wheel", "--disable-pip-version-check", "--quiet", "--no-deps",
+            "--wheel-dir", str(dest), *pins]
 
 
 def sdist_argv(python: Path, dest: Path, version: str) -> list[str]:
@@ -241,9 +265,15 @@ def make_wheelhouse(bench_python: Path = BENCH_PYTHON, dest: Path = WHEELHOUSE, 
     pins = build_tool_pins(bench_python)
     (dest / "build-tools.txt").write_text("\n".join(pins) + "\n")
     host_version = _bench_query(bench_python, "import sys; print('%d.%d' % sys.version_info[:2])")
+    sources = [pin for pin in locked_pins(root / env.lock, env.sdist_only)
+               if not any(dest.glob(f"{pin.replace('-', '_').replace('==', '-')}-*.whl"))]
+    if sources:
+        run_step("wheelhouse (wheels from sources)", sdist_wheel_argv(bench_python, dest, sources), timeout=timeout)
     run_step("wheelhouse (download)", download_argv(bench_python, root / env.lock, dest, pins,
                                                     python_version or host_version), timeout=timeout)
     version = horovod_version(root, env)
+    if version is None:
+        return sorted(p.name for p in dest.iterdir())
     abi = "cp" + host_version.replace(".", "")
     wheel = dest / f"horovod-{version}-{abi}-{abi}-linux_x86_64.whl"
     if env.horovod_gpu_operations and not wheel.exists():
@@ -284,7 +314,7 @@ def make_flavour_wheelhouse(flavour: MpiFlavour, bench_python: Path = BENCH_PYTH
              timeout=timeout)
     version, abi = horovod_version(root, env), "cp" + host_version.replace(".", "")
     wheel = dest / f"horovod-{version}-{abi}-{abi}-linux_x86_64.whl"
-    if not wheel.exists():
+    if version and not wheel.exists():  # PyTorch's image has no Horovod: the MPI wheel is all it adds
         prefix = root / BUILD / "mpi" / flavour.name / "prefix"
         run_step(f"wheelhouse ({flavour.name} prefix)",
                  [str(bench_python), "-m", "pip", "install", "--disable-pip-version-check", "--quiet", "--no-deps",
@@ -308,6 +338,14 @@ def host_provenance(bench_python: Path = BENCH_PYTHON) -> dict:
 def default_tag(bench_python: Path = BENCH_PYTHON) -> str:
     """Images are tagged with the benchmark's provenance hash: a stale image has another tag."""
     return f"{IMAGE_REPO}:{host_provenance(bench_python)['hash']}"
+
+
+def image_build_args(env: BenchEnv, flavour: MpiFlavour) -> dict[str, str]:
+    """containers/Dockerfile's build arguments for one flavour: the env's lock and wheelhouse, the MPI
+    wheels, and for an env without Horovod (PyTorch) an empty HOROVOD_VERSION, which skips it."""
+    return {"LOCK": env.lock, "WHEELHOUSE": flavour.wheelhouse(env),
+            **({"MPI_WHEELS": " ".join(flavour.wheels)} if flavour.wheels else {}),
+            **({} if env.horovod else {"HOROVOD_VERSION": ""})}
 
 
 def build_argv(spec: ImageSpec) -> list[str]:
@@ -477,10 +515,17 @@ def runtime_commands(engine: str, tag: str, registry: str = "REGISTRY", build_di
     return {**commands, "apptainer-def": [Apptainer.build_argv(image.file(".sif"), image.definition)]}
 
 
-def resolve_images(config: dict, build_dir: Path | str = IMAGES) -> dict[str, str]:
-    """Fill in images.<runtime>.image (hybrid model) and .native_image (native model: the MPICH
-    flavour) for runtimes that run the built image; return the runtime's label (config.runtime_label)
-    -> the file its runs depend on. An image the config names is run as it is and depends on nothing built."""
+def flavour_tag(tag: str, env: BenchEnv, flavour: MpiFlavour) -> str:
+    """The tag of one flavour of the built image: the framework's suffix, then the MPI flavour's
+    (localhost/containerbench:latest, ...:latest-mpich, ...:latest-torch, ...:latest-torch-mpich)."""
+    return flavour.tag(env.tag(tag))
+
+
+def resolve_images(config: dict, build_dir: Path | str = IMAGES) -> dict[ImageUse, str]:
+    """Fill in the image each runtime runs for each MPI model and framework of the sweep
+    (images.<runtime>.image, native_image: the MPICH flavour, torch_image, torch_native_image:
+    the PyTorch flavours) where the workflow builds it; return who runs a built image -> the file
+    their runs depend on. An image the config names is run as it is and depends on nothing built."""
     images = config["images"]
     tag, gpus = images["build"]["tag"], config["slurm"]["gpus_per_node"] > 0
     artifacts = {}
@@ -489,15 +534,16 @@ def resolve_images(config: dict, build_dir: Path | str = IMAGES) -> dict[str, st
             continue
         settings = images.setdefault(runtime, {})
         models = mpi_models(config, runtime)
-        for model in models:
-            key = "native_image" if model == "native" else "image"
-            if settings.get(key) or (models == ("native",) and settings.get("image")):
+        for framework, model in itertools.product(config["benchmark"]["frameworks"], models):
+            key, hybrid_key = image_key(model, framework), image_key("hybrid", framework)
+            if settings.get(key) or (models == ("native",) and settings.get(hybrid_key)):
                 continue  # a native-only runtime's `image` is its MPICH-ABI image
-            built = built_image(runtime, MPI_FLAVOURS[MODEL_FLAVOUR[model]].tag(tag), build_dir, gpus=gpus)
+            env, flavour = bench_env(config, framework), MPI_FLAVOURS[MODEL_FLAVOUR[model]]
+            built = built_image(runtime, flavour_tag(tag, env, flavour), build_dir, gpus=gpus)
             if built is None:
                 raise ConfigError(f"config: 'images.{runtime}.{key}' is missing; allowed: the image reference "
                                   f"{runtime} runs (the workflow cannot build a {runtime} image locally)")
-            settings[key], artifacts[runtime_label(runtime, model)] = built
+            settings[key], artifacts[ImageUse(runtime, model, framework)] = built
     return artifacts
 
 
@@ -524,20 +570,32 @@ def image_lock(runtime, timeout: float = QUERY_TIMEOUT_S) -> str:
                       "#   BENCH_LOCK=<this file> scripts/setup-venv.sh bench VENV", *horovod, *locked]) + "\n"
 
 
-def check_bench_env(config: dict, repo: Path | str, artifacts: dict[str, str] | None = None) -> None:
+def check_bench_env(config: dict, repo: Path | str, artifacts: dict[ImageUse, str] | None = None) -> None:
     """The GPU environment's image installs a Horovod wheel that only `make gpu-env` can build
     (it needs nvcc): say so before any job, instead of failing the build an hour in. Its MPICH
     flavour would need a second such wheel, compiled against MPICH: without NCCL operations the
-    native runs would average GPU gradients through the host, so they are refused."""
+    native runs would average GPU gradients through the host, so they are refused. The PyTorch
+    image is built from envs/bench-torch.lock.txt, whose torch is the CPU one: a GPU sweep names
+    its own."""
     env = BENCH_ENVS[config["benchmark_env"]]
-    native = sorted(label for label in artifacts or {} if label != runtime_label(label.split(" ")[0], "hybrid"))
+    uses = sorted(artifacts or {})
+    native = [use for use in uses if use.mpi_model == "native" and use.framework == "tensorflow"]
     if env.horovod_gpu_operations and native:
-        raise ConfigError(f"config: {native[0]} would run the MPICH flavour of the '{env.name}' image, whose "
+        label = runtime_label(native[0].runtime, "native")
+        raise ConfigError(f"config: {label} would run the MPICH flavour of the '{env.name}' image, whose "
                           f"Horovod the workflow can only build without {env.horovod_gpu_operations} operations; "
-                          f"allowed: images.{native[0].split(' ')[0]}.native_image naming a site's MPICH-based "
+                          f"allowed: images.{native[0].runtime}.native_image naming a site's MPICH-based "
                           "GPU image, or mpi_model hybrid")
+    torch = [use for use in uses if use.framework == "pytorch"]
+    if config["slurm"]["gpus_per_node"] > 0 and torch:
+        key = image_key(torch[0].mpi_model, "pytorch")
+        raise ConfigError(f"config: 'images.{torch[0].runtime}.{key}' is missing: a GPU sweep's PyTorch ranks need "
+                          f"CUDA's torch, and the image the workflow builds has the CPU one of "
+                          f"{BENCH_ENVS['torch'].lock}; allowed: a site's CUDA PyTorch image there (e.g. NGC's), "
+                          "or runtimes [bare-metal] for pytorch")
     wheels = Path(repo) / env.wheelhouse
-    if env.horovod_gpu_operations and not any(wheels.glob("horovod-*-linux_x86_64.whl")):
+    builds_tensorflow = any(use.framework == "tensorflow" for use in uses)
+    if env.horovod_gpu_operations and builds_tensorflow and not any(wheels.glob("horovod-*-linux_x86_64.whl")):
         raise ConfigError(f"config: 'benchmark_env' = '{env.name}' builds its image with the Horovod wheel that "
                           f"`make gpu-env` puts in {env.wheelhouse} ({env.horovod_gpu_operations} operations, "
                           f"compiled by CUDA 11.8's nvcc), and there is none; allowed: run `make gpu-env` "
@@ -563,6 +621,15 @@ def prepare_runtime(name: str, image: BuiltImage, timeout: float = DEFAULT_STEP_
 
 
 # -- command line ----------------------------------------------------------------------------
+
+def step_argv(python, engine: str, tag: str, bench_python, repo, env: BenchEnv,
+              flavour: MpiFlavour = MPI_FLAVOURS["openmpi"]) -> list[str]:
+    """The command line of this module for one flavour of the image, less the step (the workflow's rules)."""
+    argv = [str(python), "-m", "containerbench.images", "--engine", engine, "--tag", tag,
+            "--bench-python", str(bench_python), "--repo", str(repo), "--env", env.name]
+    return argv + (["--mpi", flavour.name] if flavour.wheels else [])
+
+
 
 def _build_args(pairs: list[str]) -> dict[str, str]:
     return dict(pair.split("=", 1) for pair in pairs)
@@ -632,7 +699,7 @@ def run(args: argparse.Namespace) -> str:
     """Do one step; return what it made, for the log."""
     timeout, repo, env, flavour = args.step_timeout, args.repo, BENCH_ENVS[args.env], MPI_FLAVOURS[args.mpi]
     needs_tag = args.step not in ("base", "wheelhouse", "charliecloud-nvidia")
-    tag = flavour.tag(args.tag or default_tag(args.bench_python)) if needs_tag else None
+    tag = flavour_tag(args.tag or default_tag(args.bench_python), env, flavour) if needs_tag else None
     if args.step == "base":
         done = make_base(args.engine, args.base_image, repo / "build" / "base" / "rootfs", args.mirror, args.force,
                          timeout)
@@ -648,8 +715,7 @@ def run(args: argparse.Namespace) -> str:
         _write(args.marker, "\n".join(names) + "\n")
         return "\n".join(names)
     if args.step == "build":
-        build_args = {"LOCK": env.lock, "WHEELHOUSE": flavour.wheelhouse(env),
-                      **({"MPI_WHEELS": " ".join(flavour.wheels)} if flavour.wheels else {}),
+        build_args = {**image_build_args(env, flavour),
                       **({"APT_PACKAGES": args.apt_packages} if args.apt_packages else {}), **_build_args(args.build_arg)}
         # apt packages at build time need the network; the default base needs nothing from outside.
         network = args.network or ("host" if args.apt_packages else "none")

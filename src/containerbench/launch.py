@@ -433,7 +433,7 @@ class Sweep:
 
     runs: list[RunSpec]
     plans: dict[str, dict]  # run id -> plan
-    image_files: dict[str, str] = field(default_factory=dict)  # runtime label -> the built file its runs need
+    image_files: dict[cb_config.ImageUse, str] = field(default_factory=dict)  # who runs a built image -> its file
     skipped: dict[str, str] = field(default_factory=dict)  # runtime -> why it cannot run here
     dataset_sample: str | None = None  # the sample directory to generate for real-data runs, if any
 
@@ -443,7 +443,7 @@ class Sweep:
         needs = {}
         for run in self.runs:
             needs[run.run_id] = {}
-            image = self.image_files.get(cb_config.runtime_label(run.runtime, run.mpi_model))
+            image = self.image_files.get(cb_config.ImageUse.of(run))
             if image:
                 needs[run.run_id]["image"] = image
             if self.dataset_sample and run.data == "real":
@@ -451,7 +451,7 @@ class Sweep:
         return needs
 
 
-def check_site_images(config: dict, built: dict[str, str]) -> None:
+def check_site_images(config: dict, built: dict[cb_config.ImageUse, str]) -> None:
     """An image the site supplies (not one the workflow builds) exists, or is pinned by digest."""
     for runtime in site_images(config, built):
         problem = runtime.site_image_problem()
@@ -459,13 +459,14 @@ def check_site_images(config: dict, built: dict[str, str]) -> None:
             raise cb_config.ConfigError(f"config: {problem}")
 
 
-def site_images(config: dict, built: dict[str, str]) -> list:
-    """The runtimes (one per MPI model) that run an image the site supplies."""
-    return [runtime_for(name, config, model) for name in config["runtimes"] if name != "bare-metal"
-            for model in cb_config.mpi_models(config, name) if cb_config.runtime_label(name, model) not in built]
+def site_images(config: dict, built: dict[cb_config.ImageUse, str]) -> list:
+    """The runtimes (one per MPI model and framework) that run an image the site supplies."""
+    uses = [cb_config.ImageUse(name, model, framework) for name in config["runtimes"] if name != "bare-metal"
+            for framework in config["benchmark"]["frameworks"] for model in cb_config.mpi_models(config, name)]
+    return [runtime_for(use.runtime, config, use.mpi_model, use.framework) for use in uses if use not in built]
 
 
-def site_image_files(config: dict, built: dict[str, str]) -> list[str]:
+def site_image_files(config: dict, built: dict[cb_config.ImageUse, str]) -> list[str]:
     """The image files the site supplies: the pre-flight check checks that the compute nodes see them."""
     return sorted({os.path.abspath(runtime.image) for runtime in site_images(config, built)
                    if runtime.image_is_file(runtime.image)})
@@ -483,8 +484,7 @@ def prepare(config: dict, repo: Path, *, probe: bool = True) -> Sweep:
             check_site_images(config, artifacts)
             if artifacts:
                 check_bench_env(config, repo, artifacts)
-        artifacts = {label: path for label, path in artifacts.items()
-                     if label.split(" ")[0] in config["runtimes"]}
+        artifacts = {use: path for use, path in artifacts.items() if use.runtime in config["runtimes"]}
         cb_config.check_dataset(config)
         sample = None
         if "real" in config["benchmark"]["data"] and not config["dataset"]["path"]:
@@ -769,6 +769,6 @@ def cost_summary(sweep: Sweep, config: dict, given_records=None) -> str:
 def one_node_jobs(sweep: Sweep, config: dict) -> int:
     """The jobs besides the runs that hold a node: the pre-flight check, and the image conversions of
     runtimes installed only on the compute nodes (images.smk runs those there)."""
-    converted_on_nodes = {path for label, path in sweep.image_files.items()
-                          if runtime_for(label.split(" ")[0], config).available == "compute-nodes"}
+    converted_on_nodes = {path for use, path in sweep.image_files.items()
+                          if runtime_for(use.runtime, config).available == "compute-nodes"}
     return 1 + len(converted_on_nodes)

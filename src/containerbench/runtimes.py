@@ -38,7 +38,7 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 
-from containerbench.config import ConfigError, mpi_models, runtime_label
+from containerbench.config import IMAGE_KEYS, ConfigError, ImageUse, image_key, mpi_models
 
 # Set by mpirun (Open MPI, MPICH Hydra) or srun for each rank; the MPI/PMI library in the image needs them.
 RANK_PREFIXES = ("OMPI_", "PMIX_", "PMI_", "SLURM_", "HYDRA_", "MPI_LOCALRANKID", "MPI_LOCALNRANKS")
@@ -890,7 +890,8 @@ RUNTIME_NAMES = ("bare-metal", *CONTAINER_RUNTIMES)
 def runtime_for(name: str, config: dict, mpi_model: str | None = None, framework: str = "tensorflow") -> Runtime:
     """The runtime called `name`, in `mpi_model` (default: its first); container runtimes read
     config["images"][name] = {image: ..., native_image: ..., options}. Bare metal runs the
-    framework's own venv (bare_metal.python, bare_metal.torch_python)."""
+    framework's own venv (bare_metal.python, bare_metal.torch_python), a container runtime the
+    framework's image (images.<name>.torch_image and torch_native_image for PyTorch)."""
     if name == "bare-metal":
         return BareMetal(config["bare_metal"]["torch_python" if framework == "pytorch" else "python"])
     if name not in CONTAINER_RUNTIMES:
@@ -899,9 +900,11 @@ def runtime_for(name: str, config: dict, mpi_model: str | None = None, framework
     launch_options = {key: options.pop(key) for key in LAUNCH_OPTIONS if key in options}
     models = launch_options.get("mpi_model", "hybrid")
     launch_options["mpi_model"] = model = mpi_model or (models[0] if isinstance(models, list) else models)
-    image, native_image = options.pop("image", None), options.pop("native_image", None)
-    key = "native_image" if model == "native" and (native_image or not image) else "image"
-    image = native_image or image if model == "native" else image
+    images = {key: options.pop(key) for key in IMAGE_KEYS if key in options}
+    key, native_key = image_key("hybrid", framework), image_key("native", framework)
+    if model == "native" and (images.get(native_key) or not images.get(key)):
+        key = native_key  # a native-only runtime's `image` is its MPICH-ABI image
+    image = images.get(key)
     if not isinstance(image, str) or not image:
         raise ValueError(f"runtime {name!r} needs an image reference: set images.{name}.{key} in the config")
     cls = CONTAINER_RUNTIMES[name]
@@ -940,7 +943,7 @@ def check_launchers(config: dict) -> None:
             runtime_for(name, config, model).check_launcher(config["launcher"]["kind"])
 
 
-def select_runtimes(config: dict, built: dict[str, str]) -> dict[str, str]:
+def select_runtimes(config: dict, built: dict[ImageUse, str]) -> dict[str, str]:
     """Probe each container runtime (and, for those that run the built image, the build engine);
     apply runtime_policy. Return {skipped runtime: reason}.
 
@@ -956,7 +959,7 @@ def select_runtimes(config: dict, built: dict[str, str]) -> dict[str, str]:
         if runtime.available == "compute-nodes":
             continue  # the pre-flight check probes it where it runs (containerbench.preflight)
         ok, reason = runtime.usable()
-        runs_built = any(runtime_label(name, model) in built for model in mpi_models(config, name))
+        runs_built = any(use.runtime == name for use in built)
         if ok and runs_built and not build_ok:
             ok, reason = False, f"the image cannot be built here: {build_reason}"
         if not ok:

@@ -37,9 +37,11 @@ PLANS = SWEEP.plans
 RESULTS = config["results_dir"]
 PYTHON = sys.executable  # the workflow's interpreter, with this package installed
 CB = shlex.join([PYTHON, "-m", "containerbench"])
-BENCH_PYTHON = Path(config["bare_metal"]["python"])
-if not BENCH_PYTHON.is_absolute() and (REPO / BENCH_PYTHON).exists():
-    BENCH_PYTHON = REPO / BENCH_PYTHON
+# Each framework's bare-metal interpreter; one given relative to the clone (.venv-bench/bin/python) is the clone's.
+FRAMEWORK_PYTHON = {framework: REPO / path if not path.is_absolute() and (REPO / path).exists() else path
+                    for framework, path in (("tensorflow", Path(config["bare_metal"]["python"])),
+                                            ("pytorch", Path(config["bare_metal"]["torch_python"])))}
+BENCH_PYTHON = FRAMEWORK_PYTHON["tensorflow"]
 SLURM_RESOURCES = slurm.job_resources(config["slurm"])
 # The results store outlives every run: beside results_dir, not in it, so a fresh results_dir or
 # `make clean-results` keeps it.

@@ -2,10 +2,11 @@
 # Only the artifacts some selected runtime needs are built (SWEEP.image_files). Each
 # step is `python -m containerbench.images <step>`, which builds every command as an
 # argv list and stops at images.step_timeout_s; the rules only name files.
+import itertools
+
 from containerbench import images as cb_images
 
 BUILD = config["images"]["build"]
-BENCH_ENV = cb_config.BENCH_ENVS[config["benchmark_env"]]  # its lock and wheelhouse, bare metal and image
 ENGINE = BUILD["engine"]
 TAG = BUILD["tag"]
 # The image belongs to the repository (its build context, its build/ cache), not to
@@ -14,9 +15,6 @@ IMAGES_DIR = REPO / cb_images.IMAGES
 IMAGE_LOGS = REPO / "build" / "logs" / "images"
 PACKAGE_SOURCES = sorted(str(p) for p in (REPO / "src" / "containerbench").rglob("*.py"))
 GPU_RUNS = config["slurm"]["gpus_per_node"] > 0
-# The image step's command line, shell-quoted word by word; each rule adds its step and files.
-IMAGE_STEPS = shlex.join([PYTHON, "-m", "containerbench.images", "--engine", ENGINE, "--tag", TAG,
-                          "--bench-python", str(BENCH_PYTHON), "--repo", str(REPO), "--env", BENCH_ENV.name])
 # Each image step has a time limit. It is a resource, not a param: raising it must not rebuild
 # an image that was built in time.
 IMAGE_STEP = {"step_timeout_s": config["images"]["step_timeout_s"]}
@@ -31,7 +29,7 @@ rule image_base:
     log:
         IMAGE_LOGS / "base.txt",
     params:
-        images=IMAGE_STEPS,
+        images=shlex.join(cb_images.step_argv(PYTHON, ENGINE, TAG, BENCH_PYTHON, REPO, cb_config.BENCH_ENVS[config["benchmark_env"]])),
     localrule: True
     priority: BEFORE_ANY_MEASUREMENT
     resources:
@@ -41,14 +39,19 @@ rule image_base:
         "base --marker {output:q} > {log:q} 2>&1"
 
 
-# Everything below is made once per MPI flavour of the image that the sweep's MPI models run
-# (config.MODEL_FLAVOUR): the base's Open MPI for hybrid, the MPICH flavour (tag and wheelhouse
-# ending in -mpich, rules in _mpich) for native. Only what some run needs is built.
-for FLAVOUR in cb_config.MPI_FLAVOURS.values():
-    S = FLAVOUR.suffix.replace("-", "_")  # the rules' names: image_build, image_build_mpich, ...
-    FILES = cb_images.image_files(FLAVOUR.tag(TAG), IMAGES_DIR, gpus=GPU_RUNS)
-    STEPS = f"{IMAGE_STEPS} --mpi {FLAVOUR.name}" if FLAVOUR.wheels else IMAGE_STEPS
-    LOGS = IMAGE_LOGS / FLAVOUR.name if FLAVOUR.wheels else IMAGE_LOGS
+# Everything below is made once per flavour of the image that the sweep's runs need: per framework
+# (config.bench_env: benchmark_env's TensorFlow environment; PyTorch's, tag and files ending in -torch,
+# rules in _torch) and per MPI model (config.MODEL_FLAVOUR: the base's Open MPI for hybrid, the MPICH
+# flavour, -mpich and _mpich, for native). Only what some run needs is built.
+for BENCH_ENV, FLAVOUR in itertools.product(
+        [cb_config.bench_env(config, framework) for framework in config["benchmark"]["frameworks"]],
+        cb_config.MPI_FLAVOURS.values()):
+    SUFFIX = BENCH_ENV.suffix + FLAVOUR.suffix
+    S = SUFFIX.replace("-", "_")  # the rules' names: image_build, image_build_mpich, image_build_torch, ...
+    E = BENCH_ENV.suffix.replace("-", "_")  # the rules of the framework's Open MPI flavour
+    FILES = cb_images.image_files(cb_images.flavour_tag(TAG, BENCH_ENV, FLAVOUR), IMAGES_DIR, gpus=GPU_RUNS)
+    STEPS = shlex.join(cb_images.step_argv(PYTHON, ENGINE, TAG, FRAMEWORK_PYTHON[BENCH_ENV.framework], REPO, BENCH_ENV, FLAVOUR))
+    LOGS = IMAGE_LOGS / SUFFIX.lstrip("-") if SUFFIX else IMAGE_LOGS
 
     # The pinned benchmark packages as wheels, so the image builds with its network off. The
     # wheelhouse (build/wheelhouse) is a cache that `make setup` fills too, with the Horovod wheel
@@ -61,7 +64,7 @@ for FLAVOUR in cb_config.MPI_FLAVOURS.values():
         input:
             REPO / BENCH_ENV.lock,
             REPO / BENCH_ENV.pins,
-            rules.image_wheelhouse.output if FLAVOUR.wheels else [],
+            getattr(rules, f"image_wheelhouse{E}").output if FLAVOUR.wheels else [],
         output:
             IMAGES_DIR / f"wheelhouse.{BENCH_ENV.name}{FLAVOUR.suffix}.done",
         log:
@@ -210,17 +213,16 @@ for FLAVOUR in cb_config.MPI_FLAVOURS.values():
         params:
             repo=REPO,
             python=PYTHON,
-            bench_python=BENCH_PYTHON,
+            bench_python=FRAMEWORK_PYTHON[BENCH_ENV.framework],
             base=BUILD["base_image"] or cb_images.BASE_IMAGE,
-            lock=BENCH_ENV.lock,
-            wheelhouse=FLAVOUR.wheelhouse(BENCH_ENV),
-            mpi=shlex.join(["--build-arg", f"MPI_WHEELS={' '.join(FLAVOUR.wheels)}"]) if FLAVOUR.wheels else "",
+            flavour=shlex.join(word for name, value in cb_images.image_build_args(BENCH_ENV, FLAVOUR).items()
+                               for word in ("--build-arg", f"{name}={value}")),
         localrule: True
         priority: BEFORE_ANY_MEASUREMENT
         shell:
             "{params.python:q} -m containerbench.singularity --dockerfile {input:q} --context {params.repo:q} "
-            "--build-arg BASE_IMAGE={params.base:q} --build-arg LOCK={params.lock:q} "
-            "--build-arg WHEELHOUSE={params.wheelhouse:q} {params.mpi} --bench-python {params.bench_python:q} --out {output:q} > {log:q} 2>&1"
+            "--build-arg BASE_IMAGE={params.base:q} {params.flavour} "
+            "--bench-python {params.bench_python:q} --out {output:q} > {log:q} 2>&1"
 
 
     # Runtimes that make their artifact from the archive or the engine's store with their own

@@ -1,0 +1,95 @@
+"""Both frameworks in the container runtimes: `benchmark.frameworks: [tensorflow, pytorch]` runs
+TensorFlow + Horovod and PyTorch DDP bare metal, in podman and in Charliecloud, each framework from
+its own flavour of containers/Dockerfile (PyTorch's: the lock of .venv-bench-torch, no Horovod, tag
+ending in -torch). The records prove one benchmark per framework across runtimes (one provenance
+hash each), and the loss trajectories of every container run follow bare metal's."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+from helpers import ROOT, SMOKE_MODEL, TINY
+
+from containerbench.processes import run_group
+
+# From scratch the fixture builds the PyTorch flavour (wheelhouse, podman build, ch-convert); TensorFlow's
+# image is the one test_containers built in the same session (the same tag and files).
+pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.containers, pytest.mark.timeout(2400)]
+SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
+RUNTIMES = ["bare-metal", "podman", "charliecloud"]
+FRAMEWORKS = ["tensorflow", "pytorch"]
+
+
+def framework(record: dict) -> str:
+    return record["spec"].get("framework", "tensorflow")  # a TensorFlow record keeps the shape it had
+
+
+@pytest.fixture(scope="module")
+def framework_run(container_engines, tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("frameworks")
+    # One repetition of 2 ranks per point, the smoke network: what is proven is the identity of each
+    # framework's benchmark across runtimes (test_containers explains the raised telemetry limits).
+    config = {**TINY, "runtimes": RUNTIMES, "runtime_policy": "require", "results_dir": str(workdir / "results"),
+              "benchmark": {**TINY["benchmark"], "model": SMOKE_MODEL, "repetitions": 1, "frameworks": FRAMEWORKS},
+              "telemetry": {"disturbed_cpu_share": 0.3, "max_steal_share": 0.3},
+              "scaling": {"nodes": [1], "ranks_per_node": [2]},
+              "history": {"store": str(workdir / "history.sqlite")}}
+    (workdir / "frameworks.yaml").write_text(yaml.safe_dump(config))
+    done = run_group(
+        [SNAKEMAKE, "--snakefile", str(ROOT / "Snakefile"), "--directory", str(ROOT), "--profile",
+         str(ROOT / "profiles" / "local"), "--configfile", str(ROOT / "config" / "config.yaml"),
+         str(workdir / "frameworks.yaml")],
+        timeout=2100, env=container_engines)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    return workdir / "results"
+
+
+def test_each_framework_ran_one_benchmark_in_every_runtime(framework_run):
+    records = [json.loads(p.read_text()) for p in (framework_run / "runs").glob("*.json")]
+    ran = sorted((r["kind"], framework(r), r["spec"]["runtime"]) for r in records)
+    assert ran == sorted((kind, name, runtime) for kind in ("train", "netbench") for name in FRAMEWORKS
+                         for runtime in RUNTIMES)
+    for record in records:
+        assert record["status"] == "ok", (record["run_id"], record["reasons"], record.get("evidence"))
+        if record["kind"] == "train":
+            assert record["result"]["weights_identical"] is True
+    hashes = {name: {r["result"]["provenance"]["hash"] for r in records if framework(r) == name} for name in FRAMEWORKS}
+    assert all(len(found) == 1 for found in hashes.values()), hashes  # bare metal, podman, Charliecloud: one each
+    assert hashes["tensorflow"] != hashes["pytorch"]
+    for record in records:
+        packages = record["result"]["provenance"]["packages"]
+        if framework(record) == "pytorch":
+            assert "torch" in packages and "tensorflow-cpu" not in packages and "horovod" not in packages
+            if record["spec"]["runtime"] != "bare-metal":  # the PyTorch flavour of the built image
+                assert record["image"].endswith(("containerbench:latest-torch", "containerbench-latest-torch.ch"))
+        else:
+            assert "horovod" in packages and "torch" not in packages
+            if record["spec"]["runtime"] != "bare-metal":
+                assert record["image"].endswith(("containerbench:latest", "containerbench-latest.ch"))
+
+
+def test_every_container_run_follows_bare_metals_loss_trajectory(framework_run):
+    trajectories = pd.read_csv(framework_run / "trajectories.csv")
+    checked = {(row["framework"], row["runtime"]): row["loss_trajectory"] for row in trajectories.to_dict("records")}
+    assert sorted(checked) == sorted((name, runtime) for name in FRAMEWORKS for runtime in RUNTIMES[1:])
+    for point, verdict in checked.items():
+        assert verdict.startswith("same as bare metal within 2% ("), (point, verdict)
+    overhead = pd.read_csv(framework_run / "overhead.csv")
+    assert sorted(zip(overhead["framework"], overhead["runtime"])) == sorted(checked)
+    assert overhead["loss_trajectory"].str.startswith("same as bare metal").all()
+
+
+def test_the_report_compares_the_frameworks_and_plots_their_loss(framework_run):
+    frameworks = pd.read_csv(framework_run / "frameworks.csv")
+    assert set(frameworks["runtime"]) == set(RUNTIMES)  # PyTorch against TensorFlow at each runtime's point
+    assert frameworks["ratio_to_tensorflow_of_means"].notna().all()
+    losses = pd.read_csv(framework_run / "losses.csv")
+    assert {(name, runtime) for name, runtime in zip(losses["framework"], losses["runtime"])} == {
+        (name, runtime) for name in FRAMEWORKS for runtime in RUNTIMES}
+    report = (framework_run / "report.html").read_text()
+    assert 'alt="training loss against step per runtime"' in report
