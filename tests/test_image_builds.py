@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from helpers import BENCH_PYTHON, ROOT, ch_run_argv, exported, run_and_parse, tiny_config
+from helpers import BENCH_PYTHON, ROOT, SMOKE_MODEL, ch_run_argv, exported, run_and_parse, tiny_config
 
 from containerbench import config as cb_config
 from containerbench import images
@@ -139,7 +139,7 @@ def test_a_container_run_that_ran_on_the_host_is_invalid(podman_image, tmp_path,
     image_dir = images.charliecloud_image("podman", podman_image["tag"])
     config = tiny_config(tmp_path, runtimes=["charliecloud"], images={"charliecloud": {"image": str(image_dir)}},
                          scaling={"nodes": [1], "ranks_per_node": [1]}, netbench={"enabled": False},
-                         benchmark={"repetitions": 1})
+                         benchmark={"repetitions": 1, "model": SMOKE_MODEL})  # where it ran, not what it trained
     [run] = cb_config.plan_runs(config)
     genuine_dir, broken_dir, shim_dir = tmp_path / "genuine", tmp_path / "broken", tmp_path / "shim"
     for directory in (genuine_dir, broken_dir, shim_dir):
@@ -204,7 +204,7 @@ def test_a_bare_metal_venv_one_package_apart_is_not_compared(podman_image, other
     config = tiny_config(tmp_path, runtimes=["bare-metal", "podman"], runtime_policy="require",
                          bare_metal={"python": str(python)}, images={"podman": {"image": podman_image["tag"]}},
                          scaling={"nodes": [1], "ranks_per_node": [1]}, netbench={"enabled": False},
-                         benchmark={"repetitions": 1})
+                         benchmark={"repetitions": 1, "model": SMOKE_MODEL})
     runs = tmp_path / "runs"
     runs.mkdir()
     records = {spec.runtime: record for spec, record in run_and_parse(cb_config.plan_runs(config), config, runs)}

@@ -10,7 +10,7 @@ import shlex
 import pandas as pd
 import pytest
 import yaml
-from helpers import ROOT, TINY, recorded_records, snakemake
+from helpers import ROOT, SMOKE_MODEL, TINY, recorded_records, snakemake
 
 from containerbench import cli, datasets, history, images, singularity
 from containerbench import fleet as fleet_module
@@ -305,9 +305,10 @@ def measured(results) -> dict[str, list[int]]:
 
 @pytest.mark.slow
 def test_auto_repetitions_add_rounds_until_the_target_or_the_most_without_measuring_a_run_twice(tmp_path):
-    # Two cheap points (1 rank, two batch sizes), so that the rounds have runs to interleave.
+    # Two cheap points (1 rank, two batch sizes, the smoke network), so that the rounds have runs to interleave.
     auto = {**TINY, "scaling": {"nodes": [1], "ranks_per_node": [1]}, "netbench": {"enabled": False},
-            "benchmark": {**TINY["benchmark"], "batch_sizes": [2, 4], "repetitions": "auto", "target_ci_percent": 50,
+            "benchmark": {**TINY["benchmark"], "model": SMOKE_MODEL, "batch_sizes": [2, 4], "repetitions": "auto",
+                          "target_ci_percent": 50,
                           "min_repetitions": 2, "max_repetitions": 3}}
     (tmp_path / "auto.yaml").write_text(yaml.safe_dump(auto))
     configs = ["--configfile", str(ROOT / "config" / "config.yaml"), str(tmp_path / "auto.yaml")]
