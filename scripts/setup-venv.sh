@@ -70,7 +70,7 @@ case "$side" in
         echo "setup-venv: building horovod $horovod_version against TensorFlow (2-5 minutes; with NCCL more)" >&2
         mkdir -p "$wheelhouse"
         env "${gpu_build[@]}" HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 \
-        HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=${HOROVOD_WITH_MPI:-1} MAKEFLAGS=${MAKEFLAGS:--j$(nproc)} \
+        HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=${HOROVOD_WITH_MPI:-1} MAKEFLAGS="-j$(nproc)" \
           "$venv/bin/python" -m pip wheel --quiet --no-cache-dir --no-deps --no-build-isolation \
             "horovod==$horovod_version" -w "$wheelhouse"
       fi

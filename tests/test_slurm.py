@@ -23,7 +23,7 @@ from containerbench.launch import plan
 from containerbench.processes import run_group
 from containerbench.records import parse_log
 
-# the first test waits for the cluster, the image check and a 12-run workflow
+# the first test waits for the cluster, the image check and an 8-run workflow
 pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.slurm, pytest.mark.netns, pytest.mark.containers,
               pytest.mark.timeout(2700)]
 CLUSTER = SLURM_CLUSTER

@@ -8,7 +8,7 @@ import random
 import subprocess
 
 import pytest
-from helpers import ROOT, SMOKE_MODEL, run_and_parse, tiny_config
+from helpers import ROOT, SMOKE_MODEL, TINY, run_and_parse, tiny_config
 
 from containerbench import config as cb_config
 from containerbench import torchbench, torchdata
@@ -287,11 +287,18 @@ def test_a_site_pytorch_image_is_run_as_it_is_and_a_gpu_sweep_must_name_one(tmp_
     from containerbench.config import ImageUse
     from containerbench.images import check_bench_env, resolve_images
 
+    from containerbench.launch import prepare
+
     config = tiny_config(tmp_path, runtimes=["bare-metal", "podman"], benchmark={"frameworks": ["pytorch"]},
                          images={"podman": {"torch_image": "localhost/site-pytorch:24.10"}})
-    assert resolve_images(config, tmp_path) == {}  # nothing to build: the site's image runs as it is
-    runs = [r for r in cb_config.plan_runs(config) if r.runtime == "podman"]
-    assert runs and all("localhost/site-pytorch:24.10" in plan(run, config)["argv"] for run in runs)
+    sweep = prepare(config, ROOT, probe=False)  # a PyTorch-only sweep: no TensorFlow image is asked for
+    assert sweep.image_files == {}  # nothing to build: the site's image runs as it is
+    podman = [run for run in sweep.runs if run.runtime == "podman"]
+    assert podman and all("localhost/site-pytorch:24.10" in sweep.plans[run.run_id]["argv"] for run in podman)
+    bare = [run for run in sweep.runs if run.runtime == "bare-metal"]
+    assert all(sweep.plans[run.run_id]["argv"].count(TINY["bare_metal"]["torch_python"]) for run in bare)
+    config = tiny_config(tmp_path, runtimes=["bare-metal", "podman"], benchmark={"frameworks": ["pytorch"]})
+    assert list(prepare(config, ROOT, probe=False).image_files) == [ImageUse("podman", "hybrid", "pytorch")]
     # A GPU sweep's PyTorch ranks need CUDA's torch; the built flavour has the CPU wheel of envs/bench-torch.lock.txt.
     config = tiny_config(tmp_path, runtimes=["bare-metal", "podman"], benchmark={"frameworks": ["pytorch"]},
                          slurm={"gpus_per_node": 1})

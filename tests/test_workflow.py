@@ -93,7 +93,7 @@ def test_a_site_runtime_missing_here_stops_the_workflow(tmp_path):
     assert done.returncode == 1
     errors = [line for line in done.stderr.splitlines() if line.startswith("containerbench:")]
     assert errors == ["containerbench: config: runtime 'enroot' cannot run here: enroot is not installed "
-                      "(not on PATH); allowed: install it, give images.<runtime>.image, or set "
+                      "(not on PATH); allowed: install it, give images.<runtime>.image (and torch_image), or set "
                       "runtime_policy: skip-unusable"]
 
 

@@ -86,6 +86,9 @@ DEFAULT_STEP_TIMEOUT_S = 3600
 QUERY_TIMEOUT_S = 300
 HOROVOD_FLAGS = {"HOROVOD_WITH_TENSORFLOW": "1", "HOROVOD_WITH_GLOO": "1", "HOROVOD_WITH_MPI": "1",
                  "HOROVOD_WITHOUT_PYTORCH": "1", "HOROVOD_WITHOUT_MXNET": "1"}
+# Horovod's compile, on every core; not the caller's MAKEFLAGS: under `make VAR=value` it carries
+# the variables too (" -- VAR=value"), which the inner build must not see.
+HOROVOD_MAKEFLAGS = f"-j{os.cpu_count()}"
 BUILD_TOOLS = ("pip", "setuptools", "wheel")  # tensorflow and astunparse depend on them: they enter the hash
 
 
@@ -206,12 +209,14 @@ def horovod_version(root: Path = Path("."), env: BenchEnv = BENCH_ENVS["cpu"]) -
 
 def locked_pins(lock: Path, names) -> list[str]:
     """NAME==VERSION of each of `names` in the lock (a name the lock lacks is an error)."""
-    pins = dict(re.findall(r"^([A-Za-z0-9_.-]+)==(\S+)", lock.read_text(), re.M))
-    pins = {name.lower().replace("_", "-"): version for name, version in pins.items()}
-    missing = [name for name in names if name.lower() not in pins]
+    def normal(name: str) -> str:  # PEP 503
+        return re.sub(r"[-_.]+", "-", name).lower()
+
+    pins = {normal(name): version for name, version in re.findall(r"^([A-Za-z0-9_.-]+)==(\S+)", lock.read_text(), re.M)}
+    missing = [name for name in names if normal(name) not in pins]
     if missing:
         raise ImageStepError(f"wheelhouse: {lock} pins no {', '.join(missing)}")
-    return [f"{name}=={pins[name.lower()]}" for name in names]
+    return [f"{name}=={pins[normal(name)]}" for name in names]
 
 
 def platform_args(python_version: str = "3.11", glibc=GLIBC) -> list[str]:
@@ -285,7 +290,7 @@ def make_wheelhouse(bench_python: Path = BENCH_PYTHON, dest: Path = WHEELHOUSE, 
     if not sdist.exists():
         run_step("wheelhouse (horovod sdist)", sdist_argv(bench_python, dest, version), timeout=timeout)
     if not wheel.exists():  # 3-5 minutes; links the host's Debian Open MPI, which the base also has
-        env = {**os.environ, **HOROVOD_FLAGS, "MAKEFLAGS": os.environ.get("MAKEFLAGS", f"-j{os.cpu_count()}")}
+        env = {**os.environ, **HOROVOD_FLAGS, "MAKEFLAGS": HOROVOD_MAKEFLAGS}
         run_step("wheelhouse (horovod wheel)", horovod_wheel_argv(bench_python, sdist, dest), env=env,
                  timeout=timeout)
     return sorted(p.name for p in dest.iterdir())
@@ -320,7 +325,7 @@ def make_flavour_wheelhouse(flavour: MpiFlavour, bench_python: Path = BENCH_PYTH
                  [str(bench_python), "-m", "pip", "install", "--disable-pip-version-check", "--quiet", "--no-deps",
                   "--no-index", "--find-links", str(dest), "--prefix", str(prefix), *flavour.wheels], timeout=timeout)
         build_env = {**os.environ, **HOROVOD_FLAGS, "PATH": f"{prefix.absolute() / 'bin'}:{os.environ['PATH']}",
-                     "MAKEFLAGS": os.environ.get("MAKEFLAGS", f"-j{os.cpu_count()}")}
+                     "MAKEFLAGS": HOROVOD_MAKEFLAGS}
         run_step(f"wheelhouse (horovod wheel, {flavour.name})",
                  horovod_wheel_argv(bench_python, dest / f"horovod-{version}.tar.gz", dest), env=build_env,
                  timeout=timeout)

@@ -887,11 +887,13 @@ CONTAINER_RUNTIMES = {"docker": Docker, "podman": Podman, "apptainer": Apptainer
 RUNTIME_NAMES = ("bare-metal", *CONTAINER_RUNTIMES)
 
 
-def runtime_for(name: str, config: dict, mpi_model: str | None = None, framework: str = "tensorflow") -> Runtime:
+def runtime_for(name: str, config: dict, mpi_model: str | None = None, framework: str | None = None) -> Runtime:
     """The runtime called `name`, in `mpi_model` (default: its first); container runtimes read
     config["images"][name] = {image: ..., native_image: ..., options}. Bare metal runs the
     framework's own venv (bare_metal.python, bare_metal.torch_python), a container runtime the
-    framework's image (images.<name>.torch_image and torch_native_image for PyTorch)."""
+    framework's image (images.<name>.torch_image and torch_native_image for PyTorch). Without a
+    framework: the sweep's first (what probes and launcher checks need is the same in each)."""
+    framework = framework or ((config.get("benchmark") or {}).get("frameworks") or ["tensorflow"])[0]
     if name == "bare-metal":
         return BareMetal(config["bare_metal"]["torch_python" if framework == "pytorch" else "python"])
     if name not in CONTAINER_RUNTIMES:
@@ -967,6 +969,6 @@ def select_runtimes(config: dict, built: dict[ImageUse, str]) -> dict[str, str]:
     if unusable and config["runtime_policy"] == "require":
         name, reason = next(iter(unusable.items()))
         raise ConfigError(f"config: runtime {name!r} cannot run here: {reason}; allowed: install it, give "
-                          "images.<runtime>.image, or set runtime_policy: skip-unusable")
+                          "images.<runtime>.image (and torch_image), or set runtime_policy: skip-unusable")
     config["runtimes"] = [name for name in config["runtimes"] if name not in unusable]
     return unusable
