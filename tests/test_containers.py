@@ -8,20 +8,17 @@ machine's Debian MPICH bound over its libmpi, under MPICH's mpiexec)."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import yaml
-from helpers import ROOT, SMOKE_MODEL, TINY
+from helpers import ROOT, SMOKE_MODEL, TINY, snakemake
 
 from containerbench import markers
-from containerbench.processes import run_group
 
 # from scratch the fixture builds the image (debootstrap, build, save, load, ch-convert) first
 pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.containers, pytest.mark.timeout(2700)]
-SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 RUNTIMES = ["bare-metal", "podman", "docker", "charliecloud"]
 NATIVE = ["podman", "charliecloud"]  # and in the native MPI model, labelled "NAME (native)" in the tables
 LABELS = [*RUNTIMES, *(f"{name} (native)" for name in NATIVE)]
@@ -51,11 +48,9 @@ def container_run(container_engines, tmp_path_factory):
               # The workflow runs in the clone (its image and build cache); its results store does not.
               "history": {"store": str(workdir / "history.sqlite")}}
     (workdir / "tiny.yaml").write_text(yaml.safe_dump(config))
-    done = run_group(
-        [SNAKEMAKE, "--snakefile", str(ROOT / "Snakefile"), "--directory", str(ROOT), "--profile",
-         str(ROOT / "profiles" / "local"), "--configfile", str(ROOT / "config" / "config.yaml"),
-         str(workdir / "tiny.yaml")],
-        timeout=2400, env=container_engines)
+    # In the clone (its image and build cache), its results in the temporary directory.
+    done = snakemake(ROOT, "--configfile", str(ROOT / "config" / "config.yaml"), str(workdir / "tiny.yaml"),
+                     timeout=2400, env=container_engines)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
     return workdir
 

@@ -7,20 +7,16 @@ hash each), and the loss trajectories of every container run follow bare metal's
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pandas as pd
 import pytest
 import yaml
-from helpers import ROOT, SMOKE_MODEL, TINY
+from helpers import ROOT, SMOKE_MODEL, TINY, snakemake
 
-from containerbench.processes import run_group
 
 # From scratch the fixture builds the PyTorch flavour (wheelhouse, podman build, ch-convert); TensorFlow's
 # image is the one test_containers built in the same session (the same tag and files).
 pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.containers, pytest.mark.timeout(2400)]
-SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 RUNTIMES = ["bare-metal", "podman", "charliecloud"]
 FRAMEWORKS = ["tensorflow", "pytorch"]
 
@@ -40,11 +36,8 @@ def framework_run(container_engines, tmp_path_factory):
               "scaling": {"nodes": [1], "ranks_per_node": [2]},
               "history": {"store": str(workdir / "history.sqlite")}}
     (workdir / "frameworks.yaml").write_text(yaml.safe_dump(config))
-    done = run_group(
-        [SNAKEMAKE, "--snakefile", str(ROOT / "Snakefile"), "--directory", str(ROOT), "--profile",
-         str(ROOT / "profiles" / "local"), "--configfile", str(ROOT / "config" / "config.yaml"),
-         str(workdir / "frameworks.yaml")],
-        timeout=2100, env=container_engines)
+    done = snakemake(ROOT, "--configfile", str(ROOT / "config" / "config.yaml"), str(workdir / "frameworks.yaml"),
+                     timeout=2100, env=container_engines)  # in the clone: its image and build cache
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
     return workdir / "results"
 
