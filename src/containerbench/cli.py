@@ -358,7 +358,7 @@ def every_runtime(config: dict, repo: Path) -> str:
             env = cb_config.bench_env(one, sweep.runs[0].framework)
             prepared = images.runtime_commands(build["engine"], images.flavour_tag(build["tag"], env, flavour), "REGISTRY",
                                                repo / images.IMAGES, one["slurm"]["gpus_per_node"] > 0).get(name, [])
-            uses_built = any(use[:2] == (name, model) for use in sweep.image_files)
+            uses_built = any((use.runtime, use.mpi_model) == (name, model) for use in sweep.image_files)
             lines = [title, *(f"  prepare: {shlex.join(argv)}" for argv in (prepared if uses_built or name == "shifter" else []))]
             env = " ".join(f"{k}={v}" for k, v in sorted(run_plan["env"].items()))
             lines += [f"  env:  {env}", f"  argv: {shlex.join(run_plan['argv'])}"]
