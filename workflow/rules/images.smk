@@ -114,7 +114,9 @@ for BENCH_ENV, FLAVOUR in itertools.product(
         input:
             getattr(rules, f"image_build{S}").output,
         output:
-            FILES["archive"],
+            # temp(): 2 GB that only the loads and conversions below read; deleted once they are done
+            # (a later run that needs it again makes it again from the engine's image).
+            temp(FILES["archive"]),
         log:
             LOGS / "archive.txt",
         params:
