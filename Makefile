@@ -7,13 +7,14 @@ TORCH_VENV := .venv-bench-torch
 PROFILE ?= profiles/local
 SNAKEMAKE_ARGS ?=
 
-.PHONY: setup run test test-fast dry-run lock clean-results help gpu-env test-gpu-env
+.PHONY: setup run test test-fast dry-run lock clean-results clean-images help gpu-env test-gpu-env
 
 help:
 	@echo "make run        set up, then run the benchmark workflow ($(PROFILE), config/config.yaml)"
 	@echo "make test       set up, then run the whole test suite (root: it installs engines and Slurm)"
 	@echo "make test-fast  the developer loop: tests that need only the workflow venv (no root, minutes)"
 	@echo "make dry-run    show what the workflow would run"
+	@echo "make clean-images  remove the built images (every flavour of IMAGE_TAG) from the engines and build/images"
 	@echo "make lock       re-resolve envs/*.lock.txt from envs/*.txt"
 	@echo "make gpu-env    the GPU benchmark venv (.venv-bench-gpu) and its NCCL Horovod wheel (benchmark_env: gpu)"
 	@echo "make test-gpu-env  build it, and the GPU image from it, and test both (opt-in: 5 GB, 15-30 minutes)"
@@ -73,3 +74,9 @@ lock:
 
 clean-results:
 	rm -rf results .snakemake/log
+
+# About 2 GB per flavour in the engine's store and as much again per Charliecloud directory;
+# the next workflow run builds what it needs again (the base and wheelhouses are kept).
+IMAGE_TAG ?= localhost/containerbench:latest
+clean-images: $(VENV)/.containerbench-ready
+	$(VENV)/bin/python -m containerbench.images --tag $(IMAGE_TAG) remove --every-flavour

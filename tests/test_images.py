@@ -262,3 +262,14 @@ def test_podman_conf_script(tmp_path):
     assert out.splitlines()[-1] == f"CONTAINERS_CONF={tmp_path}/containers.conf"
     conf = (tmp_path / "containers.conf").read_text()
     assert 'runtime = "runc"' in conf and 'cgroup_manager = "cgroupfs"' in conf
+
+
+def test_remove_names_an_unknown_part_in_one_line_before_touching_anything(tmp_path, capsys):
+    stamp = tmp_path / "podman-containerbench-x.json"
+    stamp.write_text("{}")
+    assert images.main(["--tag", "localhost/containerbench:x", "remove", "--build-dir", str(tmp_path),
+                        "--only", "podman", "--only", "charliclod"]) == 1
+    assert capsys.readouterr().err == (
+        "containerbench.images: remove: no such part of an image: charliclod (one of docker, podman, apptainer, "
+        "singularity, charliecloud, enroot, sarus, podman-hpc, archive, definition, charliecloud-dir)\n")
+    assert stamp.exists()

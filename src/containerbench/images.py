@@ -15,6 +15,7 @@ provenance hash. Every step is an argv builder plus a small runner:
   python -m containerbench.images prepare --runtime R   apptainer, singularity, enroot, sarus, podman-hpc:
                                                    the commands of R's class (runtimes.py)
   python -m containerbench.images print-commands   every runtime's image commands, printed
+  python -m containerbench.images remove           the tag from each engine, and every file made from it
 
 Every step has a time limit (--step-timeout), so a wedged engine fails its step
 with a message instead of holding the workflow. The Singularity definition is
@@ -61,6 +62,7 @@ from containerbench.runtimes import (
     Charliecloud,
     RunRequest,
     engine_env,
+    engine_usable,
     host_environment,
 )
 
@@ -489,6 +491,35 @@ def charliecloud_image(engine: str, tag: str, out: Path = CHARLIECLOUD_DIR, forc
     return out
 
 
+def remove_image(tag: str, build_dir: Path | str = IMAGES, only=None,
+                 timeout: float = DEFAULT_STEP_TIMEOUT_S) -> list[str]:
+    """Give back the disk one built flavour holds: its tag in each engine that answers, and every file
+    the workflow made from it (stamps, archive, Charliecloud directory, .sif, ...); `only` keeps it to
+    some of image_files' names (an engine's name: its tag and its stamp). Removing a stamp with its
+    image makes the next workflow run build it again instead of trusting an image that is gone."""
+    files = image_files(tag, build_dir)
+    if unknown := sorted(set(only or ()) - set(files)):
+        raise ImageStepError(f"remove: no such part of an image: {', '.join(unknown)} (one of {', '.join(files)})")
+    wanted = set(only or files)
+    removed = []
+    for engine in sorted(wanted & set(ENGINES)):
+        if not engine_usable(engine)[0] or not image_exists(engine, tag):
+            continue
+        run_step(f"remove ({engine} rmi)", rmi_argv(engine, tag), env=engine_env(engine), timeout=timeout)
+        removed.append(f"{engine} {tag}")
+    paths = {Path(path) for name, path in files.items() if name in wanted}
+    paths |= {Path(f"{path}.image-id") for path in paths if path.suffix == ".ch"}
+    for path in sorted(paths):
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        elif path.exists() or path.is_symlink():
+            path.unlink()
+        else:
+            continue
+        removed.append(str(path))
+    return removed
+
+
 # -- what each runtime runs, and the commands that make it (owned by its class) ---------------
 
 def built(tag: str, build_dir: Path | str = IMAGES, engine: str = "podman", gpus: bool = False) -> BuiltImage:
@@ -692,6 +723,12 @@ def parser() -> argparse.ArgumentParser:
     step = steps.add_parser("prepare", help="run a converting runtime's prepare commands (its class's)")
     step.add_argument("--runtime", required=True, choices=sorted(set(CONVERTED)))
     step.add_argument("--build-dir", type=Path, default=IMAGES)
+    step = steps.add_parser("remove", help="remove the image's tag from each engine and every file made from it")
+    step.add_argument("--build-dir", type=Path, default=IMAGES)
+    step.add_argument("--every-flavour", action="store_true",
+                      help="every environment's and MPI flavour's image of the tag, not only --env's and --mpi's")
+    step.add_argument("--only", action="append", metavar="PART",
+                      help="only this part (an engine, a runtime's artifact, archive, definition); repeatable")
     step = steps.add_parser("print-commands", help="print every runtime's image commands")
     step.add_argument("--registry", default="REGISTRY")
     step.add_argument("--build-dir", type=Path, default=IMAGES)
@@ -739,6 +776,12 @@ def run(args: argparse.Namespace) -> str:
         return str(args.out)
     if args.step == "prepare":
         return prepare_runtime(args.runtime, built(tag, args.build_dir, args.engine), timeout)
+    if args.step == "remove":
+        base = args.tag or default_tag(args.bench_python)
+        tags = sorted({flavour_tag(base, each_env, each_flavour) for each_env in BENCH_ENVS.values()
+                       for each_flavour in MPI_FLAVOURS.values()}) if args.every_flavour else [tag]
+        removed = [what for each in tags for what in remove_image(each, args.build_dir, args.only, timeout)]
+        return "\n".join(f"removed {what}" for what in removed) or f"nothing of {', '.join(tags)} to remove"
     commands = runtime_commands(args.engine, tag, args.registry, args.build_dir, args.gpus)
     return json.dumps(commands, indent=2) if args.json else \
         "\n".join(f"{name}: {shlex.join(argv)}" for name, argvs in commands.items() for argv in argvs)
