@@ -14,6 +14,7 @@ import shutil
 import subprocess
 
 import pytest
+from diskwatch import GB, DiskWatch
 from helpers import BENCH_PYTHON, ROOT, TORCH_PYTHON, exported, recorded_records, run_and_parse, tiny_config
 
 from containerbench import config as cb_config
@@ -37,6 +38,28 @@ def pytest_collection_modifyitems(config, items):
             if fixture in item.fixturenames:
                 for mark in marks:
                     item.add_marker(mark)
+
+
+# The most the container modules add to the disk at once, with the venvs and the base image already
+# there: one module's image flavours in podman, docker and Charliecloud, and a conversion's temporary
+# tar (measured on a fresh clone, docs/developing.md). Below it they would fail halfway, everywhere.
+CONTAINER_TESTS_NEED_GB = 14
+DISK = DiskWatch.for_suite(ROOT)
+
+
+def pytest_sessionstart(session):
+    DISK.start()
+
+
+def pytest_runtest_logstart(nodeid, location):
+    DISK.current = nodeid
+
+
+@pytest.hookimpl(trylast=True)  # after the durations: the last lines CI shows
+def pytest_terminal_summary(terminalreporter):
+    DISK.stop()
+    for line in DISK.summary():
+        terminalreporter.write_line(line)
 
 
 def pytest_runtest_setup(item):
@@ -107,6 +130,10 @@ def recorded_runs() -> dict:
 def container_engines(tmp_path_factory) -> dict:
     """Podman settings for this host and a dockerd of our own (stopped by its PID afterwards);
     returns the environment that reaches both."""
+    for path in (ROOT, "/var/lib/containers" if os.path.exists("/var/lib/containers") else "/var/lib"):
+        if (free := DISK.free(str(path)) / GB) < CONTAINER_TESTS_NEED_GB:
+            pytest.fail(f"{free:.1f} GB free on {path}'s file system; the container tests need "
+                        f"{CONTAINER_TESTS_NEED_GB} GB there for their images (make clean-images frees built ones)")
     engines = ROOT / "scripts" / "container-engines.sh"
     subprocess.run([str(engines), "install"], check=True, timeout=900)
     state = tmp_path_factory.mktemp("engines")
@@ -118,3 +145,4 @@ def container_engines(tmp_path_factory) -> dict:
         yield {**os.environ, **exported(conf.stdout), **exported(dockerd.stdout)}
     finally:
         subprocess.run([str(engines), "stop-dockerd", str(state / "docker")], timeout=120)
+        shutil.rmtree(state / "docker", ignore_errors=True)  # its store: gigabytes, of no use after the session

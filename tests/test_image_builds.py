@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from helpers import BENCH_PYTHON, ROOT, SMOKE_MODEL, ch_run_argv, exported, run_and_parse, tiny_config
+from helpers import (BENCH_PYTHON, KEEP_TEST_IMAGES, ROOT, SMOKE_MODEL, ch_run_argv, exported, run_and_parse,
+                     tiny_config)
 
 from containerbench import config as cb_config
 from containerbench import images
@@ -67,18 +68,27 @@ def podman_image(containers_root, bench_python):
 
 
 @pytest.fixture(scope="session")
-def docker_image(containers_root, bench_python):
-    state = ROOT / "build" / "engines" / "docker"
-    try:
-        daemon = _engines_script("start-dockerd", str(state))
-        with pytest.MonkeyPatch.context() as patch:
-            for name, value in daemon.items():  # DOCKER_HOST, and PATH with the daemon's own client first
-                patch.setenv(name, value)
-            ok, why = engine_usable("docker")
-            assert ok, why
-            yield _built_image("docker", bench_python)
-    finally:
-        _engines_script("stop-dockerd", str(state))
+def docker_image(containers_root, container_engines, bench_python):
+    # The session's dockerd (conftest.container_engines): one daemon and one store for the suite.
+    with pytest.MonkeyPatch.context() as patch:
+        for name in ("DOCKER_HOST", "PATH"):  # the daemon's socket, and its own client first on PATH
+            patch.setenv(name, container_engines[name])
+        ok, why = engine_usable("docker")
+        assert ok, why
+        built = _built_image("docker", bench_python)
+        yield built
+        # 2 GB in the daemon's store that no later test runs
+        run_group(["docker", "rmi", "--force", built["tag"]], timeout=300, capture=True)
+        images.stamp_path("docker").unlink(missing_ok=True)
+
+
+@pytest.fixture(scope="module")
+def charliecloud_dir(podman_image):
+    image_dir = images.charliecloud_image("podman", podman_image["tag"])
+    yield image_dir
+    if not KEEP_TEST_IMAGES:  # 2 GB that no later module runs
+        shutil.rmtree(image_dir)
+        Path(f"{image_dir}.image-id").unlink(missing_ok=True)
 
 
 def _result(stdout: str) -> dict:
@@ -118,11 +128,11 @@ def test_docker_ranks_under_mpirun(docker_image):
     assert _result(done.stdout)["ranks"] == 2
 
 
-def test_charliecloud_ranks_report_host_provenance(podman_image):
+def test_charliecloud_ranks_report_host_provenance(podman_image, charliecloud_dir):
     env = engine_env("charliecloud")
     ok, why = engine_usable("charliecloud")
     assert ok, why
-    image_dir = images.charliecloud_image("podman", podman_image["tag"])
+    image_dir = charliecloud_dir
     assert not [p for p in (image_dir / "dev").iterdir() if not p.is_dir()]  # no device nodes kept
     command = [*MPIRUN, "--tag-output", *ch_run_argv(image_dir, ["python3", "-m", "containerbench.provenance"])]
     done = run_group(command, timeout=300, env=env)
@@ -132,11 +142,11 @@ def test_charliecloud_ranks_report_host_provenance(podman_image):
     assert hashes == {"0": podman_image["host"]["hash"], "1": podman_image["host"]["hash"]}
 
 
-def test_a_container_run_that_ran_on_the_host_is_invalid(podman_image, tmp_path, monkeypatch):
+def test_a_container_run_that_ran_on_the_host_is_invalid(charliecloud_dir, tmp_path, monkeypatch):
     """Each rank proves from inside where it ran (telemetry.rank_context): triggered for real by a
     broken `ch-run` first on PATH, which drops the image and runs the command on the host, as a
     misconfigured site wrapper would. The genuine ch-run beside it passes."""
-    image_dir = images.charliecloud_image("podman", podman_image["tag"])
+    image_dir = charliecloud_dir
     config = tiny_config(tmp_path, runtimes=["charliecloud"], images={"charliecloud": {"image": str(image_dir)}},
                          scaling={"nodes": [1], "ranks_per_node": [1]}, netbench={"enabled": False},
                          benchmark={"repetitions": 1, "model": SMOKE_MODEL})  # where it ran, not what it trained
@@ -248,3 +258,31 @@ def test_the_build_refuses_an_image_one_package_apart(podman_image, other_termco
         assert run_group(["podman", "image", "exists", podman_image["tag"]], timeout=120).returncode == 0
     finally:
         run_group(["podman", "rmi", "--force", REFUSED_TAG], timeout=300, capture=True)
+
+
+def test_remove_gives_back_what_was_built_of_a_tag_and_only_the_parts_asked(podman_image, tmp_path, capsys):
+    """`images remove` (make clean-images, and each container module's teardown): the engine's tag
+    and the files made from it go; another tag of the same image stays."""
+    tag = "localhost/containerbench-remove-test:latest"
+    assert run_group(["podman", "tag", images.BASE_IMAGE, tag], timeout=120).returncode == 0
+    build_dir = tmp_path / "images"
+    files = images.image_files(tag, build_dir)
+    images.export_image("podman", tag, Path(files["archive"]))  # a real docker archive of the tag
+    Path(files["podman"]).write_text(json.dumps({"tag": tag}))  # the stamps and the converted directory
+    (Path(files["charliecloud-dir"]) / "bin").mkdir(parents=True)  # are the workflow's files: their
+    Path(f"{files['charliecloud-dir']}.image-id").write_text("sha256:0\n")  # names are what is removed
+    try:
+        assert images.main(["--tag", tag, "remove", "--build-dir", str(build_dir), "--only", "archive"]) == 0
+        assert capsys.readouterr().out == f"removed {files['archive']}\n"
+        assert run_group(["podman", "image", "exists", tag], timeout=120).returncode == 0
+        assert images.main(["--tag", tag, "remove", "--build-dir", str(build_dir)]) == 0
+        assert sorted(capsys.readouterr().out.splitlines()) == sorted([
+            f"removed podman {tag}", f"removed {files['podman']}", f"removed {files['charliecloud-dir']}",
+            f"removed {files['charliecloud-dir']}.image-id"])
+        assert run_group(["podman", "image", "exists", tag], timeout=120).returncode == 1
+        assert run_group(["podman", "image", "exists", images.BASE_IMAGE], timeout=120).returncode == 0
+        assert list(build_dir.iterdir()) == []
+        assert images.main(["--tag", tag, "remove", "--build-dir", str(build_dir)]) == 0
+        assert capsys.readouterr().out == f"nothing of {tag} to remove\n"
+    finally:
+        run_group(["podman", "rmi", "--force", tag], timeout=300, capture=True)
