@@ -15,8 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from helpers import (BENCH_PYTHON, KEEP_TEST_IMAGES, ROOT, SMOKE_MODEL, ch_run_argv, exported, run_and_parse,
-                     tiny_config)
+from helpers import BENCH_PYTHON, ROOT, SMOKE_MODEL, ch_run_argv, exported, run_and_parse, tiny_config
 
 from containerbench import config as cb_config
 from containerbench import images
@@ -83,12 +82,17 @@ def docker_image(containers_root, container_engines, bench_python):
 
 
 @pytest.fixture(scope="module")
-def charliecloud_dir(podman_image):
-    image_dir = images.charliecloud_image("podman", podman_image["tag"])
+def charliecloud_dir(podman_image, tmp_path_factory):
+    """The image as a Charliecloud directory: the workflow's, where test_containers converted this very
+    image (the same id: podman's layer cache gives it), else converted here and removed afterwards."""
+    workflows = Path(images.image_files(f"{images.IMAGE_REPO}:latest", ROOT / images.IMAGES)["charliecloud-dir"])
+    marker = Path(f"{workflows}.image-id")
+    if marker.exists() and marker.read_text().strip() == podman_image["stamp"]["image_id"]:
+        yield workflows
+        return
+    image_dir = images.charliecloud_image("podman", podman_image["tag"], tmp_path_factory.mktemp("ch") / "image")
     yield image_dir
-    if not KEEP_TEST_IMAGES:  # 2 GB that no later module runs
-        shutil.rmtree(image_dir)
-        Path(f"{image_dir}.image-id").unlink(missing_ok=True)
+    shutil.rmtree(image_dir)  # 2 GB that no later test runs
 
 
 def _result(stdout: str) -> dict:
