@@ -83,6 +83,7 @@ def snakemake(workdir: Path, *args: str, profile: str = "local", timeout=900, **
 # gives back, when it is done, the image flavours no later module uses, so the suite's peak is one
 # module's images, not all of them. CONTAINERBENCH_KEEP_TEST_IMAGES=1 keeps them (a developer's loop).
 KEEP_TEST_IMAGES = os.environ.get("CONTAINERBENCH_KEEP_TEST_IMAGES") == "1"
+WORKFLOW_IMAGE = "localhost/containerbench:latest"  # config/config.yaml's images.build.tag: what the workflow builds
 
 
 def give_back(tag: str, *only: str, env: dict | None = None) -> None:

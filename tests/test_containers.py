@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-from helpers import ROOT, SMOKE_MODEL, TINY, give_back, snakemake
+from helpers import ROOT, SMOKE_MODEL, TINY, WORKFLOW_IMAGE, give_back, snakemake
 
 from containerbench import markers
 
@@ -23,7 +23,6 @@ RUNTIMES = ["bare-metal", "podman", "docker", "charliecloud"]
 NATIVE = ["podman", "charliecloud"]  # and in the native MPI model, labelled "NAME (native)" in the tables
 LABELS = [*RUNTIMES, *(f"{name} (native)" for name in NATIVE)]
 HOST_MPICH = "/usr/lib/x86_64-linux-gnu/libmpich.so.12"  # Debian's, installed by scripts/install-system-deps.sh
-IMAGE = "localhost/containerbench:latest"  # config/config.yaml's images.build.tag
 
 
 @pytest.fixture(scope="module")
@@ -57,8 +56,8 @@ def container_run(container_engines, tmp_path_factory):
         yield workdir
     finally:
         # No later module runs the MPICH flavour or docker: their 6 GB go back before the next images come.
-        give_back(f"{IMAGE}-mpich", env=container_engines)
-        give_back(IMAGE, "docker", "archive", env=container_engines)
+        give_back(f"{WORKFLOW_IMAGE}-mpich", env=container_engines)
+        give_back(WORKFLOW_IMAGE, "docker", "archive", env=container_engines)
 
 
 def test_every_runtime_ran_the_identical_benchmark(container_run):
@@ -150,7 +149,7 @@ def test_native_runs_loaded_this_machines_mpich_over_the_images_own(container_ru
     # The flavour's own provenance: the bare-metal hash (the same benchmark packages), its MPI wheel beside it.
     from containerbench import images
 
-    stamp = json.loads(Path(images.image_files(f"{IMAGE}-mpich", ROOT / images.IMAGES)[
+    stamp = json.loads(Path(images.image_files(f"{WORKFLOW_IMAGE}-mpich", ROOT / images.IMAGES)[
         "podman"]).read_text())
     assert stamp["measured_provenance"] == stamp["host_provenance"] and stamp["mpi_wheels"] == {"mpich": "5.0.2"}
     hybrid = [r for r in records if r["spec"]["runtime"] in NATIVE and r["spec"]["mpi_model"] == "hybrid"]

@@ -11,7 +11,7 @@ import json
 import pandas as pd
 import pytest
 import yaml
-from helpers import ROOT, SMOKE_MODEL, TINY, give_back, snakemake
+from helpers import ROOT, SMOKE_MODEL, TINY, WORKFLOW_IMAGE, give_back, snakemake
 
 
 # From scratch the fixture builds the PyTorch flavour (wheelhouse, podman build, ch-convert); TensorFlow's
@@ -42,7 +42,7 @@ def framework_run(container_engines, tmp_path_factory):
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
         yield workdir / "results"
     finally:
-        give_back("localhost/containerbench:latest-torch", env=container_engines)  # no later module runs it
+        give_back(f"{WORKFLOW_IMAGE}-torch", env=container_engines)  # no later module runs it
 
 
 def test_each_framework_ran_one_benchmark_in_every_runtime(framework_run):

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from helpers import BENCH_PYTHON, ROOT, SMOKE_MODEL, ch_run_argv, exported, run_and_parse, tiny_config
+from helpers import (BENCH_PYTHON, ROOT, SMOKE_MODEL, WORKFLOW_IMAGE, ch_run_argv, exported, run_and_parse,
+                     tiny_config)
 
 from containerbench import config as cb_config
 from containerbench import images
@@ -77,7 +78,7 @@ def docker_image(containers_root, container_engines, bench_python):
         built = _built_image("docker", bench_python)
         yield built
         # 2 GB in the daemon's store that no later test runs
-        run_group(["docker", "rmi", "--force", built["tag"]], timeout=300, capture=True)
+        run_group(images.rmi_argv("docker", built["tag"]), timeout=300, capture=True)
         images.stamp_path("docker").unlink(missing_ok=True)
 
 
@@ -85,7 +86,7 @@ def docker_image(containers_root, container_engines, bench_python):
 def charliecloud_dir(podman_image, tmp_path_factory):
     """The image as a Charliecloud directory: the workflow's, where test_containers converted this very
     image (the same id: podman's layer cache gives it), else converted here and removed afterwards."""
-    workflows = Path(images.image_files(f"{images.IMAGE_REPO}:latest", ROOT / images.IMAGES)["charliecloud-dir"])
+    workflows = Path(images.image_files(WORKFLOW_IMAGE, ROOT / images.IMAGES)["charliecloud-dir"])
     marker = Path(f"{workflows}.image-id")
     if marker.exists() and marker.read_text().strip() == podman_image["stamp"]["image_id"]:
         yield workflows
