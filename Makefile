@@ -7,7 +7,7 @@ TORCH_VENV := .venv-bench-torch
 PROFILE ?= profiles/local
 SNAKEMAKE_ARGS ?=
 
-.PHONY: setup run test test-fast dry-run lock clean-results clean-images help gpu-env test-gpu-env
+.PHONY: setup ready base-image system-deps run test test-fast dry-run lock clean-results clean-images help gpu-env test-gpu-env
 
 help:
 	@echo "make run        set up, then run the benchmark workflow ($(PROFILE), config/config.yaml)"
@@ -21,6 +21,25 @@ help:
 
 setup: $(VENV)/.containerbench-ready $(BENCH_VENV)/.containerbench-ready $(TORCH_VENV)/.containerbench-ready build/engines/containers.conf
 
+# What `make run` and `make test` need first, two things at a time: the base image (debootstrap's
+# downloads and unpacking, one core) is made beside the benchmark venv's Horovod compile instead of
+# after it, in the first workflow run. The system packages go first, one apt-get at a time.
+ready:
+	$(MAKE) --no-print-directory --jobs=2 --output-sync=line setup base-image
+
+# The base the container builds start from (debootstrap, then import into podman): the workflow's
+# image_base step finds it there (images.make_base keeps an existing base). Not fatal here: without
+# a usable podman the workflow says which runtimes it skips, and why.
+BASE_LOG := build/logs/images/base-make.txt
+base-image: $(VENV)/.containerbench-ready build/engines/containers.conf
+	@mkdir -p $(dir $(BASE_LOG))
+	@if $(VENV)/bin/python -m containerbench.images --engine podman base > $(BASE_LOG) 2>&1; then \
+	  echo "base image: $$(tail -n 1 $(BASE_LOG))"; \
+	else echo "base image: not made here ($(BASE_LOG)): $$(tail -n 1 $(BASE_LOG))"; fi
+
+system-deps: | build/engines/containers.conf
+	scripts/install-system-deps.sh
+
 # Container engines for the runtimes the default config measures (podman,
 # Charliecloud; docker when its daemon runs), and podman settings that work
 # without systemd (runc, cgroupfs). Installed when running as root.
@@ -31,25 +50,23 @@ build/engines/containers.conf: scripts/container-engines.sh
 $(VENV)/.containerbench-ready: envs/workflow.lock.txt envs/build-tools.txt pyproject.toml scripts/setup-venv.sh
 	PYTHON=$(PYTHON) scripts/setup-venv.sh workflow $(VENV)
 
-$(BENCH_VENV)/.containerbench-ready: envs/bench.lock.txt envs/bench.txt envs/build-tools.txt pyproject.toml scripts/setup-venv.sh
-	scripts/install-system-deps.sh
+$(BENCH_VENV)/.containerbench-ready: envs/bench.lock.txt envs/bench.txt envs/build-tools.txt pyproject.toml scripts/setup-venv.sh | system-deps
 	PYTHON=$(PYTHON) scripts/setup-venv.sh bench $(BENCH_VENV)
 
 # The PyTorch side (benchmark.frameworks: [..., pytorch]): about a minute, 750 MB.
-$(TORCH_VENV)/.containerbench-ready: envs/bench-torch.lock.txt envs/bench-torch.txt envs/build-tools.txt pyproject.toml scripts/setup-venv.sh
-	scripts/install-system-deps.sh
+$(TORCH_VENV)/.containerbench-ready: envs/bench-torch.lock.txt envs/bench-torch.txt envs/build-tools.txt pyproject.toml scripts/setup-venv.sh | system-deps
 	PYTHON=$(PYTHON) scripts/setup-venv.sh bench-torch $(TORCH_VENV)
 
 # A CONTAINERS_CONF of the user's own wins over ours.
 export CONTAINERS_CONF ?= $(CURDIR)/build/engines/containers.conf
 
-run: setup
+run: ready
 	$(VENV)/bin/snakemake --profile $(PROFILE) $(SNAKEMAKE_ARGS)
 
 dry-run: $(VENV)/.containerbench-ready
 	$(VENV)/bin/snakemake --profile $(PROFILE) --dry-run $(SNAKEMAKE_ARGS)
 
-test: setup
+test: ready
 	$(VENV)/bin/python -m pytest -m "not gpu_env" $(PYTEST_ARGS)
 
 # No training, no container engine, no Slurm, no root: what each marker means is in pyproject.toml.

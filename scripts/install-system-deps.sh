@@ -21,6 +21,8 @@ fi
 optional=()
 [ -e /usr/lib/x86_64-linux-gnu/libmpich.so.12 ] || optional+=(libmpich12)
 command -v mpiexec.mpich >/dev/null || optional+=(mpich)
+# ccache: Horovod's second compile (the MPICH flavour's wheel) reuses what the first compiled.
+command -v ccache >/dev/null || optional+=(ccache)
 if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
   missing+=("${optional[@]}")
 fi

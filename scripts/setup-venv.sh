@@ -65,11 +65,18 @@ case "$side" in
                  HOROVOD_NCCL_INCLUDE="$nccl/include" HOROVOD_NCCL_LIB="$root/build/nccl-link"
                  LDFLAGS='-Wl,-rpath,$ORIGIN/../../nvidia/nccl/lib')
     fi
+    # ccache under the compile when installed (images.compiler_cache_env sets the same for the MPICH
+    # flavour's wheel, which then compiles again only what includes mpi.h).
+    compiler_cache=()
+    if command -v ccache >/dev/null; then
+      compiler_cache=(CMAKE_C_COMPILER_LAUNCHER=ccache CMAKE_CXX_COMPILER_LAUNCHER=ccache
+                      CCACHE_DIR="$root/build/ccache" CCACHE_BASEDIR="${TMPDIR:-/tmp}" CCACHE_NOHASHDIR=1)
+    fi
     if ! "$venv/bin/python" -c "import horovod.tensorflow" 2>/dev/null; then
       if ! ls "$wheelhouse"/horovod-"$horovod_version"-*.whl >/dev/null 2>&1; then
         echo "setup-venv: building horovod $horovod_version against TensorFlow (2-5 minutes; with NCCL more)" >&2
         mkdir -p "$wheelhouse"
-        env "${gpu_build[@]}" HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 \
+        env "${gpu_build[@]}" "${compiler_cache[@]}" HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 \
         HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=${HOROVOD_WITH_MPI:-1} MAKEFLAGS="-j$(nproc)" \
           "$venv/bin/python" -m pip wheel --quiet --no-cache-dir --no-deps --no-build-isolation \
             "horovod==$horovod_version" -w "$wheelhouse"

@@ -173,8 +173,8 @@ RUNS = ("train_bare-metal_tcp-loopback_1x1_b2_rep1", "train_bare-metal_tcp-loopb
 
 def one_finished_and_the_next_running(runs: Path) -> tuple[Path, Path] | None:
     """(finished log, running log) once a run has ended and the next one's mpirun runs. The next job
-    starts only after Snakemake has recorded the first as finished: every job needs the one
-    exclusive_machine (profiles/local), which Snakemake frees after it records the job's outputs."""
+    starts only after Snakemake has recorded the first as finished: every measurement needs both of
+    the machine's shares (profiles/local), which Snakemake frees after it records the job's outputs."""
     logs = [runs / f"{run_id}.log" for run_id in RUNS]
     done = [log for log in logs if finished(log)]
     running = [log for log in logs if log.exists() and not finished(log)]

@@ -35,6 +35,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -91,6 +92,7 @@ HOROVOD_FLAGS = {"HOROVOD_WITH_TENSORFLOW": "1", "HOROVOD_WITH_GLOO": "1", "HORO
 # Horovod's compile, on every core; not the caller's MAKEFLAGS: under `make VAR=value` it carries
 # the variables too (" -- VAR=value"), which the inner build must not see.
 HOROVOD_MAKEFLAGS = f"-j{os.cpu_count()}"
+COMPILER_CACHE = BUILD / "ccache"
 BUILD_TOOLS = ("pip", "setuptools", "wheel")  # tensorflow and astunparse depend on them: they enter the hash
 
 
@@ -292,10 +294,23 @@ def make_wheelhouse(bench_python: Path = BENCH_PYTHON, dest: Path = WHEELHOUSE, 
     if not sdist.exists():
         run_step("wheelhouse (horovod sdist)", sdist_argv(bench_python, dest, version), timeout=timeout)
     if not wheel.exists():  # 3-5 minutes; links the host's Debian Open MPI, which the base also has
-        env = {**os.environ, **HOROVOD_FLAGS, "MAKEFLAGS": HOROVOD_MAKEFLAGS}
+        env = {**os.environ, **HOROVOD_FLAGS, "MAKEFLAGS": HOROVOD_MAKEFLAGS, **compiler_cache_env(root)}
         run_step("wheelhouse (horovod wheel)", horovod_wheel_argv(bench_python, sdist, dest), env=env,
                  timeout=timeout)
     return sorted(p.name for p in dest.iterdir())
+
+
+def compiler_cache_env(root: Path = Path(".")) -> dict[str, str]:
+    """ccache under a Horovod compile, when it is installed (scripts/setup-venv.sh sets the same for
+    the venv's): the MPICH flavour's wheel then compiles again only what includes mpi.h, and finds the
+    rest (most of Gloo) in the cache the Open MPI build filled. pip unpacks each build in a new
+    directory under the temporary one: paths there are hashed relative to the compiler's working
+    directory (CCACHE_BASEDIR), and that directory left out (CCACHE_NOHASHDIR)."""
+    if shutil.which("ccache") is None:
+        return {}
+    return {"CMAKE_C_COMPILER_LAUNCHER": "ccache", "CMAKE_CXX_COMPILER_LAUNCHER": "ccache",
+            "CCACHE_DIR": str((root / COMPILER_CACHE).absolute()), "CCACHE_BASEDIR": tempfile.gettempdir(),
+            "CCACHE_NOHASHDIR": "1"}
 
 
 def mpi_wheel_argv(python: Path, dest: Path, wheels, python_version: str) -> list[str]:
@@ -327,7 +342,7 @@ def make_flavour_wheelhouse(flavour: MpiFlavour, bench_python: Path = BENCH_PYTH
                  [str(bench_python), "-m", "pip", "install", "--disable-pip-version-check", "--quiet", "--no-deps",
                   "--no-index", "--find-links", str(dest), "--prefix", str(prefix), *flavour.wheels], timeout=timeout)
         build_env = {**os.environ, **HOROVOD_FLAGS, "PATH": f"{prefix.absolute() / 'bin'}:{os.environ['PATH']}",
-                     "MAKEFLAGS": HOROVOD_MAKEFLAGS}
+                     "MAKEFLAGS": HOROVOD_MAKEFLAGS, **compiler_cache_env(root)}
         run_step(f"wheelhouse (horovod wheel, {flavour.name})",
                  horovod_wheel_argv(bench_python, dest / f"horovod-{version}.tar.gz", dest), env=build_env,
                  timeout=timeout)

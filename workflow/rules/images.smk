@@ -16,8 +16,9 @@ IMAGE_LOGS = REPO / "build" / "logs" / "images"
 PACKAGE_SOURCES = sorted(str(p) for p in (REPO / "src" / "containerbench").rglob("*.py"))
 GPU_RUNS = config["slurm"]["gpus_per_node"] > 0
 # Each image step has a time limit. It is a resource, not a param: raising it must not rebuild
-# an image that was built in time.
-IMAGE_STEP = {"step_timeout_s": config["images"]["step_timeout_s"]}
+# an image that was built in time. On this machine (profiles/local) an image step takes one of
+# its two shares: two steps run at once, and no measurement beside either.
+IMAGE_STEP = {"step_timeout_s": config["images"]["step_timeout_s"], "machine_shares": 1}
 # A conversion step runs where the workflow runs, unless its runtime exists only on the compute
 # nodes (images.<runtime>.available): then it is a job there (ON_A_NODE), like a measurement.
 
