@@ -40,11 +40,11 @@ def _engines_script(*args) -> dict[str, str]:
 
 def _built_image(engine: str, bench_python: Path) -> dict:
     """Base and wheelhouse (reused from build/ when there), then the image and its stamp."""
-    images.make_base(engine)
+    base = images.make_base(engine)
     images.make_wheelhouse(bench_python)
     tag = images.default_tag(bench_python)
     stamp = images.build_image(ImageSpec(engine, tag), bench_python)
-    return {"tag": tag, "stamp": stamp, "host": images.host_provenance(bench_python)}
+    return {"tag": tag, "stamp": stamp, "host": images.host_provenance(bench_python), "base": base}
 
 
 @pytest.fixture(scope="session")
@@ -111,6 +111,14 @@ def test_image_reports_host_provenance(image, request):
     assert stamp["mpi_wheels"] == {}  # the Open MPI flavour: no MPI wheel (the MPICH one: test_containers.py)
     assert stamp["image_id"].startswith("sha256:") and stamp["python"] == built["host"]["python"]
     assert json.loads(images.stamp_path(stamp["engine"]).read_text()) == stamp
+
+
+def test_docker_builds_on_the_very_base_podman_made(podman_image, docker_image):
+    # One debootstrap for both engines (images.make_base): the session's dockerd starts with an empty
+    # store, so its base is podman's, saved and loaded, and has podman's image id (the config digest).
+    assert docker_image["base"] in (f"{images.BASE_IMAGE} copied from podman into docker",
+                                    f"{images.BASE_IMAGE} already in docker")  # a developer's kept store
+    assert images.image_digest("docker", images.BASE_IMAGE) == images.image_digest("podman", images.BASE_IMAGE)
 
 
 def test_podman_ranks_under_mpirun(podman_image):

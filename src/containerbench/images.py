@@ -178,9 +178,20 @@ def image_exists(engine: str, tag: str) -> bool:
 def make_base(engine: str, tag: str = BASE_IMAGE, rootfs: Path = BUILD / "base" / "rootfs",
               mirror: str | None = None, force: bool = False, timeout: float = DEFAULT_STEP_TIMEOUT_S) -> str:
     """Debootstrap a root file system into `rootfs`, import it into the engine as `tag`, and remove
-    it: the engine keeps the base, the workflow keeps only its marker."""
+    it: the engine keeps the base, the workflow keeps only its marker. A base another engine here
+    already holds is copied from it instead (save, load): one debootstrap serves both engines."""
     if image_exists(engine, tag) and not force:
         return f"{tag} already in {engine}"
+    holder = None if force else next((other for other in ENGINES if other != engine and engine_usable(other)[0]
+                                      and image_exists(other, tag)), None)
+    if holder:
+        archive = rootfs.parent / "base.tar"
+        try:
+            export_image(holder, tag, archive, timeout)
+            run_step(f"base (load into {engine})", load_argv(engine, archive), env=engine_env(engine), timeout=timeout)
+        finally:
+            archive.unlink(missing_ok=True)
+        return f"{tag} copied from {holder} into {engine}"
     shutil.rmtree(rootfs, ignore_errors=True)  # a half-made rootfs from an interrupted run
     rootfs.parent.mkdir(parents=True, exist_ok=True)
     try:
