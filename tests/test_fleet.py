@@ -292,12 +292,12 @@ def test_each_node_and_link_job_runs_its_runs_pinned_in_one_exclusive_allocation
     config["validation"].update(repetitions=2, link_training=True)
     node = fleet.node_runs(config, "n3")
     assert [run.run_id for run in node] == [
-        "train_bare-metal_fast_1x1_b2_on_n3_rep1", "netbench_bare-metal_fast_1x2_on_n3_rep1",
-        "train_bare-metal_fast_1x1_b2_on_n3_rep2", "netbench_bare-metal_fast_1x2_on_n3_rep2"]
+        "train_bare-metal_fast_1x1_b32_on_n3_rep1", "netbench_bare-metal_fast_1x2_on_n3_rep1",
+        "train_bare-metal_fast_1x1_b32_on_n3_rep2", "netbench_bare-metal_fast_1x2_on_n3_rep2"]
     link = fleet.link_runs(config, ("n1", "n2"))
     assert [run.run_id for run in link] == [
-        "netbench_bare-metal_fast_2x1_on_n1+n2_rep1", "train_bare-metal_fast_2x1_b2_on_n1+n2_rep1",
-        "netbench_bare-metal_fast_2x1_on_n1+n2_rep2", "train_bare-metal_fast_2x1_b2_on_n1+n2_rep2"]
+        "netbench_bare-metal_fast_2x1_on_n1+n2_rep1", "train_bare-metal_fast_2x1_b32_on_n1+n2_rep1",
+        "netbench_bare-metal_fast_2x1_on_n1+n2_rep2", "train_bare-metal_fast_2x1_b32_on_n1+n2_rep2"]
     assert link[0].as_dict()["nodelist"] == ["n1", "n2"] and "nodelist" not in cb_config.plan_runs(config)[0].as_dict()
     # salloc(1) OPTIONS: --nodelist, --exclusive, --time in minutes (a bare number is minutes), --partition,
     # --account; the time is the runs' timeouts rounded up, with 2 minutes a run for sacct after a failure.
