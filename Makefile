@@ -7,7 +7,7 @@ TORCH_VENV := .venv-bench-torch
 PROFILE ?= profiles/local
 SNAKEMAKE_ARGS ?=
 
-.PHONY: setup ready base-image system-deps run test test-fast dry-run lock clean-results clean-images help gpu-env test-gpu-env
+.PHONY: setup ready base-image run test test-fast dry-run lock clean-results clean-images help gpu-env test-gpu-env
 
 help:
 	@echo "make run        set up, then run the benchmark workflow ($(PROFILE), config/config.yaml)"
@@ -22,14 +22,15 @@ help:
 setup: $(VENV)/.containerbench-ready $(BENCH_VENV)/.containerbench-ready $(TORCH_VENV)/.containerbench-ready build/engines/containers.conf
 
 # What `make run` and `make test` need first, two things at a time: the base image (debootstrap's
-# downloads and unpacking, one core) is made beside the benchmark venv's Horovod compile instead of
-# after it, in the first workflow run. The system packages go first, one apt-get at a time.
+# downloads and unpacking) is made beside the benchmark venv's pip installs and Horovod compile
+# instead of after them, in the first workflow run. The system packages go first, one apt-get at a time.
 ready:
-	$(MAKE) --no-print-directory --jobs=2 --output-sync=line setup base-image
+	$(MAKE) --no-print-directory --jobs=2 setup base-image
 
 # The base the container builds start from (debootstrap, then import into podman): the workflow's
 # image_base step finds it there (images.make_base keeps an existing base). Not fatal here: without
-# a usable podman the workflow says which runtimes it skips, and why.
+# a usable podman the workflow says which runtimes it skips, and why. A site whose config names its
+# own base (images.build.base_image) has no use for it: `make setup`, then snakemake, skips it.
 BASE_LOG := build/logs/images/base-make.txt
 base-image: $(VENV)/.containerbench-ready build/engines/containers.conf
 	@mkdir -p $(dir $(BASE_LOG))
@@ -37,8 +38,11 @@ base-image: $(VENV)/.containerbench-ready build/engines/containers.conf
 	  echo "base image: $$(tail -n 1 $(BASE_LOG))"; \
 	else echo "base image: not made here ($(BASE_LOG)): $$(tail -n 1 $(BASE_LOG))"; fi
 
-system-deps: | build/engines/containers.conf
+# Once, not on every `make run`: a stamp, after the engines' apt-get (never two at once).
+SYSTEM_DEPS := build/system-deps.done
+$(SYSTEM_DEPS): scripts/install-system-deps.sh | build/engines/containers.conf
 	scripts/install-system-deps.sh
+	@mkdir -p $(dir $@) && touch $@
 
 # Container engines for the runtimes the default config measures (podman,
 # Charliecloud; docker when its daemon runs), and podman settings that work
@@ -50,11 +54,11 @@ build/engines/containers.conf: scripts/container-engines.sh
 $(VENV)/.containerbench-ready: envs/workflow.lock.txt envs/build-tools.txt pyproject.toml scripts/setup-venv.sh
 	PYTHON=$(PYTHON) scripts/setup-venv.sh workflow $(VENV)
 
-$(BENCH_VENV)/.containerbench-ready: envs/bench.lock.txt envs/bench.txt envs/build-tools.txt pyproject.toml scripts/setup-venv.sh | system-deps
+$(BENCH_VENV)/.containerbench-ready: envs/bench.lock.txt envs/bench.txt envs/build-tools.txt pyproject.toml scripts/setup-venv.sh | $(SYSTEM_DEPS)
 	PYTHON=$(PYTHON) scripts/setup-venv.sh bench $(BENCH_VENV)
 
 # The PyTorch side (benchmark.frameworks: [..., pytorch]): about a minute, 750 MB.
-$(TORCH_VENV)/.containerbench-ready: envs/bench-torch.lock.txt envs/bench-torch.txt envs/build-tools.txt pyproject.toml scripts/setup-venv.sh | system-deps
+$(TORCH_VENV)/.containerbench-ready: envs/bench-torch.lock.txt envs/bench-torch.txt envs/build-tools.txt pyproject.toml scripts/setup-venv.sh | $(SYSTEM_DEPS)
 	PYTHON=$(PYTHON) scripts/setup-venv.sh bench-torch $(TORCH_VENV)
 
 # A CONTAINERS_CONF of the user's own wins over ours.
@@ -79,7 +83,7 @@ test-fast: $(VENV)/.containerbench-ready
 BENCH_GPU_VENV := .venv-bench-gpu
 gpu-env: $(BENCH_GPU_VENV)/.containerbench-ready
 
-$(BENCH_GPU_VENV)/.containerbench-ready: envs/bench-gpu.lock.txt envs/bench-gpu.txt envs/build-tools.txt pyproject.toml scripts/setup-venv.sh
+$(BENCH_GPU_VENV)/.containerbench-ready: envs/bench-gpu.lock.txt envs/bench-gpu.txt envs/build-tools.txt pyproject.toml scripts/setup-venv.sh | $(SYSTEM_DEPS)
 	scripts/install-system-deps.sh --gpu-build
 	PYTHON=$(PYTHON) scripts/setup-venv.sh bench-gpu $(BENCH_GPU_VENV)
 

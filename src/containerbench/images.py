@@ -189,9 +189,12 @@ def make_base(engine: str, tag: str = BASE_IMAGE, rootfs: Path = BUILD / "base" 
         try:
             export_image(holder, tag, archive, timeout)
             run_step(f"base (load into {engine})", load_argv(engine, archive), env=engine_env(engine), timeout=timeout)
+            return f"{tag} copied from {holder} into {engine}"
+        except ImageStepError as error:  # made here instead, as if no engine held it
+            print(f"containerbench.images: base: not copied from {holder} ({error}); debootstrap instead",
+                  file=sys.stderr)
         finally:
             archive.unlink(missing_ok=True)
-        return f"{tag} copied from {holder} into {engine}"
     shutil.rmtree(rootfs, ignore_errors=True)  # a half-made rootfs from an interrupted run
     rootfs.parent.mkdir(parents=True, exist_ok=True)
     try:

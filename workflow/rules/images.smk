@@ -222,6 +222,8 @@ for BENCH_ENV, FLAVOUR in itertools.product(
                                for word in ("--build-arg", f"{name}={value}")),
         localrule: True
         priority: BEFORE_ANY_MEASUREMENT
+        resources:
+            **IMAGE_STEP,
         shell:
             "{params.python:q} -m containerbench.singularity --dockerfile {input:q} --context {params.repo:q} "
             "--build-arg BASE_IMAGE={params.base:q} {params.flavour} "
