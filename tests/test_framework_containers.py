@@ -34,6 +34,9 @@ def framework_run(container_engines, tmp_path_factory):
               "benchmark": {**TINY["benchmark"], "model": SMOKE_MODEL, "repetitions": 1, "frameworks": FRAMEWORKS},
               "telemetry": {"disturbed_cpu_share": 0.3, "max_steal_share": 0.3},
               "scaling": {"nodes": [1], "ranks_per_node": [2]},
+              # Messages up to 4 KiB: Gloo's round trips on two single-core ranks take 0.2-1.5 ms here, and
+              # torch.distributed's netbench spent half a minute a runtime on sizes up to 64 KiB.
+              "netbench": {"max_bytes": 4096},
               "history": {"store": str(workdir / "history.sqlite")}}
     (workdir / "frameworks.yaml").write_text(yaml.safe_dump(config))
     done = snakemake(ROOT, "--configfile", str(ROOT / "config" / "config.yaml"), str(workdir / "frameworks.yaml"),
