@@ -160,7 +160,10 @@ def test_export_and_every_runtimes_prepare_commands():
         "apptainer": [["apptainer", "build", f"{out}.sif", f"docker-archive:{out}.tar"]],
         "singularity": [["singularity", "build", f"{out}.sif", f"docker-archive:{out}.tar"]],
         "apptainer-def": [["apptainer", "build", f"{out}.sif", f"{out}.def"]],
-        "charliecloud": [["ch-convert", "-i", "podman", "-o", "dir", TAG, f"{out}.ch"],
+        "charliecloud": [["podman", "create", "--read-only", "--name", f"{Path(out).name}.ch-export", TAG, "/bin/true"],
+                         ["podman", "export", "--output", f"{out}.ch.tar", f"{Path(out).name}.ch-export"],
+                         ["podman", "rm", f"{Path(out).name}.ch-export"],
+                         ["ch-convert", "-i", "tar", "-o", "dir", f"{out}.ch.tar", f"{out}.ch"],
                          ["ch-fromhost", "--nvidia", f"{out}.ch"]],
         "enroot": [["enroot", "import", "-o", f"{out}.sqsh", f"podman://{TAG}"]],
         "sarus": [["sarus", "load", f"{out}.tar", "containerbench:0123456789abcdef"]],
@@ -171,7 +174,7 @@ def test_export_and_every_runtimes_prepare_commands():
     assert from_docker["podman"] == [["podman", "load", "-i", f"{out}.tar"]] and from_docker["docker"] == []
     assert from_docker["enroot"][0][-1] == f"dockerd://{TAG}"
     assert from_docker["shifter"][:2] == [["docker", "tag", TAG, remote], ["docker", "push", remote]]
-    assert len(from_docker["charliecloud"]) == 1  # no GPUs: nothing injected
+    assert from_docker["charliecloud"][0][0] == "docker" and from_docker["charliecloud"][-1][0] == "ch-convert"
 
 
 def test_each_runtime_runs_what_its_prepare_commands_made():

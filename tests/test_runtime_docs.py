@@ -185,10 +185,29 @@ def test_charliecloud_injects_the_hosts_nvidia_libraries_for_gpu_runs():
     # and libraries to inject"; "It should be run after ch-convert and before ch-run"; the image must be
     # a directory (bin/ch-fromhost: "image not a directory").
     out = "/clone/build/images/containerbench-0123456789abcdef.ch"
-    assert Charliecloud.prepare_commands(BUILT) == [["ch-convert", "-i", "podman", "-o", "dir", TAG, out],
-                                                    ["ch-fromhost", "--nvidia", out]]
+    assert Charliecloud.prepare_commands(BUILT)[-2:] == [["ch-convert", "-i", "tar", "-o", "dir", f"{out}.tar", out],
+                                                         ["ch-fromhost", "--nvidia", out]]
     cpu_only = BuiltImage(TAG, "podman", "/clone/build/images", gpus=False)
-    assert Charliecloud.prepare_commands(cpu_only) == [["ch-convert", "-i", "podman", "-o", "dir", TAG, out]]
+    assert Charliecloud.prepare_commands(cpu_only)[-1] == ["ch-convert", "-i", "tar", "-o", "dir", f"{out}.tar", out]
+
+
+def test_charliecloud_converts_the_engines_flat_export_as_ch_convert_does_without_gzip():
+    # CHARLIECLOUD bin/ch-convert, dockman_to_tar: `cid=$("$1" create --read-only "$2" /bin/true)`, then
+    # `"$1" export "$cid"`, `"$1" rm "$cid"`, the image's Config.Env appended as ch/environment, then
+    # `gzip_ -6`; dockman_to_dir unpacks that again ("FIXME: needlessly compresses"). doc/ch-convert.rst,
+    # FMT tar: "the output of docker export works". doc/ch-run.rst, --set-env: "If there is no argument,
+    # the file /ch/environment within the image is used" (the file images.charliecloud_image writes).
+    out = "/clone/build/images/containerbench-0123456789abcdef.ch"
+    container, flat_tar = "containerbench-0123456789abcdef.ch-export", f"{out}.tar"
+    assert Charliecloud.export_paths(out) == (container, flat_tar)
+    for engine in ("podman", "docker"):  # docker export and podman export both take --output
+        built = BuiltImage(TAG, engine, "/clone/build/images", gpus=False)
+        assert Charliecloud.prepare_commands(built) == [
+            [engine, "create", "--read-only", "--name", container, TAG, "/bin/true"],
+            [engine, "export", "--output", flat_tar, container],
+            [engine, "rm", container],
+            ["ch-convert", "-i", "tar", "-o", "dir", flat_tar, out]]
+    assert Charliecloud.environment_file(out) == f"{out}/ch/environment"
 
 
 @pytest.mark.skipif(ch_run_version() is None, reason="needs ch-run (scripts/container-engines.sh install)")

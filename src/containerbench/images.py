@@ -9,7 +9,7 @@ provenance hash. Every step is an argv builder plus a small runner:
   python -m containerbench.images wheelhouse       pip download the lock, build the Horovod wheel once
   python -m containerbench.images build            <engine> build --network none -> stamp JSON
   python -m containerbench.images export           <engine> save -> build/images/containerbench.tar
-  python -m containerbench.images charliecloud     ch-convert -> build/images/containerbench.ch
+  python -m containerbench.images charliecloud     export, ch-convert -> build/images/containerbench.ch
   python -m containerbench.images charliecloud-nvidia   ch-fromhost --nvidia, on a GPU node
   python -m containerbench.images load             <other engine> load the archive -> its stamp JSON
   python -m containerbench.images prepare --runtime R   apptainer, singularity, enroot, sarus, podman-hpc:
@@ -506,15 +506,34 @@ def clear_dev(image_dir: Path) -> list[str]:
 
 def charliecloud_image(engine: str, tag: str, out: Path = CHARLIECLOUD_DIR, force: bool = False,
                        timeout: float = DEFAULT_STEP_TIMEOUT_S) -> Path:
-    """Convert unless OUT was already made from this very image (its id is kept in OUT.image-id)."""
-    marker, image_id = Path(f"{out}.image-id"), image_digest(engine, tag)
+    """Convert unless OUT was already made from this very image (its id is kept in OUT.image-id):
+    the engine exports the image flat, ch-convert unpacks that tarball (Charliecloud.export_argvs says
+    why not `ch-convert -i ENGINE` itself), and the image's ENV goes where ch-run --set-env reads it."""
+    info = inspect_image(engine, tag)
+    marker, image_id = Path(f"{out}.image-id"), image_digest(engine, tag, info)
     if not force and marker.exists() and marker.read_text().strip() == image_id and (out / "ch").is_dir():
         return out
     marker.unlink(missing_ok=True)
     shutil.rmtree(out, ignore_errors=True)
     out.parent.mkdir(parents=True, exist_ok=True)
-    run_step("charliecloud (ch-convert)", Charliecloud.convert_argv(engine, tag, str(out)),
-             env=engine_env("charliecloud"), timeout=timeout)
+    container, flat_tar = Charliecloud.export_paths(str(out))
+    create, export, remove = Charliecloud.export_argvs(engine, tag, container, flat_tar)
+    # Before: a conversion killed between create and rm left its container, whose name create would
+    # refuse. After, whatever failed: the container and the 2 GB tarball go.
+    forget = [*remove[:-1], "--force", remove[-1]]
+    subprocess.run(forget, capture_output=True, env=engine_env(engine), timeout=QUERY_TIMEOUT_S, check=False)
+    try:
+        run_step("charliecloud (create)", create, env=engine_env(engine), timeout=QUERY_TIMEOUT_S, capture=True)
+        run_step("charliecloud (export)", export, env=engine_env(engine), timeout=timeout)
+        run_step("charliecloud (rm)", remove, env=engine_env(engine), timeout=QUERY_TIMEOUT_S, capture=True)
+        run_step("charliecloud (ch-convert)", Charliecloud.convert_argv(flat_tar, str(out)),
+                 env=engine_env("charliecloud"), timeout=timeout)
+    finally:
+        subprocess.run(forget, capture_output=True, env=engine_env(engine), timeout=QUERY_TIMEOUT_S, check=False)
+        Path(flat_tar).unlink(missing_ok=True)
+    environment = Path(Charliecloud.environment_file(str(out)))
+    environment.parent.mkdir(parents=True, exist_ok=True)
+    environment.write_text("".join(f"{pair}\n" for pair in info["Config"].get("Env") or []))
     clear_dev(out)
     marker.write_text(image_id + "\n")
     return out
