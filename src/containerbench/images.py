@@ -340,6 +340,12 @@ def make_flavour_wheelhouse(flavour: MpiFlavour, bench_python: Path = BENCH_PYTH
     build finds first on PATH. Built once, like the env's Horovod wheel (2-3 minutes)."""
     base, dest = root / env.wheelhouse, root / flavour.wheelhouse(env)
     dest.mkdir(parents=True, exist_ok=True)
+    version = horovod_version(root, env)
+    if version and not (base / f"horovod-{version}.tar.gz").exists():
+        # Horovod's sources, as the env's wheelhouse step fetches them: this step needs nothing else from
+        # it first (`make test` runs it beside setup's last steps, before any workflow; the workflow's run of
+        # it links the rest).
+        run_step("wheelhouse (horovod sdist)", sdist_argv(bench_python, base, version), timeout=timeout)
     for wheel in base.iterdir():
         target = dest / wheel.name
         if wheel.name.startswith("horovod-") and wheel.suffix == ".whl" or target.exists():
@@ -348,7 +354,7 @@ def make_flavour_wheelhouse(flavour: MpiFlavour, bench_python: Path = BENCH_PYTH
     host_version = _bench_query(bench_python, "import sys; print('%d.%d' % sys.version_info[:2])")
     run_step(f"wheelhouse ({flavour.name})", mpi_wheel_argv(bench_python, dest, flavour.wheels, host_version),
              timeout=timeout)
-    version, abi = horovod_version(root, env), "cp" + host_version.replace(".", "")
+    abi = "cp" + host_version.replace(".", "")
     wheel = dest / f"horovod-{version}-{abi}-{abi}-linux_x86_64.whl"
     if version and not wheel.exists():  # PyTorch's image has no Horovod: the MPI wheel is all it adds
         prefix = root / BUILD / "mpi" / flavour.name / "prefix"
