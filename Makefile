@@ -12,7 +12,7 @@ SNAKEMAKE_ARGS ?=
 help:
 	@echo "make run        set up, then run the benchmark workflow ($(PROFILE), config/config.yaml)"
 	@echo "make test       set up, then run the whole test suite (root: it installs engines and Slurm)"
-	@echo "make ready      what run and test do first: setup and the base image, two at a time"
+	@echo "make ready      what run and test do first: setup and the base image (for test also the MPICH wheel), two at a time"
 	@echo "make test-fast  the developer loop: tests that need only the workflow venv (no root, minutes)"
 	@echo "make dry-run    show what the workflow would run"
 	@echo "make clean-images  remove the built images (every flavour of IMAGE_TAG) from the engines and build/images"

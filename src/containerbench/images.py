@@ -524,8 +524,8 @@ def charliecloud_image(engine: str, tag: str, out: Path = CHARLIECLOUD_DIR, forc
     out.parent.mkdir(parents=True, exist_ok=True)
     container, flat_tar = Charliecloud.export_paths(str(out))
     create, export, remove = Charliecloud.export_argvs(engine, tag, container, flat_tar)
-    # Before: a conversion killed between create and rm left its container, whose name create would
-    # refuse. After, whatever failed: the container and the 2 GB tarball go.
+    # A conversion killed between create and rm leaves its container, whose name create would refuse:
+    # forgotten first. And whatever fails here, the container and the 2 GB tarball go.
     forget = [*remove[:-1], "--force", remove[-1]]
     subprocess.run(forget, capture_output=True, env=engine_env(engine), timeout=QUERY_TIMEOUT_S, check=False)
     try:

@@ -705,7 +705,7 @@ class Charliecloud(ContainerRuntime):
     def export_argvs(engine: str, tag: str, container: str, flat_tar: str) -> list[list[str]]:
         """The image as one flat tarball: what `ch-convert -i podman` (or docker) does first (bin/ch-convert,
         dockman_to_tar: create --read-only, export, rm), without what it does next: gzip it, only to unpack it
-        again (its own comment: "FIXME: needlessly compresses"). For a 2 GB image that is 72 s of one core."""
+        again (its own comment: "FIXME: needlessly compresses"). For a 2 GB image that is 72 s of one core here."""
         return [[engine, "create", "--read-only", "--name", container, tag, "/bin/true"],
                 [engine, "export", "--output", flat_tar, container],
                 [engine, "rm", container]]
@@ -723,8 +723,8 @@ class Charliecloud(ContainerRuntime):
         inspect (Config.Env), as ch-convert's own export does."""
         return f"{out}/ch/environment"
 
-    @classmethod
-    def export_paths(cls, out: str) -> tuple[str, str]:
+    @staticmethod
+    def export_paths(out: str) -> tuple[str, str]:
         """The container and flat tarball a conversion into OUT uses, named after it."""
         return f"{os.path.basename(out)}-export", f"{out}.tar"
 
