@@ -76,7 +76,9 @@ case "$side" in
       if ! ls "$wheelhouse"/horovod-"$horovod_version"-*.whl >/dev/null 2>&1; then
         echo "setup-venv: building horovod $horovod_version against TensorFlow (2-5 minutes; with NCCL more)" >&2
         mkdir -p "$wheelhouse"
-        env "${gpu_build[@]}" "${compiler_cache[@]}" HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 \
+        # Without debug information (the toolchain file says why; images.horovod_build_env sets the same).
+        env "${gpu_build[@]}" "${compiler_cache[@]}" CMAKE_TOOLCHAIN_FILE="$root/scripts/horovod-without-debug-info.cmake" \
+        HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 \
         HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=${HOROVOD_WITH_MPI:-1} MAKEFLAGS="-j$(nproc)" \
           "$venv/bin/python" -m pip wheel --quiet --no-cache-dir --no-deps --no-build-isolation \
             "horovod==$horovod_version" -w "$wheelhouse"

@@ -215,6 +215,32 @@ def test_base_and_wheelhouse_argvs(tmp_path):
     assert images.apt_mirror("bookworm", [tmp_path / "debian.sources"]) == "http://one.example/debian"
 
 
+# Horovod 0.28.1's sdist: setup.py configures CMake with -DCMAKE_BUILD_TYPE=RelWithDebInfo (custom_build_ext,
+# unless HOROVOD_DEBUG), and CMakeLists.txt then replaces -O2 by -O3 in CMAKE_CXX_FLAGS_RELWITHDEBINFO
+# ("RelWithDebInfo uses -O2, prefer performance over debug info"). The project below does the same two things.
+HOROVOD_LIKE_PROJECT = """cmake_minimum_required(VERSION 3.13)
+project(horovod_like CXX)
+string(REPLACE "-O2" "-O3" CMAKE_CXX_FLAGS_RELWITHDEBINFO "${CMAKE_CXX_FLAGS_RELWITHDEBINFO}")
+message(STATUS "compile flags: ${CMAKE_CXX_FLAGS_RELWITHDEBINFO}")
+"""
+
+
+def test_horovods_compile_keeps_its_optimisation_without_debug_information(tmp_path, bench_python):
+    (tmp_path / "CMakeLists.txt").write_text(HOROVOD_LIKE_PROJECT)
+    configured = {}
+    for name, env in (("cmake's own", {k: v for k, v in images.horovod_build_env(ROOT).items()
+                                       if k != "CMAKE_TOOLCHAIN_FILE"}),
+                      ("ours", images.horovod_build_env(ROOT))):
+        done = subprocess.run(["cmake", "-S", str(tmp_path), "-B", str(tmp_path / name.replace(" ", "-")),
+                               "-DCMAKE_BUILD_TYPE=RelWithDebInfo"], env=env, capture_output=True, text=True,
+                              timeout=120)
+        assert done.returncode == 0, done.stderr[-2000:]
+        configured[name] = re.search(r"^-- compile flags: (.*)$", done.stdout, re.M)[1]
+    assert configured == {"cmake's own": "-O3 -g -DNDEBUG", "ours": "-O3 -DNDEBUG"}
+    assert images.horovod_build_env(ROOT)["CMAKE_TOOLCHAIN_FILE"] == str(ROOT / images.HOROVOD_TOOLCHAIN)
+    assert images.horovod_build_env(ROOT, PATH="/x")["PATH"] == "/x"
+
+
 def test_engine_usable_reports_missing_binary(monkeypatch):
     monkeypatch.setenv("PATH", "/nonexistent")
     assert engine_usable("docker") == (False, "docker is not installed (not on PATH)")
