@@ -370,7 +370,7 @@ def test_a_links_job_waits_for_the_jobs_before_it_on_both_of_its_nodes():
 
 def test_half_the_fleets_figure_fails_however_wide_a_small_fleets_spread():
     # Three links between good nodes, one of them crippled: it widens the MAD it is measured against
-    # (these are the test cluster's figures, a 20 Mbit/s cap on n1+n2), and its z stays small.
+    # (figures the test cluster measured with a 20 Mbit/s cap on n1+n2), and its z stays small.
     variable = "netbench/bare-metal/fast/2x1/allreduce_busbw_GBps@1048576"
     latency = "netbench/bare-metal/fast/2x1/pingpong_latency_us@1"
     values = pd.DataFrame({"variable": [variable] * 3 + [latency] * 3, "value": [0.001, 3.125, 2.382, 5.5, 5.2, 5.4]})

@@ -1,6 +1,6 @@
 """`snakemake validate_nodes` on a real four-node Slurm cluster (tests/slurm/cluster.sh, CB_NODES=4)
 with one node made slow for real (a CPU quota on its slurmd's cgroup), one link made slow for real
-(a 20 Mbit/s cap on the pair's fast network) and one link job cancelled from outside while it runs: the verdict
+(a 100 Mbit/s cap on the pair's fast network) and one link job cancelled from outside while it runs: the verdict
 must name exactly that node, that link and that job, with Slurm's own word for the cancellation."""
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def test_validate_nodes_names_the_slowed_node_the_slowed_link_and_the_cancelled_
     site = tmp_path / "site.yaml"
     site.write_text(yaml.safe_dump({"bare_metal": {"python": str(BENCH_PYTHON)}}))
     subprocess.run([str(CLUSTER), "slow-node", str(four_nodes), SLOW_NODE, "40"], check=True, timeout=60)
-    subprocess.run([str(CLUSTER), "slow-link", str(four_nodes), *SLOW_LINK, "20mbit"], check=True, timeout=60)
+    subprocess.run([str(CLUSTER), "slow-link", str(four_nodes), *SLOW_LINK, "100mbit"], check=True, timeout=60)
     cancelled, stop = [], threading.Event()
     watcher = threading.Thread(target=cancel_when_running,
                                args=(four_nodes, f"containerbench-fleet-{CANCELLED_LINK}", cancelled, stop))
