@@ -11,7 +11,7 @@ SNAKEMAKE_ARGS ?=
 
 help:
 	@echo "make run        set up, then run the benchmark workflow ($(PROFILE), config/config.yaml)"
-	@echo "make test       set up, then run the whole test suite (root: it installs engines and Slurm)"
+	@echo "make test       set up, then run the whole test suite (root: it installs engines and Slurm); the fast tests run beside setup"
 	@echo "make ready      what run and test do first: setup and the base image (for test also the MPICH wheel), two at a time"
 	@echo "make test-fast  the developer loop: tests that need only the workflow venv (no root, minutes)"
 	@echo "make dry-run    show what the workflow would run"
@@ -83,9 +83,10 @@ run: ready
 dry-run: $(VENV)/.containerbench-ready
 	$(VENV)/bin/snakemake --profile $(PROFILE) --dry-run $(SNAKEMAKE_ARGS)
 
-test: READY_ALSO = test-wheelhouses
-test: ready
-	$(VENV)/bin/python -m pytest -m "not gpu_env" $(PYTEST_ARGS)
+# `make ready` with the MPICH flavour's wheel, and every test but the GPU environment's: those that need only
+# the workflow venv (FAST) run beside the rest of ready, the others after it (scripts/test-suite.sh).
+test:
+	MAKE="$(MAKE)" VENV=$(VENV) SYSTEM_DEPS=$(SYSTEM_DEPS) scripts/test-suite.sh "$(FAST)" $(PYTEST_ARGS)
 
 # No training, no container engine, no Slurm, no root: what each marker means is in pyproject.toml.
 FAST := not slow and not bench and not root and not containers and not slurm and not netns and not gpu_env

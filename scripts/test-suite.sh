@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# `make test`: `make ready` (with the MPICH flavour's wheel) and the whole suite but the GPU environment's.
+#
+#   scripts/test-suite.sh FAST_MARKERS [PYTEST_ARGS...]     (MAKE, VENV and SYSTEM_DEPS from the Makefile)
+#
+# The tests that need only the workflow venv (FAST_MARKERS, `make test-fast`'s) start as soon as that venv
+# and the system packages are in place, beside the rest of `make ready`: they keep one core busy, and
+# ready's pip installs and compiles leave the second idle much of the time (docs/developing.md, Timings).
+# Their output is held in a log and shown whole when they end. The other tests need what ready makes,
+# and run after it. Exit status: the first failure of ready, the fast tests, the rest; pytest's 5 (no
+# test selected, e.g. by a -k in PYTEST_ARGS) is not one for either part alone.
+set -uo pipefail
+fast=${1:?FAST_MARKERS}
+shift
+make=${MAKE:-make}
+venv_ready=${VENV:-.venv}/.containerbench-ready
+system_deps=${SYSTEM_DEPS:-build/system-deps.done}
+python=${VENV:-.venv}/bin/python
+log=build/logs/tests/fast-beside-ready.txt
+ready_ended=$(mktemp)
+trap 'rm -f "$ready_ended"' EXIT
+mkdir -p "$(dirname "$log")"
+
+( "$make" --no-print-directory ready READY_ALSO=test-wheelhouses; echo $? > "$ready_ended" ) &
+ready=$!
+
+# `make -q` answers 0 once both are made and up to date (a stale venv is being remade until then).
+fast_rc=
+until [[ -s $ready_ended ]]; do
+  if "$make" --no-print-directory -q "$venv_ready" "$system_deps" 2>/dev/null; then
+    "$python" -m pytest -m "$fast" "$@" > "$log" 2>&1
+    fast_rc=$?
+    break
+  fi
+  sleep 2
+done
+wait "$ready"
+ready_rc=$(cat "$ready_ended")
+if [[ -z $fast_rc ]] && ((ready_rc == 0)); then  # ready was faster than the polling: run them now
+  "$python" -m pytest -m "$fast" "$@" > "$log" 2>&1
+  fast_rc=$?
+fi
+if [[ -n $fast_rc ]]; then
+  echo "== the tests that need only the workflow venv, run beside make ready ($log) =="
+  cat "$log"
+fi
+((ready_rc == 0)) || exit "$ready_rc"
+
+"$python" -m pytest -m "not gpu_env and not ($fast)" "$@"
+rest_rc=$?
+for rc in "$fast_rc" "$rest_rc"; do
+  ((rc == 0 || rc == 5)) || exit "$rc"
+done
+((fast_rc == 5 && rest_rc == 5)) && exit 5
+exit 0
