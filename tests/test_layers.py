@@ -11,7 +11,15 @@ import pytest
 from helpers import ROOT
 
 PACKAGE = ROOT / "src" / "containerbench"
-MODULES = sorted(path.stem for path in PACKAGE.glob("*.py") if path.stem != "__init__")
+
+
+def module_name(path) -> str:
+    """A source file's module, relative to the package: "config", "runtimes" (its __init__), "runtimes.oci"."""
+    parts = path.relative_to(PACKAGE).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = sorted(name for name in map(module_name, PACKAGE.rglob("*.py")) if name)
 
 # Each layer may use the layers before it, never one after it or its own (so no cycle can form).
 # The benchmark side (bench, netbench and what they use) is what the provenance hash covers.
@@ -29,23 +37,46 @@ LAYERS = [
     ("command line", {"cli"}),
     ("python -m containerbench", {"__main__"}),
 ]
+# A subpackage sits in its package's layer; inside, its modules have layers of their own, in the same
+# rule: the base classes, the runtimes built on them, those built on a runtime, the registry.
+SUBPACKAGE_LAYERS = {
+    "runtimes": [{"runtimes.base"},
+                 {"runtimes.bare_metal", "runtimes.oci", "runtimes.apptainer", "runtimes.shifter",
+                  "runtimes.charliecloud", "runtimes.enroot", "runtimes.sarus"},
+                 {"runtimes.podman_hpc"},
+                 {"runtimes"}],
+}
 # Imported by the ranks, in the benchmark venv (TensorFlow, mpi4py); the rest runs in the workflow venv.
 BENCHMARK_SIDE = {"bench", "netbench", "distribution", "datasets", "provenance", "markers", "telemetry", "torchbench",
                   "torchmodels", "torchdata"}
 
 
+def source(module: str):
+    path = PACKAGE.joinpath(*module.split("."))
+    return path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+
+
+def imported_module(dotted: str) -> str:
+    """The module of the package that `import containerbench.<dotted>` loads, less the prefix."""
+    name = dotted.removeprefix("containerbench.")
+    assert name in MODULES, f"containerbench.{name} is not a module of the package"
+    return name
+
+
 def package_imports(module: str) -> set[str]:
     """Every containerbench module `module` imports, at top level or inside a function."""
-    tree = ast.parse((PACKAGE / f"{module}.py").read_text())
+    tree = ast.parse(source(module).read_text())
     found = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            found |= {alias.name.split(".")[1] for alias in node.names if alias.name.startswith("containerbench.")}
+            found |= {imported_module(alias.name) for alias in node.names if alias.name.startswith("containerbench.")}
         elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "containerbench":
-            if node.module == "containerbench":  # from containerbench import config, launch
-                found |= {alias.name for alias in node.names if alias.name in MODULES}
-            else:
-                found.add(node.module.split(".")[1])
+            package = node.module.removeprefix("containerbench").removeprefix(".")
+            # from containerbench import config, launch; from containerbench.runtimes import oci
+            submodules = {".".join(filter(None, (package, alias.name))) for alias in node.names}
+            found |= submodules & set(MODULES)
+            if package:
+                found.add(imported_module(node.module))
     return found - {module}
 
 
@@ -81,13 +112,26 @@ def test_the_package_has_no_import_cycle():
     assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
 
 
+def layers() -> dict[str, tuple[int, int]]:
+    """module -> (its layer, its layer inside its subpackage: 0 outside one)."""
+    layer_of = {module: (index, 0) for index, (_, modules) in enumerate(LAYERS) for module in modules}
+    for package, inner in SUBPACKAGE_LAYERS.items():
+        outer = layer_of.pop(package)[0]
+        layer_of |= {module: (outer, index) for index, modules in enumerate(inner) for module in modules}
+    return layer_of
+
+
 def test_every_module_sits_above_the_modules_it_imports():
-    layer_of = {module: index for index, (_, modules) in enumerate(LAYERS) for module in modules}
-    assert set(layer_of) == set(MODULES), "a new module needs a place in LAYERS"
+    layer_of = layers()
+    assert set(layer_of) == set(MODULES), "a new module needs a place in LAYERS (or SUBPACKAGE_LAYERS)"
     for module in MODULES:
         for used in package_imports(module):
-            assert layer_of[used] < layer_of[module], (
-                f"{module} ({LAYERS[layer_of[module]][0]}) imports {used} ({LAYERS[layer_of[used]][0]})")
+            (outer, inner), (used_outer, used_inner) = layer_of[module], layer_of[used]
+            # Inside one layer only a subpackage's modules use each other, each only the ones below it.
+            package = module.split(".")[0]
+            same_package = package in SUBPACKAGE_LAYERS and used.split(".")[0] == package
+            below = used_outer < outer or (used_outer == outer and same_package and used_inner < inner)
+            assert below, f"{module} ({LAYERS[outer][0]}) imports {used} ({LAYERS[used_outer][0]})"
 
 
 def imports_alone(python, module: str) -> None:
@@ -117,7 +161,7 @@ def test_each_pytorch_side_module_imports_alone_in_the_pytorch_venv(module, torc
 
 
 def test_log_markers_are_spelled_only_in_markers_py():
-    for path in PACKAGE.glob("*.py"):
+    for path in PACKAGE.rglob("*.py"):
         if path.name != "markers.py":
             text = path.read_text()
             for marker in ("containerbench-launch ", "containerbench-exit ", "containerbench-result ",

@@ -21,6 +21,7 @@ from containerbench.runtimes import (
     Charliecloud,
     Docker,
     Enroot,
+    NativeMpi,
     Podman,
     PodmanHPC,
     RunRequest,
@@ -416,3 +417,11 @@ def test_charliecloud_without_write_fake_binds_no_work_directory():
     argv = Charliecloud("/img", write_fake=False).rank_argv(SITE)
     assert "--bind=/datasets/imagenet:/mnt" in argv and not any(a.startswith("--bind=/scratch") for a in argv)
     assert "--cd=/" in argv
+
+
+def test_runtime_for_gives_the_launch_settings_to_the_constructor():
+    config = {"images": {"podman": {"image": "x", "mpi_model": "native", "available": "compute-nodes"}},
+              "launcher": {"kind": "srun"}, "native_mpi": {"library": "/host/libmpich.so.12"}}
+    expected = Podman("x", launcher="srun", mpi_model="native", srun_mpi="pmi2", available="compute-nodes",
+                      native_mpi=NativeMpi(library="/host/libmpich.so.12"))
+    assert vars(runtime_for("podman", config)) == vars(expected)

@@ -321,10 +321,6 @@ def cmd_freeze_image(args) -> int:
     return 0
 
 
-# What the site names in images.<runtime>.image where the workflow cannot build the image (Shifter's gateway).
-SITE_IMAGE = {"shifter": "id:SHIFTERIMG_LOOKUP_ID"}
-
-
 def every_runtime(config: dict, repo: Path) -> str:
     """Every runtime in each MPI model it supports, for the config's first run: its prepare commands
     and the run's argv and environment, whether or not the config's sweep names it."""
@@ -343,8 +339,8 @@ def every_runtime(config: dict, repo: Path) -> str:
                 settings = {key: value for key, value in (one["images"].get(name) or {}).items()
                             if key not in cb_config.IMAGE_KEYS}
                 settings["mpi_model"] = model
-                if name == "shifter":  # its gateway serves images: a site's (MPICH-based for native)
-                    settings["image"] = settings["torch_image"] = SITE_IMAGE[name]
+                if CONTAINER_RUNTIMES[name].placeholder_image:  # the workflow cannot build its image
+                    settings["image"] = settings["torch_image"] = CONTAINER_RUNTIMES[name].placeholder_image
                 one["images"][name] = settings
             title = f"{name} ({model})"
             try:

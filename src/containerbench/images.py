@@ -13,7 +13,7 @@ provenance hash. Every step is an argv builder plus a small runner:
   python -m containerbench.images charliecloud-nvidia   ch-fromhost --nvidia, on a GPU node
   python -m containerbench.images load             <other engine> load the archive -> its stamp JSON
   python -m containerbench.images prepare --runtime R   apptainer, singularity, enroot, sarus, podman-hpc:
-                                                   the commands of R's class (runtimes.py)
+                                                   the commands of R's class (containerbench.runtimes)
   python -m containerbench.images print-commands   every runtime's image commands, printed
   python -m containerbench.images remove           the tag from each engine, and every file made from it
 
@@ -700,8 +700,9 @@ def check_bench_env(config: dict, repo: Path | str, artifacts: dict[ImageUse, st
 
 
 # Runtimes whose artifact `images prepare` makes from the archive or the engine's store, with
-# nothing of their own to check (docker/podman load and Charliecloud have their own steps).
-CONVERTED = ("apptainer", "singularity", "enroot", "sarus", "podman-hpc")
+# nothing of their own to check (their class's prepare_from; docker/podman load and Charliecloud
+# have their own steps).
+CONVERTED = tuple(name for name, cls in CONTAINER_RUNTIMES.items() if cls.prepare_from)
 
 
 def prepare_runtime(name: str, image: BuiltImage, timeout: float = DEFAULT_STEP_TIMEOUT_S) -> str:

@@ -2,7 +2,7 @@
 
 Some arguments of a rank's container command are only known on the node, when
 the rank starts: the names of the variables mpirun/srun set for it (OMPI_*,
-PMIX_*, SLURM_*...) and the node's device files. The plan (runtimes.py) puts
+PMIX_*, SLURM_*...) and the node's device files. The plan (containerbench.runtimes) puts
 
     <host python> -m containerbench.rankexec [--pass-prefix P]... [--pass-name N]...
         [--env-prefix X] [--env-form name|value] [--insert-after WORD]

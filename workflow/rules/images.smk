@@ -234,19 +234,21 @@ for BENCH_ENV, FLAVOUR in itertools.product(
 
     # Runtimes that make their artifact from the archive or the engine's store with their own
     # commands (their classes' prepare_commands): one rule each, made here from the class list.
-    # (apptainer and singularity make the same .sif: one rule, singularity's only when the sweep names it
-    # and not apptainer.)
-    PREFERRED = sorted(cb_images.CONVERTED, key=lambda name: (name in config["runtimes"], name == "apptainer"))
+    # (Runtimes that run the same artifact, apptainer's and singularity's .sif: one rule, the one the
+    # sweep names, else the artifact's owner's.)
+    PREFERRED = sorted(cb_images.CONVERTED, key=lambda name: (name in config["runtimes"],
+                                                              runtimes.CONTAINER_RUNTIMES[name].artifact_owner))
     PREPARED = {FILES[name]: name for name in PREFERRED}
     for runtime in sorted(PREPARED.values()):
+        FROM = runtimes.CONTAINER_RUNTIMES[runtime].prepare_from  # the files its prepare step starts from
 
         rule:
             name:
                 f"image_{runtime.replace('-', '_')}{S}"
             input:
-                # enroot imports from the engine's store; the others start from the archive
-                image=getattr(rules, f"image_build{S}").output if runtime == "enroot" else getattr(rules, f"image_archive{S}").output,
-                definition=getattr(rules, f"singularity_definition{S}").output if runtime in ("apptainer", "singularity") else [],
+                # the build engine's store (enroot) or the archive, and the definition made beside the .sif
+                image=getattr(rules, f"image_build{S}").output if "store" in FROM else getattr(rules, f"image_archive{S}").output,
+                definition=getattr(rules, f"singularity_definition{S}").output if "definition" in FROM else [],
             output:
                 FILES[runtime],
             log:

@@ -1,0 +1,327 @@
+"""What every runtime shares: the run request, the built image, the Runtime and ContainerRuntime
+base classes with their hooks, and the registry a runtime class joins with @register."""
+
+from __future__ import annotations
+
+import abc
+import getpass
+import os
+import re
+import shlex
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+
+# Set by mpirun (Open MPI, MPICH Hydra) or srun for each rank; the MPI/PMI library in the image needs them.
+RANK_PREFIXES = ("OMPI_", "PMIX_", "PMI_", "SLURM_", "HYDRA_", "MPI_LOCALRANKID", "MPI_LOCALNRANKS")
+# Slurm's per-task GPU binding, for runtimes whose ranks stay in the task's device cgroup.
+SLURM_GPU_VARS = ("CUDA_VISIBLE_DEVICES",)
+RANKEXEC = "containerbench.rankexec"
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """What one rank must run, independent of where it runs."""
+
+    module: str  # e.g. "containerbench.bench"
+    args: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)  # fabric and benchmark variables for the rank
+    workdir: str = "."  # bound at the same path in containers, and the rank starts there
+    gpus: bool = False  # give the rank the node's NVIDIA GPUs
+    binds: tuple[str, ...] = ()  # further host paths bound at the same path (data sets)
+    infiniband: bool = False  # give the rank the RDMA devices and unlimited locked memory
+    ranks_per_node: int = 1  # the rank's peers on its node, itself included
+
+
+def host_environment() -> dict[str, str]:
+    """This process's environment, with USER set: ch-run refuses to start without it (CI may not set it)."""
+    return {**os.environ, "USER": os.environ.get("USER") or getpass.getuser()}
+
+
+def run_probe(argv: tuple[str, ...] | list[str], env: dict[str, str] | None = None,
+              timeout: float = 20) -> tuple[bool, str]:
+    """Run a runtime's quick check: (True, its first output line) or (False, a one-line reason).
+    A one-word probe only checks that the program is installed."""
+    if shutil.which(argv[0]) is None:
+        return False, f"{argv[0]} is not installed (not on PATH)"
+    if len(argv) == 1:
+        return True, ""
+    try:
+        done = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout,
+                              env=env or host_environment())
+    except subprocess.TimeoutExpired:
+        return False, f"`{shlex.join(argv)}` did not answer within {timeout:g} s"
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        return False, f"`{shlex.join(argv)}` failed: {last[:200]}"
+    return True, (done.stdout.strip().splitlines() or [""])[0]
+
+
+@dataclass(frozen=True)
+class BuiltImage:
+    """The one image the workflow builds (containers/Dockerfile, by `engine`) and where the files
+    made from it go. Every file is named after the tag, so a file made from another image (or by
+    hand) is never taken for this one."""
+
+    tag: str
+    engine: str = "podman"
+    build_dir: str = "build/images"
+    gpus: bool = False  # runs give the ranks GPUs: a runtime may need the host's driver in its image
+
+    @property
+    def name(self) -> str:
+        """NAME:TAG, the tag without its registry."""
+        return self.tag.rsplit("/", 1)[-1]
+
+    @property
+    def slug(self) -> str:
+        return re.sub(r"[^A-Za-z0-9_.-]+", "-", self.name)
+
+    def file(self, suffix: str) -> str:
+        return f"{self.build_dir}/{self.slug}{suffix}"
+
+    @property
+    def archive(self) -> str:
+        """The docker archive every converting runtime starts from."""
+        return self.file(".tar")
+
+    @property
+    def definition(self) -> str:
+        """containers/Dockerfile as a Singularity definition (containerbench.singularity)."""
+        return self.file(".def")
+
+
+# Options of images.<runtime> that are about launching, not about the runtime's own argv.
+LAUNCH_OPTIONS = ("srun_mpi", "available", "package", "mpi_model")
+MPI_MODELS = ("hybrid", "native")
+
+
+@dataclass(frozen=True)
+class NativeMpi:
+    """The native MPI model: the image's MPICH-ABI libmpi is replaced at run time by the host's.
+    `library` is the host's (on every node, at this path), `image_library` the file in the image it
+    replaces; the rank loads the host's under the image's file name, which LD_LIBRARY_PATH finds
+    for every later library that links libmpi.so.12 (the host's file has its own soname, e.g.
+    Debian's libmpich.so.12)."""
+
+    library: str = "/usr/lib/x86_64-linux-gnu/libmpich.so.12"
+    image_library: str = "/opt/containerbench/venv/lib/libmpi.so.12"
+
+    @property
+    def bind(self) -> tuple[str, str]:
+        return self.library, self.image_library
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {"LD_LIBRARY_PATH": os.path.dirname(self.image_library)}
+
+
+class Runtime(abc.ABC):
+    """Base class: the argv that starts one rank, and the variables it needs. The class holds what
+    the runtime is (its documented facts); the constructor takes how the config runs it."""
+
+    name = ""
+    requires_launcher: str | None = None  # the only launcher kind this runtime works under, if any
+    default_mpi_model = "hybrid"  # the model when the config names none
+    # How this runtime swaps the host's MPICH-ABI libmpi in for the native model, by its documentation;
+    # None: it cannot.
+    native_support: str | None = None
+    probe: tuple[str, ...] = ()  # a quick command that succeeds only where the runtime can run here
+
+    def __init__(self, *, launcher: str = "none", mpi_model: str | None = None, srun_mpi: str | None = None,
+                 available: str = "everywhere", package: str = "image", native_mpi: NativeMpi = NativeMpi()):
+        """launcher: the launcher kind its ranks start under. mpi_model: hybrid, the image's own MPI wired
+        up by the host's launcher, or native, the host's libmpi swapped in (native_mpi). srun_mpi: srun's
+        MPI plugin for its runs (None: launcher.srun_mpi); an image's MPI decides it, PMIx for Open MPI,
+        PMI2 for MPICH (Slurm's mpi_guide, "srun --mpi"). available: "compute-nodes" where it is not
+        installed where the workflow runs (a login node without Apptainer, say), so the pre-flight check
+        probes it on a compute node instead of the planning step here. package: "clone" where the ranks
+        import containerbench from the workflow's clone, bound into the container (an image the site
+        supplies, e.g. a vendor's, has TensorFlow and Horovod but not this package)."""
+        self.launcher, self.mpi_model = launcher, mpi_model or self.default_mpi_model
+        self.srun_mpi, self.available, self.package, self.native_mpi = srun_mpi, available, package, native_mpi
+
+    @abc.abstractmethod
+    def rank_argv(self, request: RunRequest) -> list[str]:
+        """The words that start one rank."""
+
+    def environment(self, request: RunRequest) -> dict[str, str]:
+        """The variables the launcher sets on the host and forwards (mpirun -x)."""
+        return {"CONTAINERBENCH_RUNTIME": self.name, **request.env, **self.native_env()}
+
+    @property
+    def native(self) -> bool:
+        return self.mpi_model == "native"
+
+    def native_env(self) -> dict[str, str]:
+        """What the native model adds to a rank's environment (the bind model's LD_LIBRARY_PATH)."""
+        return self.native_mpi.env if self.native and self.native_support == "bind" else {}
+
+    def check_mpi_model(self) -> None:
+        if self.mpi_model not in MPI_MODELS:
+            raise ValueError(f"runtime {self.name!r}: mpi_model {self.mpi_model!r} is not allowed; "
+                             f"allowed: {', '.join(MPI_MODELS)}")
+        if self.native and self.native_support is None:
+            raise ValueError(f"runtime {self.name!r} has no documented way to swap the host's MPI in; "
+                             "allowed: mpi_model hybrid")
+
+    def launcher_options(self, request: RunRequest) -> list[str]:
+        """Options the launcher inserts before rank_argv (Enroot: srun's Pyxis options)."""
+        return []
+
+    def check_launcher(self, kind: str) -> None:
+        if self.requires_launcher and kind != self.requires_launcher:
+            raise ValueError(f"runtime {self.name!r} needs launcher {self.requires_launcher!r}, not {kind!r}")
+
+    # -- the image it runs: made from the built image by its prepare commands --
+    # True where the artifact is a stamp naming an image in the runtime's own store (written after the
+    # prepare commands), not the file they make.
+    artifact_is_stamp = False
+    # What `images prepare` makes the artifact from, running prepare_commands (the workflow's files:
+    # "archive", docker save's; "store", the build engine's image; "definition", the Singularity
+    # definition, made beside it). Empty: not that step (docker/podman load and Charliecloud have their own).
+    prepare_from: tuple[str, ...] = ()
+    # Where two runtimes run the same artifact (apptainer's and singularity's .sif), the workflow makes it
+    # with the one the sweep names, and with the owner's commands when the sweep names both or neither.
+    artifact_owner = True
+    # What a site names in images.<name>.image where the workflow cannot build the image (e.g. Shifter's
+    # gateway): shown by `plan --every-runtime`.
+    placeholder_image: str | None = None
+
+    @classmethod
+    def artifact(cls, built: BuiltImage) -> str | None:
+        """The file made from the built image that this runtime's runs depend on (a Snakemake
+        output); None where it cannot take a local build (Shifter's gateway pulls from a registry)."""
+        return None
+
+    @classmethod
+    def reference(cls, built: BuiltImage) -> str | None:
+        """What a rank's argv names to run the built image: by default the artifact itself."""
+        return cls.artifact(built)
+
+    @classmethod
+    def prepare_commands(cls, built: BuiltImage, registry: str = "REGISTRY") -> list[list[str]]:
+        """The commands that make the artifact from the built image (ReFrame's emit_prepare_commands)."""
+        return []
+
+    def usable(self) -> tuple[bool, str]:
+        """Can this runtime start a container on this machine? (ok, one-line reason if not)"""
+        if not self.probe:
+            return True, ""
+        ok, detail = run_probe(self.probe)
+        return ok, "" if ok else detail
+
+
+def move_binds(runtime: str, request: RunRequest, mount_points: tuple[str, ...],
+               remedy: str = "fewer binds") -> dict[str, str]:
+    """For a runtime that binds only onto mount points the image already has: each bind goes to an
+    empty directory every Debian/Ubuntu image has, and the arguments and variables naming it (a
+    dataset, the clone's src/ on PYTHONPATH, the telemetry directory) are rewritten to match. The
+    work directory is not bound: the benchmark needs nothing else from it."""
+    sources = list(dict.fromkeys(map(os.path.abspath, request.binds)))
+    if len(sources) > len(mount_points):
+        raise ValueError(f"runtime {runtime!r}: {len(sources)} binds need {remedy}; "
+                         f"allowed: at most {len(mount_points)} ({', '.join(mount_points)})")
+    return dict(zip(sources, mount_points))
+
+
+def pass_flags(prefixes) -> list[str]:
+    """The rankexec shim's options that pass every host variable starting with one of `prefixes`."""
+    return [word for prefix in prefixes for word in ("--pass-prefix", prefix)]
+
+
+# A registry reference pinned to one image: NAME@sha256:<64 hex digits> (OCI image spec, "Digests").
+PINNED = re.compile(r"@sha256:[0-9a-f]{64}$")
+IMAGE_FILE_SUFFIXES = (".sif", ".sqsh", ".squashfs", ".tar", ".tar.gz")
+
+
+def is_image_path(image: str) -> bool:
+    """A file or directory (SIF, squashfs, unpacked tree), not a registry reference."""
+    return image.startswith(("/", "./", "../")) or image.endswith(IMAGE_FILE_SUFFIXES)
+
+
+class ContainerRuntime(Runtime):
+    """Runs the benchmark with the image's Python; `image` is the runtime's own image reference."""
+
+    pmix_gds_hash = True
+    # A command that succeeds when `image` (appended) is in this machine's local image store.
+    in_local_store: tuple[str, ...] = ()
+
+    def __init__(self, image: str, python: str = "python3", extra_args=(), **settings):
+        super().__init__(**settings)
+        self.image, self.python, self.extra_args = image, python, list(extra_args)
+
+    @classmethod
+    def tool_environment(cls, env: dict[str, str]) -> dict[str, str]:
+        """`env` (this process's) made fit for the runtime's own tools (build, save, convert) here."""
+        return env
+
+    @classmethod
+    def probe_failure_hint(cls) -> str:
+        """What to add to a failed probe's reason: where the runtime looked, where that is not obvious."""
+        return ""
+
+    @staticmethod
+    def image_is_file(image: str) -> bool:
+        """Does the runtime read `image` as a file (or directory) rather than a registry reference?"""
+        return is_image_path(image)
+
+    def site_image_problem(self) -> str | None:
+        """What is wrong with an image the site supplies instead of the built one, in one line:
+        a file must exist (checked on the compute nodes too, by the pre-flight check), and a registry
+        reference must be pinned by digest, so every run of the sweep measures the same image."""
+        where = f"'images.{self.name}.image' = {self.image!r}"
+        if self.image_is_file(self.image):
+            if self.available == "everywhere" and not os.path.exists(self.image):
+                return f"{where} does not exist; allowed: an existing file or directory, or a pinned reference"
+            return None
+        if PINNED.search(self.image):
+            return None
+        if self.in_local_store and self.available == "everywhere":
+            found = subprocess.run([*self.in_local_store, self.image], capture_output=True, timeout=60,
+                                   env=engine_env(self.in_local_store[0]))
+            if found.returncode == 0:
+                return None  # an image built here, in the engine's own store, by id or tag
+        return (f"{where} is neither a file nor pinned by digest; allowed: NAME@sha256:<digest>, "
+                "a path, or an image in the local store")
+
+    def moved_binds(self, request: RunRequest) -> dict[str, str]:
+        """Host path -> where it is bound, for a runtime that cannot bind at the same path (move_binds);
+        the command's words and the variables naming a moved path follow it."""
+        return {}
+
+    def command(self, request: RunRequest) -> list[str]:
+        moved = self.moved_binds(request)
+        return [moved.get(word, word) for word in (self.python, "-m", request.module, *request.args)]
+
+    def environment(self, request: RunRequest) -> dict[str, str]:
+        extra = {"PMIX_MCA_gds": "hash"} if self.pmix_gds_hash else {}
+        moved = self.moved_binds(request)
+        env = {**super().environment(request), "PYTHONNOUSERSITE": "1", **extra}
+        return {name: moved.get(value, value) for name, value in env.items()}
+
+    @staticmethod
+    def workdir(request: RunRequest) -> str:
+        return os.path.abspath(request.workdir)
+
+    def mounts(self, request: RunRequest) -> list[str]:
+        return list(dict.fromkeys([self.workdir(request), *map(os.path.abspath, request.binds)]))
+
+
+# Every container runtime by its name (the config's key), in the order plans and `images
+# print-commands` show them: the order the package's __init__ imports their modules.
+CONTAINER_RUNTIMES: dict[str, type[ContainerRuntime]] = {}
+
+
+def register(cls: type[ContainerRuntime]) -> type[ContainerRuntime]:
+    """Class decorator: the runtime joins CONTAINER_RUNTIMES under its `name`."""
+    if not cls.name or cls.name in CONTAINER_RUNTIMES:
+        raise ValueError(f"runtime class {cls.__name__}: name {cls.name!r} is empty or taken")
+    CONTAINER_RUNTIMES[cls.name] = cls
+    return cls
+
+
+def engine_env(engine: str) -> dict[str, str]:
+    """The environment an engine's own commands (build, save, convert) need here."""
+    return CONTAINER_RUNTIMES[engine].tool_environment(dict(os.environ))

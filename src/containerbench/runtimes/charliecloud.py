@@ -1,0 +1,160 @@
+"""Charliecloud: ch-run on an image directory converted from the built image (ch-convert), with
+its variables filtered by an extended glob."""
+
+from __future__ import annotations
+
+import functools
+import os
+import pwd
+import re
+import subprocess
+
+from containerbench.runtimes.base import (
+    DEFAULT_PATH,
+    RANK_PREFIXES,
+    SLURM_GPU_VARS,
+    BuiltImage,
+    ContainerRuntime,
+    RunRequest,
+    host_environment,
+    move_binds,
+    register,
+    run_probe,
+)
+
+# ch-run's --write-fake arrived in Charliecloud 0.36 (PR #1793); Debian 12 ships 0.31.
+WRITE_FAKE_SINCE = (0, 36)
+
+
+@functools.cache
+def ch_run_version() -> tuple[int, int] | None:
+    """The installed ch-run's version, or None where it is not installed here."""
+    try:
+        shown = subprocess.run(["ch-run", "--version"], capture_output=True, text=True, timeout=20,
+                               env=host_environment())
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    found = re.search(r"(\d+)\.(\d+)", shown.stdout + shown.stderr)
+    return (int(found[1]), int(found[2])) if found else None
+
+
+@register
+class Charliecloud(ContainerRuntime):
+    """ch-run on an image directory or SquashFS. Host network, /dev, /sys, /tmp are shared; the host
+    environment passes unless unset (ch-run(1), "Environment variables"); the image's ENV, loaded
+    after the unset, wins over a host value of the same name. GPU libraries are injected
+    into the image beforehand (ch-fromhost --nvidia), so nothing is needed at run time. write_fake
+    overlays a tmpfs so bind mount points can be created (kernel >= 5.11); without it they must exist."""
+
+    name = "charliecloud"
+    probe = ("ch-run", "--version")
+    MOUNT_POINTS = ("/mnt", "/media", "/srv")  # empty in Debian/Ubuntu bases
+    # Native: the host's libmpi bound onto the image's file (ch-run --bind takes a file onto an existing
+    # file). ch-fromhost --path would copy it in under the host's own file name, beside the image's
+    # libmpi.so.12, which mpi4py would still load first.
+    native_support = "bind"
+
+    @classmethod
+    def tool_environment(cls, env: dict[str, str]) -> dict[str, str]:
+        env.setdefault("USER", pwd.getpwuid(os.getuid()).pw_name)  # ch-run refuses an unset $USER
+        env["PATH"] = "/usr/bin:" + env.get("PATH", DEFAULT_PATH)  # ch-image needs Debian's python3 (lark)
+        return env
+
+    @classmethod
+    def artifact(cls, built: BuiltImage) -> str:
+        # GPU runs depend on the marker ch-fromhost's step leaves (on a GPU node), the rest on the directory.
+        return built.file(".ch.nvidia") if built.gpus else built.file(".ch")
+
+    @classmethod
+    def reference(cls, built: BuiltImage) -> str:
+        return built.file(".ch")
+
+    @staticmethod
+    def export_argvs(engine: str, tag: str, container: str, flat_tar: str) -> list[list[str]]:
+        """The image as one flat tarball: what `ch-convert -i podman` (or docker) does first (bin/ch-convert,
+        dockman_to_tar: create --read-only, export, rm), without what it does next: gzip it, only to unpack it
+        again (its own comment: "FIXME: needlessly compresses"). For a 2 GB image that is 72 s of one core here."""
+        return [[engine, "create", "--read-only", "--name", container, tag, "/bin/true"],
+                [engine, "export", "--output", flat_tar, container],
+                [engine, "rm", container]]
+
+    @staticmethod
+    def convert_argv(flat_tar: str, out: str) -> list[str]:
+        # ch-convert(1), FMT tar: "the output of docker export works". It unpacks without /dev and adds
+        # the mount points ch-run needs (dir_fixup), as from podman's store.
+        return ["ch-convert", "-i", "tar", "-o", "dir", flat_tar, out]
+
+    @staticmethod
+    def environment_file(out: str) -> str:
+        """The image's ENV, one NAME=VALUE a line: what `ch-run --set-env` reads when given no file
+        (ch-run(1), "--set-env": "the file /ch/environment within the image"), written from the engine's
+        inspect (Config.Env), as ch-convert's own export does."""
+        return f"{out}/ch/environment"
+
+    @staticmethod
+    def export_paths(out: str) -> tuple[str, str]:
+        """The container and flat tarball a conversion into OUT uses, named after it."""
+        return f"{os.path.basename(out)}-export", f"{out}.tar"
+
+    @staticmethod
+    def nvidia_argv(image_dir: str) -> list[str]:
+        # The host's libcuda and friends, copied into the image directory (ch-fromhost(1), --nvidia):
+        # ch-run binds nothing of the host's driver at run time.
+        return ["ch-fromhost", "--nvidia", image_dir]
+
+    @classmethod
+    def prepare_commands(cls, built: BuiltImage, registry: str = "REGISTRY") -> list[list[str]]:
+        # Then the image's ENV into environment_file(out) (images.charliecloud_image), and the tarball removed.
+        out = cls.reference(built)
+        container, flat_tar = cls.export_paths(out)
+        return [*cls.export_argvs(built.engine, built.tag, container, flat_tar), cls.convert_argv(flat_tar, out),
+                *([cls.nvidia_argv(out)] if built.gpus else [])]
+
+    def __init__(self, image: str, python: str = "python3", extra_args=(), write_fake: bool | None = None,
+                 **settings):
+        super().__init__(image, python, extra_args, **settings)
+        # None: use it where this ch-run has it; where none is installed here, print what current ch-run takes.
+        if write_fake is None:
+            write_fake = (ch_run_version() or WRITE_FAKE_SINCE) >= WRITE_FAKE_SINCE
+        self.write_fake = write_fake
+
+    def usable(self) -> tuple[bool, str]:
+        """ch-run runs, and its --unset-env takes extended globs: without them the keep-list pattern
+        matches nothing and the host environment passes whole (ch-run(1), "--unset-env"; the
+        `--feature=extglob` query exists since 0.28 and exits non-zero when the feature is off)."""
+        ok, reason = super().usable()
+        if ok and not run_probe(("ch-run", "--feature=extglob"))[0]:
+            return False, ("`ch-run --feature=extglob` failed: this ch-run has no extended globs, so "
+                           "--unset-env cannot keep only the rank's variables")
+        return ok, reason
+
+    def keep_glob(self, request: RunRequest) -> str:
+        """Extended glob of the variables to keep (`ch-run --feature=extglob` must succeed)."""
+        keep = [prefix + "*" if prefix.endswith("_") else prefix for prefix in RANK_PREFIXES]
+        own = sorted(name for name in self.environment(request) if not name.startswith(RANK_PREFIXES))
+        return "!(" + "|".join([*keep, *SLURM_GPU_VARS, "HOME", *own]) + ")"
+
+    def moved_binds(self, request: RunRequest) -> dict[str, str]:
+        """Without --write-fake (ch-run < 0.36) a bind needs its mount point in the image ("can't mkdir:
+        Read-only file system"), so binds move (move_binds)."""
+        remedy = "--write-fake (ch-run >= 0.36)"
+        return {} if self.write_fake else move_binds(self.name, request, self.MOUNT_POINTS, remedy)
+
+    def rank_argv(self, request: RunRequest) -> list[str]:
+        # --join: ranks of a node share one container, else cross-memory attach between them fails.
+        # --unset-env and --set-env apply in command-line order: drop all but what is kept, then load
+        # the image's ENV from /ch/environment (written by ch-image).
+        # ch-run counts a node's peers from OMPI_COMM_WORLD_LOCAL_SIZE, SLURM_STEP_TASKS_PER_NODE or
+        # SLURM_CPUS_ON_NODE; MPICH's Hydra (native runs under mpirun) sets none, so they are given.
+        join = (["--join", f"--join-ct={request.ranks_per_node}"] if self.native and self.launcher == "mpirun"
+                else ["--join"])
+        argv = ["ch-run", *join, f"--unset-env={self.keep_glob(request)}", "--set-env",
+                *(["--write-fake"] if self.write_fake else []),
+                *([f"--bind={':'.join(self.native_mpi.bind)}"] if self.native else [])]
+        if self.write_fake:
+            argv += [f"--bind={path}" for path in self.mounts(request)]
+            return [*argv, f"--cd={self.workdir(request)}", *self.extra_args, self.image, "--", *self.command(request)]
+        # The benchmark needs nothing else from the work directory.
+        argv += [f"--bind={source}:{target}" for source, target in self.moved_binds(request).items()]
+        return [*argv, "--cd=/", *self.extra_args, self.image, "--", *self.command(request)]
+

@@ -1,0 +1,84 @@
+"""Enroot, through Slurm's Pyxis plugin: the image is srun's (--container-image), so the runtime
+contributes srun options rather than words of its own."""
+
+from __future__ import annotations
+
+import os
+
+from containerbench.runtimes.base import IMAGE_FILE_SUFFIXES, BuiltImage, ContainerRuntime, RunRequest, register
+
+
+@register
+class Enroot(ContainerRuntime):
+    """Enroot images run through Pyxis: `srun --container-image=IMAGE ... python3 -m ...`, so the
+    runtime contributes srun options (launcher_options) and requires launcher srun. Pyxis sets the
+    task's whole environment in the container, the image's values winning except for names given to
+    --container-env (pyxis args.c). Enroot hooks do the rest from variables: 98-nvidia.sh exposes
+    NVIDIA_VISIBLE_DEVICES (void: none), 99-mellanox.sh the HCAs in MELLANOX_VISIBLE_DEVICES. The
+    PMI hook, 50-slurm-pmi.sh, copies the SLURM_*/PMIX_*/PMI_* variables and binds the PMIx server's
+    directory; it ships among enroot's extra hooks (conf/hooks/extra), installed where enroot does
+    not read them, so an admin enables it: usable() checks that it is in the hooks directory."""
+
+    name = "enroot"
+    probe = ("enroot", "version")
+    requires_launcher = "srun"
+    pmix_gds_hash = False
+    prepare_from = ("store",)  # enroot import reads the build engine's store (prepare_commands)
+
+    @classmethod
+    def artifact(cls, built: BuiltImage) -> str:
+        return built.file(".sqsh")
+
+    @classmethod
+    def reference(cls, built: BuiltImage) -> str:
+        # Pyxis takes --container-image as a squashfs file only when it starts with "/" or ".";
+        # anything else is a registry reference (pyxis_slurmstepd.c).
+        return os.path.abspath(cls.artifact(built))
+
+    @classmethod
+    def prepare_commands(cls, built: BuiltImage, registry: str = "REGISTRY") -> list[list[str]]:
+        scheme = {"docker": "dockerd", "podman": "podman"}[built.engine]  # enroot-import(1) URI schemes
+        return [["enroot", "import", "-o", cls.artifact(built), f"{scheme}://{built.tag}"]]
+
+    @staticmethod
+    def image_is_file(image: str) -> bool:
+        return image.startswith(("/", "."))
+
+    def site_image_problem(self) -> str | None:
+        if not self.image_is_file(self.image) and self.image.endswith(IMAGE_FILE_SUFFIXES):
+            return (f"'images.enroot.image' = {self.image!r} would be pulled from a registry: Pyxis reads an image "
+                    "as a file only when it starts with / or .; allowed: an absolute path, or ./ before a relative one")
+        return super().site_image_problem()
+
+    def environment(self, request: RunRequest) -> dict[str, str]:
+        env = super().environment(request)
+        if request.gpus:  # the hook's default capability is utility only: compute brings libcuda
+            env |= {"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_DRIVER_CAPABILITIES": "compute,utility"}
+        else:
+            env["NVIDIA_VISIBLE_DEVICES"] = "void"
+        if request.infiniband:
+            env["MELLANOX_VISIBLE_DEVICES"] = "all"
+        return env
+
+    @staticmethod
+    def pmi_hook() -> str:
+        # enroot's src/runtime.sh reads hooks from ${ENROOT_SYSCONF_PATH}/hooks.d (default /etc/enroot);
+        # the Makefile installs the extra hooks into $(DATADIR)/hooks.d instead.
+        return os.path.join(os.environ.get("ENROOT_SYSCONF_PATH", "/etc/enroot"), "hooks.d", "50-slurm-pmi.sh")
+
+    def usable(self) -> tuple[bool, str]:
+        ok, reason = super().usable()
+        if ok and not os.path.exists(self.pmi_hook()):
+            return False, (f"enroot's PMI hook {self.pmi_hook()} is not enabled (an extra hook, shipped in "
+                           "/usr/share/enroot/hooks.d): without it the ranks cannot reach srun's PMIx server")
+        return ok, reason
+
+    def launcher_options(self, request: RunRequest) -> list[str]:
+        mounts = ",".join(f"{path}:{path}" for path in self.mounts(request))
+        return [f"--container-image={self.image}", f"--container-mounts={mounts}",
+                f"--container-workdir={self.workdir(request)}",
+                f"--container-env={','.join(sorted(self.environment(request)))}", *self.extra_args]
+
+    def rank_argv(self, request: RunRequest) -> list[str]:
+        return self.command(request)
+

@@ -1,0 +1,178 @@
+"""Docker-style engines (docker, podman): `ENGINE run` of an image in the engine's store, opted
+back into the host's network, IPC and PIDs."""
+
+from __future__ import annotations
+
+import abc
+import os
+import shutil
+import sys
+
+from containerbench.runtimes.base import (
+    RANK_PREFIXES,
+    RANKEXEC,
+    BuiltImage,
+    ContainerRuntime,
+    RunRequest,
+    pass_flags,
+    register,
+)
+
+
+class OciEngine(ContainerRuntime):
+    """Docker-style engines: the container is a fresh namespace set, so the run opts back into the host's."""
+
+    binary = ""
+    native_support = "bind"  # the host's libmpi bound over the image's (a file bind: --volume FILE:FILE)
+    artifact_is_stamp = True
+    shared_paths: tuple[str, ...] = ("/tmp",)  # Open MPI/PMIx session directories live under /tmp
+
+    def __init__(self, image: str, python: str = "python3", extra_args=(), uid: int | None = None,
+                 gid: int | None = None, **settings):
+        super().__init__(image, python, extra_args, **settings)
+        # Numeric ids fixed at plan time: outputs on bound paths belong to the user, not root.
+        self.uid = os.getuid() if uid is None else uid
+        self.gid = os.getgid() if gid is None else gid
+
+    @classmethod
+    def artifact(cls, built: BuiltImage) -> str:
+        """The stamp written once the image is in this engine's store (its id and measured provenance)."""
+        return f"{built.build_dir}/{cls.name}-{built.slug}.json"
+
+    @classmethod
+    def reference(cls, built: BuiltImage) -> str:
+        return built.tag
+
+    @classmethod
+    def prepare_commands(cls, built: BuiltImage, registry: str = "REGISTRY") -> list[list[str]]:
+        # The build engine has the image already; the other loads its archive (docker-load(1), podman-load(1)).
+        return [] if built.engine == cls.binary else [[cls.binary, "load", "-i", built.archive]]
+
+    def engine_args(self) -> list[str]:
+        return [self.binary, "run"]
+
+    def user_args(self) -> list[str]:
+        return ["--user", f"{self.uid}:{self.gid}"]
+
+    @abc.abstractmethod
+    def gpu_args(self) -> list[str]:
+        """The engine's words that give the container the node's NVIDIA GPUs."""
+
+    def native_args(self) -> list[str]:
+        host, image = self.native_mpi.bind
+        return ["--volume", f"{host}:{image}:ro"] if self.native else []
+
+    def env_args(self, request: RunRequest) -> list[str]:
+        """`--env NAME` (value copied from the engine's environment) for what no rank prefix covers."""
+        names = sorted(name for name in self.environment(request) if not name.startswith(RANK_PREFIXES))
+        return [word for name in names for word in ("--env", name)]
+
+    def run_argv(self, request: RunRequest) -> list[str]:
+        # Host network/IPC/PIDs: NCCL and MPI reach peers and share memory as on bare metal. With
+        # --ipc host Docker mounts the host's /dev/shm (moby daemon setupIpcDirs), which NCCL needs to
+        # use SHM/P2P between containers (NVIDIA/nccl#248); --pid host keeps peer PIDs valid for
+        # cross-memory attach (Sarus user guide, "PID namespace"). No name: ranks run in parallel.
+        argv = [*self.engine_args(), "--rm", "--network", "host", "--ipc", "host", "--pid", "host",
+                *self.user_args(),
+                # `run` attaches to the container's streams, not to the engine's log store
+                # (docker/compose-cli#1615; conmon "none", containers/conmon#172): no second copy.
+                "--log-driver", "none"]
+        # NVIDIA Container Toolkit: NVIDIA_VISIBLE_DEVICES=void behaves as runc, no GPU even where the
+        # image says "all" and nvidia is the default runtime (toolkit docs, "GPU Enumeration").
+        argv += self.gpu_args() if request.gpus else ["--env", "NVIDIA_VISIBLE_DEVICES=void"]
+        if request.infiniband:
+            # A --device directory adds every device node under it (moby and podman DevicesFromPath);
+            # verbs memory registration needs locked memory: unlimited, with CAP_IPC_LOCK; never --privileged.
+            argv += ["--device", "/dev/infiniband", "--cap-add", "IPC_LOCK", "--ulimit", "memlock=-1:-1"]
+        for path in dict.fromkeys([*self.shared_paths, *self.mounts(request)]):
+            argv += ["--volume", f"{path}:{path}"]
+        argv += self.native_args()
+        argv += ["--workdir", self.workdir(request), *self.env_args(request)]
+        return [*argv, *self.extra_args, self.image, *self.command(request)]
+
+    def rank_argv(self, request: RunRequest) -> list[str]:
+        return self.run_argv(request)
+
+
+@register
+class Docker(OciEngine):
+    """docker run. The client passes no environment, and names must be explicit (no wildcard), so the
+    rank variables are added on the node by the rankexec shim, run with the workflow's own Python."""
+
+    name = binary = "docker"
+    probe = ("docker", "info", "--format", "{{.ServerVersion}}")  # the daemon must answer
+    in_local_store = ("docker", "image", "inspect", "--format", "{{.Id}}")
+
+    def __init__(self, image: str, python: str = "python3", extra_args=(), uid: int | None = None,
+                 gid: int | None = None, host_python: str = sys.executable, **settings):
+        super().__init__(image, python, extra_args, uid, gid, **settings)
+        self.host_python = host_python
+
+    @classmethod
+    def tool_environment(cls, env: dict[str, str]) -> dict[str, str]:
+        env["DOCKER_BUILDKIT"] = "0"  # Debian's docker.io has no buildx
+        return env
+
+    @classmethod
+    def probe_failure_hint(cls) -> str:
+        # Installed, but which daemon was asked.
+        return f" (DOCKER_HOST={os.environ.get('DOCKER_HOST', 'the default socket')})" if shutil.which("docker") else ""
+
+    def gpu_args(self) -> list[str]:
+        # The daemon creates the container outside the Slurm task's device cgroup: it sees every GPU,
+        # and Slurm's CUDA_VISIBLE_DEVICES (renumbered under ConstrainDevices) would point elsewhere, so
+        # it is not passed; each rank pins GPU local_rank (bench.configure_devices).
+        return ["--gpus", "all"]  # NVIDIA Container Toolkit, "docker run --gpus" (Docker >= 19.03)
+
+    def rank_argv(self, request: RunRequest) -> list[str]:
+        # The rank's CPU binding and memory limit, passed on by the shim: dockerd starts the container
+        # outside the Slurm step's cgroup (nebius/soperator#563), so bare metal and docker ranks would differ.
+        return [self.host_python, "-m", RANKEXEC, *pass_flags(RANK_PREFIXES), "--cpuset-from-affinity",
+                "--memory-from-cgroup", "--",
+                *self.run_argv(request)]
+
+
+@register
+class Podman(OciEngine):
+    """podman run. `--env 'PREFIX*'` copies every host variable with that prefix (podman-run(1)
+    --env), so no shim. oci_runtime picks the OCI runtime (e.g. "runc" where crun fails on hybrid
+    cgroups); None keeps the site's default."""
+
+    name = binary = "podman"
+    probe = ("podman", "info", "--format", "{{.Host.OCIRuntime.Name}}")
+    in_local_store = ("podman", "image", "exists")  # podman-image-exists(1)
+    shared_paths = ("/tmp", "/dev/shm")  # podman-hpc's MPI modules bind /dev/shm besides --ipc=host
+
+    def __init__(self, image: str, python: str = "python3", extra_args=(), uid: int | None = None,
+                 gid: int | None = None, oci_runtime: str | None = None, **settings):
+        super().__init__(image, python, extra_args, uid, gid, **settings)
+        self.oci_runtime = oci_runtime
+
+    def engine_args(self) -> list[str]:
+        return [self.binary, *(["--runtime", self.oci_runtime] if self.oci_runtime else []), "run"]
+
+    def user_args(self) -> list[str]:
+        # Rootless podman maps the user to root by default; keep-id maps UID:GID to themselves
+        # (podman-run(1) --userns; not allowed for root, who needs no mapping).
+        keep_id = ["--userns", "keep-id"] if self.uid != 0 else []
+        return [*keep_id, *super().user_args()]
+
+    def gpu_args(self) -> list[str]:
+        return ["--device", "nvidia.com/gpu=all"]  # CDI spec from `nvidia-ctk cdi generate` (toolkit docs)
+
+    rank_prefixes = RANK_PREFIXES
+
+    def environment(self, request: RunRequest) -> dict[str, str]:
+        env = super().environment(request)
+        if self.uid != 0:
+            # keep-id puts each rank's container in its own user namespace, where UCX's posix shared
+            # memory cannot open a peer's /proc/<pid>/fd link (openucx/ucx#4224): the maintainers'
+            # workaround shares the segment by its file name in the bound /dev/shm instead. Open MPI's
+            # own CMA skips itself across user namespaces (open-mpi/ompi#6844, in 4.0.2 and later).
+            env["UCX_POSIX_USE_PROC_LINK"] = "n"
+        return env
+
+    def env_args(self, request: RunRequest) -> list[str]:
+        patterns = [prefix + "*" if prefix.endswith("_") else prefix for prefix in self.rank_prefixes]
+        return [*(word for pattern in patterns for word in ("--env", pattern)), *super().env_args(request)]
+

@@ -1,0 +1,60 @@
+"""NERSC's podman-hpc: podman with its site modules, of which this runtime uses only what the
+benchmark needs (no --privileged)."""
+
+from __future__ import annotations
+
+from containerbench.runtimes.base import RANK_PREFIXES, BuiltImage, RunRequest, register
+from containerbench.runtimes.oci import Podman
+
+
+@register
+class PodmanHPC(Podman):
+    """NERSC's podman-hpc wrapper (rootless podman, squashed images). Its --openmpi-pmix module adds
+    --privileged (etc/modules.d/*.yaml), so in the hybrid model this class passes the host namespaces,
+    binds and rank variables itself, as that module does, and uses only the --gpu module; the native
+    model is its --mpi module."""
+
+    name = binary = "podman-hpc"
+    probe = ("podman-hpc", "info")
+    in_local_store = ()  # podman-hpc runs its squashed copies, not podman's store
+    prepare_from = ("archive",)
+
+    SLURM_PATHS = ("/var/spool/slurmd", "/run/munge")
+
+    # No oci_runtime: podman-hpc picks crun or runc itself (podman_hpc/siteconfig.py).
+    def __init__(self, image: str, python: str = "python3", extra_args=(), uid: int | None = None,
+                 gid: int | None = None, slurm_paths=SLURM_PATHS, **settings):
+        super().__init__(image, python, extra_args, uid, gid, **settings)
+        self.slurm_paths = tuple(slurm_paths)
+
+    @classmethod
+    def prepare_commands(cls, built: BuiltImage, registry: str = "REGISTRY") -> list[list[str]]:
+        # Load into podman-hpc's podman, then squash it where the compute nodes read it (podman-hpc README).
+        return [["podman-hpc", "load", "-i", built.archive], ["podman-hpc", "migrate", built.tag]]
+
+    # What podman-hpc's openmpi-pmix module adds for a Slurm-launched Open MPI rank, without its
+    # --privileged (etc/modules.d/openmpi-pmix.yaml): slurmd's spool (the PMIx server's rendezvous
+    # files), munge's socket, and the SLURMD_* variables besides SLURM_*/PMIX_*/PMI_*.
+    rank_prefixes = (*RANK_PREFIXES, "SLURMD_")
+
+    @property
+    def shared_paths(self) -> tuple[str, ...]:
+        # Only under srun: a bind whose source is missing makes `podman run` fail (slurm_paths: the
+        # site's SlurmdSpoolDir and munge socket directory, where they differ).
+        return ("/tmp", "/dev/shm", *(self.slurm_paths if self.launcher == "srun" else ()))
+
+    def mounts(self, request: RunRequest) -> list[str]:
+        # The host's verbs provider configuration, which the image's libibverbs reads (the same modules).
+        return [*(["/etc/libibverbs.d"] if request.infiniband else []), *super().mounts(request)]
+
+    # Native: the mpich module (etc/modules.d/mpich.yaml, `--mpi`) binds the site's MPICH into
+    # /opt/udiImage/modules/mpich and sets LD_LIBRARY_PATH; it also adds --privileged and turns the
+    # run into shared-run, which is podman-hpc's own choice, not ours.
+    native_support = "module"
+
+    def gpu_args(self) -> list[str]:
+        return ["--gpu"]  # module gpu.yaml: driver libraries, /dev/nvidia*, NVIDIA_VISIBLE_DEVICES
+
+    def native_args(self) -> list[str]:
+        return ["--mpi"] if self.native else []
+

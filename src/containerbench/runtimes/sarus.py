@@ -1,0 +1,55 @@
+"""Sarus: `sarus run` of an image loaded into Sarus's own store, with its MPI hook for the native model."""
+
+from __future__ import annotations
+
+import sys
+
+from containerbench.runtimes.base import RANKEXEC, BuiltImage, ContainerRuntime, RunRequest, register
+
+
+@register
+class Sarus(ContainerRuntime):
+    """sarus run. The host environment passes, the image's ENV overrides it, and `--env NAME` without
+    a value takes the host's value back (user guide, "Environment"); GPUs follow CUDA_VISIBLE_DEVICES
+    through the NVIDIA hook, set by Slurm. The native model adds --mpi: the site's MPICH-ABI MPI is swapped
+    in. Devices are denied unless given one by one with --device, so the rankexec shim adds the
+    node's RDMA devices (those Enroot's 99-mellanox.sh mounts) at rank start."""
+
+    name = "sarus"
+    probe = ("sarus", "--version")
+    artifact_is_stamp = True
+    prepare_from = ("archive",)
+
+    @classmethod
+    def artifact(cls, built: BuiltImage) -> str:
+        return f"{built.build_dir}/sarus-{built.slug}.json"  # names the image once it is in Sarus's store
+
+    @classmethod
+    def reference(cls, built: BuiltImage) -> str:
+        # `sarus load ARCHIVE NAME:TAG` stores the image as load/library/NAME:TAG, and that is the name
+        # `sarus run` takes (user guide, "Loading images from tar archives").
+        return f"load/library/{built.name}"
+
+    @classmethod
+    def prepare_commands(cls, built: BuiltImage, registry: str = "REGISTRY") -> list[list[str]]:
+        return [["sarus", "load", built.archive, built.name]]
+    rdma_devices = ("/dev/infiniband/rdma_cm", "/dev/infiniband/uverbs*")
+
+    native_support = "hook"  # `sarus run --mpi`: the site's MPI hook (user guide, "Native MPI support")
+
+    def __init__(self, image: str, python: str = "python3", extra_args=(), host_python: str = sys.executable,
+                 **settings):
+        super().__init__(image, python, extra_args, **settings)
+        self.host_python = host_python
+
+    def rank_argv(self, request: RunRequest) -> list[str]:
+        # --pid host is Sarus's default; --mount destinations and --workdir are created if missing.
+        argv = ["sarus", "run", *(["--mpi"] if self.native else [])]
+        argv += [f"--mount=type=bind,source={path},destination={path}" for path in self.mounts(request)]
+        argv += [f"--workdir={self.workdir(request)}"]
+        argv += [word for name in sorted(self.environment(request)) for word in ("--env", name)]
+        argv += [*self.extra_args, self.image, *self.command(request)]
+        if not request.infiniband:
+            return argv
+        devices = [word for pattern in self.rdma_devices for word in ("--device-glob", pattern)]
+        return [self.host_python, "-m", RANKEXEC, *devices, "--", *argv]

@@ -1,0 +1,86 @@
+"""Shifter: an image its gateway pulled from a registry, entered by each rank of the step."""
+
+from __future__ import annotations
+
+import sys
+
+from containerbench.runtimes.base import (
+    PINNED,
+    RANK_PREFIXES,
+    RANKEXEC,
+    SLURM_GPU_VARS,
+    BuiltImage,
+    ContainerRuntime,
+    RunRequest,
+    move_binds,
+    pass_flags,
+    register,
+)
+
+
+@register
+class Shifter(ContainerRuntime):
+    """Shifter: an image its gateway pulled from a registry (no local build), named docker:NAME:TAG
+    or id:ID (`shifterimg lookup` prints the id). Under srun the image, volumes and modules are the
+    step's (the shifter_slurm SPANK options --image/--volume/--module, which srun takes like sbatch
+    and salloc; Shifter's docs, wlm/slurm.rst "Basic Job Submission and Usage"): the node's
+    container is set up once, and each rank's plain `shifter` enters it, reading SHIFTER_IMAGE from
+    the plugin. Options given to the shifter command instead build a new instance per rank (same
+    page), which mpirun cannot avoid. --clearenv drops the host environment (shifter usage text,
+    "--clearenv"); the rankexec shim passes what the rank needs as --env=NAME=VALUE when the rank
+    starts. A --volume mount point must already exist in the image (usage text, "Volume
+    Mapping"), so binds go to directories every Debian/Ubuntu image has, and the rank starts in /."""
+
+    name = "shifter"
+    probe = ("shifter",)
+    MOUNT_POINTS = ("/mnt", "/media", "/srv")
+    placeholder_image = "id:SHIFTERIMG_LOOKUP_ID"  # its gateway serves images: a site's (MPICH-based for native)
+
+    # Native: the site's mpich module (udiRoot.conf module_mpich_*) swaps in its MPICH-ABI libmpi.
+    native_support = "module"
+
+    def __init__(self, image: str, python: str = "python3", extra_args=(), host_python: str = sys.executable,
+                 **settings):
+        super().__init__(image, python, extra_args, **settings)
+        self.host_python = host_python
+
+    @classmethod
+    def prepare_commands(cls, built: BuiltImage, registry: str = "REGISTRY") -> list[list[str]]:
+        # The gateway pulls from a registry only: push there, pull, then look the id up to pin the runs
+        # (`shifterimg lookup` prints the image's identifier; shifterimg.c MODE_LOOKUP).
+        remote = f"{registry}/{built.name}"
+        push = ([["podman", "push", built.tag, remote]] if built.engine == "podman"
+                else [["docker", "tag", built.tag, remote], ["docker", "push", remote]])
+        return [*push, ["shifterimg", "pull", f"docker:{remote}"], ["shifterimg", "lookup", f"docker:{remote}"]]
+
+    def site_image_problem(self) -> str | None:
+        # An image id from `shifterimg lookup` pins the image (shifter(1): --image=id:<id>).
+        if self.image.startswith("id:") or PINNED.search(self.image):
+            return None
+        return (f"'images.shifter.image' = {self.image!r} is not pinned; allowed: id:<id> from `shifterimg lookup`, "
+                "or docker:NAME@sha256:<digest>")
+
+    def moved_binds(self, request: RunRequest) -> dict[str, str]:
+        return move_binds(self.name, request, self.MOUNT_POINTS)
+
+    def modules(self, request: RunRequest) -> str:
+        # Naming modules replaces the site's defaultModules; "none" turns them all off (usage text,
+        # "--module"), so nothing is swapped in behind the benchmark's back.
+        modules = [*(["gpu"] if request.gpus else []), *(["mpich"] if self.native else [])]
+        return ",".join(modules) or "none"
+
+    def step_options(self, request: RunRequest) -> list[str]:
+        volumes = ";".join(f"{source}:{target}" for source, target in self.moved_binds(request).items())
+        return [f"--image={self.image}", f"--module={self.modules(request)}",
+                *([f"--volume={volumes}"] if volumes else [])]
+
+    def launcher_options(self, request: RunRequest) -> list[str]:
+        return self.step_options(request) if self.launcher == "srun" else []
+
+    def rank_argv(self, request: RunRequest) -> list[str]:
+        names = sorted(name for name in self.environment(request) if not name.startswith(RANK_PREFIXES))
+        shim = [self.host_python, "-m", RANKEXEC, "--env-form", "value", "--insert-after", "shifter",
+                *pass_flags(RANK_PREFIXES + SLURM_GPU_VARS), *(w for n in names for w in ("--pass-name", n)), "--"]
+        own = [] if self.launcher == "srun" else self.step_options(request)
+        return [*shim, "shifter", "--clearenv", *own, "--workdir=/", *self.extra_args, "--", *self.command(request)]
+
