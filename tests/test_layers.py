@@ -11,7 +11,15 @@ import pytest
 from helpers import ROOT
 
 PACKAGE = ROOT / "src" / "containerbench"
-MODULES = sorted(path.stem for path in PACKAGE.glob("*.py") if path.stem != "__init__")
+
+
+def module_name(path) -> str:
+    """A module's name below the package: images, cli.fleet; a subpackage's __init__.py is the subpackage."""
+    parts = path.relative_to(PACKAGE).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = sorted(name for name in map(module_name, PACKAGE.rglob("*.py")) if name)  # "": the package's own
 
 # Each layer may use the layers before it, never one after it or its own (so no cycle can form).
 # The benchmark side (bench, netbench and what they use) is what the provenance hash covers.
@@ -19,13 +27,15 @@ LAYERS = [
     ("model definitions", {"torchmodels"}),
     ("leaves", {"markers", "processes", "provenance", "datasets", "distribution", "fabrics", "config", "telemetry",
                 "intervals"}),
-    ("benchmark, runtimes, Slurm, recipes, telemetry read back, PyTorch's input",
-     {"bench", "netbench", "rankexec", "runtimes", "slurm", "singularity", "usage", "torchdata"}),
-    ("the PyTorch harness (bench's record), images, records, the pre-flight job",
-     {"torchbench", "images", "records", "preflight"}),
-    ("plans and launches, tables", {"launch", "results"}),
-    ("report, validation, repetition rounds", {"report", "validate", "repetitions"}),
+    ("benchmark, runtimes, Slurm, recipes, telemetry read back, PyTorch's input, an image step's runner",
+     {"bench", "netbench", "rankexec", "runtimes", "slurm", "singularity", "usage", "torchdata", "imagestep"}),
+    ("the PyTorch harness (bench's record), which image each runtime runs, wheelhouses, records, the pre-flight job",
+     {"torchbench", "images", "wheelhouse", "records", "preflight"}),
+    ("plans and launches, tables, image builds", {"launch", "results", "imagebuild"}),
+    ("report, validation, repetition rounds, the base image", {"report", "validate", "repetitions", "baseimage"}),
     ("fleet verdicts, the results history", {"fleet", "history"}),
+    ("command groups", {"cli.sweep", "cli.results", "cli.history", "cli.image"}),
+    ("the fleet's commands (they name the records' system as results' do)", {"cli.fleet"}),
     ("command line", {"cli"}),
     ("python -m containerbench", {"__main__"}),
 ]
@@ -34,18 +44,25 @@ BENCHMARK_SIDE = {"bench", "netbench", "distribution", "datasets", "provenance",
                   "torchmodels", "torchdata"}
 
 
+def module_path(module: str):
+    path = PACKAGE.joinpath(*module.split("."))
+    return path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+
+
 def package_imports(module: str) -> set[str]:
     """Every containerbench module `module` imports, at top level or inside a function."""
-    tree = ast.parse((PACKAGE / f"{module}.py").read_text())
+    tree = ast.parse(module_path(module).read_text())
     found = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            found |= {alias.name.split(".")[1] for alias in node.names if alias.name.startswith("containerbench.")}
+            found |= {alias.name.removeprefix("containerbench.") for alias in node.names
+                      if alias.name.startswith("containerbench.")}
         elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "containerbench":
-            if node.module == "containerbench":  # from containerbench import config, launch
-                found |= {alias.name for alias in node.names if alias.name in MODULES}
-            else:
-                found.add(node.module.split(".")[1])
+            below = node.module.removeprefix("containerbench").lstrip(".")  # "" for the package itself
+            if below:
+                found.add(below)
+            # from containerbench import config, launch; from containerbench.cli import fleet
+            found |= {name for alias in node.names if (name := f"{below}.{alias.name}".lstrip(".")) in MODULES}
     return found - {module}
 
 
@@ -117,7 +134,7 @@ def test_each_pytorch_side_module_imports_alone_in_the_pytorch_venv(module, torc
 
 
 def test_log_markers_are_spelled_only_in_markers_py():
-    for path in PACKAGE.glob("*.py"):
+    for path in PACKAGE.rglob("*.py"):
         if path.name != "markers.py":
             text = path.read_text()
             for marker in ("containerbench-launch ", "containerbench-exit ", "containerbench-result ",
