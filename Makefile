@@ -29,25 +29,25 @@ ready:
 	$(MAKE) --no-print-directory --jobs=2 setup base-image $(READY_ALSO)
 
 # The base the container builds start from (debootstrap, then import into podman): the workflow's
-# image_base step finds it there (images.make_base keeps an existing base). Not fatal here: without
+# image_base step finds it there (baseimage.make_base keeps an existing base). Not fatal here: without
 # a usable podman the workflow says which runtimes it skips, and why. A site whose config names its
 # own base (images.build.base_image) has no use for it: `make setup`, then snakemake, skips it.
 BASE_LOG := build/logs/images/base-make.txt
 base-image: $(VENV)/.containerbench-ready build/engines/containers.conf
 	@mkdir -p $(dir $(BASE_LOG))
-	@if $(VENV)/bin/python -m containerbench.images --engine podman base > $(BASE_LOG) 2>&1; then \
+	@if $(VENV)/bin/python -m containerbench image --engine podman base > $(BASE_LOG) 2>&1; then \
 	  echo "base image: $$(tail -n 1 $(BASE_LOG))"; \
 	else echo "base image: not made here ($(BASE_LOG)): $$(tail -n 1 $(BASE_LOG))"; fi
 
 # What `make test` readies beside setup: the native MPI model's image (the MPICH flavour) needs a Horovod
 # wheel compiled against MPICH (2.5 to 5 minutes on two cores). The container tests' workflow would
 # compile it first, on the critical path of its image steps; here it runs beside the base and the PyTorch
-# venv. The same step the workflow runs (images.make_flavour_wheelhouse), which then finds the wheel made
+# venv. The same step the workflow runs (wheelhouse.make_flavour_wheelhouse), which then finds the wheel made
 # and links the rest of the wheels. Not fatal here: the workflow runs the step again and its log says what failed.
 WHEELHOUSE_LOG := build/logs/images/wheelhouses-make.txt
 test-wheelhouses: $(VENV)/.containerbench-ready $(BENCH_VENV)/.containerbench-ready
 	@mkdir -p $(dir $(WHEELHOUSE_LOG))
-	@if $(VENV)/bin/python -m containerbench.images --mpi mpich wheelhouse > $(WHEELHOUSE_LOG) 2>&1; then \
+	@if $(VENV)/bin/python -m containerbench image --mpi mpich wheelhouse > $(WHEELHOUSE_LOG) 2>&1; then \
 	  echo "wheelhouses: made ($(WHEELHOUSE_LOG))"; \
 	else echo "wheelhouses: not made here ($(WHEELHOUSE_LOG)): $$(tail -n 1 $(WHEELHOUSE_LOG))"; fi
 
@@ -115,4 +115,4 @@ clean-results:
 # the next workflow run builds what it needs again (the base and wheelhouses are kept).
 IMAGE_TAG ?= localhost/containerbench:latest
 clean-images: $(VENV)/.containerbench-ready
-	$(VENV)/bin/python -m containerbench.images --tag $(IMAGE_TAG) remove --every-flavour
+	$(VENV)/bin/python -m containerbench image --tag $(IMAGE_TAG) remove --every-flavour

@@ -91,7 +91,7 @@ def give_back(tag: str, *only: str, env: dict | None = None) -> None:
     command a site admin runs (`make clean-images`), unless the developer keeps test images."""
     if KEEP_TEST_IMAGES:
         return
-    argv = [sys.executable, "-m", "containerbench.images", "--tag", tag, "remove",
+    argv = [sys.executable, "-m", "containerbench", "image", "--tag", tag, "remove",
             "--build-dir", str(ROOT / "build" / "images"), *(f"--only={part}" for part in only)]
     done = run_group(argv, timeout=600, env=env, capture=True)
     assert done.returncode == 0, done.stdout + done.stderr

@@ -15,7 +15,7 @@ import pytest
 from helpers import ROOT, tiny_config
 
 from containerbench import config as cb_config
-from containerbench import images
+from containerbench import images, wheelhouse
 from containerbench.launch import prepare
 from containerbench.processes import run_group
 
@@ -26,7 +26,7 @@ GPU_TAG = "localhost/containerbench:gpu-test"
 def test_each_environment_has_one_lock_for_bare_metal_and_image():
     for env in cb_config.BENCH_ENVS.values():
         assert (ROOT / env.lock).is_file() and (ROOT / env.pins).is_file()
-        assert images.horovod_version(ROOT, env) == ("0.28.1" if env.framework == "tensorflow" else None)
+        assert wheelhouse.horovod_version(ROOT, env) == ("0.28.1" if env.framework == "tensorflow" else None)
     gpu = cb_config.BENCH_ENVS["gpu"]
     pins = (ROOT / gpu.lock).read_text()
     assert "tensorflow==2.14.1" in pins and "nvidia-nccl-cu11==2.16.5" in pins and "tensorflow-cpu" not in pins
@@ -109,7 +109,7 @@ def test_the_benchmark_trains_on_two_ranks_in_the_gpu_venv(tmp_path):
 
 @gpu_env
 def test_the_gpu_image_builds_offline_with_nccl_and_the_venvs_provenance(tmp_path, container_engines):
-    steps = [str(ROOT / ".venv" / "bin" / "python"), "-m", "containerbench.images", "--engine", "podman",
+    steps = [str(ROOT / ".venv" / "bin" / "python"), "-m", "containerbench", "image", "--engine", "podman",
              "--tag", GPU_TAG, "--bench-python", str(GPU_PYTHON), "--repo", str(ROOT), "--env", "gpu"]
     try:
         for step in (["wheelhouse"], ["build", "--stamp", str(tmp_path / "stamp.json")]):

@@ -19,8 +19,8 @@ from helpers import (BENCH_PYTHON, ROOT, SMOKE_MODEL, WORKFLOW_IMAGE, ch_run_arg
                      tiny_config)
 
 from containerbench import config as cb_config
-from containerbench import images
-from containerbench.images import ImageSpec
+from containerbench import baseimage, cli, imagebuild, images, imagestep, wheelhouse
+from containerbench.imagebuild import ImageSpec
 from containerbench.processes import run_group
 from containerbench.results import write_tables
 from containerbench.runtimes import engine_env, engine_usable
@@ -40,11 +40,11 @@ def _engines_script(*args) -> dict[str, str]:
 
 def _built_image(engine: str, bench_python: Path) -> dict:
     """Base and wheelhouse (reused from build/ when there), then the image and its stamp."""
-    base = images.make_base(engine)
-    images.make_wheelhouse(bench_python)
-    tag = images.default_tag(bench_python)
-    stamp = images.build_image(ImageSpec(engine, tag), bench_python)
-    return {"tag": tag, "stamp": stamp, "host": images.host_provenance(bench_python), "base": base}
+    base = baseimage.make_base(engine)
+    wheelhouse.make_wheelhouse(bench_python)
+    tag = imagebuild.default_tag(bench_python)
+    stamp = imagebuild.build_image(ImageSpec(engine, tag), bench_python)
+    return {"tag": tag, "stamp": stamp, "host": imagebuild.host_provenance(bench_python), "base": base}
 
 
 @pytest.fixture(scope="session")
@@ -78,20 +78,20 @@ def docker_image(containers_root, container_engines, bench_python):
         built = _built_image("docker", bench_python)
         yield built
         # 2 GB in the daemon's store that no later test runs
-        run_group(images.rmi_argv("docker", built["tag"]), timeout=300, capture=True)
-        images.stamp_path("docker").unlink(missing_ok=True)
+        run_group(imagebuild.rmi_argv("docker", built["tag"]), timeout=300, capture=True)
+        imagebuild.stamp_path("docker").unlink(missing_ok=True)
 
 
 @pytest.fixture(scope="module")
 def charliecloud_dir(podman_image, tmp_path_factory):
     """The image as a Charliecloud directory: the workflow's, where test_containers converted this very
     image (the same id: podman's layer cache gives it), else converted here and removed afterwards."""
-    workflows = Path(images.image_files(WORKFLOW_IMAGE, ROOT / images.IMAGES)["charliecloud-dir"])
+    workflows = Path(images.image_files(WORKFLOW_IMAGE, ROOT / imagestep.IMAGES)["charliecloud-dir"])
     marker = Path(f"{workflows}.image-id")
     if marker.exists() and marker.read_text().strip() == podman_image["stamp"]["image_id"]:
         yield workflows
         return
-    image_dir = images.charliecloud_image("podman", podman_image["tag"], tmp_path_factory.mktemp("ch") / "image")
+    image_dir = imagebuild.charliecloud_image("podman", podman_image["tag"], tmp_path_factory.mktemp("ch") / "image")
     yield image_dir
     shutil.rmtree(image_dir)  # 2 GB that no later test runs
 
@@ -106,19 +106,19 @@ def _result(stdout: str) -> dict:
 def test_image_reports_host_provenance(image, request):
     built = request.getfixturevalue(image)
     stamp = built["stamp"]
-    assert built["tag"] == f"{images.IMAGE_REPO}:{built['host']['hash']}"
+    assert built["tag"] == f"{imagestep.IMAGE_REPO}:{built['host']['hash']}"
     assert stamp["measured_provenance"] == stamp["label_provenance"] == built["host"]["hash"]
     assert stamp["mpi_wheels"] == {}  # the Open MPI flavour: no MPI wheel (the MPICH one: test_containers.py)
     assert stamp["image_id"].startswith("sha256:") and stamp["python"] == built["host"]["python"]
-    assert json.loads(images.stamp_path(stamp["engine"]).read_text()) == stamp
+    assert json.loads(imagebuild.stamp_path(stamp["engine"]).read_text()) == stamp
 
 
 def test_docker_builds_on_the_very_base_podman_made(podman_image, docker_image):
-    # One debootstrap for both engines (images.make_base): the session's dockerd starts with an empty
+    # One debootstrap for both engines (baseimage.make_base): the session's dockerd starts with an empty
     # store (conftest.container_engines), so its base is podman's, saved and loaded, with podman's image
     # id (the config digest).
-    assert docker_image["base"] == f"{images.BASE_IMAGE} copied from podman into docker"
-    assert images.image_digest("docker", images.BASE_IMAGE) == images.image_digest("podman", images.BASE_IMAGE)
+    assert docker_image["base"] == f"{imagestep.BASE_IMAGE} copied from podman into docker"
+    assert imagebuild.image_digest("docker", imagestep.BASE_IMAGE) == imagebuild.image_digest("podman", imagestep.BASE_IMAGE)
 
 
 def test_podman_ranks_under_mpirun(podman_image):
@@ -261,10 +261,10 @@ def test_the_build_refuses_an_image_one_package_apart(podman_image, other_termco
     stamp = tmp_path / "containerbench.podman.json"
     stamp.write_text(json.dumps(podman_image["stamp"]))
     try:
-        assert images.main(["--engine", "podman", "--tag", REFUSED_TAG, "--repo", str(repo), "build",
-                            "--base-image", podman_image["tag"], "--stamp", str(stamp)]) == 1
+        assert cli.main(["image", "--engine", "podman", "--tag", REFUSED_TAG, "--repo", str(repo), "build",
+                         "--base-image", podman_image["tag"], "--stamp", str(stamp)]) == 1
         assert capsys.readouterr().err.splitlines() == [(
-            f"containerbench.images: build: refused {REFUSED_TAG}: the provenance measured in it differs: packages "
+            f"containerbench image: build: refused {REFUSED_TAG}: the provenance measured in it differs: packages "
             f"differ: termcolor {other_termcolor['locked']} vs {OTHER_TERMCOLOR} (bench venv vs image)")]
         assert not stamp.exists()
         assert run_group(["podman", "image", "exists", REFUSED_TAG], timeout=120).returncode == 1
@@ -277,25 +277,25 @@ def test_remove_gives_back_what_was_built_of_a_tag_and_only_the_parts_asked(podm
     """`images remove` (make clean-images, and each container module's teardown): the engine's tag
     and the files made from it go; another tag of the same image stays."""
     tag = "localhost/containerbench-remove-test:latest"
-    assert run_group(["podman", "tag", images.BASE_IMAGE, tag], timeout=120).returncode == 0
+    assert run_group(["podman", "tag", imagestep.BASE_IMAGE, tag], timeout=120).returncode == 0
     build_dir = tmp_path / "images"
     files = images.image_files(tag, build_dir)
-    images.export_image("podman", tag, Path(files["archive"]))  # a real docker archive of the tag
+    imagebuild.export_image("podman", tag, Path(files["archive"]))  # a real docker archive of the tag
     Path(files["podman"]).write_text(json.dumps({"tag": tag}))  # the stamps and the converted directory
     (Path(files["charliecloud-dir"]) / "bin").mkdir(parents=True)  # are the workflow's files: their
     Path(f"{files['charliecloud-dir']}.image-id").write_text("sha256:0\n")  # names are what is removed
     try:
-        assert images.main(["--tag", tag, "remove", "--build-dir", str(build_dir), "--only", "archive"]) == 0
+        assert cli.main(["image", "--tag", tag, "remove", "--build-dir", str(build_dir), "--only", "archive"]) == 0
         assert capsys.readouterr().out == f"removed {files['archive']}\n"
         assert run_group(["podman", "image", "exists", tag], timeout=120).returncode == 0
-        assert images.main(["--tag", tag, "remove", "--build-dir", str(build_dir)]) == 0
+        assert cli.main(["image", "--tag", tag, "remove", "--build-dir", str(build_dir)]) == 0
         assert sorted(capsys.readouterr().out.splitlines()) == sorted([
             f"removed podman {tag}", f"removed {files['podman']}", f"removed {files['charliecloud-dir']}",
             f"removed {files['charliecloud-dir']}.image-id"])
         assert run_group(["podman", "image", "exists", tag], timeout=120).returncode == 1
-        assert run_group(["podman", "image", "exists", images.BASE_IMAGE], timeout=120).returncode == 0
+        assert run_group(["podman", "image", "exists", imagestep.BASE_IMAGE], timeout=120).returncode == 0
         assert list(build_dir.iterdir()) == []
-        assert images.main(["--tag", tag, "remove", "--build-dir", str(build_dir)]) == 0
+        assert cli.main(["image", "--tag", tag, "remove", "--build-dir", str(build_dir)]) == 0
         assert capsys.readouterr().out == f"nothing of {tag} to remove\n"
     finally:
         run_group(["podman", "rmi", "--force", tag], timeout=300, capture=True)

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from helpers import ROOT
 
-from containerbench import images, singularity
+from containerbench import baseimage, cli, imagebuild, images, imagestep, singularity, wheelhouse
 from containerbench.config import BENCH_ENVS, MPI_FLAVOURS
-from containerbench.images import ImageSpec
+from containerbench.imagebuild import ImageSpec
 from containerbench.runtimes import DEFAULT_PATH, engine_env, engine_usable
 
 ENGINES_SCRIPT = ROOT / "scripts" / "container-engines.sh"
@@ -54,7 +54,7 @@ def test_definition_from_local_daemon_base():
 
 
 def test_the_pytorch_flavour_is_the_same_definition_from_its_own_lock_without_horovod():
-    flavour_args = images.image_build_args(BENCH_ENVS["torch"], MPI_FLAVOURS["openmpi"])
+    flavour_args = imagebuild.image_build_args(BENCH_ENVS["torch"], MPI_FLAVOURS["openmpi"])
     assert flavour_args == {"LOCK": "envs/bench-torch.lock.txt", "WHEELHOUSE": "build/wheelhouse-torch",
                             "HOROVOD_VERSION": ""}
     text = definition(build_args=flavour_args)
@@ -65,10 +65,10 @@ def test_the_pytorch_flavour_is_the_same_definition_from_its_own_lock_without_ho
     files = section(text, "%files")
     assert "envs/bench-torch.lock.txt /opt/containerbench/bench.lock.txt" in files
     assert "build/wheelhouse-torch /opt/containerbench/wheelhouse" in files
-    mpich = images.image_build_args(BENCH_ENVS["torch"], MPI_FLAVOURS["mpich"])
+    mpich = imagebuild.image_build_args(BENCH_ENVS["torch"], MPI_FLAVOURS["mpich"])
     assert mpich == {"LOCK": "envs/bench-torch.lock.txt", "WHEELHOUSE": "build/wheelhouse-torch-mpich",
                      "MPI_WHEELS": "mpich==5.0.2", "HOROVOD_VERSION": ""}
-    assert images.image_build_args(BENCH_ENVS["cpu"], MPI_FLAVOURS["openmpi"]) == {
+    assert imagebuild.image_build_args(BENCH_ENVS["cpu"], MPI_FLAVOURS["openmpi"]) == {
         "LOCK": "envs/bench.lock.txt", "WHEELHOUSE": "build/wheelhouse"}  # TensorFlow's as it was
     assert images.flavour_tag(TAG, BENCH_ENVS["torch"], MPI_FLAVOURS["mpich"]) == f"{TAG}-torch-mpich"
     assert images.flavour_tag(TAG, BENCH_ENVS["cpu"], MPI_FLAVOURS["openmpi"]) == TAG
@@ -137,7 +137,7 @@ def test_expand_args_forms():
 @pytest.mark.parametrize("engine", ["docker", "podman"])
 def test_build_argv(engine):
     spec = ImageSpec(engine, TAG, build_args={"PROVENANCE": "0123456789abcdef"})
-    assert images.build_argv(spec) == [
+    assert imagebuild.build_argv(spec) == [
         engine, "build", "--network", "none", "-f", "containers/Dockerfile", "-t", TAG,
         "--build-arg", "BASE_IMAGE=localhost/containerbench-base:bookworm",
         "--build-arg", "PROVENANCE=0123456789abcdef",
@@ -147,10 +147,10 @@ def test_build_argv(engine):
 
 def test_export_and_every_runtimes_prepare_commands():
     archive = Path("build/images/containerbench.tar")
-    assert images.save_argv("docker", TAG, archive) == ["docker", "save", "-o", str(archive), TAG]
-    assert images.save_argv("podman", TAG, archive) == ["podman", "save", "--format", "docker-archive",
+    assert imagebuild.save_argv("docker", TAG, archive) == ["docker", "save", "-o", str(archive), TAG]
+    assert imagebuild.save_argv("podman", TAG, archive) == ["podman", "save", "--format", "docker-archive",
                                                         "-o", str(archive), TAG]
-    assert images.load_argv("podman", archive) == ["podman", "load", "-i", str(archive)]
+    assert imagebuild.load_argv("podman", archive) == ["podman", "load", "-i", str(archive)]
     # Every file is named after the tag (containerbench-<hash>); the classes own the commands.
     out, remote = "build/images/containerbench-0123456789abcdef", "registry.example.org/containerbench:0123456789abcdef"
     assert images.runtime_commands("podman", TAG, "registry.example.org", gpus=True) == {
@@ -194,25 +194,25 @@ def test_each_runtime_runs_what_its_prepare_commands_made():
 
 
 def test_base_and_wheelhouse_argvs(tmp_path):
-    assert images.debootstrap_argv(Path("root"), "http://deb.debian.org/debian") == [
+    assert baseimage.debootstrap_argv(Path("root"), "http://deb.debian.org/debian") == [
         "debootstrap", "--variant=minbase", "--include=python3,python3-venv,openmpi-bin,libopenmpi3,ca-certificates",
         "bookworm", "root", "http://deb.debian.org/debian"]
-    assert images.rootfs_tar_argv(Path("root")) == ["tar", "-C", "root", "--exclude=./dev/*", "-c", "."]
-    assert images.import_argv("podman") == [
-        "podman", "import", "--change", f"ENV PATH={DEFAULT_PATH}", "-", images.BASE_IMAGE]
-    args = images.platform_args("3.11")
+    assert baseimage.rootfs_tar_argv(Path("root")) == ["tar", "-C", "root", "--exclude=./dev/*", "-c", "."]
+    assert baseimage.import_argv("podman") == [
+        "podman", "import", "--change", f"ENV PATH={DEFAULT_PATH}", "-", imagestep.BASE_IMAGE]
+    args = wheelhouse.platform_args("3.11")
     assert args[:10] == ["--only-binary=:all:", "--python-version", "3.11", "--implementation", "cp",
                          "--abi", "cp311", "--abi", "abi3", "--abi"]
     assert "manylinux_2_36_x86_64" in args and "manylinux_2_5_x86_64" in args and "manylinux_2_37_x86_64" not in args
-    assert images.horovod_wheel_argv(Path("py"), Path("w/horovod-0.28.1.tar.gz"), Path("w")) == [
+    assert wheelhouse.horovod_wheel_argv(Path("py"), Path("w/horovod-0.28.1.tar.gz"), Path("w")) == [
         "py", "-m", "pip", "wheel", "--disable-pip-version-check", "--no-deps", "--no-build-isolation",
         "--wheel-dir", "w", "w/horovod-0.28.1.tar.gz"]
-    assert images.horovod_version(ROOT) == "0.28.1"
+    assert wheelhouse.horovod_version(ROOT) == "0.28.1"
     (tmp_path / "debian.sources").write_text("Types: deb\nURIs: http://mirror.example/debian\n"
                                              "Suites: bookworm bookworm-updates\nComponents: main\n")
-    assert images.apt_mirror("bookworm", [tmp_path]) == "http://mirror.example/debian"
+    assert baseimage.apt_mirror("bookworm", [tmp_path]) == "http://mirror.example/debian"
     (tmp_path / "debian.sources").write_text("deb [arch=amd64] http://one.example/debian bookworm main\n")
-    assert images.apt_mirror("bookworm", [tmp_path / "debian.sources"]) == "http://one.example/debian"
+    assert baseimage.apt_mirror("bookworm", [tmp_path / "debian.sources"]) == "http://one.example/debian"
 
 
 # Horovod 0.28.1's sdist: setup.py configures CMake with -DCMAKE_BUILD_TYPE=RelWithDebInfo (custom_build_ext,
@@ -228,17 +228,17 @@ message(STATUS "compile flags: ${CMAKE_CXX_FLAGS_RELWITHDEBINFO}")
 def test_horovods_compile_keeps_its_optimisation_without_debug_information(tmp_path, bench_python):
     (tmp_path / "CMakeLists.txt").write_text(HOROVOD_LIKE_PROJECT)
     configured = {}
-    for name, env in (("cmake's own", {k: v for k, v in images.horovod_build_env(ROOT).items()
+    for name, env in (("cmake's own", {k: v for k, v in wheelhouse.horovod_build_env(ROOT).items()
                                        if k != "CMAKE_TOOLCHAIN_FILE"}),
-                      ("ours", images.horovod_build_env(ROOT))):
+                      ("ours", wheelhouse.horovod_build_env(ROOT))):
         done = subprocess.run(["cmake", "-S", str(tmp_path), "-B", str(tmp_path / name.replace(" ", "-")),
                                "-DCMAKE_BUILD_TYPE=RelWithDebInfo"], env=env, capture_output=True, text=True,
                               timeout=120)
         assert done.returncode == 0, done.stderr[-2000:]
         configured[name] = re.search(r"^-- compile flags: (.*)$", done.stdout, re.M)[1]
     assert configured == {"cmake's own": "-O3 -g -DNDEBUG", "ours": "-O3 -DNDEBUG"}
-    assert images.horovod_build_env(ROOT)["CMAKE_TOOLCHAIN_FILE"] == str(ROOT / images.HOROVOD_TOOLCHAIN)
-    assert images.horovod_build_env(ROOT, PATH="/x")["PATH"] == "/x"
+    assert wheelhouse.horovod_build_env(ROOT)["CMAKE_TOOLCHAIN_FILE"] == str(ROOT / wheelhouse.HOROVOD_TOOLCHAIN)
+    assert wheelhouse.horovod_build_env(ROOT, PATH="/x")["PATH"] == "/x"
 
 
 def test_engine_usable_reports_missing_binary(monkeypatch):
@@ -258,18 +258,18 @@ def test_engine_usable_names_the_daemon_that_did_not_answer(monkeypatch):
 
 
 def test_failing_step_names_itself():
-    with pytest.raises(images.ImageStepError, match=r"^export \(podman save\) failed \(exit 1\): false x$"):
-        images.run_step("export (podman save)", ["false", "x"], timeout=60)
-    with pytest.raises(images.ImageStepError, match="not installed"):
-        images.run_step("charliecloud", ["/nonexistent/ch-convert"], timeout=60)
+    with pytest.raises(imagestep.ImageStepError, match=r"^export \(podman save\) failed \(exit 1\): false x$"):
+        imagestep.run_step("export (podman save)", ["false", "x"], timeout=60)
+    with pytest.raises(imagestep.ImageStepError, match="not installed"):
+        imagestep.run_step("charliecloud", ["/nonexistent/ch-convert"], timeout=60)
 
 
 def test_step_past_its_time_limit_fails_and_leaves_nothing_running(tmp_path):
     # the step's own child (as podman's and ch-convert's helpers do) must go with it
     pid_file = tmp_path / "helper.pid"
     script = f"sleep 60 & echo $! > {pid_file}; wait"
-    with pytest.raises(images.ImageStepError, match=r"^build \(podman\) timed out after 1 s: bash -c "):
-        images.run_step("build (podman)", ["bash", "-c", script], timeout=1)
+    with pytest.raises(imagestep.ImageStepError, match=r"^build \(podman\) timed out after 1 s: bash -c "):
+        imagestep.run_step("build (podman)", ["bash", "-c", script], timeout=1)
     helper = int(pid_file.read_text())
     assert not Path(f"/proc/{helper}").exists() or "Z" in Path(f"/proc/{helper}/stat").read_text().split()[2]
 
@@ -296,9 +296,9 @@ def test_podman_conf_script(tmp_path):
 def test_remove_names_an_unknown_part_in_one_line_before_touching_anything(tmp_path, capsys):
     stamp = tmp_path / "podman-containerbench-x.json"
     stamp.write_text("{}")
-    assert images.main(["--tag", "localhost/containerbench:x", "remove", "--build-dir", str(tmp_path),
-                        "--only", "podman", "--only", "charliclod"]) == 1
+    assert cli.main(["image", "--tag", "localhost/containerbench:x", "remove", "--build-dir", str(tmp_path),
+                     "--only", "podman", "--only", "charliclod"]) == 1
     assert capsys.readouterr().err == (
-        "containerbench.images: remove: no such part of an image: charliclod (one of docker, podman, apptainer, "
+        "containerbench image: remove: no such part of an image: charliclod (one of docker, podman, apptainer, "
         "singularity, charliecloud, enroot, sarus, podman-hpc, archive, definition, charliecloud-dir)\n")
     assert stamp.exists()

@@ -13,13 +13,13 @@ import pytest
 from helpers import BENCH_PYTHON, ROOT, snakemake, tiny_config
 
 from containerbench import config as cb_config
-from containerbench import images, preflight, runtimes
+from containerbench import cli, images, preflight, runtimes
 from containerbench.launch import prepare, site_image_files
 
 
 def run_preflight(tmp_path, *args, path=None):
     env = {**os.environ, "PATH": path or os.environ["PATH"]}
-    return subprocess.run([sys.executable, "-m", "containerbench.preflight", "--out", str(tmp_path / "pre.json"),
+    return subprocess.run([sys.executable, "-m", "containerbench", "preflight", "--out", str(tmp_path / "pre.json"),
                            *args], capture_output=True, text=True, env=env, timeout=300)
 
 
@@ -121,12 +121,12 @@ def test_under_slurm_the_check_runs_on_one_compute_node_through_srun(tmp_path):
                                 {"apptainer": ["apptainer", "--version"]}, ["/sw/images/tf.sif"])
     assert argv == ["srun", "--nodes=1", "--ntasks=1", "--time=10", "--job-name=containerbench-preflight",
                     "--partition=gpu", "--account=proj", "--constraint=a100",
-                    "/sw/cb/.venv/bin/python", "-m", "containerbench.preflight", "--repo", str(ROOT),
+                    "/sw/cb/.venv/bin/python", "-m", "containerbench", "preflight", "--repo", str(ROOT),
                     "--sources-digest", preflight.sources_digest(ROOT), "--bench-python", "/sw/cb/.venv-bench/bin/python",
                     "--probes", '{"apptainer": ["apptainer", "--version"]}', "--image-file=/sw/images/tf.sif"]
-    preflight.parser().parse_args(argv[8 + 3:])  # what follows `python -m containerbench.preflight` parses
+    assert cli.build_parser().parse_args(argv[8 + 3:]).command == "preflight"  # what follows `python -m containerbench`
     local = preflight.check_argv(tiny_config(tmp_path), ROOT, sys.executable, None, {})
-    assert local[:3] == [sys.executable, "-m", "containerbench.preflight"]  # mpirun or none: here
+    assert local[:4] == [sys.executable, "-m", "containerbench", "preflight"]  # mpirun or none: here
 
 
 def test_the_workflow_stops_before_any_job_when_a_node_cannot_run_it(tmp_path):

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from helpers import ROOT, SMOKE_MODEL, TINY, recorded_records, snakemake
 
-from containerbench import cli, datasets, history, images, singularity
+from containerbench import cli, datasets, history, images
 from containerbench import fleet as fleet_module
 from containerbench import config as cb_config
 from containerbench.runtimes import select_runtimes
@@ -98,8 +98,7 @@ def test_a_site_runtime_missing_here_stops_the_workflow(tmp_path):
 
 
 # What each rule's shell command runs, and the parser that must accept its arguments.
-COMMAND_PARSERS = {"containerbench": cli.build_parser, "containerbench.images": images.parser,
-                   "containerbench.singularity": singularity.parser, "containerbench.datasets": datasets.parser}
+COMMAND_PARSERS = {"containerbench": cli.build_parser, "containerbench.datasets": datasets.parser}
 
 
 def test_every_shell_command_of_the_workflow_parses(tmp_path):
@@ -123,9 +122,9 @@ def test_every_shell_command_of_the_workflow_parses(tmp_path):
             pytest.fail(f"the command of a rule does not parse: {command}")
         steps.add((module, getattr(parsed, "step", None) or getattr(parsed, "command", None)))
     assert steps == {("containerbench", step) for step in ("launch", "parse", "tables", "store", "report")} | {
-        ("containerbench.images", step) for step in ("base", "wheelhouse", "build", "export", "load", "charliecloud",
-                                                     "prepare")} | {
-        ("containerbench.singularity", None), ("containerbench.datasets", "generate")}
+        ("containerbench", step) for step in ("base", "wheelhouse", "build", "export", "load", "charliecloud",
+                                              "prepare", "singularity-definition")} | {
+        ("containerbench.datasets", "generate")}
 
 
 @pytest.mark.parametrize("fleet", [False, True], ids=["sweep", "validate_nodes"])
@@ -383,5 +382,5 @@ def test_a_gpu_sweep_injects_the_nvidia_libraries_into_charliecloud_on_a_node(tm
     assert counts["image_charliecloud"] == 1 and counts["image_charliecloud_nvidia"] == 1
     [command] = [c for c in re.findall(r"^Shell command: (.+)$", done.stdout, re.M) if "charliecloud-nvidia" in c]
     words = shlex.split(command)
-    parsed = images.parser().parse_args(words[words.index("-m") + 2:words.index(">")])
+    parsed = cli.build_parser().parse_args(words[words.index("-m") + 2:words.index(">")])
     assert parsed.step == "charliecloud-nvidia" and str(parsed.marker).endswith(".ch.nvidia")

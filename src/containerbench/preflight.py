@@ -15,13 +15,12 @@ with one line per problem:
 It is not a rule: a job that every measurement depended on would, whenever it ran
 again (after a code or config change), make every finished measurement run again.
 
-    python -m containerbench.preflight --repo R --sources-digest D --bench-python P \
+    python -m containerbench preflight --repo R --sources-digest D --bench-python P \
         --probes '{"apptainer": ["apptainer", "--version"]}' [--out preflight.json]
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import shlex
@@ -107,7 +106,7 @@ def run_checks(repo: Path, expected_digest: str, bench_python: str | None,
 def check_argv(config: dict, repo: Path, python: str, bench_python: str | None, probes: dict[str, list[str]],
                image_files=(), torch_python: str | None = None) -> list[str]:
     """The check's command line: on one compute node through srun when the runs use srun, else here."""
-    argv = [python, "-m", "containerbench.preflight", "--repo", str(repo), "--sources-digest", sources_digest(repo),
+    argv = [python, "-m", "containerbench", "preflight", "--repo", str(repo), "--sources-digest", sources_digest(repo),
             *(["--bench-python", str(bench_python)] if bench_python else []),
             *(["--torch-python", str(torch_python)] if torch_python else []), "--probes", json.dumps(probes),
             *(f"--image-file={path}" for path in image_files)]
@@ -132,36 +131,3 @@ def run_before_jobs(argv: list[str], timeout: float = TIMEOUT_S) -> None:
         sys.exit("\n".join(problems) or f"containerbench: preflight failed (exit {done.returncode}): "
                  f"{(done.stderr.strip().splitlines() or ['no output'])[-1]}")
     print(done.stdout.strip(), file=sys.stderr)
-
-
-def parser() -> argparse.ArgumentParser:
-    cli = argparse.ArgumentParser(prog="python -m containerbench.preflight", description=__doc__.splitlines()[0])
-    cli.add_argument("--repo", type=Path, required=True, help="the clone, as the workflow sees it")
-    cli.add_argument("--sources-digest", required=True, help="sources_digest(repo) where the workflow planned")
-    cli.add_argument("--bench-python", help="the bare-metal interpreter, when bare metal is in the sweep")
-    cli.add_argument("--torch-python", help="the PyTorch side's bare-metal interpreter, when the sweep has pytorch")
-    cli.add_argument("--probes", default="{}", help="JSON {runtime: probe argv} to run on this node")
-    cli.add_argument("--image-file", action="append", default=[], dest="image_files",
-                     help="an image file the site supplies, which the node must see (repeatable)")
-    cli.add_argument("--out", type=Path, help="also write the result as JSON here")
-    return cli
-
-
-def main(argv=None) -> int:
-    args = parser().parse_args(argv)
-    result = run_checks(args.repo, args.sources_digest, args.bench_python, json.loads(args.probes), args.image_files,
-                        args.torch_python)
-    for problem in result["problems"]:
-        print(f"containerbench: preflight on {result['host']}: {problem}", file=sys.stderr)
-    if result["problems"]:
-        return 1
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
-    print(f"containerbench: preflight on {result['host']}: clone, bare-metal Python and "
-          f"{len(result['probes'])} runtime probe(s) ok")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

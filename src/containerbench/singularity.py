@@ -6,17 +6,17 @@ turned into `su -`, the bootstrap agent follows the base image (a local daemon,
 an archive or a registry), COPY sources are anchored at the build context,
 labels take Apptainer's "KEY VALUE" form, and ENV values hold for later %post
 steps as they do for later RUN steps.
+
+    containerbench singularity-definition --dockerfile containers/Dockerfile --out DEF [--build-arg NAME=VALUE]
 """
 
 from __future__ import annotations
 
-import os
-import argparse
 import json
+import os
 import re
 import shlex
 import subprocess
-import sys
 from pathlib import Path
 
 
@@ -117,34 +117,3 @@ def host_provenance_hash(bench_python: Path) -> str:
     done = subprocess.run([str(bench_python), "-m", "containerbench.provenance"], capture_output=True, text=True,
                           timeout=300, check=True)
     return json.loads(done.stdout)["hash"]
-
-
-def parser() -> argparse.ArgumentParser:
-    cli = argparse.ArgumentParser(prog="python -m containerbench.singularity", description=__doc__.splitlines()[0])
-    cli.add_argument("--dockerfile", type=Path, required=True)
-    cli.add_argument("--bootstrap", choices=("docker", "docker-daemon", "docker-archive"))
-    cli.add_argument("--from", dest="source", help="image or archive to bootstrap from (default: the base)")
-    cli.add_argument("--context", default=".", help="the build context COPY sources are relative to")
-    cli.add_argument("--build-arg", action="append", default=[], metavar="NAME=VALUE")
-    cli.add_argument("--bench-python", type=Path,
-                     help="label the image with this benchmark venv's provenance hash (ARG PROVENANCE)")
-    cli.add_argument("--out", type=Path, required=True)
-    return cli
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
-    build_args = dict(pair.split("=", 1) for pair in args.build_arg)
-    if args.bench_python and "PROVENANCE" not in build_args:
-        build_args["PROVENANCE"] = host_provenance_hash(args.bench_python)
-    try:
-        print(write_singularity_definition(args.out, dockerfile=args.dockerfile, build_args=build_args,
-                                           bootstrap=args.bootstrap, source=args.source, context=args.context))
-    except ValueError as error:
-        print(f"containerbench.singularity: {error}", file=sys.stderr)
-        return 2
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

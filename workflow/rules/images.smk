@@ -1,10 +1,12 @@
 # The one image, from containers/Dockerfile, and what each runtime runs made from it.
 # Only the artifacts some selected runtime needs are built (SWEEP.image_files). Each
-# step is `python -m containerbench.images <step>`, which builds every command as an
+# step is `python -m containerbench image <step>`, which builds every command as an
 # argv list and stops at images.step_timeout_s; the rules only name files.
 import itertools
 
 from containerbench import images as cb_images
+from containerbench import imagebuild, imagestep
+from containerbench.cli.image import step_argv
 
 BUILD = config["images"]["build"]
 ENGINE = BUILD["engine"]
@@ -30,7 +32,7 @@ rule image_base:
     log:
         IMAGE_LOGS / "base.txt",
     params:
-        images=shlex.join(cb_images.step_argv(PYTHON, ENGINE, TAG, BENCH_PYTHON, REPO, cb_config.BENCH_ENVS[config["benchmark_env"]])),
+        images=shlex.join(step_argv(PYTHON, ENGINE, TAG, BENCH_PYTHON, REPO, cb_config.BENCH_ENVS[config["benchmark_env"]])),
     localrule: True
     priority: BEFORE_ANY_MEASUREMENT
     resources:
@@ -51,7 +53,7 @@ for BENCH_ENV, FLAVOUR in itertools.product(
     S = SUFFIX.replace("-", "_")  # the rules' names: image_build, image_build_mpich, image_build_torch, ...
     E = BENCH_ENV.suffix.replace("-", "_")  # the rules of the framework's Open MPI flavour
     FILES = cb_images.image_files(cb_images.flavour_tag(TAG, BENCH_ENV, FLAVOUR), IMAGES_DIR, gpus=GPU_RUNS)
-    STEPS = shlex.join(cb_images.step_argv(PYTHON, ENGINE, TAG, FRAMEWORK_PYTHON[BENCH_ENV.framework], REPO, BENCH_ENV, FLAVOUR))
+    STEPS = shlex.join(step_argv(PYTHON, ENGINE, TAG, FRAMEWORK_PYTHON[BENCH_ENV.framework], REPO, BENCH_ENV, FLAVOUR))
     LOGS = IMAGE_LOGS / SUFFIX.lstrip("-") if SUFFIX else IMAGE_LOGS
 
     # The pinned benchmark packages as wheels, so the image builds with its network off. The
@@ -98,7 +100,7 @@ for BENCH_ENV, FLAVOUR in itertools.product(
             LOGS / f"build.{ENGINE}.txt",
         params:
             images=STEPS,
-            base=BUILD["base_image"] or cb_images.BASE_IMAGE,
+            base=BUILD["base_image"] or imagestep.BASE_IMAGE,
             apt=BUILD["apt_packages"],
         localrule: True
         priority: BEFORE_ANY_MEASUREMENT
@@ -133,7 +135,7 @@ for BENCH_ENV, FLAVOUR in itertools.product(
             "export --archive {output:q} > {log:q} 2>&1"
 
 
-    for other in set(cb_images.ENGINES) - {ENGINE}:
+    for other in set(imagestep.ENGINES) - {ENGINE}:
 
         rule:
             name:
@@ -219,15 +221,15 @@ for BENCH_ENV, FLAVOUR in itertools.product(
             repo=REPO,
             python=PYTHON,
             bench_python=FRAMEWORK_PYTHON[BENCH_ENV.framework],
-            base=BUILD["base_image"] or cb_images.BASE_IMAGE,
-            flavour=shlex.join(word for name, value in cb_images.image_build_args(BENCH_ENV, FLAVOUR).items()
+            base=BUILD["base_image"] or imagestep.BASE_IMAGE,
+            flavour=shlex.join(word for name, value in imagebuild.image_build_args(BENCH_ENV, FLAVOUR).items()
                                for word in ("--build-arg", f"{name}={value}")),
         localrule: True
         priority: BEFORE_ANY_MEASUREMENT
         resources:
             **IMAGE_STEP,
         shell:
-            "{params.python:q} -m containerbench.singularity --dockerfile {input:q} --context {params.repo:q} "
+            "{params.python:q} -m containerbench singularity-definition --dockerfile {input:q} --context {params.repo:q} "
             "--build-arg BASE_IMAGE={params.base:q} {params.flavour} "
             "--bench-python {params.bench_python:q} --out {output:q} > {log:q} 2>&1"
 

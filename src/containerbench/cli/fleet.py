@@ -1,0 +1,106 @@
+"""`containerbench fleet plan|run|summary|judge`: a batch of nodes validated, from the plan of its
+node and link jobs to the verdict on each node and link and its drain list."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from containerbench.cli.results import system_of
+
+
+def cmd_fleet_plan(args) -> int:
+    from containerbench import fleet, slurm
+
+    try:
+        planned = fleet.plan(fleet.select(args.nodes, args.partition))
+    except slurm.QueryError as error:
+        print(f"containerbench: fleet: {error}", file=sys.stderr)
+        return 2
+    if args.write:
+        Path(args.write).write_text(json.dumps(planned.as_dict(), indent=1) + "\n")
+    print(fleet.format_plan(planned))
+    return 0
+
+
+def cmd_fleet_run(args) -> int:
+    from containerbench import fleet
+
+    return fleet.run_job(args.job, args.in_allocation)
+
+
+def cmd_fleet_summary(args) -> int:
+    from containerbench import fleet
+
+    text, failed = fleet.format_summary(args.summary)
+    print(text, end="")
+    return 1 if failed else 0
+
+
+def cmd_fleet_judge(args) -> int:
+    import subprocess
+
+    from containerbench import fleet
+    from containerbench.records import load_records
+
+    try:
+        planned = fleet.FleetPlan.load(args.plan, "--plan")
+    except fleet.FleetError as error:
+        print(f"containerbench: fleet: {error}", file=sys.stderr)
+        return 2
+    records, _ = load_records(args.records)
+    references = {}
+    if args.references:
+        from containerbench.validate import ReferencesError, load_references
+
+        try:
+            references = load_references(args.references, args.system or system_of(args.records, None))
+        except ReferencesError as error:
+            print(f"containerbench: {error}", file=sys.stderr)
+            return 2
+    verdict = fleet.judge(records, planned, references, min_shortfall=args.min_shortfall)
+    paths = fleet.write_verdict(verdict, args.out_dir)
+    from containerbench.report import render_fleet
+
+    page = Path(args.out_dir) / "fleet.html"
+    render_fleet(args.out_dir, page, args.min_shortfall, fleet.ROBUST_Z_LIMIT)
+    print(fleet.format_verdict(verdict))
+    print(f"tables and page: {page.parent}/fleet_*.csv, {page}")
+    drain = paths["drain"].read_text()
+    if drain:
+        print(f"drain list ({paths['drain']}){'' if args.drain else ', not run: --drain runs it'}:\n{drain}", end="")
+    for argv in fleet.drain_commands(verdict) if args.drain else []:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+        node = argv[2].removeprefix("NodeName=")
+        print(f"  {node}: {'drained' if done.returncode == 0 else 'NOT drained: ' + done.stderr.strip()}")
+    return 1 if (verdict.failed_nodes or verdict.bad_links) and not args.exit_zero else 0
+
+
+def add_commands(sub) -> None:
+    p = sub.add_parser("fleet", help="validate a batch of nodes: plan its node and link jobs, or judge its records")
+    actions = p.add_subparsers(dest="action", required=True)
+    a = actions.add_parser("plan", help="the batch's nodes from Slurm with their states, its links and job rounds")
+    a.add_argument("--nodes", help="a Slurm hostlist, e.g. n[001-064]")
+    a.add_argument("--partition", help="every node of this partition")
+    a.add_argument("--write", metavar="PLAN_JSON", help="also write the plan, for `fleet judge`")
+    a.set_defaults(func=cmd_fleet_plan)
+    a = actions.add_parser("run", help="a node's or link's runs one after another, in the allocation salloc made")
+    a.add_argument("job", help="the job's file (its allocation, its runs' plans and logs), as validate_nodes writes it")
+    a.add_argument("--in-allocation", action="store_true", help="run the plans in the allocation salloc made")
+    a.set_defaults(func=cmd_fleet_run)
+    a = actions.add_parser("summary", help="print a verdict's summary and drain list; exit 1 if a node or link failed")
+    a.add_argument("summary", help="fleet_summary.csv")
+    a.set_defaults(func=cmd_fleet_summary)
+    a = actions.add_parser("judge", help="the verdict on every node and link; exit 1 if any failed")
+    a.add_argument("records", nargs="*", help="the batch's run records, or @FILE listing them")
+    a.add_argument("--plan", required=True, help="the file `fleet plan --write` wrote")
+    a.add_argument("--out-dir", default="results/fleet", help="where the tables and the drain list go")
+    a.add_argument("--min-shortfall", type=float, default=0.10,
+                   help="a figure fails only this far (a fraction) worse than the fleet median")
+    a.add_argument("--drain", action="store_true", help="run the drain list's scontrol lines")
+    a.add_argument("--exit-zero", action="store_true",
+                   help="exit 0 when a node or link failed too (the workflow's judge; else 1, and 2 on bad input)")
+    a.add_argument("--references", help="a references file: its system's figures bound every node and link too")
+    a.add_argument("--system", help="the node type's system in the references file (default: the records' system)")
+    a.set_defaults(func=cmd_fleet_judge)

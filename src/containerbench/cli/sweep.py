@@ -1,0 +1,167 @@
+"""`containerbench plan`, `launch` and `preflight`: a sweep's runs, printed or estimated; one run
+launched; and the pre-flight check a compute node runs before any job (containerbench.preflight)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from pathlib import Path
+
+from containerbench import config as cb_config
+
+
+def cmd_plan(args) -> int:
+    from containerbench.launch import (
+        estimate,
+        first_plans,
+        format_estimate,
+        format_most,
+        most_estimate,
+        one_node_jobs,
+        prepare,
+        sweep_records,
+    )
+
+    if args.records and not args.estimate:
+        raise cb_config.ConfigError("plan: --records is read only with --estimate")
+    config = cb_config.load(args.config)
+    if args.every_runtime:
+        print(every_runtime(config, Path.cwd()))
+        return 0
+    # What each runtime would run, from this clone; nothing is probed here.
+    sweep = prepare(config, Path.cwd(), probe=False)
+    if args.estimate:
+        if args.run_id and args.run_id not in sweep.plans:
+            raise cb_config.ConfigError(f"plan: --run-id {args.run_id!r} is not a run of this sweep")
+        records, source = sweep_records(config, args.records)
+        # With repetitions auto: the minimum counted, and what the most would cost beside it.
+        plans = [sweep.plans[args.run_id]] if args.run_id else first_plans(sweep, config)
+        cost = estimate(plans, config, records, one_node_jobs(sweep, config))
+        most = None if args.run_id else most_estimate(sweep, config, records)
+        if args.json:
+            print(json.dumps({**cost.as_dict(), **({"at_most": most.as_dict()} if most else {})}, sort_keys=True))
+        else:
+            print(format_estimate(cost, source) + (f"\n{format_most(most, config)}" if most else ""))
+        return 0
+    for spec in sweep.runs:
+        if args.run_id and spec.run_id != args.run_id:
+            continue
+        run_plan = sweep.plans[spec.run_id]
+        if args.json:
+            print(json.dumps(run_plan, sort_keys=True))
+        else:
+            env = " ".join(f"{k}={v}" for k, v in sorted(run_plan["env"].items()))
+            print(f"{spec.run_id}\n  env:  {env}\n  argv: {shlex.join(run_plan['argv'])}")
+    return 0
+
+
+def cmd_launch(args) -> int:
+    from containerbench.launch import measure, run_allocated_plans, run_in_allocation
+    from containerbench.slurm import in_allocation
+
+    run_plan = json.loads(Path(args.plan[1:]).read_text()) if args.plan.startswith("@") else json.loads(args.plan)
+    if args.in_allocation or (run_plan.get("allocation") and in_allocation()):
+        # In an allocation already (salloc's, or a site's own session): the run is a step of it.
+        return run_in_allocation([run_plan], [args.log])
+    if run_plan.get("allocation"):  # its own allocation, with this process outside it
+        return run_allocated_plans([run_plan], [args.log], run_plan["allocation"],
+                                   ["launch", "--plan", args.plan, "--log", args.log])
+    returncode = measure(run_plan, Path(args.log))
+    if returncode != 0:
+        print(f"containerbench: {run_plan['run_id']} exited with {returncode}; kept as a failed run, "
+              f"see {args.log}", file=sys.stderr)
+    return 0  # a failed benchmark is a measured outcome, not a workflow error
+
+
+
+def cmd_preflight(args) -> int:
+    from containerbench.preflight import run_checks
+
+    result = run_checks(args.repo, args.sources_digest, args.bench_python, json.loads(args.probes), args.image_files,
+                        args.torch_python)
+    for problem in result["problems"]:
+        print(f"containerbench: preflight on {result['host']}: {problem}", file=sys.stderr)
+    if result["problems"]:
+        return 1
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+    print(f"containerbench: preflight on {result['host']}: clone, bare-metal Python and "
+          f"{len(result['probes'])} runtime probe(s) ok")
+    return 0
+
+
+
+def every_runtime(config: dict, repo: Path) -> str:
+    """Every runtime in each MPI model it supports, for the config's first run: its prepare commands
+    and the run's argv and environment, whether or not the config's sweep names it."""
+    import copy
+
+    from containerbench import images
+    from containerbench.launch import prepare
+    from containerbench.runtimes import CONTAINER_RUNTIMES, MPI_MODELS
+
+    blocks = []
+    for name in ["bare-metal", *CONTAINER_RUNTIMES]:
+        for model in ("host",) if name == "bare-metal" else MPI_MODELS:
+            one = copy.deepcopy(config)
+            one["runtimes"] = [name]
+            if name != "bare-metal":
+                settings = {key: value for key, value in (one["images"].get(name) or {}).items()
+                            if key not in cb_config.IMAGE_KEYS}
+                settings["mpi_model"] = model
+                if CONTAINER_RUNTIMES[name].placeholder_image:  # the workflow cannot build its image
+                    settings["image"] = settings["torch_image"] = CONTAINER_RUNTIMES[name].placeholder_image
+                one["images"][name] = settings
+            title = f"{name} ({model})"
+            try:
+                sweep = prepare(one, repo, probe=False)
+            except cb_config.ConfigError as refused:
+                blocks.append(f"{title}\n  not supported: {str(refused).removeprefix('config: ')}")
+                continue
+            run_plan = sweep.plans[sweep.runs[0].run_id]
+            build = one["images"]["build"]
+            flavour = cb_config.MPI_FLAVOURS[cb_config.MODEL_FLAVOUR[model if model != "host" else "hybrid"]]
+            env = cb_config.bench_env(one, sweep.runs[0].framework)
+            prepared = images.runtime_commands(build["engine"], images.flavour_tag(build["tag"], env, flavour), "REGISTRY",
+                                               repo / images.IMAGES, one["slurm"]["gpus_per_node"] > 0).get(name, [])
+            uses_built = any((use.runtime, use.mpi_model) == (name, model) for use in sweep.image_files)
+            lines = [title, *(f"  prepare: {shlex.join(argv)}" for argv in (prepared if uses_built or name == "shifter" else []))]
+            env = " ".join(f"{k}={v}" for k, v in sorted(run_plan["env"].items()))
+            lines += [f"  env:  {env}", f"  argv: {shlex.join(run_plan['argv'])}"]
+            blocks.append("\n".join(lines))
+    return "\n\n".join(blocks)
+
+
+def add_commands(sub) -> None:
+    p = sub.add_parser("plan", help="print every run of the sweep with its exact argv and environment")
+    p.add_argument("--config", action="append", default=None, help="YAML file(s), later ones override (default config/config.yaml)")
+    p.add_argument("--run-id", help="only this run")
+    p.add_argument("--json", action="store_true", help="one JSON plan per line (with --estimate: the estimate)")
+    p.add_argument("--estimate", action="store_true",
+                   help="print what the sweep costs instead: jobs, allocations, worst-case and expected node-hours")
+    p.add_argument("--every-runtime", action="store_true",
+                   help="instead: every runtime in each MPI model it supports, for the first run of the sweep")
+    p.add_argument("--records", action="append", metavar="DIR_OR_GLOB",
+                   help="run records of earlier runs the expected figure comes from "
+                        "(default: <results_dir>/runs/*.json of the config)")
+    p.set_defaults(func=cmd_plan)
+
+    p = sub.add_parser("launch", help="run one plan, writing its raw log")
+    p.add_argument("--plan", required=True, help="the plan as JSON, or @FILE")
+    p.add_argument("--log", required=True)
+    p.add_argument("--in-allocation", action="store_true",
+                   help="run in the allocation salloc made (SLURM_JOB_ID), asking sacct why when it ends under the run")
+    p.set_defaults(func=cmd_launch)
+
+    p = sub.add_parser("preflight", help="check what this compute node must see before any job (the workflow's onstart)")
+    p.add_argument("--repo", type=Path, required=True, help="the clone, as the workflow sees it")
+    p.add_argument("--sources-digest", required=True, help="sources_digest(repo) where the workflow planned")
+    p.add_argument("--bench-python", help="the bare-metal interpreter, when bare metal is in the sweep")
+    p.add_argument("--torch-python", help="the PyTorch side's bare-metal interpreter, when the sweep has pytorch")
+    p.add_argument("--probes", default="{}", help="JSON {runtime: probe argv} to run on this node")
+    p.add_argument("--image-file", action="append", default=[], dest="image_files",
+                   help="an image file the site supplies, which the node must see (repeatable)")
+    p.add_argument("--out", type=Path, help="also write the result as JSON here")
+    p.set_defaults(func=cmd_preflight)

@@ -1,0 +1,266 @@
+"""The benchmark image: built from containers/Dockerfile with the network off, refused unless the
+provenance measured inside equals the bench venv's, then exported as a docker archive, loaded into
+the other engine, converted for Charliecloud, and removed with every file made from it (the
+`containerbench image` steps build, export, load, charliecloud, remove)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import shutil
+import stat
+import subprocess
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
+from pathlib import Path
+
+from containerbench import provenance
+from containerbench.config import BenchEnv, MpiFlavour
+from containerbench.images import image_files
+from containerbench.imagestep import (
+    ARCHIVE,
+    BASE_IMAGE,
+    BENCH_PYTHON,
+    CHARLIECLOUD_DIR,
+    DEFAULT_STEP_TIMEOUT_S,
+    ENGINES,
+    IMAGE_REPO,
+    IMAGES,
+    QUERY_TIMEOUT_S,
+    ImageStepError,
+    run_step,
+)
+from containerbench.processes import run_group
+from containerbench.runtimes import Charliecloud, engine_env, engine_usable
+
+DOCKERFILE = Path("containers/Dockerfile")
+PROVENANCE_LABEL = "org.containerbench.provenance"
+
+
+@dataclass(frozen=True)
+class ImageSpec:
+    engine: str = "podman"
+    tag: str = f"{IMAGE_REPO}:latest"
+    base_image: str = BASE_IMAGE
+    build_args: dict[str, str] = field(default_factory=dict)
+    dockerfile: Path = DOCKERFILE
+    context: Path = Path(".")
+    network: str = "none"  # the default base needs nothing from outside: prove it
+
+    def all_build_args(self) -> dict[str, str]:
+        return {"BASE_IMAGE": self.base_image, **self.build_args}
+
+
+# -- build, inspect, stamp -------------------------------------------------------------------
+
+def host_provenance(bench_python: Path = BENCH_PYTHON) -> dict:
+    out = run_step("provenance (host)", [str(bench_python), "-m", "containerbench.provenance"], capture=True,
+                   timeout=QUERY_TIMEOUT_S)
+    return json.loads(out.stdout)
+
+
+def default_tag(bench_python: Path = BENCH_PYTHON) -> str:
+    """Images are tagged with the benchmark's provenance hash: a stale image has another tag."""
+    return f"{IMAGE_REPO}:{host_provenance(bench_python)['hash']}"
+
+
+def image_build_args(env: BenchEnv, flavour: MpiFlavour) -> dict[str, str]:
+    """containers/Dockerfile's build arguments for one flavour: the env's lock and wheelhouse, the MPI
+    wheels, and for an env without Horovod (PyTorch) an empty HOROVOD_VERSION, which skips it."""
+    return {"LOCK": env.lock, "WHEELHOUSE": flavour.wheelhouse(env),
+            **({"MPI_WHEELS": " ".join(flavour.wheels)} if flavour.wheels else {}),
+            **({} if env.horovod else {"HOROVOD_VERSION": ""})}
+
+
+def build_argv(spec: ImageSpec) -> list[str]:
+    argv = [spec.engine, "build", "--network", spec.network, "-f", str(spec.dockerfile), "-t", spec.tag]
+    for name, value in spec.all_build_args().items():
+        argv += ["--build-arg", f"{name}={value}"]
+    if "PROVENANCE" in spec.build_args:  # podman 4.3 reuses a cached LABEL step when only the ARG changed
+        argv += ["--label", f"{PROVENANCE_LABEL}={spec.build_args['PROVENANCE']}"]
+    return argv + [str(spec.context)]
+
+
+def image_exists(engine: str, tag: str) -> bool:
+    argv = [engine, "image", "inspect", tag]
+    try:
+        return run_group(argv, timeout=QUERY_TIMEOUT_S, env=engine_env(engine)).returncode == 0
+    except FileNotFoundError:
+        raise ImageStepError(f"base: {engine} is not installed (scripts/container-engines.sh install)") from None
+    except subprocess.TimeoutExpired:
+        raise ImageStepError(f"base: `{shlex.join(argv)}` did not answer within {QUERY_TIMEOUT_S} s") from None
+
+
+def inspect_image(engine: str, tag: str) -> dict:
+    out = run_step("inspect", [engine, "image", "inspect", tag], capture=True, env=engine_env(engine),
+                   timeout=QUERY_TIMEOUT_S)
+    return json.loads(out.stdout)[0]
+
+
+def image_digest(engine: str, tag: str, info: dict | None = None) -> str:
+    """The image id (config digest), 'sha256:...' from docker and podman alike."""
+    image_id = (info or inspect_image(engine, tag))["Id"]
+    return image_id if image_id.startswith("sha256:") else f"sha256:{image_id}"
+
+
+def rmi_argv(engine: str, tag: str) -> list[str]:
+    """Remove the tag (and the image, when no other tag names it)."""
+    return [engine, "rmi", tag]
+
+
+def image_run_argv(engine: str, tag: str, command: list[str]) -> list[str]:
+    return [engine, "run", "--rm", "--network", "none", tag, *command]
+
+
+def image_provenance(engine: str, tag: str, timeout: float = DEFAULT_STEP_TIMEOUT_S) -> dict:
+    argv = image_run_argv(engine, tag, ["python3", "-m", "containerbench.provenance"])
+    return json.loads(run_step("provenance (image)", argv, capture=True, env=engine_env(engine), timeout=timeout).stdout)
+
+
+def build_stamp(engine: str, tag: str, host_hash: str | None = None, timeout: float = DEFAULT_STEP_TIMEOUT_S,
+                measured: dict | None = None) -> dict:
+    info = inspect_image(engine, tag)
+    measured = measured or image_provenance(engine, tag, timeout)
+    return {"engine": engine, "image": tag, "image_id": image_digest(engine, tag, info),
+            "label_provenance": ((info.get("Config") or {}).get("Labels") or {}).get(PROVENANCE_LABEL),
+            "measured_provenance": measured["hash"], "host_provenance": host_hash,
+            "mpi_wheels": measured.get("mpi", {}),  # the flavour: {} on Open MPI, {"mpich": ...} on the MPICH one
+            "python": measured["python"], "created": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+
+
+def stamp_path(engine: str) -> Path:
+    return IMAGES / f"containerbench.{engine}.json"
+
+
+def build_image(spec: ImageSpec, bench_python: Path = BENCH_PYTHON, stamp: Path | None = None,
+                timeout: float = DEFAULT_STEP_TIMEOUT_S) -> dict:
+    """Build, then measure the provenance inside the image; refuse an image that differs from bare metal:
+    name what differs, and leave neither the tag nor a stamp that would claim it is good."""
+    host = host_provenance(bench_python)
+    host_hash = host["hash"]
+    spec = replace(spec, build_args={"PROVENANCE": host_hash, **spec.build_args})
+    run_step(f"build ({spec.engine})", build_argv(spec), env=engine_env(spec.engine), timeout=timeout)
+    measured = image_provenance(spec.engine, spec.tag, timeout)
+    record = build_stamp(spec.engine, spec.tag, host_hash, timeout, measured)
+    stamp = stamp or stamp_path(spec.engine)
+    if record["measured_provenance"] != host_hash:  # another lock or wheel, or the sources changed during the build
+        differs = provenance.difference(host, measured)
+        refusal = f"the provenance measured in it differs: {differs} (bench venv vs image)"
+    elif record["label_provenance"] != host_hash:
+        refusal = f"its label {PROVENANCE_LABEL} is {record['label_provenance']}, not the bench venv's {host_hash}"
+    else:
+        refusal = None
+    if refusal:
+        stamp.unlink(missing_ok=True)  # an older build's stamp would name this tag, which no longer holds it
+        untagged = run_group(rmi_argv(spec.engine, spec.tag), timeout=QUERY_TIMEOUT_S, env=engine_env(spec.engine),
+                             capture=True, stdin=subprocess.DEVNULL)
+        left = "" if untagged.returncode == 0 else f"; removing the tag failed too: {untagged.stderr.strip()[-200:]}"
+        raise ImageStepError(f"build: refused {spec.tag}: {refusal}{left}")
+    stamp.parent.mkdir(parents=True, exist_ok=True)
+    stamp.write_text(json.dumps(record, indent=2) + "\n")
+    return record
+
+
+# -- export, load, charliecloud --------------------------------------------------------------
+
+def save_argv(engine: str, tag: str, archive: Path = ARCHIVE) -> list[str]:
+    fmt = ["--format", "docker-archive"] if engine == "podman" else []  # readable by docker, sarus, apptainer
+    return [engine, "save", *fmt, "-o", str(archive), tag]
+
+
+def load_argv(engine: str, archive: Path = ARCHIVE) -> list[str]:
+    return [engine, "load", "-i", str(archive)]
+
+
+def export_image(engine: str, tag: str, archive: Path = ARCHIVE, timeout: float = DEFAULT_STEP_TIMEOUT_S) -> Path:
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    archive.unlink(missing_ok=True)  # podman refuses to overwrite
+    run_step(f"export ({engine} save)", save_argv(engine, tag, archive), env=engine_env(engine), timeout=timeout)
+    return archive
+
+
+def load_image(engine: str, tag: str, archive: Path = ARCHIVE, stamp: Path | None = None,
+               timeout: float = DEFAULT_STEP_TIMEOUT_S) -> dict:
+    """Load the archive into another engine (podman as a runtime after a docker build, or the
+    reverse), then stamp it there as build_image does: the id and the provenance measured inside."""
+    run_step(f"load into {engine}", load_argv(engine, archive), env=engine_env(engine), timeout=timeout)
+    record = build_stamp(engine, tag, timeout=timeout)
+    if stamp:
+        stamp.parent.mkdir(parents=True, exist_ok=True)
+        stamp.write_text(json.dumps(record, indent=2) + "\n")
+    return record
+
+
+def clear_dev(image_dir: Path) -> list[str]:
+    """Remove device nodes and files under IMAGE/dev: ch-run mounts the host's /dev there anyway."""
+    removed = []
+    for entry in sorted((image_dir / "dev").glob("*")):
+        mode = entry.lstat().st_mode
+        if not stat.S_ISDIR(mode):
+            entry.unlink()
+            removed.append(entry.name)
+    return removed
+
+
+def charliecloud_image(engine: str, tag: str, out: Path = CHARLIECLOUD_DIR, force: bool = False,
+                       timeout: float = DEFAULT_STEP_TIMEOUT_S) -> Path:
+    """Convert unless OUT was already made from this very image (its id is kept in OUT.image-id):
+    the engine exports the image flat, ch-convert unpacks that tarball (Charliecloud.export_argvs says
+    why not `ch-convert -i ENGINE` itself), and the image's ENV goes where ch-run --set-env reads it."""
+    info = inspect_image(engine, tag)
+    marker, image_id = Path(f"{out}.image-id"), image_digest(engine, tag, info)
+    if not force and marker.exists() and marker.read_text().strip() == image_id and (out / "ch").is_dir():
+        return out
+    marker.unlink(missing_ok=True)
+    shutil.rmtree(out, ignore_errors=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    container, flat_tar = Charliecloud.export_paths(str(out))
+    create, export, remove = Charliecloud.export_argvs(engine, tag, container, flat_tar)
+    # A conversion killed between create and rm leaves its container, whose name create would refuse:
+    # forgotten first. And whatever fails here, the container and the 2 GB tarball go.
+    forget = [*remove[:-1], "--force", remove[-1]]
+    subprocess.run(forget, capture_output=True, env=engine_env(engine), timeout=QUERY_TIMEOUT_S, check=False)
+    try:
+        run_step("charliecloud (create)", create, env=engine_env(engine), timeout=QUERY_TIMEOUT_S, capture=True)
+        run_step("charliecloud (export)", export, env=engine_env(engine), timeout=timeout)
+        run_step("charliecloud (rm)", remove, env=engine_env(engine), timeout=QUERY_TIMEOUT_S, capture=True)
+        run_step("charliecloud (ch-convert)", Charliecloud.convert_argv(flat_tar, str(out)),
+                 env=engine_env("charliecloud"), timeout=timeout)
+    finally:
+        subprocess.run(forget, capture_output=True, env=engine_env(engine), timeout=QUERY_TIMEOUT_S, check=False)
+        Path(flat_tar).unlink(missing_ok=True)
+    environment = Path(Charliecloud.environment_file(str(out)))
+    environment.parent.mkdir(parents=True, exist_ok=True)
+    environment.write_text("".join(f"{pair}\n" for pair in info["Config"].get("Env") or []))
+    clear_dev(out)
+    marker.write_text(image_id + "\n")
+    return out
+
+
+def remove_image(tag: str, build_dir: Path | str = IMAGES, only=None,
+                 timeout: float = DEFAULT_STEP_TIMEOUT_S) -> list[str]:
+    """Give back the disk one built flavour holds: its tag in each engine that answers, and every file
+    the workflow made from it (stamps, archive, Charliecloud directory, .sif, ...); `only` keeps it to
+    some of image_files' names (an engine's name: its tag and its stamp). Removing a stamp with its
+    image makes the next workflow run build it again instead of trusting an image that is gone."""
+    files = image_files(tag, build_dir)
+    if unknown := sorted(set(only or ()) - set(files)):
+        raise ImageStepError(f"remove: no such part of an image: {', '.join(unknown)} (one of {', '.join(files)})")
+    wanted = set(only or files)
+    removed = []
+    for engine in sorted(wanted & set(ENGINES)):
+        if not engine_usable(engine)[0] or not image_exists(engine, tag):
+            continue
+        run_step(f"remove ({engine} rmi)", rmi_argv(engine, tag), env=engine_env(engine), timeout=timeout)
+        removed.append(f"{engine} {tag}")
+    paths = {Path(path) for name, path in files.items() if name in wanted}
+    paths |= {Path(f"{path}.image-id") for path in paths if path.suffix == ".ch"}
+    for path in sorted(paths):
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        elif path.exists() or path.is_symlink():
+            path.unlink()
+        else:
+            continue
+        removed.append(str(path))
+    return removed
