@@ -21,10 +21,11 @@ LAYERS = [
                 "intervals"}),
     ("benchmark, runtimes, Slurm, recipes, telemetry read back, PyTorch's input",
      {"bench", "netbench", "rankexec", "runtimes", "slurm", "singularity", "usage", "torchdata"}),
-    ("the PyTorch harness (bench's record), images, records, the pre-flight job",
-     {"torchbench", "images", "records", "preflight"}),
-    ("plans and launches, tables", {"launch", "results"}),
-    ("report, validation, repetition rounds", {"report", "validate", "repetitions"}),
+    ("the PyTorch harness (bench's record), images, records, the pre-flight job, launchers",
+     {"torchbench", "images", "records", "preflight", "launchers"}),
+    ("plans, tables", {"plans", "results"}),
+    ("runs executed, their cost, report, validation, repetition rounds",
+     {"execution", "cost", "report", "validate", "repetitions"}),
     ("fleet verdicts, the results history", {"fleet", "history"}),
     ("command line", {"cli"}),
     ("python -m containerbench", {"__main__"}),
@@ -42,7 +43,7 @@ def package_imports(module: str) -> set[str]:
         if isinstance(node, ast.Import):
             found |= {alias.name.split(".")[1] for alias in node.names if alias.name.startswith("containerbench.")}
         elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "containerbench":
-            if node.module == "containerbench":  # from containerbench import config, launch
+            if node.module == "containerbench":  # from containerbench import config, plans
                 found |= {alias.name for alias in node.names if alias.name in MODULES}
             else:
                 found.add(node.module.split(".")[1])
@@ -128,7 +129,7 @@ def test_log_markers_are_spelled_only_in_markers_py():
 def test_the_provenance_hash_covers_every_module_the_benchmark_runs():
     from containerbench.provenance import BENCH_SOURCES
 
-    ran, pending = set(), ["bench", "torchbench", "netbench"]  # the modules ranks run (launch.BENCHMARKS)
+    ran, pending = set(), ["bench", "torchbench", "netbench"]  # the modules ranks run (plans.BENCHMARKS)
     while pending:
         module = pending.pop()
         if module not in ran:

@@ -236,7 +236,7 @@ for BENCH_ENV, FLAVOUR in itertools.product(
     # commands (their classes' prepare_commands): one rule each, made here from the class list.
     # (apptainer and singularity make the same .sif: one rule, singularity's only when the sweep names it
     # and not apptainer.)
-    PREFERRED = sorted(cb_images.CONVERTED, key=lambda name: (name in config["runtimes"], name == "apptainer"))
+    PREFERRED = sorted(cb_images.CONVERTED, key=lambda name: (name in PLANNED["runtimes"], name == "apptainer"))
     PREPARED = {FILES[name]: name for name in PREFERRED}
     for runtime in sorted(PREPARED.values()):
 
