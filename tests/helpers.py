@@ -16,7 +16,8 @@ import numpy as np
 import yaml
 
 from containerbench import config as cb_config
-from containerbench.launch import measure, plan
+from containerbench.execution import measure
+from containerbench.plans import plan
 from containerbench.processes import run_group
 from containerbench.records import parse_log
 from containerbench.runtimes import RunRequest

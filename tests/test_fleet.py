@@ -22,7 +22,8 @@ import yaml
 from helpers import ROOT, fleet_records
 
 from containerbench import config as cb_config
-from containerbench import fleet, launch, markers, report, slurm
+from containerbench import execution, fleet, markers, report, slurm
+from containerbench.plans import RunPlan
 from containerbench.records import parse_log
 
 NODES = [f"n{i:02d}" for i in range(1, 7)]
@@ -336,7 +337,7 @@ def test_a_jobs_file_holds_its_allocation_plans_and_logs_and_a_run_never_started
     assert job["logs"] == jobs.logs(("node", "n1")) and job["allocation"] == jobs.allocation(("node", "n1"))
     # Fleet runs are in their job's allocation, not one each; their telemetry is not collected.
     assert all("allocation" not in run_plan and run_plan["telemetry"] is None for run_plan in job["plans"])
-    launch.write_not_run(job["plans"][1], job["logs"][1], {"not_run": "no allocation: Job allocation 7 has been revoked"})
+    execution.write_not_run(RunPlan.from_json(job["plans"][1]), job["logs"][1], {"not_run": "no allocation: Job allocation 7 has been revoked"})
     record = parse_log(job["logs"][1])
     assert (record["status"], record["reasons"]) == ("failed", ["not run: no allocation: Job allocation 7 has been revoked"])
     assert record["spec"]["nodelist"] == ["n1"] and record["run_id"] == jobs.runs[("node", "n1")][1].run_id

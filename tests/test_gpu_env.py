@@ -16,7 +16,7 @@ from helpers import ROOT, tiny_config
 
 from containerbench import config as cb_config
 from containerbench import images, wheelhouse
-from containerbench.launch import prepare
+from containerbench.plans import prepare
 from containerbench.processes import run_group
 
 GPU_PYTHON = ROOT / ".venv-bench-gpu" / "bin" / "python"

@@ -15,7 +15,8 @@ from helpers import BENCH_PYTHON, ROOT, tiny_config
 
 from containerbench import config as cb_config
 from containerbench import markers
-from containerbench.launch import execute, plan, prepare
+from containerbench.execution import execute
+from containerbench.plans import RunPlan, plan, prepare
 from containerbench.records import parse_log
 
 BENCH_ARGS = ["--model", "resnet50", "--batch-size", "2", "--image-size", "32", "--warmup-steps", "1",
@@ -30,7 +31,7 @@ DEBUG_ENV = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET,ENV", "UCX_LOG
 
 
 def telemetry_args(config, run_id):
-    """What every plan appends: where the run's node samplers write (launch.telemetry_settings)."""
+    """What every plan appends: where the run's node samplers write (plans.telemetry_settings)."""
     return ["--telemetry-dir", str(Path(config["results_dir"]).absolute() / "telemetry" / run_id),
             "--telemetry-interval", "0.5"]
 
@@ -44,14 +45,14 @@ def test_mpirun_plan_binds_one_core_per_rank_and_forwards_every_variable(tmp_pat
     run_plan = plan(spec_for(config), config)
     env = {"CONTAINERBENCH_RUNTIME": "bare-metal", "PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "1",
            **DEBUG_ENV, **FABRIC_ENV}
-    assert run_plan["env"] == env
+    assert run_plan.env == env
     forwarded = [arg for name in sorted(env) for arg in ("-x", name)]
-    assert run_plan["argv"] == [
+    assert run_plan.argv == [
         "mpirun", "-np", "2", "--map-by", "ppr:2:node", "--bind-to", "core", "--report-bindings", *forwarded,
         str(BENCH_PYTHON), "-m", "containerbench.bench", *BENCH_ARGS,
         *telemetry_args(config, "train_bare-metal_tcp-loopback_1x2_b2_rep1"),
     ]
-    assert run_plan["spec"] == {"kind": "train", "runtime": "bare-metal", "fabric": "tcp-loopback", "nodes": 1,
+    assert run_plan.spec == {"kind": "train", "runtime": "bare-metal", "fabric": "tcp-loopback", "nodes": 1,
                                 "ranks_per_node": 2, "ranks": 2, "repetition": 1, "batch_size": 2,
                                 "run_id": "train_bare-metal_tcp-loopback_1x2_b2_rep1", "system": "ci",
                                 "launcher": "mpirun", "mpi_model": "host", "model": "resnet50", "image_size": 32,
@@ -65,7 +66,7 @@ def test_srun_plan_uses_the_configured_mpi_plugin(tmp_path):
                                              "extra_args": ["--gpus-per-task=1"]},
                          scaling={"nodes": [2], "ranks_per_node": [4]})
     run_plan = plan(spec_for(config, ranks_per_node=4), config)
-    assert run_plan["argv"][:10] == ["srun", "--mpi=pmi2", "--nodes=2", "--ntasks=8", "--ntasks-per-node=4",
+    assert run_plan.argv[:10] == ["srun", "--mpi=pmi2", "--nodes=2", "--ntasks=8", "--ntasks-per-node=4",
                                      "--cpus-per-task=1", "--cpu-bind=sockets", "--export=ALL", "--gpus-per-task=1",
                                      str(BENCH_PYTHON)]
 
@@ -73,15 +74,15 @@ def test_srun_plan_uses_the_configured_mpi_plugin(tmp_path):
 def test_netbench_plan_runs_the_netbench_module_on_two_ranks(tmp_path):
     config = tiny_config(tmp_path)
     run_plan = plan(spec_for(config, kind="netbench"), config)
-    assert run_plan["argv"][-9:-4] == [str(BENCH_PYTHON), "-m", "containerbench.netbench", "--max-bytes", "65536"]
-    assert run_plan["argv"][-4:] == telemetry_args(config, run_plan["run_id"])
-    assert run_plan["argv"][:3] == ["mpirun", "-np", "2"]
+    assert run_plan.argv[-9:-4] == [str(BENCH_PYTHON), "-m", "containerbench.netbench", "--max-bytes", "65536"]
+    assert run_plan.argv[-4:] == telemetry_args(config, run_plan.run_id)
+    assert run_plan.argv[:3] == ["mpirun", "-np", "2"]
 
 
 def test_netbench_runs_at_every_node_count_with_ping_pong_on_the_first_pair_only(tmp_path):
     config = cb_config.merge(tiny_config(tmp_path), {"scaling": {"nodes": [1, 2, 4]},
                                                      "launcher": {"kind": "srun", "srun_mpi": "pmix"}})
-    net = {r.nodes: plan(r, config)["argv"] for r in cb_config.plan_runs(config) if r.kind == "netbench"}
+    net = {r.nodes: plan(r, config).argv for r in cb_config.plan_runs(config) if r.kind == "netbench"}
     assert sorted(net) == [1, 2, 4]
     assert net[1][:4] == ["srun", "--mpi=pmix", "--nodes=1", "--ntasks=2"] and net[1][-6:-4] == ["--max-bytes", "65536"]
     assert net[2][:4] == ["srun", "--mpi=pmix", "--nodes=2", "--ntasks=2"] and net[2][-6:-4] == ["--max-bytes", "65536"]
@@ -94,7 +95,7 @@ def test_each_runtime_can_name_the_srun_mpi_plugin_its_image_needs(tmp_path):
     config = tiny_config(tmp_path, runtimes=["bare-metal", "apptainer"],
                          launcher={"kind": "srun", "srun_mpi": "pmix"},
                          images={"apptainer": {"image": "/images/mpich.sif", "srun_mpi": "pmi2"}})
-    plugins = {r.runtime: plan(r, config)["argv"][1] for r in cb_config.plan_runs(config)}
+    plugins = {r.runtime: plan(r, config).argv[1] for r in cb_config.plan_runs(config)}
     assert plugins == {"bare-metal": "--mpi=pmix", "apptainer": "--mpi=pmi2"}
 
 
@@ -102,7 +103,7 @@ def run_python(tmp_path, code: str, timeout_s=60):
     run_plan = {"run_id": "probe", "spec": {"kind": "train", "ranks": 1}, "argv": [sys.executable, "-c", code],
                 "env": {"PROBE": "yes"}, "timeout_s": timeout_s}
     log = tmp_path / "probe.log"
-    returncode = execute(run_plan, log, echo=None)
+    returncode = execute(RunPlan.from_json(run_plan), log, echo=None)
     return returncode, log.read_text().splitlines()
 
 
@@ -128,7 +129,7 @@ def test_a_run_past_its_timeout_is_killed_and_recorded_failed(tmp_path):
 def test_a_missing_launcher_is_a_failed_run_not_a_crash(tmp_path):
     run_plan = {"run_id": "nompi", "spec": {"kind": "train", "ranks": 2}, "argv": ["no-such-mpirun", "-np", "2"],
                 "env": {}, "timeout_s": 10}
-    assert execute(run_plan, tmp_path / "nompi.log", echo=None) == 127
+    assert execute(RunPlan.from_json(run_plan), tmp_path / "nompi.log", echo=None) == 127
     record = parse_log(tmp_path / "nompi.log")
     assert record["status"] == "failed" and "exit code 127" in record["reasons"]
     assert "cannot start 'no-such-mpirun'" in record["evidence"]
@@ -136,7 +137,7 @@ def test_a_missing_launcher_is_a_failed_run_not_a_crash(tmp_path):
 
 def test_mpirun_as_root_gets_allow_run_as_root(tmp_path):
     run_plan = {"run_id": "root", "spec": {}, "argv": ["mpirun", "-np", "1", "true"], "env": {}, "timeout_s": 60}
-    execute(run_plan, tmp_path / "root.log", echo=None)
+    execute(RunPlan.from_json(run_plan), tmp_path / "root.log", echo=None)
     argv = json.loads((tmp_path / "root.log").read_text().splitlines()[0][len(markers.LAUNCH):])["argv"]
     assert ("--allow-run-as-root" in argv) == (os.geteuid() == 0)
 
@@ -146,7 +147,7 @@ def test_a_benchmark_that_crashes_leaves_its_log_and_a_failed_record(tmp_path, b
     run_plan = {"run_id": "crash", "spec": {"kind": "train", "ranks": 1},
                 "argv": [str(bench_python), "-m", "containerbench.bench", "--model", "resnet51"],
                 "env": {}, "timeout_s": 120}
-    assert execute(run_plan, tmp_path / "crash.log", echo=None) == 2
+    assert execute(RunPlan.from_json(run_plan), tmp_path / "crash.log", echo=None) == 2
     record = parse_log(tmp_path / "crash.log")
     assert record["status"] == "failed"
     assert record["reasons"] == ["exit code 2", "no result line"]
@@ -188,10 +189,10 @@ def test_real_data_and_mode_settings_reach_the_benchmark_and_the_container(tmp_p
                                     "collective_implementation": "nccl", "parameter_servers": 2},
                          dataset={"path": str(dataset)}, images={"podman": {"image": "localhost/cb:test"}})
     runs = {(r.runtime, r.mode): r for r in cb_config.plan_runs(config) if r.kind == "train" and r.ranks == 2}
-    collective = plan(runs[("bare-metal", "collective")], config)["argv"][:-4]  # the telemetry's last
+    collective = plan(runs[("bare-metal", "collective")], config).argv[:-4]  # the telemetry's last
     assert collective[-8:] == ["--mode", "collective", "--runtime", "bare-metal", "--collective", "nccl",
                                "--data-dir", str(dataset)]
-    servers = plan(runs[("podman", "parameter_server")], config)["argv"]
+    servers = plan(runs[("podman", "parameter_server")], config).argv
     assert servers[-4:] == telemetry_args(config, runs[("podman", "parameter_server")].run_id)
     assert servers[-10:-4] == ["--runtime", "podman", "--parameter-servers", "2", "--data-dir", str(dataset)]
     # The dataset is bound into the container at the path the benchmark is given.
@@ -205,7 +206,7 @@ def test_prepare_plans_every_run_with_the_files_it_needs_and_probes_nothing_unas
     assert sweep.skipped == {} and config["runtimes"] == ["bare-metal", "podman", "charliecloud"]
     assert set(sweep.plans) == {run.run_id for run in sweep.runs} == {run.run_id for run in cb_config.plan_runs(config)}
     sample = str(tmp_path / "build" / "data" / "imagenet-sample")
-    assert sweep.dataset_sample == sample == config["dataset"]["path"]
+    assert sweep.dataset_sample == sample == sweep.config["dataset"]["path"]
     images_dir = tmp_path / "build" / "images"
     assert sweep.inputs["train_podman_tcp-loopback_1x2_b2_real_rep1"] == {
         "image": f"{images_dir}/podman-containerbench-latest.json", "data": sample}
@@ -238,7 +239,7 @@ def test_a_runtime_that_cannot_do_what_the_config_asks_is_refused_in_one_line(tm
 
 
 
-# What a sweep costs (launch.estimate, `containerbench plan --estimate`).
+# What a sweep costs (cost.estimate, `containerbench plan --estimate`).
 
 def recorded_records_in(directory, copies=()):
     """The recorded real runs' records, written into `directory` as the workflow's parse step writes
@@ -273,12 +274,12 @@ def loaded(directory):
 
 
 def test_the_example_site_costs_a_slurm_job_per_run_each_to_its_time_limit(root):
-    from containerbench.launch import estimate, one_node_jobs
+    from containerbench.cost import estimate, one_node_jobs
 
     config = cb_config.load([root / "config" / "site.example.yaml"])
     sweep = prepare(config, root, probe=False)
     # Besides the runs: the pre-flight check, and Apptainer's conversion (the example has Apptainer on the nodes only).
-    assert one_node_jobs(sweep, config) == 2
+    assert one_node_jobs(sweep) == 2
     cost = estimate(sweep.plans.values(), config, [], node_jobs=2)
     runs = cb_config.plan_runs(cb_config.load([root / "config" / "site.example.yaml"]))
     assert cost.jobs == {kind: sum(r.kind == kind for r in runs) for kind in ("train", "netbench")}
@@ -292,7 +293,7 @@ def test_the_example_site_costs_a_slurm_job_per_run_each_to_its_time_limit(root)
 
 
 def test_without_slurm_the_worst_case_is_every_run_to_its_own_timeout(tmp_path):
-    from containerbench.launch import estimate
+    from containerbench.cost import estimate
 
     config = tiny_config(tmp_path, netbench={"timeout_s": 300})
     cost = estimate(prepare(config, tmp_path, probe=False).plans.values(), config, [])
@@ -304,7 +305,7 @@ def test_without_slurm_the_worst_case_is_every_run_to_its_own_timeout(tmp_path):
 
 
 def test_the_expected_cost_is_the_wall_time_of_the_last_ok_run_at_each_point(tmp_path):
-    from containerbench.launch import estimate
+    from containerbench.cost import estimate
 
     config = tiny_config(tmp_path)  # the sweep the recorded runs are the first repetition of
     records = loaded(recorded_records_in(tmp_path / "runs"))
@@ -317,7 +318,7 @@ def test_the_expected_cost_is_the_wall_time_of_the_last_ok_run_at_each_point(tmp
 
 
 def test_a_later_ok_run_replaces_an_earlier_one_and_a_failed_run_is_no_measurement(tmp_path):
-    from containerbench.launch import estimate
+    from containerbench.cost import estimate
 
     day_later = {markers.LAUNCH: lambda launch: launch.update(started_unix=launch["started_unix"] + 86400),
                  markers.EXIT: lambda exit_: exit_.update(wall_s=40.0)}
@@ -340,7 +341,7 @@ def test_a_later_ok_run_replaces_an_earlier_one_and_a_failed_run_is_no_measureme
 def test_more_steps_than_measured_add_the_measured_step_time(tmp_path):
     import statistics
 
-    from containerbench.launch import estimate
+    from containerbench.cost import estimate
 
     config = tiny_config(tmp_path, benchmark={"steps": 12, "warmup_steps": 2})  # recorded: 1 + 2 (+ 1 probe)
     records = loaded(recorded_records_in(tmp_path / "runs"))
@@ -357,7 +358,7 @@ def test_more_steps_than_measured_add_the_measured_step_time(tmp_path):
 
 
 def test_points_never_measured_are_counted_not_guessed(tmp_path):
-    from containerbench.launch import estimate
+    from containerbench.cost import estimate
 
     config = tiny_config(tmp_path, benchmark={"batch_sizes": [4]})  # recorded: batch 2 only
     records = loaded(recorded_records_in(tmp_path / "runs"))

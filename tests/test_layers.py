@@ -29,10 +29,11 @@ LAYERS = [
                 "intervals"}),
     ("benchmark, runtimes, Slurm, recipes, telemetry read back, PyTorch's input, an image step's runner",
      {"bench", "netbench", "rankexec", "runtimes", "slurm", "singularity", "usage", "torchdata", "imagestep"}),
-    ("the PyTorch harness (bench's record), which image each runtime runs, wheelhouses, records, the pre-flight job",
-     {"torchbench", "images", "wheelhouse", "records", "preflight"}),
-    ("plans and launches, tables, image builds", {"launch", "results", "imagebuild"}),
-    ("report, validation, repetition rounds, the base image", {"report", "validate", "repetitions", "baseimage"}),
+    ("the PyTorch harness (bench's record), which image each runtime runs, wheelhouses, records, the pre-flight job, "
+     "launchers", {"torchbench", "images", "wheelhouse", "records", "preflight", "launchers"}),
+    ("plans, tables, image builds", {"plans", "results", "imagebuild"}),
+    ("runs executed, their cost, report, validation, repetition rounds, the base image",
+     {"execution", "cost", "report", "validate", "repetitions", "baseimage"}),
     ("fleet verdicts, the results history", {"fleet", "history"}),
     ("command groups", {"cli.sweep", "cli.results", "cli.history", "cli.image"}),
     ("the fleet's commands (they name the records' system as results' do)", {"cli.fleet"}),
@@ -174,7 +175,7 @@ def test_log_markers_are_spelled_only_in_markers_py():
 def test_the_provenance_hash_covers_every_module_the_benchmark_runs():
     from containerbench.provenance import BENCH_SOURCES
 
-    ran, pending = set(), ["bench", "torchbench", "netbench"]  # the modules ranks run (launch.BENCHMARKS)
+    ran, pending = set(), ["bench", "torchbench", "netbench"]  # the modules ranks run (plans.BENCHMARKS)
     while pending:
         module = pending.pop()
         if module not in ran:

@@ -10,7 +10,8 @@ from helpers import SMOKE_MODEL, run_and_parse, tiny_config
 
 from containerbench import config as cb_config
 from containerbench.config import RunSpec
-from containerbench.launch import execute, plan
+from containerbench.execution import execute
+from containerbench.plans import plan
 from containerbench.records import WEIGHT_SPREAD_TOLERANCE, Verdict, judge_batches, judge_weights, parse_log
 from containerbench.results import build_tables
 

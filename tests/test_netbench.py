@@ -73,7 +73,7 @@ def test_single_rank_is_rejected(bench_python):
 
 
 def test_larger_allocations_measure_only_the_allreduce_over_every_rank(bench_python):
-    # What a 4-node netbench run gets (launch.benchmark_args): ping-pong is the first two
+    # What a 4-node netbench run gets (plans.benchmark_args): ping-pong is the first two
     # ranks' pair, which the 2-node run measures, so only the all-reduce spans the rest.
     command = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "3", "--mca", "btl", "self,tcp",
                "--mca", "btl_tcp_if_include", "lo", str(bench_python), "-m", "containerbench.netbench",

@@ -14,7 +14,7 @@ from helpers import BENCH_PYTHON, ROOT, snakemake, tiny_config
 
 from containerbench import config as cb_config
 from containerbench import cli, images, preflight, runtimes
-from containerbench.launch import prepare, site_image_files
+from containerbench.plans import prepare, site_image_files
 
 
 def run_preflight(tmp_path, *args, path=None):

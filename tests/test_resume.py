@@ -20,7 +20,8 @@ import yaml
 from helpers import ROOT, SMOKE_MODEL, SNAKEMAKE, TINY, snakemake
 
 from containerbench import markers, processes
-from containerbench.launch import RunAbandoned, execute
+from containerbench.execution import RunAbandoned, execute
+from containerbench.plans import RunPlan
 from containerbench.processes import kill_session
 
 
@@ -97,11 +98,11 @@ def test_a_launched_run_dies_with_its_launcher_even_by_sigkill(tmp_path):
 def test_a_run_is_abandoned_when_its_controller_is_gone(tmp_path, monkeypatch):
     controller = sleeper()
     monkeypatch.setenv(processes.CONTROLLER_VARIABLE, processes.identity(controller.pid))
-    run_plan = {"run_id": "sleep", "argv": ["sleep", "303"], "env": {}, "timeout_s": 60}
+    run_plan = {"run_id": "sleep", "spec": {}, "argv": ["sleep", "303"], "env": {}, "timeout_s": 60}
     threading.Timer(1.0, lambda: (controller.kill(), controller.wait())).start()
     started = time.monotonic()
     with pytest.raises(RunAbandoned, match=rf"^containerbench: sleep: workflow controller {controller.pid} on "):
-        execute(run_plan, tmp_path / "sleep.log", echo=None)
+        execute(RunPlan.from_json(run_plan), tmp_path / "sleep.log", echo=None)
     assert time.monotonic() - started < 10
     lines = (tmp_path / "sleep.log").read_text().splitlines()
     assert lines[-2] == f"containerbench: workflow controller {controller.pid} on {socket.gethostname()} gone: run abandoned"

@@ -16,7 +16,7 @@ import pytest
 
 from containerbench import images
 from containerbench.config import ConfigError
-from containerbench.launch import Srun
+from containerbench.launchers import Srun
 from containerbench.runtimes import (
     BuiltImage,
     Apptainer,
@@ -449,7 +449,7 @@ def test_native_runs_under_mpirun_are_launched_by_the_host_mpichs_hydra(tmp_path
     # instead of the inherited PMI_FD socket, which podman run does not pass into the container
     # (test_native_mpi.py runs both).
     from containerbench.config import RunSpec
-    from containerbench.launch import Hydra, launcher_for
+    from containerbench.launchers import Hydra, launcher_for
 
     config = {**native_config("podman", "mpirun"), "launcher": {"kind": "mpirun", "bind": "core"},
               "native_mpi": {"mpiexec": "mpiexec.mpich"}}
@@ -483,7 +483,7 @@ def test_the_native_example_runs_both_models_side_by_side_with_the_mpich_flavour
     from pathlib import Path
 
     from containerbench import config as cb_config
-    from containerbench.launch import prepare
+    from containerbench.plans import prepare
 
     root = Path(__file__).resolve().parents[1]
     config = cb_config.load([root / "config" / "config.yaml", root / "config" / "native.yaml"])
@@ -493,12 +493,12 @@ def test_the_native_example_runs_both_models_side_by_side_with_the_mpich_flavour
     assert sweep.image_files[("podman", "native", "tensorflow")].endswith(
         "/build/images/podman-containerbench-latest-mpich.json")
     native = sweep.plans["train_podman_tcp-loopback_1x2_b8_native_rep1"]
-    assert native["argv"][:7] == ["mpiexec.mpich", "-pmi-port", "-n", "2", "-ppn", "2", "-bind-to"]
-    assert "localhost/containerbench:latest-mpich" in native["argv"] and native["spec"]["mpi_model"] == "native"
-    assert native["native_mpi"] == {"library": "/usr/lib/x86_64-linux-gnu/libmpich.so.12"}
+    assert native.argv[:7] == ["mpiexec.mpich", "-pmi-port", "-n", "2", "-ppn", "2", "-bind-to"]
+    assert "localhost/containerbench:latest-mpich" in native.argv and native.spec["mpi_model"] == "native"
+    assert native.native_mpi == {"library": "/usr/lib/x86_64-linux-gnu/libmpich.so.12"}
     hybrid = sweep.plans["train_podman_tcp-loopback_1x2_b8_rep1"]
-    assert hybrid["argv"][0] == "mpirun" and "localhost/containerbench:latest" in hybrid["argv"]
-    charliecloud = sweep.plans["netbench_charliecloud_tcp-loopback_1x2_native_rep1"]["argv"]
+    assert hybrid.argv[0] == "mpirun" and "localhost/containerbench:latest" in hybrid.argv
+    charliecloud = sweep.plans["netbench_charliecloud_tcp-loopback_1x2_native_rep1"].argv
     assert "--join-ct=2" in charliecloud and charliecloud[charliecloud.index("--") - 1].endswith("latest-mpich.ch")
     assert len(sweep.runs) == 5 * (2 * 3 + 1)  # 5 runtime/model pairs x (2 rank counts x 3 repetitions + netbench)
 

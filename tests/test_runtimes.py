@@ -14,7 +14,7 @@ import pytest
 from helpers import example_request
 
 from containerbench.config import RunSpec
-from containerbench.launch import Mpirun, Srun
+from containerbench.launchers import Mpirun, Srun
 from containerbench.runtimes import (
     Apptainer,
     BareMetal,

@@ -19,7 +19,7 @@ from helpers import BENCH_PYTHON, ROOT, SLURM_CLUSTER, cancel_when_running, flee
 from containerbench import config as cb_config
 from containerbench import fleet, slurm
 from containerbench.images import built_image
-from containerbench.launch import plan
+from containerbench.plans import plan
 from containerbench.processes import run_group
 from containerbench.records import parse_log
 
@@ -210,11 +210,11 @@ def test_a_run_slurm_gives_no_allocation_is_a_failed_record_with_sallocs_error(c
     spec = next(run for run in cb_config.plan_runs(config) if run.kind == "train" and run.nodes == 1)
     run_plan = plan(spec, config)
     # salloc(1): the job's shape, time limit and name; the slurm section's partition and account.
-    assert run_plan["allocation"] == [
+    assert run_plan.allocation == [
         "salloc", "--nodes=1", "--exclusive", "--ntasks-per-node=1", "--cpus-per-task=1",
         f"--time={config['slurm']['runtime_minutes']}", f"--job-name=containerbench-{spec.run_id}",
         "--partition=nosuch", "--account=cbtest-account"]
-    (tmp_path / "plan.json").write_text(json.dumps(run_plan))
+    (tmp_path / "plan.json").write_text(run_plan.to_json())
     log = tmp_path / "run.log"
     done = on_controller(cluster, sys.executable, "-m", "containerbench", "launch", "--plan", f"@{tmp_path / 'plan.json'}",
                          "--log", str(log), timeout=120)
@@ -252,7 +252,7 @@ def test_a_run_on_the_wrong_interface_is_caught(cluster, slurm_run, tmp_path):
     spec = next(r for r in cb_config.plan_runs(loaded) if r.kind == "netbench" and r.fabric == "fast" and r.nodes == 2)
     run_plan = plan(spec, loaded)
     plan_file = tmp_path / "plan.json"
-    plan_file.write_text(json.dumps(run_plan))
+    plan_file.write_text(run_plan.to_json())
     log = tmp_path / "wrong.log"
     done = on_controller(cluster, "salloc", "-N2", "--ntasks-per-node=1", "-p", "cpu", sys.executable, "-m",
                          "containerbench", "launch", "--plan", f"@{plan_file}", "--log", str(log), timeout=600)
@@ -278,7 +278,7 @@ def test_training_on_the_wrong_wire_is_caught_by_the_counters(cluster, tmp_path)
     spec = next(r for r in cb_config.plan_runs(loaded) if r.kind == "train" and r.fabric == "fast" and r.nodes == 2
                 and r.runtime == "bare-metal")
     plan_file = tmp_path / "plan.json"
-    plan_file.write_text(json.dumps(plan(spec, loaded)))
+    plan_file.write_text(plan(spec, loaded).to_json())
     log = tmp_path / "wrong.log"
     done = on_controller(cluster, "salloc", "-N2", "--ntasks-per-node=1", "-p", "cpu", sys.executable, "-m",
                          "containerbench", "launch", "--plan", f"@{plan_file}", "--log", str(log), timeout=600)

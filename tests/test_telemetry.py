@@ -16,7 +16,7 @@ import pytest
 from helpers import SMOKE_MODEL, run_and_parse, tiny_config
 
 from containerbench import config as cb_config
-from containerbench.launch import plan
+from containerbench.plans import plan
 from containerbench.results import build_tables
 from containerbench.telemetry import GpuReader
 from containerbench.usage import load_samples, value_at
@@ -77,7 +77,7 @@ def test_the_sampler_follows_the_runs_processes_the_cpus_and_the_network(tmp_pat
     finally:
         busy.kill()
         busy.wait()
-    merged = tmp_path / "merged.csv"  # the host column launch.collect_telemetry adds
+    merged = tmp_path / "merged.csv"  # the host column execution.collect_telemetry adds
     rows = pd.read_csv(tmp_path / "node.csv")
     rows.insert(1, "host", "here")
     rows.to_csv(merged, index=False)
@@ -123,7 +123,7 @@ def test_telemetry_false_plans_no_sampler_and_a_bad_interval_is_one_line(tmp_pat
     assert config["telemetry"]["enabled"] is False
     run = next(r for r in cb_config.plan_runs(config) if r.kind == "train")
     run_plan = plan(run, config)
-    assert run_plan["telemetry"] is None and "--telemetry-dir" not in run_plan["argv"]
+    assert run_plan.telemetry is None and "--telemetry-dir" not in run_plan.argv
     with pytest.raises(cb_config.ConfigError) as caught:
         tiny_config(tmp_path, telemetry={"interval_s": 0})
     assert str(caught.value) == "config: 'telemetry.interval_s' = 0 is not allowed; allowed: minimum 0.05"

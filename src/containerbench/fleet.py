@@ -464,15 +464,17 @@ def allocation_minutes(config: dict, runs: list[RunSpec]) -> int:
 
 def run_job(job_file, in_allocation: bool = False) -> int:
     """A node's or link's job (the file FleetJobs.write made): its allocation asked from here, its runs
-    run in it one after another (launch.run_in_allocation), from outside it."""
-    from containerbench.launch import run_allocated_plans, run_in_allocation
+    run in it one after another (execution.run_plans), from outside it."""
+    from containerbench.execution import run_plans
+    from containerbench.launchers import Allocation
+    from containerbench.plans import RunPlan
     from containerbench.records import write_record
 
     job = json.loads(Path(job_file).read_text())
-    if in_allocation:
-        return run_in_allocation(job["plans"], job["logs"])
-    returncode = run_allocated_plans(job["plans"], job["logs"], job["allocation"], ["fleet", "run", str(job_file)])
-    if returncode == 0:  # each raw log parsed here: a parse job per run would be most of a large batch's DAG
+    plans = [RunPlan.from_json(run_plan) for run_plan in job["plans"]]
+    returncode = run_plans(plans, job["logs"], Allocation.PER_JOB, ["fleet", "run", str(job_file)],
+                           salloc=job["allocation"], inside=in_allocation)
+    if returncode == 0 and not in_allocation:  # each raw log parsed here: a parse job per run would be most of a large batch's DAG
         for log in job["logs"]:
             write_record(log, record_path(log))
     return returncode
@@ -537,7 +539,8 @@ class FleetJobs:
         """The plan, for the verdict; the list of the records to come; and each job's file: its allocation,
         its runs' plans and their raw logs. Files, not arguments: a node's plans can pass the 128 KiB one
         argument may hold, and a thousand nodes' record paths the 2 MiB of a whole command line."""
-        from containerbench.launch import plan as run_plan
+        from containerbench.launchers import Allocation
+        from containerbench.plans import plan as run_plan
 
         for path in (Path(plan_path), Path(self.records_list)):
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -546,7 +549,7 @@ class FleetJobs:
         for job, runs in self.runs.items():
             path = Path(self.job_file(job))
             path.parent.mkdir(parents=True, exist_ok=True)
-            plans = [run_plan(spec, self.run_config, allocate=False) for spec in runs]
+            plans = [run_plan(spec, self.run_config, Allocation.PER_JOB).as_dict() for spec in runs]
             path.write_text(json.dumps({"allocation": self.allocation(job), "plans": plans, "logs": self.logs(job)},
                                        sort_keys=True) + "\n")
 

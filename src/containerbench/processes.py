@@ -169,7 +169,7 @@ def record_lock_owner(lock_dir: Path) -> None:
 
 def processes_of(named: str) -> list[int]:
     """Live processes on this host that carry controller identity `named` in their environment: the
-    jobs of that controller, which stop themselves within seconds once it is gone (launch.execute)."""
+    jobs of that controller, which stop themselves within seconds once it is gone (execution.execute)."""
     wanted = f"{CONTROLLER_VARIABLE}={named}".encode()
 
     def carries_it(pid: int) -> bool:

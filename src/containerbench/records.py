@@ -1,6 +1,6 @@
 """Raw log -> run record: the first step of the one-way flow (log -> record -> table -> report).
 
-`parse_log` reads only the raw log launch.execute wrote and turns it into a run
+`parse_log` reads only the raw log execution.execute wrote and turns it into a run
 record (JSON): the spec, the benchmark's result line, the exit status, which
 network each layer really used, and the verdict (ok, failed or invalid, with
 its reasons and the evidence line). Each step below is one question asked of
@@ -287,7 +287,7 @@ def parse_log(log_path: str | Path, telemetry_file: str | Path | None = None) ->
         "host": launch.get("host"),
         "returncode": (found.exit or {}).get("returncode"),
         "wall_s": (found.exit or {}).get("wall_s"),
-        "started_unix": launch.get("started_unix"),  # which of a point's runs is the last (launch.estimate)
+        "started_unix": launch.get("started_unix"),  # which of a point's runs is the last (cost.estimate)
         "startup_s": startup_seconds(launch, found.result),
         "result": found.result,
         "image": launch.get("image"),

@@ -1,6 +1,6 @@
 """Telemetry samples -> what a run used while it measured, and whether anything else ran.
 
-Reads the CSV the nodes' samplers wrote (telemetry.py; merged by launch.collect_telemetry)
+Reads the CSV the nodes' samplers wrote (telemetry.py; merged by execution.collect_telemetry)
 together with each rank's measured window (wall clock, its own CPU seconds, its CPU
 affinity) from the run's result, and answers, per node:
 

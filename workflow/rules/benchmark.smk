@@ -7,18 +7,18 @@
 
 REPETITIONS = sorted({run.repetition for run in SWEEP.runs})
 TELEMETRY_OUTPUT = {"telemetry": f"{RESULTS}/telemetry/{{run_id}}.csv"} if config["telemetry"]["enabled"] else {}
-# Launcher srun from the workflow's node (launch.allocates): each run is a local job that asks Slurm for its
+# Launcher srun from the workflow's node (launchers.Allocation.PER_RUN): each run is a local job that asks Slurm for its
 # own allocation (salloc, with the slurm section's resources: in its plan) and launches from outside it, so
 # that a run Slurm ends (scancel, time limit, node failure, preemption) is recorded with sacct's state and
 # reason, as a failed record, instead of vanishing with its job and being submitted again next time.
-ALLOCATES = launch.allocates(config)
+ALLOCATES = SWEEP.allocation is launchers.Allocation.PER_RUN
 # Inside a site's allocation instead, runs are its job steps: through the executor plugin, with this shape.
 JOB_SHAPE = {
-    "nodes": lambda wildcards: PLANS[wildcards.run_id]["spec"]["nodes"],
-    "tasks": lambda wildcards: PLANS[wildcards.run_id]["spec"]["ranks"],
-    "mpi": lambda wildcards: "srun" if PLANS[wildcards.run_id]["spec"]["ranks"] > 1 else None,
+    "nodes": lambda wildcards: PLANS[wildcards.run_id].spec["nodes"],
+    "tasks": lambda wildcards: PLANS[wildcards.run_id].spec["ranks"],
+    "mpi": lambda wildcards: "srun" if PLANS[wildcards.run_id].spec["ranks"] > 1 else None,
     **SLURM_RESOURCES,
-} if config["launcher"]["kind"] == "srun" and not ALLOCATES else {}
+} if SWEEP.allocation is launchers.Allocation.STEP else {}
 
 for repetition in REPETITIONS:
 
@@ -32,7 +32,7 @@ for repetition in REPETITIONS:
         output:
             # The raw log: the launch line, everything the ranks print, the exit line.
             log=f"{RESULTS}/runs/{{run_id}}.log",
-            # What each node's sampler saw while the run measured (launch.collect_telemetry).
+            # What each node's sampler saw while the run measured (execution.collect_telemetry).
             **TELEMETRY_OUTPUT,
         log:
             # The launcher's own complaints (a launcher that cannot start, the exit status).
@@ -42,7 +42,7 @@ for repetition in REPETITIONS:
             run_id=rf"(train|netbench)_[^/]+_rep{repetition}",
         params:
             cb=CB,
-            plan=lambda wildcards: json.dumps(PLANS[wildcards.run_id], sort_keys=True),
+            plan=lambda wildcards: PLANS[wildcards.run_id].to_json(),
         priority: max(REPETITIONS) - repetition
         resources:
             # A job step's nodes and ranks, for the executor plugin. A multi-rank job is an MPI job

@@ -7,19 +7,22 @@ import sys
 from pathlib import Path
 
 from containerbench import config as cb_config
-from containerbench import fleet, history, launch, preflight, processes, results, runtimes, slurm
+from containerbench import cost, fleet, history, launchers, plans, preflight, processes, results, runtimes, slurm
 
 REPO = Path(workflow.basedir)  # the image, the wheelhouse and the data sample belong to the clone
 try:
     cb_config.validated(config)  # one line naming the key, the value and what is allowed; defaults filled in
     # Probing runtimes and sinfo is for the process that plans; a job re-reads this file on its node.
-    SWEEP = launch.prepare(config, REPO, probe=workflow.is_main_process)
+    SWEEP = plans.prepare(config, REPO, probe=workflow.is_main_process)
+    # The config as planned (images resolved, runtimes that cannot run here left out, the data sample):
+    # what the rules use; `config` stays as the user wrote it (with defaults), for its digest.
+    PLANNED = SWEEP.config
 except cb_config.ConfigError as error:
     # Stop before any job starts, with the one line and no traceback.
     sys.exit(f"containerbench: {error}")
 
 # A controller killed outright (SIGKILL, a lost login session) leaves its lock behind, and its jobs:
-# each job's launcher stops its run once the controller named here is gone (launch.execute), and
+# each job's launcher stops its run once the controller named here is gone (execution.execute), and
 # the next invocation removes the lock when its recorded owner is gone (Snakemake leaves that to
 # `--unlock`: its lock files do not say who holds them), once its jobs have stopped. Jobs on other
 # nodes ignore the name: with Slurm the lock stays while the dead controller's jobs are in squeue.
@@ -31,7 +34,7 @@ if workflow.is_main_process:
 
 if workflow.is_main_process:
     # What the sweep costs, once, before anything is submitted; on stderr, so a dry run shows it too.
-    print(launch.cost_summary(SWEEP, config), file=sys.stderr)
+    print(cost.cost_summary(SWEEP), file=sys.stderr)
 
 PLANS = SWEEP.plans
 RESULTS = config["results_dir"]
@@ -56,8 +59,8 @@ if workflow.is_main_process:
         sys.exit(f"containerbench: config: 'history': {error}")
 # Runtimes installed only on the compute nodes: probed by the pre-flight job there, and their
 # images converted by jobs there too (images.smk).
-ON_COMPUTE_NODES = {name for name in config["runtimes"]
-                    if runtimes.runtime_for(name, config).available == "compute-nodes"}
+ON_COMPUTE_NODES = {name for name in PLANNED["runtimes"]
+                    if runtimes.runtime_for(name, PLANNED).available == "compute-nodes"}
 # A one-node, one-task job's resources on Slurm (the pre-flight job, conversions on the nodes).
 ON_A_NODE = {"nodes": 1, "tasks": 1, **SLURM_RESOURCES} if config["launcher"]["kind"] == "srun" else {}
 # What the runs need (images, the data sample) is made before the first measurement: otherwise the
@@ -74,11 +77,11 @@ wildcard_constraints:
 # What the compute nodes must see (the clone and the bare-metal Python at the same path, the
 # runtimes installed only there, the site's image files), checked on one of them before any job
 # is submitted; not in a dry run. A hook, not a rule: see containerbench/preflight.py.
-BARE_METAL = "bare-metal" in config["runtimes"]
+BARE_METAL = "bare-metal" in PLANNED["runtimes"]
 PREFLIGHT = preflight.check_argv(
-    config, REPO, PYTHON, BENCH_PYTHON if BARE_METAL and "tensorflow" in config["benchmark"]["frameworks"] else None,
-    {name: list(runtimes.runtime_for(name, config).probe) for name in sorted(ON_COMPUTE_NODES)},
-    launch.site_image_files(config, SWEEP.image_files),
+    PLANNED, REPO, PYTHON, BENCH_PYTHON if BARE_METAL and "tensorflow" in config["benchmark"]["frameworks"] else None,
+    {name: list(runtimes.runtime_for(name, PLANNED).probe) for name in sorted(ON_COMPUTE_NODES)},
+    plans.site_image_files(PLANNED, SWEEP.image_files),
     config["bare_metal"]["torch_python"] if BARE_METAL and "pytorch" in config["benchmark"]["frameworks"] else None)
 
 

@@ -12,7 +12,7 @@ rule dataset_sample:
         f"{REPO}/build/logs/dataset_sample.txt",
     params:
         python=BENCH_PYTHON,
-        sample=config["dataset"],
+        sample=PLANNED["dataset"],
     localrule: True
     priority: BEFORE_ANY_MEASUREMENT
     shell:

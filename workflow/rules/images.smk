@@ -238,7 +238,7 @@ for BENCH_ENV, FLAVOUR in itertools.product(
     # commands (their classes' prepare_commands): one rule each, made here from the class list.
     # (Runtimes that run the same artifact, apptainer's and singularity's .sif: one rule, the one the
     # sweep names, else the artifact's owner's.)
-    PREFERRED = sorted(cb_images.CONVERTED, key=lambda name: (name in config["runtimes"],
+    PREFERRED = sorted(cb_images.CONVERTED, key=lambda name: (name in PLANNED["runtimes"],
                                                               runtimes.CONTAINER_RUNTIMES[name].artifact_owner))
     PREPARED = {FILES[name]: name for name in PREFERRED}
     for runtime in sorted(PREPARED.values()):

@@ -12,16 +12,16 @@ from containerbench import config as cb_config
 
 
 def cmd_plan(args) -> int:
-    from containerbench.launch import (
+    from containerbench.cost import (
         estimate,
         first_plans,
         format_estimate,
         format_most,
         most_estimate,
         one_node_jobs,
-        prepare,
         sweep_records,
     )
+    from containerbench.plans import prepare
 
     if args.records and not args.estimate:
         raise cb_config.ConfigError("plan: --records is read only with --estimate")
@@ -34,44 +34,36 @@ def cmd_plan(args) -> int:
     if args.estimate:
         if args.run_id and args.run_id not in sweep.plans:
             raise cb_config.ConfigError(f"plan: --run-id {args.run_id!r} is not a run of this sweep")
-        records, source = sweep_records(config, args.records)
+        planned = sweep.config
+        records, source = sweep_records(planned, args.records)
         # With repetitions auto: the minimum counted, and what the most would cost beside it.
-        plans = [sweep.plans[args.run_id]] if args.run_id else first_plans(sweep, config)
-        cost = estimate(plans, config, records, one_node_jobs(sweep, config))
-        most = None if args.run_id else most_estimate(sweep, config, records)
+        plans = [sweep.plans[args.run_id]] if args.run_id else first_plans(sweep)
+        cost = estimate(plans, planned, records, one_node_jobs(sweep))
+        most = None if args.run_id else most_estimate(sweep, records)
         if args.json:
             print(json.dumps({**cost.as_dict(), **({"at_most": most.as_dict()} if most else {})}, sort_keys=True))
         else:
-            print(format_estimate(cost, source) + (f"\n{format_most(most, config)}" if most else ""))
+            print(format_estimate(cost, source) + (f"\n{format_most(most, planned)}" if most else ""))
         return 0
     for spec in sweep.runs:
         if args.run_id and spec.run_id != args.run_id:
             continue
         run_plan = sweep.plans[spec.run_id]
         if args.json:
-            print(json.dumps(run_plan, sort_keys=True))
+            print(run_plan.to_json())
         else:
-            env = " ".join(f"{k}={v}" for k, v in sorted(run_plan["env"].items()))
-            print(f"{spec.run_id}\n  env:  {env}\n  argv: {shlex.join(run_plan['argv'])}")
+            env = " ".join(f"{k}={v}" for k, v in sorted(run_plan.env.items()))
+            print(f"{spec.run_id}\n  env:  {env}\n  argv: {shlex.join(run_plan.argv)}")
     return 0
 
 
 def cmd_launch(args) -> int:
-    from containerbench.launch import measure, run_allocated_plans, run_in_allocation
-    from containerbench.slurm import in_allocation
+    from containerbench.execution import run_plans
+    from containerbench.plans import RunPlan
 
-    run_plan = json.loads(Path(args.plan[1:]).read_text()) if args.plan.startswith("@") else json.loads(args.plan)
-    if args.in_allocation or (run_plan.get("allocation") and in_allocation()):
-        # In an allocation already (salloc's, or a site's own session): the run is a step of it.
-        return run_in_allocation([run_plan], [args.log])
-    if run_plan.get("allocation"):  # its own allocation, with this process outside it
-        return run_allocated_plans([run_plan], [args.log], run_plan["allocation"],
-                                   ["launch", "--plan", args.plan, "--log", args.log])
-    returncode = measure(run_plan, Path(args.log))
-    if returncode != 0:
-        print(f"containerbench: {run_plan['run_id']} exited with {returncode}; kept as a failed run, "
-              f"see {args.log}", file=sys.stderr)
-    return 0  # a failed benchmark is a measured outcome, not a workflow error
+    run_plan = RunPlan.from_json(Path(args.plan[1:]).read_text() if args.plan.startswith("@") else args.plan)
+    return run_plans([run_plan], [args.log], run_plan.strategy, ["launch", "--plan", args.plan, "--log", args.log],
+                     salloc=run_plan.allocation, inside=args.in_allocation)
 
 
 
@@ -99,7 +91,7 @@ def every_runtime(config: dict, repo: Path) -> str:
     import copy
 
     from containerbench import images
-    from containerbench.launch import prepare
+    from containerbench.plans import prepare
     from containerbench.runtimes import CONTAINER_RUNTIMES, MPI_MODELS
 
     blocks = []
@@ -128,8 +120,8 @@ def every_runtime(config: dict, repo: Path) -> str:
                                                repo / images.IMAGES, one["slurm"]["gpus_per_node"] > 0).get(name, [])
             uses_built = any((use.runtime, use.mpi_model) == (name, model) for use in sweep.image_files)
             lines = [title, *(f"  prepare: {shlex.join(argv)}" for argv in (prepared if uses_built or name == "shifter" else []))]
-            env = " ".join(f"{k}={v}" for k, v in sorted(run_plan["env"].items()))
-            lines += [f"  env:  {env}", f"  argv: {shlex.join(run_plan['argv'])}"]
+            env = " ".join(f"{k}={v}" for k, v in sorted(run_plan.env.items()))
+            lines += [f"  env:  {env}", f"  argv: {shlex.join(run_plan.argv)}"]
             blocks.append("\n".join(lines))
     return "\n\n".join(blocks)
 

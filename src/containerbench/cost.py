@@ -1,0 +1,273 @@
+"""What a sweep costs, worked out before anything is submitted (`containerbench plan --estimate`, and
+the workflow before it submits): its jobs, node allocations, worst-case node-hours and, from the records
+of earlier runs at the same points, expected node-hours. Each run holds `nodes` nodes for as long as it runs.
+"""
+
+from __future__ import annotations
+
+import glob
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from containerbench import config as cb_config
+from containerbench.plans import RunPlan, Sweep, benchmark_args_in
+from containerbench.records import load_records
+from containerbench.runtimes import runtime_for
+
+# The benchmark's step counts: the same sweep point with other counts still gives its step time.
+STEP_FLAGS = ("--warmup-steps", "--steps", "--probe-steps")
+# What does not make a run another sweep point: which repetition it is, and how many steps it takes.
+NOT_THE_POINT = {"run_id", "repetition", "warmup_steps", "steps"}
+# Benchmark flags that say where a run writes, not what it measures (the path holds the run id).
+NOT_THE_POINT_FLAGS = ("--telemetry-dir", "--telemetry-interval")
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """What a sweep costs. Node-hours are nodes held x hours held, summed over the runs."""
+
+    jobs: dict[str, int]  # measurement jobs by kind (train, netbench): one per run
+    local_jobs: int  # a parse per run, tables, report: the workflow's own node, no allocation
+    node_jobs: int  # one-node jobs besides the runs: the pre-flight check, image conversions on the nodes
+    allocations: dict[int, int]  # nodes of an allocation -> how many runs allocate that many
+    slurm: bool  # launcher srun: each run is a Slurm job of its own
+    launcher: str
+    worst_node_hours: float
+    worst_basis: str  # what bounds each run: the job's time limit, or the runs' own timeouts
+    timeout_node_hours: float | None  # on Slurm: every run to its own timeout, which comes before the time limit
+    expected_node_hours: float | None  # over the runs with a measurement at their point; None if none has
+    expected_runs: int  # the runs expected_node_hours covers
+    unmeasured_runs: int  # runs with no ok record at their point: no figure is made up for them
+    records_read: int
+    records_ok: int
+    records_used: int  # the records the expected figure came from: the last ok one at each point
+    measured_unix: tuple[float, float] | None  # when the first and the last of those records started
+
+    @property
+    def runs(self) -> int:
+        return sum(self.jobs.values())
+
+    @property
+    def nodes(self) -> int:
+        return sum(nodes * count for nodes, count in self.allocations.items())
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "runs": self.runs, "nodes": self.nodes}
+
+def _point_and_steps(spec: dict, args) -> tuple[tuple, int] | None:
+    """A run's sweep point (its spec and benchmark arguments `args`, repetition and step counts aside) and
+    how many steps it takes (warmup, measured and probe); None for a run of no benchmark (`args` None)."""
+    if args is None:
+        return None
+    rest, steps, index = [], 0, 0
+    while index < len(args):
+        if args[index] in STEP_FLAGS and index + 1 < len(args):
+            try:
+                steps += int(args[index + 1])
+            except ValueError:
+                return None
+            index += 2
+        elif args[index] in NOT_THE_POINT_FLAGS:
+            index += 2
+        else:
+            rest.append(args[index])
+            index += 1
+    point = tuple(sorted((key, value) for key, value in spec.items()
+                         if key not in NOT_THE_POINT and not isinstance(value, (dict, list))))
+    return (point, tuple(rest)), steps
+
+
+def _step_seconds(record: dict) -> float | None:
+    """The median measured step time of a train record, over every rank's steps."""
+    per_rank = (record.get("result") or {}).get("per_rank") or []
+    steps = [s for rank in per_rank for s in rank.get("step_s") or []]
+    return statistics.median(steps) if steps else None
+
+
+def _last_ok_records(records) -> dict[tuple, tuple[dict, int]]:
+    """point -> (the last ok record there, its step count): the freshest measurement of each point."""
+    def started(record):
+        spec = record.get("spec") or {}
+        return record.get("started_unix") or 0.0, spec.get("repetition") or 0, str(record.get("run_id"))
+
+    last = {}
+    for record in records:
+        if record.get("status") != "ok" or not isinstance(record.get("wall_s"), (int, float)):
+            continue
+        found = _point_and_steps(record.get("spec") or {}, benchmark_args_in(record.get("argv")))
+        if found and (found[0] not in last or started(record) > started(last[found[0]][0])):
+            last[found[0]] = (record, found[1])
+    return last
+
+
+def expected_seconds(run_plan: RunPlan, measured: tuple[dict, int] | None) -> float | None:
+    """A run's expected wall time from the last ok run at its point: that run's wall time (launch to exit),
+    plus or minus its median step time for each step more or fewer than it took. None: no measurement."""
+    if measured is None:
+        return None
+    record, its_steps = measured
+    found = _point_and_steps(run_plan.spec, run_plan.benchmark_args)
+    more = found[1] - its_steps if found else 0
+    if more == 0:
+        return float(record["wall_s"])
+    step = _step_seconds(record)
+    return None if step is None else max(float(record["wall_s"]) + more * step, 0.0)
+
+
+def estimate(plans, config: dict, records, node_jobs: int = 1) -> Estimate:
+    """What the planned runs cost: jobs, node allocations, worst-case node-hours and, where earlier runs
+    measured the same point, expected node-hours. `plans`: the sweep's plans (Sweep.plans.values());
+    `records`: run records (records.load_records) from earlier runs, of this sweep or another."""
+    plans, records = list(plans), list(records)
+    jobs, allocations = {}, {}
+    for run_plan in plans:
+        spec = run_plan.spec
+        jobs[spec["kind"]] = jobs.get(spec["kind"], 0) + 1
+        allocations[spec["nodes"]] = allocations.get(spec["nodes"], 0) + 1
+    launcher = config["launcher"]["kind"]
+    # Each run's own timeout (execution.execute kills it there and records it failed).
+    to_timeouts = sum(p.spec["nodes"] * p.timeout_s for p in plans) / 3600
+    limits = ", ".join(f"{kind}.timeout_s = {config[kind]['timeout_s']} s"
+                       for kind, run_kind in (("benchmark", "train"), ("netbench", "netbench")) if run_kind in jobs)
+    if launcher == "srun":
+        # What Slurm can charge: a job ends at its time limit, whatever runs in it.
+        minutes = config["slurm"]["runtime_minutes"]
+        worst = (sum(p.spec["nodes"] for p in plans) + node_jobs) * minutes / 60
+        basis = f"every job to its time limit, slurm.runtime_minutes = {minutes}"
+    else:
+        worst, to_timeouts = to_timeouts, None
+        basis = f"every run to its own timeout, {limits}"
+    last = _last_ok_records(records)
+    expected, covered, used = 0.0, 0, {}
+    for run_plan in plans:
+        found = _point_and_steps(run_plan.spec, run_plan.benchmark_args)
+        measured = last.get(found[0]) if found else None
+        seconds = expected_seconds(run_plan, measured)
+        if seconds is not None:
+            expected += run_plan.spec["nodes"] * seconds / 3600
+            covered += 1
+            used[measured[0]["run_id"]] = measured[0]
+    starts = [r["started_unix"] for r in used.values() if r.get("started_unix")]
+    return Estimate(
+        jobs=dict(sorted(jobs.items(), key=lambda item: item[0] != "train")), local_jobs=len(plans) + 2, node_jobs=node_jobs,
+        allocations=dict(sorted(allocations.items())), slurm=launcher == "srun", launcher=launcher,
+        worst_node_hours=worst, worst_basis=basis, timeout_node_hours=to_timeouts,
+        expected_node_hours=expected if covered else None,
+        expected_runs=covered, unmeasured_runs=len(plans) - covered, records_read=len(records),
+        records_ok=sum(r.get("status") == "ok" for r in records), records_used=len(used),
+        measured_unix=(min(starts), max(starts)) if starts else None)
+
+
+def _node_hours(hours: float) -> str:
+    return f"{hours:,.0f}" if hours >= 100 else f"{hours:.1f}" if hours >= 1 else f"{hours:.2g}"
+
+
+def _plural(count: int, word: str) -> str:
+    return f"{count} {word}{'' if count == 1 else 's'}"
+
+
+def format_estimate(cost: Estimate, source: str) -> str:
+    """The estimate as a short block for a person; `source`: where the records were read."""
+    kinds = ", ".join(f"{count} {kind}" for kind, count in cost.jobs.items())
+    where = "each its own Slurm job" if cost.slurm else f"run here by {cost.launcher}, no Slurm job"
+    shapes = ", ".join(f"{count} of {_plural(nodes, 'node')}" for nodes, count in cost.allocations.items())
+    worst = f"{_node_hours(cost.worst_node_hours)} node-hours: {cost.worst_basis}"
+    if cost.timeout_node_hours is not None:
+        worst += f" (to the runs' own timeouts: {_node_hours(cost.timeout_node_hours)})"
+    lines = [
+        "What this sweep costs:",
+        f"  jobs         {cost.runs} measurement jobs, one per run ({kinds}), {where}",
+        f"               {cost.node_jobs} one-node job{'' if cost.node_jobs == 1 else 's'} besides: the pre-flight check"
+        f"{', image conversions on the nodes' if cost.node_jobs > 1 else ''}",
+        f"               {cost.local_jobs} more{' on the workflow node, in no allocation' if cost.slurm else ''}: "
+        "a parse per run, tables, report",
+        f"  allocations  {cost.nodes:,} nodes in {cost.runs} {'allocations' if cost.slurm else 'runs'}: {shapes}",
+        f"  worst case   {worst}",
+    ]
+    if cost.expected_node_hours is None:
+        lines.append(f"  expected     none: no earlier ok run at the point of any of the {cost.runs} runs")
+    else:
+        missing = (f"; {_plural(cost.unmeasured_runs, 'run')} without an earlier ok run at its point, "
+                   "no figure for those" if cost.unmeasured_runs else "")
+        lines.append(f"  expected     {_node_hours(cost.expected_node_hours)} node-hours for {cost.expected_runs} "
+                     f"of {cost.runs} runs, from the last ok run at each point{missing}")
+    if cost.records_read == 0:
+        lines.append(f"  rates from   no run records in {source}")
+    else:
+        when = ""
+        if cost.measured_unix:
+            first, last = (time.strftime("%Y-%m-%d", time.gmtime(t)) for t in cost.measured_unix)
+            when = f", measured {first}" + (f" to {last}" if last != first else "") + " (UTC)"
+        lines.append(f"  rates from   {cost.records_used} of {cost.records_read} records in {source} "
+                     f"({cost.records_ok} ok){when}")
+    return "\n".join(lines)
+
+
+def sweep_records(config: dict, given=None) -> tuple[list[dict], str]:
+    """The run records an estimate reads, and where they came from: each of `given` (a directory's
+    *.json, a record file, or a glob), else the config's own <results_dir>/runs/*.json, if any.
+    Raises ConfigError naming a given path that does not exist or a glob that matches nothing."""
+    paths = []
+    if given:
+        for name in given:
+            pattern = glob.escape(name) != name
+            if pattern:
+                found = sorted(glob.glob(name))
+            elif Path(name).is_dir():
+                found = sorted(Path(name).glob("*.json"))
+            else:
+                found = [Path(name)] if Path(name).exists() else []
+            if not found and not Path(name).is_dir():
+                what = "matches no file" if pattern else "does not exist"
+                raise cb_config.ConfigError(f"records: {name!r} {what}; allowed: a directory of run records, "
+                                            "a record file, or a glob that matches some")
+            paths += found
+        source = ", ".join(given)
+    else:
+        runs = Path(config["results_dir"]) / "runs"
+        paths = sorted(runs.glob("*.json"))
+        source = f"{runs}/*.json"
+    records, problems = load_records(paths)
+    return records, source + (f" ({_plural(len(problems), 'unreadable file')} skipped)" if problems else "")
+
+
+def first_plans(sweep: Sweep) -> list[RunPlan]:
+    """The plans of the runs made whatever the results: every plan, except with `repetitions: auto`
+    the repetitions after the minimum, which only the rounds ask for (config.first_runs)."""
+    return [sweep.plans[run.run_id] for run in cb_config.first_runs(sweep.config, sweep.runs)]
+
+
+def most_estimate(sweep: Sweep, records) -> Estimate | None:
+    """With `repetitions: auto`: what the sweep costs if every point runs max_repetitions (None otherwise)."""
+    if sweep.config["benchmark"]["repetitions"] != cb_config.AUTO:
+        return None
+    return estimate(sweep.plans.values(), sweep.config, records, one_node_jobs(sweep))
+
+
+def format_most(most: Estimate, config: dict) -> str:
+    """The line format_estimate's block gets with `repetitions: auto`: the minimum was counted, this is the most."""
+    bench = config["benchmark"]
+    fewest, at_most = cb_config.repetition_bounds(bench)
+    return (f"  repetitions  auto: {fewest} per train point counted above, more until the 95% interval of the mean "
+            f"is within +-{bench['target_ci_percent']:g}%; at most {at_most} each: {most.runs} measurement jobs, "
+            f"{_node_hours(most.worst_node_hours)} node-hours worst case")
+
+
+def cost_summary(sweep: Sweep, given_records=None) -> str:
+    """The estimate of the whole sweep (as planned: Sweep.config), from the records of earlier runs, as
+    format_estimate prints it (with `repetitions: auto`: of the minimum, and a line for the most)."""
+    config = sweep.config
+    records, source = sweep_records(config, given_records)
+    text = format_estimate(estimate(first_plans(sweep), config, records, one_node_jobs(sweep)), source)
+    most = most_estimate(sweep, records)
+    return text if most is None else f"{text}\n{format_most(most, config)}"
+
+
+def one_node_jobs(sweep: Sweep) -> int:
+    """The jobs besides the runs that hold a node: the pre-flight check, and the image conversions of
+    runtimes installed only on the compute nodes (images.smk runs those there)."""
+    converted_on_nodes = {path for use, path in sweep.image_files.items()
+                          if runtime_for(use.runtime, sweep.config).available == "compute-nodes"}
+    return 1 + len(converted_on_nodes)

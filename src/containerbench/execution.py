@@ -1,0 +1,233 @@
+"""Execution: each RunPlan run into its raw log, as its allocation strategy says, with its nodes'
+telemetry collected around it.
+
+The raw log is the single source of truth for a run. It starts with a launch marker line (the plan,
+the exact argv and the variables given), holds everything the ranks printed, and ends with an exit
+marker line (return code, wall time, timeout). Parsing (records.py) reads nothing else, so every
+figure traces back to this file.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from containerbench import markers, slurm
+from containerbench.launchers import Allocation
+from containerbench.plans import RunPlan
+from containerbench.processes import die_with_parent, stop_session, watch_controller
+from containerbench.runtimes import host_environment
+from containerbench.telemetry import library_mpi_version, rank_context
+
+
+def run_plans(plans: list[RunPlan], logs: list, strategy: Allocation, command: list[str], *,
+              salloc: list[str] | None = None, inside: bool = False, echo=sys.stdout) -> int:
+    """The runs `plans` into `logs`, one after another, as their allocation strategy says: the one
+    place it is carried out. PER_RUN and PER_JOB ask salloc (`salloc`) for the allocation and run
+    `containerbench COMMAND --in-allocation` in it, which comes back here with `inside`; NONE and STEP
+    start the runs here. A failed run is a measured outcome, not an error of the workflow: 0 unless the
+    command in the allocation failed."""
+    if inside or (strategy is Allocation.PER_RUN and slurm.in_allocation()):
+        # In an allocation already (salloc's, or a site's own session): the runs are steps of it.
+        return run_in_allocation(plans, logs, echo)
+    if strategy.asks_salloc:  # an allocation of their own, with this process outside it
+        return run_allocated_plans(plans, logs, salloc, command)
+    for run_plan, log in zip(plans, logs):
+        returncode = measure(run_plan, Path(log), echo)
+        if returncode != 0:
+            print(f"containerbench: {run_plan.run_id} exited with {returncode}; kept as a failed run, "
+                  f"see {log}", file=sys.stderr)
+    return 0
+
+
+def clear_telemetry(run_plan: RunPlan) -> None:
+    """Before the run: an empty directory for the nodes' samplers (nothing left from a killed attempt)."""
+    if run_plan.telemetry:
+        directory = Path(run_plan.telemetry["dir"])
+        shutil.rmtree(directory, ignore_errors=True)
+        directory.mkdir(parents=True)
+
+
+def collect_telemetry(run_plan: RunPlan) -> Path | None:
+    """After the run: the nodes' samples as one CSV (a host column added), the per-node files removed."""
+    settings = run_plan.telemetry
+    if not settings:
+        return None
+    directory, merged = Path(settings["dir"]), Path(settings["file"])
+    partial = merged.with_name(merged.name + ".partial")
+    with open(partial, "w", newline="") as out:
+        writer = csv.writer(out)
+        writer.writerow(["time_unix", "host", "metric", "device", "value"])
+        for node_file in sorted(directory.glob("*.csv")):
+            with open(node_file, newline="") as samples:
+                rows = csv.reader(samples)
+                next(rows, None)  # the node file's header
+                writer.writerows([row[0], node_file.stem, *row[1:]] for row in rows if len(row) == 4)
+    partial.replace(merged)  # whole or not at all
+    shutil.rmtree(directory, ignore_errors=True)
+    return merged
+
+
+def measure(run_plan: RunPlan, log_path: Path, echo=sys.stdout, allocation: str | None = None) -> int:
+    """One run as the workflow makes it: its raw log (execute) and its nodes' samples beside it.
+    `allocation`: the Slurm job it runs in, from outside it (fleet jobs), asked after a failure."""
+    clear_telemetry(run_plan)
+    # Where the launch ran, for the ranks' own view to be compared with (records.judge_container).
+    context = rank_context()
+    if run_plan.native_mpi:  # what the ranks must report having loaded (records.judge_native_mpi)
+        library = run_plan.native_mpi["library"]
+        context["native_mpi"] = {"library": library, "version": library_mpi_version(library)}
+    run_plan = dataclasses.replace(run_plan, launch_context=context)
+    try:
+        return execute(run_plan, log_path, echo, allocation)
+    finally:
+        collect_telemetry(run_plan)
+
+
+def _final_argv(argv: list[str]) -> list[str]:
+    """Adjustments that depend on where the plan runs, decided there (and logged)."""
+    # Open MPI refuses root unless told; containers and CI commonly run as root.
+    if argv and Path(argv[0]).name == "mpirun" and os.geteuid() == 0 and "--allow-run-as-root" not in argv:
+        return [argv[0], "--allow-run-as-root", *argv[1:]]
+    # Inside a job step already (a one-rank Snakemake job runs in `srun -n1`), a
+    # nested srun would wait forever for CPUs that step holds.
+    if argv and Path(argv[0]).name == "srun" and "SLURM_STEP_ID" in os.environ and "--overlap" not in argv:
+        return [argv[0], "--overlap", *argv[1:]]
+    return argv
+
+
+class RunAbandoned(SystemExit):
+    """The workflow controller is gone, so no one will collect this run: `containerbench launch`
+    ends with this line and a non-zero status (after measure's finally), and the run's output is
+    left incomplete for the next invocation to run again (rerun-incomplete)."""
+
+
+def execute(run_plan: RunPlan, log_path: Path, echo=sys.stdout, allocation: str | None = None) -> int:
+    """Run the plan, copying its output to the log (and to `echo`); return its exit code.
+
+    A failing benchmark is a result, not an error of the workflow: the log keeps
+    the evidence and the parser marks the record failed. A run whose workflow
+    controller is gone is stopped and raises RunAbandoned.
+    """
+    log_path = Path(log_path)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    argv = _final_argv(run_plan.argv)
+    header = {**run_plan.as_dict(), "argv": argv, "host": socket.gethostname(), "started_unix": time.time()}
+    started = time.monotonic()
+    timed_out, abandoned = threading.Event(), []
+    with open(log_path, "w") as log:
+        log.write(markers.line(markers.LAUNCH, header))
+        log.flush()
+        try:
+            # Nothing of the run may outlive the workflow. Two guards, as each covers what the other
+            # cannot: if this process is killed (SIGKILL: no finally runs), the kernel signals the run
+            # (die_with_parent); if the controller is killed, this process lives on, orphaned with its
+            # job's shell, and only the watch below notices. Popen from this thread, before any other
+            # starts: the death signal follows the thread that forks, and preexec_fn is unsafe with threads.
+            process = subprocess.Popen(
+                argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
+                env={**host_environment(), **run_plan.env}, start_new_session=True,
+                preexec_fn=die_with_parent(),  # noqa: PLW1509 (it only calls prctl, getppid, kill)
+            )
+        except (OSError, subprocess.SubprocessError) as error:  # the latter: preexec_fn failed
+            log.write(f"containerbench: cannot start {argv[0]!r}: {error}\n")
+            returncode = 127
+        else:
+            returncode = _follow(process, log, echo, run_plan.timeout_s, timed_out, abandoned)
+        if abandoned:
+            log.write(f"containerbench: {abandoned[0]}: run abandoned\n")
+        footer = {"returncode": returncode, "wall_s": round(time.monotonic() - started, 3),
+                  "timed_out": timed_out.is_set(), "ended_unix": time.time()}
+        if returncode != 0 and allocation:  # ended from outside (scancel, time limit, node failure)?
+            ended = slurm.job_state(allocation)
+            if ended:
+                footer["slurm"] = ended
+        log.write(markers.line(markers.EXIT, footer))
+    if abandoned:
+        raise RunAbandoned(f"containerbench: {run_plan.run_id}: {abandoned[0]}: run abandoned")
+    return returncode
+
+
+def write_not_run(run_plan: RunPlan, log_path: Path, why: dict) -> None:
+    """The raw log of a run that never started: its launch line and an exit line saying why (`not_run`,
+    and Slurm's word in `slurm` where there is one), so it becomes a failed record, not a missing one."""
+    Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+    Path(log_path).write_text(
+        markers.line(markers.LAUNCH, {**run_plan.as_dict(), "host": socket.gethostname(), "started_unix": time.time()})
+        + markers.line(markers.EXIT, {"returncode": None, "wall_s": 0.0, "timed_out": False,
+                                      "ended_unix": time.time(), **why}))
+
+
+def run_in_allocation(plans: list[RunPlan], logs: list, echo=sys.stdout) -> int:
+    """Runs one after another in the allocation salloc made (SLURM_JOB_ID), launched from outside it:
+    when Slurm ends it (scancel, time limit, node failure, preemption), the run under way gets Slurm's
+    state and reason in its log, and the runs after it a log saying they did not run, so each becomes a
+    failed record instead of a job Snakemake would quietly submit again."""
+    allocation = os.environ.get("SLURM_JOB_ID")
+    why = None
+    for run_plan, log in zip(plans, logs):
+        if why:
+            write_not_run(run_plan, log, why)
+            continue
+        if measure(run_plan, Path(log), echo, allocation=allocation) != 0 and allocation:
+            last = (Path(log).read_text(errors="replace").splitlines() or [""])[-1]
+            ended = (markers.payload(last, markers.EXIT) or {}).get("slurm") if last.startswith(markers.EXIT) else None
+            if ended:
+                why = {"not_run": f"its allocation ended before it: Slurm job {ended['job']} {ended['state']}",
+                       "slurm": ended}
+    return 0
+
+
+def run_allocated_plans(plans: list[RunPlan], logs: list, allocation: list[str], command: list[str]) -> int:
+    """A job of runs with an allocation of its own (`allocation`, salloc's argv), asked for from here, and
+    `containerbench COMMAND --in-allocation` (which comes to run_in_allocation) run in it. Where Slurm gave
+    none, or revoked it before the command ran, every log not yet written says why and those written stay;
+    where the command itself failed, its status is returned for the workflow to show."""
+    inner = [sys.executable, "-m", "containerbench", *command, "--in-allocation"]
+    returncode, refused = slurm.run_allocated(allocation, inner)
+    if refused is None:
+        return returncode
+    for run_plan, log in zip(plans, logs):
+        if not Path(log).exists():
+            write_not_run(run_plan, log, {"not_run": refused})
+    return 0
+
+
+def _follow(process, log, echo, timeout_s: float, timed_out: threading.Event, abandoned: list) -> int:
+    """Copy the run's output until it ends; stop its whole session on a timeout, when the controller
+    is gone (its description appended to `abandoned`), when this process is interrupted, and after."""
+    def time_out():
+        if process.poll() is None:  # a run that ended at its deadline did not time out
+            timed_out.set()
+            stop_session(process.pid)
+
+    def controller_gone(what: str):
+        if process.poll() is None:
+            abandoned.append(what)
+            stop_session(process.pid)
+
+    watchdog = threading.Timer(timeout_s, time_out)
+    watchdog.start()
+    watch = watch_controller(controller_gone)
+    try:
+        for line in process.stdout:
+            log.write(line)
+            if echo:
+                echo.write(line)
+        return process.wait()
+    finally:
+        watchdog.cancel()
+        if watch:
+            watch.set()
+        # Interrupted, or a process of the run still there after it ended: none outlives the run.
+        stop_session(process.pid, grace_s=1.0)
+
+

@@ -1,0 +1,280 @@
+"""Planning: the sweep made ready and each RunSpec turned into a RunPlan (argv + environment).
+
+`prepare` is what the workflow and `containerbench plan` both do before any job: check the config,
+resolve each runtime's image, probe the runtimes, expand the sweep and plan every run. It leaves the
+config it is given as it is: what planning resolved (the images, the runtimes that cannot run here,
+the data sample) is in the Sweep it returns, with the config as planned (Sweep.config).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+import os
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+from containerbench import config as cb_config
+from containerbench import slurm
+from containerbench.config import RunSpec, dataset_dir
+from containerbench.fabrics import debug_environment, expected_transport
+from containerbench.images import IMAGES, check_bench_env, resolve_images
+from containerbench.launchers import Allocation, allocation_for, launcher_for
+from containerbench.runtimes import (
+    RunRequest,
+    check_launchers,
+    runtime_for,
+    select_runtimes,
+)
+
+# Always set in every rank: unbuffered output keeps the log in step order, and
+# TensorFlow's INFO chatter would bury the lines that matter.
+RANK_ENV = {"PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "1"}
+
+# Benchmark settings copied into every train plan's spec: a failed run still
+# belongs to its sweep point, and the parser checks that what ran is what was asked.
+PLANNED_SETTINGS = {"tensorflow": ("model", "image_size", "precision", "xla", "data_format", "warmup_steps", "steps"),
+                    "pytorch": ("model", "image_size", "precision", "data_format", "warmup_steps", "steps",
+                                "torch_compile")}
+BENCHMARKS = {"tensorflow": "containerbench.bench", "pytorch": "containerbench.torchbench"}
+BENCHMARK_MODULES = ("containerbench.bench", "containerbench.torchbench", "containerbench.netbench")
+
+
+def benchmark_args_in(argv) -> tuple[str, ...] | None:
+    """What the benchmark was given, from an argv alone: the words after its last `-m containerbench.(net)bench`.
+    Only for what keeps no RunPlan: the run records of earlier runs, and plan files read back."""
+    argv = list(argv or [])
+    for index in range(len(argv) - 2, -1, -1):
+        if argv[index] == "-m" and argv[index + 1] in BENCHMARK_MODULES:
+            return tuple(argv[index + 2:])
+    return None
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """Everything needed to start one run. Its JSON (as_dict, to_json) is what the workflow passes to
+    `containerbench launch` and what the raw log's launch line holds, unchanged by this class: a field
+    None among OPTIONAL is left out, and benchmark_args (a part of argv) is not written."""
+
+    run_id: str
+    spec: dict  # the RunSpec, the system, the launcher, the MPI model and the benchmark's settings
+    argv: list[str]
+    env: dict[str, str]
+    timeout_s: float
+    image: str | None = None  # what a container runtime runs
+    fabric: dict | None = None  # name, env and what the parser expects of it
+    telemetry: dict | None = None  # telemetry_settings
+    benchmark_args: tuple[str, ...] = ()  # what the benchmark module is given, at the end of argv
+    native_mpi: dict | None = None  # the host MPICH the ranks load, in the native MPI model
+    allocation: list[str] | None = None  # salloc's argv, where the run asks for its own (Allocation.PER_RUN)
+    launch_context: dict | None = None  # where the launch ran (execution.measure adds it)
+
+    OPTIONAL = ("native_mpi", "allocation", "launch_context")
+    NOT_WRITTEN = ("benchmark_args",)
+
+    @property
+    def strategy(self) -> Allocation:
+        """The allocation strategy planned for the run, as its plan file says."""
+        if self.allocation:
+            return Allocation.PER_RUN
+        return Allocation.STEP if self.spec.get("launcher") == "srun" else Allocation.NONE
+
+    def as_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in self.NOT_WRITTEN
+                and not (f.name in self.OPTIONAL and getattr(self, f.name) is None)}
+
+    def to_json(self) -> str:
+        return json.dumps(self.as_dict(), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, data: str | dict) -> RunPlan:
+        """A plan from its JSON (text or parsed); keys it does not know (a log's host, ...) are left out."""
+        data = json.loads(data) if isinstance(data, str) else data
+        known = {f.name for f in fields(cls)} - set(cls.NOT_WRITTEN)
+        return cls(**{key: value for key, value in data.items() if key in known},
+                   benchmark_args=benchmark_args_in(data.get("argv")) or ())
+
+
+def benchmark_args(spec: RunSpec, config: dict) -> list[str]:
+    if spec.kind == "netbench":
+        # Ping-pong is always ranks 0 and 1, i.e. the first two nodes: the 2-node run has
+        # measured that pair, so larger allocations measure only the all-reduce.
+        net = config["netbench"]
+        backend = ["--backend", "torch-" + config["benchmark"]["torch_backend"]] if spec.framework == "pytorch" else []
+        return ["--max-bytes", str(net["max_bytes"]), *backend, *(["--nccl-ring"] if backend and net["nccl_ring"] else []),
+                *(["--no-pingpong"] if spec.nodes > 2 else [])]
+    bench = config["benchmark"]
+    args = ["--model", bench["model"], "--batch-size", str(spec.batch_size),
+            "--image-size", str(bench["image_size"]), "--warmup-steps", str(bench["warmup_steps"]),
+            "--steps", str(bench["steps"]), "--precision", bench["precision"],
+            "--data-format", bench["data_format"], "--threads", str(bench["threads_per_rank"]),
+            "--probe-steps", str(bench["node_probe_steps"]),
+            "--mode", spec.mode, "--runtime", spec.runtime]
+    data = ["--data-dir", os.path.abspath(dataset_dir(config))] if spec.data == "real" else []  # both frameworks'
+    if spec.framework == "pytorch":
+        return args + data + ["--backend", bench["torch_backend"], *(["--compile"] if bench["torch_compile"] else [])]
+    if spec.mode == "collective":
+        args += ["--collective", bench["collective_implementation"]]
+    if spec.mode == "parameter_server":
+        args += ["--parameter-servers", str(bench["parameter_servers"])]
+    return args + data + (["--xla"] if bench["xla"] else [])
+
+
+def clone_sources() -> str:
+    """The src/ directory of the clone this package runs from, for `package: clone`."""
+    source = Path(__file__).resolve().parent.parent
+    if not (source.name == "src" and (source.parent / "pyproject.toml").is_file()):
+        raise ValueError(f"package: clone needs containerbench run from a clone (editable install), "
+                         f"not from {source}")
+    return str(source)
+
+
+def rdma_fabric(fabric: dict) -> bool:
+    """Does this fabric ask for InfiniBand/RoCE? Then containers get the RDMA devices and memlock."""
+    return expected_transport(fabric).transport == "ib"
+
+
+def telemetry_settings(spec: RunSpec, config: dict) -> dict | None:
+    """Where the run's samplers write (one CSV per node, merged into `file` after the run) and
+    the limits its record is judged by; None with `telemetry: false`."""
+    settings = config["telemetry"]
+    if not settings["enabled"]:
+        return None
+    root = Path(config["results_dir"], "telemetry").absolute()
+    return {"dir": str(root / spec.run_id), "file": str(root / f"{spec.run_id}.csv"),
+            **{key: settings[key] for key in ("interval_s", "disturbed_cpu_share", "max_steal_share",
+                                                "exclude_disturbed")}}
+
+
+def plan(spec: RunSpec, config: dict, allocation: Allocation | None = None) -> RunPlan:
+    """Everything needed to start the run. `allocation`: the strategy of the sweep's runs (default:
+    allocation_for(config)); only a run with an allocation of its own (PER_RUN) carries salloc's argv."""
+    allocation = allocation_for(config) if allocation is None else allocation
+    module = "containerbench.netbench" if spec.kind == "netbench" else BENCHMARKS[spec.framework]
+    fabric = config["fabrics"][spec.fabric]
+    fabric_env = {k: str(v) for k, v in fabric["env"].items()}
+    # Every layer logs which network it chose, so the parser can verify the fabric.
+    rank_env = {**RANK_ENV, **debug_environment(fabric_env), **fabric_env}
+    runtime = runtime_for(spec.runtime, config, spec.mpi_model, spec.framework)
+    binds = tuple(config["images"]["binds"]) + ((dataset_dir(config),) if spec.data == "real" else ())
+    if runtime.package == "clone":
+        source = clone_sources()
+        binds, rank_env = binds + (source,), {**rank_env, "PYTHONPATH": source}
+    arguments = benchmark_args(spec, config)
+    telemetry = telemetry_settings(spec, config)
+    if telemetry:
+        arguments += ["--telemetry-dir", telemetry["dir"], "--telemetry-interval", str(telemetry["interval_s"])]
+        binds += (telemetry["dir"],)  # the samplers write it from inside the container
+    request = RunRequest(module=module, args=tuple(arguments), env=rank_env,
+                         workdir=os.getcwd(), binds=binds,
+                         gpus=config["slurm"]["gpus_per_node"] > 0, infiniband=rdma_fabric(fabric),
+                         ranks_per_node=spec.ranks_per_node)
+    env = runtime.environment(request)
+    argv = launcher_for(config, runtime).wrap(runtime.rank_argv(request), spec, sorted(env), runtime.launcher_options(request))
+    timeout = config["netbench" if spec.kind == "netbench" else "benchmark"]["timeout_s"]
+    settings = {}
+    if spec.kind == "train":
+        bench = config["benchmark"]
+        settings = {key: bench[key] for key in PLANNED_SETTINGS[spec.framework]}
+    return RunPlan(
+        run_id=spec.run_id,
+        spec={**spec.as_dict(), "system": config["system"], "launcher": config["launcher"]["kind"],
+              "mpi_model": runtime.mpi_model, **settings},
+        argv=argv,
+        env=env,
+        timeout_s=timeout,
+        image=getattr(runtime, "image", None),
+        fabric={"name": spec.fabric, "env": fabric_env, "expect": fabric.get("expect")},
+        telemetry=telemetry,
+        benchmark_args=tuple(arguments),
+        native_mpi={"library": runtime.native_mpi.library} if getattr(runtime, "native", False) else None,
+        allocation=slurm.allocation_argv(config["slurm"], spec.nodes, spec.ranks_per_node,
+                                         config["slurm"]["runtime_minutes"], f"containerbench-{spec.run_id}",
+                                         spec.nodelist) if allocation is Allocation.PER_RUN else None,
+    )
+
+
+@dataclass
+class Sweep:
+    """The sweep made ready to run: every run planned, and what the plans depend on."""
+
+    runs: list[RunSpec]
+    plans: dict[str, RunPlan]  # run id -> plan
+    image_files: dict[cb_config.ImageUse, str] = field(default_factory=dict)  # who runs a built image -> its file
+    skipped: dict[str, str] = field(default_factory=dict)  # runtime -> why it cannot run here
+    dataset_sample: str | None = None  # the sample directory to generate for real-data runs, if any
+    # The config as planned: each runtime's image resolved, the runtimes that cannot run here left out,
+    # the dataset path set to the sample. The config given to prepare stays as the user wrote it.
+    config: dict = field(default_factory=dict)
+    allocation: Allocation = Allocation.NONE  # the runs' Slurm allocation strategy
+
+    @functools.cached_property
+    def inputs(self) -> dict[str, dict[str, str]]:
+        """run id -> the files the run needs first: its runtime's built image, the generated sample."""
+        needs = {}
+        for run in self.runs:
+            needs[run.run_id] = {}
+            image = self.image_files.get(cb_config.ImageUse.of(run))
+            if image:
+                needs[run.run_id]["image"] = image
+            if self.dataset_sample and run.data == "real":
+                needs[run.run_id]["data"] = self.dataset_sample
+        return needs
+
+
+def check_site_images(config: dict, built: dict[cb_config.ImageUse, str]) -> None:
+    """An image the site supplies (not one the workflow builds) exists, or is pinned by digest."""
+    for runtime in site_images(config, built):
+        problem = runtime.site_image_problem()
+        if problem:
+            raise cb_config.ConfigError(f"config: {problem}")
+
+
+def site_images(config: dict, built: dict[cb_config.ImageUse, str]) -> list:
+    """The runtimes (one per MPI model and framework) that run an image the site supplies."""
+    uses = [cb_config.ImageUse(name, model, framework) for name in config["runtimes"] if name != "bare-metal"
+            for framework in config["benchmark"]["frameworks"] for model in cb_config.mpi_models(config, name)]
+    return [runtime_for(use.runtime, config, use.mpi_model, use.framework) for use in uses if use not in built]
+
+
+def site_image_files(config: dict, built: dict[cb_config.ImageUse, str]) -> list[str]:
+    """The image files the site supplies: the pre-flight check checks that the compute nodes see them."""
+    return sorted({os.path.abspath(runtime.image) for runtime in site_images(config, built)
+                   if runtime.image_is_file(runtime.image)})
+
+
+
+
+def prepare(config: dict, repo: Path, *, probe: bool = True) -> Sweep:
+    """Everything checked before any job: runtimes' images and launchers, the dataset, the sweep,
+    and (with `probe`) which runtimes can run here and what the Slurm cluster can give.
+    `config` must be validated (config.validated) and is left unchanged: the Sweep holds the config
+    as planned. Raises ConfigError."""
+    planned = copy.deepcopy(config)
+    try:
+        artifacts = resolve_images(planned, repo / IMAGES)  # fills in the images the workflow builds
+        check_launchers(planned)  # before any probe: an option a runtime does not take is a config error
+        skipped = select_runtimes(planned, artifacts) if probe else {}  # drops them from planned["runtimes"]
+        if probe:
+            check_site_images(planned, artifacts)
+            if artifacts:
+                check_bench_env(planned, repo, artifacts)
+        artifacts = {use: path for use, path in artifacts.items() if use.runtime in planned["runtimes"]}
+        cb_config.check_dataset(planned)
+        sample = None
+        if "real" in planned["benchmark"]["data"] and not planned["dataset"]["path"]:
+            sample = planned["dataset"]["path"] = str(repo / cb_config.SAMPLE_DIR)  # one sample for every results dir
+        runs = cb_config.plan_runs(planned)
+        cb_config.check_runs(planned, runs)
+        if planned["launcher"]["kind"] == "srun":
+            slurm.check_time_limit(planned)
+            if probe:
+                slurm.check_cluster(planned, runs)
+        allocation = allocation_for(planned)
+        plans = {run.run_id: plan(run, planned, allocation) for run in runs}
+    except cb_config.ConfigError:
+        raise
+    except ValueError as error:  # a runtime refusing what the config asks (an option, a launcher, a bind)
+        raise cb_config.ConfigError(f"config: {error}") from None
+    return Sweep(runs, plans, artifacts, skipped, sample, planned, allocation)
