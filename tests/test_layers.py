@@ -26,6 +26,7 @@ LAYERS = [
     ("plans and launches, tables", {"launch", "results"}),
     ("report, validation, repetition rounds", {"report", "validate", "repetitions"}),
     ("fleet verdicts, the results history", {"fleet", "history"}),
+    ("the fleet's node and link jobs", {"fleetjobs"}),
     ("command line", {"cli"}),
     ("python -m containerbench", {"__main__"}),
 ]
