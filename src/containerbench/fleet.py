@@ -258,80 +258,136 @@ class FleetVerdict:
         return rows["member"].tolist()
 
 
+Failures = dict[tuple[str, ...], str]  # why a node's (one name) or a link's (two) runs failed
+
+
 def judge(records: list[dict], fleet: FleetPlan, references: dict[str, Reference] | None = None,
           min_shortfall: float = 0.10) -> FleetVerdict:
     """The verdict on every node and link of `fleet` from its records: a node that did not run, or whose
     runs failed, fails with the reason; a missing row is never a pass."""
-    values = member_values(records)
-    nodes = _against(robust_deviation(values[values["scope"] == "node"], min_shortfall), references or {})
+    references = references or {}
+    values, failures = member_values(records), _failures(records)
+    nodes = _node_figures(values, min_shortfall, references)
+    node_fault = _node_faults(fleet, nodes, failures)
+    links = _link_figures(values, node_fault, min_shortfall, references)
+    culprits = _slow_networked_nodes(fleet, links, failures, node_fault)
+    for name, reason in culprits.items():  # failed too; a fault of their own comes first
+        node_fault.setdefault(name, reason)
+    link_summary, blamed = _link_verdicts(fleet, links, failures, node_fault, culprits)
+    links["slow"] = links["bad"]
+    links["blamed_on"] = links["member"].map(blamed).fillna("")
+    return FleetVerdict(nodes.rename(columns={"member": "node"})[NODE_COLUMNS],
+                        links.rename(columns={"member": "link"})[LINK_COLUMNS],
+                        pd.DataFrame(_node_verdicts(fleet, node_fault) + link_summary, columns=SUMMARY_COLUMNS))
+
+
+def _node_figures(values: pd.DataFrame, min_shortfall: float, references: dict[str, Reference]) -> pd.DataFrame:
+    """Each node's figures against the whole fleet's and the references: `result` fail or pass."""
+    nodes = _against(robust_deviation(values[values["scope"] == "node"], min_shortfall), references)
     nodes["result"] = np.where(nodes["bad"], "fail", "pass")
-    failures = _failures(records)
-    summary = []
+    return nodes
+
+
+def _node_faults(fleet: FleetPlan, nodes: pd.DataFrame, failures: Failures) -> dict[str, str]:
+    """Why each node failed on its own job's evidence, by name; a node not named passed it."""
     node_rows = {name: rows for name, rows in nodes.groupby("member", sort=False)}
-    node_fault: dict[str, str] = {}
+    faults = {}
     for name in [*fleet.nodes, *fleet.unavailable]:
-        state = fleet.unavailable.get(name)
-        mine = node_rows.get(name)
-        if state is not None:
-            node_fault[name] = f"not run: Slurm state {state.state}" + (f" ({state.reason})" if state.reason else "")
-        elif (name,) in failures:
-            node_fault[name] = failures[(name,)]
-        elif mine is None:
-            node_fault[name] = "not measured: no record of this node"
-        elif (mine["result"] == "fail").any():
-            node_fault[name] = "; ".join(mine.loc[mine["result"] == "fail", "reason"])
-    # Links are set against the links between nodes that passed: a node slow in everything (a CPU
-    # fault) slows its links too, and in a small batch those would drag the links' median along.
+        fault = _node_fault(name, fleet.unavailable.get(name), node_rows.get(name), failures)
+        if fault is not None:
+            faults[name] = fault
+    return faults
+
+
+def _node_fault(name: str, state: NodeState | None, mine: pd.DataFrame | None,
+                failures: Failures) -> str | None:
+    """Not run (Slurm's state), runs that failed, no record, or figures far out: the first that holds."""
+    if state is not None:
+        return f"not run: Slurm state {state.state}" + (f" ({state.reason})" if state.reason else "")
+    if (name,) in failures:
+        return failures[(name,)]
+    if mine is None:
+        return "not measured: no record of this node"
+    if (mine["result"] == "fail").any():
+        return "; ".join(mine.loc[mine["result"] == "fail", "reason"])
+    return None
+
+
+def _link_figures(values: pd.DataFrame, node_fault: dict[str, str], min_shortfall: float,
+                  references: dict[str, Reference]) -> pd.DataFrame:
+    """Each link's figures against the links between nodes that passed, and the references: `bad`.
+
+    A node slow in everything (a CPU fault) slows its links too, and in a small batch those would
+    drag the links' median along."""
     links = values[values["scope"] == "link"]
     healthy = [not set(member.split("+")) & set(node_fault) for member in links["member"]]
-    links = _against(robust_deviation(links, min_shortfall, healthy), references or {})
-    link_rows = {name: rows for name, rows in links.groupby("member", sort=False)}
-    # A node slow in every link it is in (three or more from four nodes) is the culprit for all of them.
-    # Counted: its measured links to nodes that passed; a link to a failed node, or a link job that
-    # failed (no figure), says nothing about this end.
-    pairs = [in_order(pair) for pair in fleet.links]
+    return _against(robust_deviation(links, min_shortfall, healthy), references)
+
+
+def _slow_networked_nodes(fleet: FleetPlan, links: pd.DataFrame, failures: Failures,
+                          node_fault: dict[str, str]) -> dict[str, str]:
+    """The nodes slow in every link they are in (three or more from four nodes), the culprits for all
+    of them, with why. Counted: a node's measured links to nodes that passed, two or more; a link to a
+    failed node, or a link job that failed (no figure), says nothing about this end."""
     measured_slow = set(links.loc[links["bad"], "member"])
-    slow_links = measured_slow | {link_name(key) for key in failures if len(key) == 2}
-    judged_links: dict[str, list[str]] = {}
-    for pair in pairs:
-        if link_name(pair) in link_rows and pair not in failures:
-            for end, other in (pair, pair[::-1]):
-                if other not in node_fault:
-                    judged_links.setdefault(end, []).append(link_name(pair))
-    link_culprits = set()
+    judged_links = _links_to_passed_nodes(fleet, set(links["member"]), failures, node_fault)
+    culprits = {}
     for name in fleet.nodes:
         mine = judged_links.get(name, [])
         if len(mine) >= 2 and all(link in measured_slow for link in mine):
-            link_culprits.add(name)
-            node_fault.setdefault(name, f"slow in all {len(mine)} of its links to nodes that passed "
-                                        f"({', '.join(mine)})")
-    for name in [*fleet.nodes, *fleet.unavailable]:
-        summary.append({"member": name, "kind": "node", "result": "fail" if name in node_fault else "pass",
-                        "reason": node_fault.get(name, "")})
-    blamed = {}
-    for pair in pairs:
+            culprits[name] = f"slow in all {len(mine)} of its links to nodes that passed ({', '.join(mine)})"
+    return culprits
+
+
+def _links_to_passed_nodes(fleet: FleetPlan, measured: set[str], failures: Failures,
+                           node_fault: dict[str, str]) -> dict[str, list[str]]:
+    """Each node's links with figures, whose job ran, to a node that passed: by node."""
+    judged: dict[str, list[str]] = {}
+    for pair in map(in_order, fleet.links):
+        if link_name(pair) in measured and pair not in failures:
+            for end, other in (pair, pair[::-1]):
+                if other not in node_fault:
+                    judged.setdefault(end, []).append(link_name(pair))
+    return judged
+
+
+def _node_verdicts(fleet: FleetPlan, node_fault: dict[str, str]) -> list[dict]:
+    """A summary row per node of the plan, measured or not."""
+    return [{"member": name, "kind": "node", "result": "fail" if name in node_fault else "pass",
+             "reason": node_fault.get(name, "")}
+            for name in [*fleet.nodes, *fleet.unavailable]]
+
+
+def _link_verdicts(fleet: FleetPlan, links: pd.DataFrame, failures: Failures,
+                   node_fault: dict[str, str], culprits: dict[str, str]) -> tuple[list[dict], dict[str, str]]:
+    """A summary row per link of the plan, and whom each slow link is blamed on: a slow link whose
+    ends are fine is the link's own fault (a cable, a switch port)."""
+    link_rows = {name: rows for name, rows in links.groupby("member", sort=False)}
+    slow_links = set(links.loc[links["bad"], "member"]) | {link_name(key) for key in failures if len(key) == 2}
+    summary, blamed = [], {}
+    for pair in map(in_order, fleet.links):
         link = link_name(pair)
         rows = link_rows.get(link)
         if link in slow_links:
-            # A slow link is its slow-networked end's doing, else a failed end's, else its own.
-            culprits = [end for end in pair if end in link_culprits] or [end for end in pair if end in node_fault]
-            blamed[link] = " and ".join(culprits) or "link"
+            ends = _failed_ends(pair, culprits, node_fault)
+            blamed[link] = " and ".join(ends) or "link"
             reason = failures.get(pair) or "; ".join(rows.loc[rows["bad"], "reason"])
-            summary.append({"member": link, "kind": "link", "result": "explained" if culprits else "fail",
-                            "reason": f"node {blamed[link]} failed" if culprits else reason})
+            summary.append({"member": link, "kind": "link", "result": "explained" if ends else "fail",
+                            "reason": f"node {blamed[link]} failed" if ends else reason})
         elif rows is None:
             summary.append({"member": link, "kind": "link", "result": "fail",
                             "reason": "not measured: no record of this link"})
         else:
             summary.append({"member": link, "kind": "link", "result": "pass", "reason": ""})
-    links["slow"] = links["bad"]
-    links["blamed_on"] = links["member"].map(blamed).fillna("")
-    return FleetVerdict(nodes.rename(columns={"member": "node"})[NODE_COLUMNS],
-                        links.rename(columns={"member": "link"})[LINK_COLUMNS],
-                        pd.DataFrame(summary, columns=SUMMARY_COLUMNS))
+    return summary, blamed
 
 
-def _failures(records: list[dict]) -> dict[tuple[str, ...], str]:
+def _failed_ends(pair: tuple[str, ...], culprits: dict[str, str], node_fault: dict[str, str]) -> list[str]:
+    """What explains a slow link: its slow-networked end, else a failed end; none: the link itself."""
+    return [end for end in pair if end in culprits] or [end for end in pair if end in node_fault]
+
+
+def _failures(records: list[dict]) -> Failures:
     """Why each node's or link's runs failed, by its members: the record's own reasons (with Slurm's state
     and reason when the job was ended from outside), each reason once with the runs that gave it."""
     failed: dict[tuple[str, ...], dict[str, list[str]]] = {}
