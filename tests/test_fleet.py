@@ -22,7 +22,7 @@ import yaml
 from helpers import ROOT, fleet_records
 
 from containerbench import config as cb_config
-from containerbench import execution, fleet, markers, report, slurm
+from containerbench import execution, fleet, fleetjobs, markers, report, slurm
 from containerbench.plans import RunPlan
 from containerbench.records import parse_log
 
@@ -291,11 +291,11 @@ def test_in_four_nodes_a_slow_nodes_links_do_not_hide_a_bad_link(recorded_runs):
 def test_each_node_and_link_job_runs_its_runs_pinned_in_one_exclusive_allocation():
     config = cb_config.load([ROOT / "tests" / "slurm" / "fleet.yaml"])
     config["validation"].update(repetitions=2, link_training=True)
-    node = fleet.node_runs(config, "n3")
+    node = fleetjobs.node_runs(config, "n3")
     assert [run.run_id for run in node] == [
         "train_bare-metal_fast_1x1_b32_on_n3_rep1", "netbench_bare-metal_fast_1x2_on_n3_rep1",
         "train_bare-metal_fast_1x1_b32_on_n3_rep2", "netbench_bare-metal_fast_1x2_on_n3_rep2"]
-    link = fleet.link_runs(config, ("n1", "n2"))
+    link = fleetjobs.link_runs(config, ("n1", "n2"))
     assert [run.run_id for run in link] == [
         "netbench_bare-metal_fast_2x1_on_n1+n2_rep1", "train_bare-metal_fast_2x1_b32_on_n1+n2_rep1",
         "netbench_bare-metal_fast_2x1_on_n1+n2_rep2", "train_bare-metal_fast_2x1_b32_on_n1+n2_rep2"]
@@ -303,7 +303,7 @@ def test_each_node_and_link_job_runs_its_runs_pinned_in_one_exclusive_allocation
     # salloc(1) OPTIONS: --nodelist, --exclusive, --time in minutes (a bare number is minutes), --partition,
     # --account; the time is the runs' timeouts rounded up, with 2 minutes a run for sacct after a failure.
     plan = fleet.plan({name: fleet.NodeState(name, "idle") for name in ("n1", "n2")})
-    jobs = fleet.FleetJobs(config, plan, "results/fleet")
+    jobs = fleetjobs.FleetJobs(config, plan, "results/fleet")
     minutes = -(-(2 * 600 + 2 * config["netbench"]["timeout_s"]) // 60) + 2 * 4
     assert jobs.allocation(("link", "n1+n2")) == [
         "salloc", "--nodes=2", "--nodelist=n1,n2", "--exclusive", "--ntasks-per-node=1", "--cpus-per-task=1",
@@ -311,13 +311,13 @@ def test_each_node_and_link_job_runs_its_runs_pinned_in_one_exclusive_allocation
     assert jobs.longest()[1] == minutes  # the node jobs run as many runs as long
     limit = {"cpu": slurm.Partition(nodes=2, gpus=0, max_minutes=minutes - 1)}
     with pytest.raises(fleet.FleetError) as caught:
-        fleet.check_time_limit(jobs, config["slurm"], limit)
+        fleetjobs.check_time_limit(jobs, config["slurm"], limit)
     assert str(caught.value) == (
         f"the job of n1 may take {minutes} minutes (its runs' timeouts, 'benchmark.timeout_s' and "
         "'netbench.timeout_s', and 'validation.repetitions'), beyond partition 'cpu''s time limit of "
         f"{minutes - 1}; allowed: shorter timeouts or fewer repetitions")
-    fleet.check_time_limit(jobs, config["slurm"], {"cpu": slurm.Partition(2, 0, minutes)})
-    fleet.check_time_limit(jobs, config["slurm"], None)  # where sinfo cannot answer: not checked
+    fleetjobs.check_time_limit(jobs, config["slurm"], {"cpu": slurm.Partition(2, 0, minutes)})
+    fleetjobs.check_time_limit(jobs, config["slurm"], None)  # where sinfo cannot answer: not checked
 
 
 @pytest.mark.parametrize("text, minutes", [("infinite", None), ("UNLIMITED", None), ("30:00", 30), ("2:00:00", 120),
@@ -330,7 +330,7 @@ def test_sinfos_time_limits_are_read_in_whole_minutes(text, minutes):
 def test_a_jobs_file_holds_its_allocation_plans_and_logs_and_a_run_never_started_is_a_failed_record(tmp_path):
     config = cb_config.load([ROOT / "tests" / "slurm" / "fleet.yaml"])
     plan = fleet.plan({"n1": fleet.NodeState("n1", "idle")})
-    jobs = fleet.FleetJobs(config, plan, str(tmp_path / "fleet"))
+    jobs = fleetjobs.FleetJobs(config, plan, str(tmp_path / "fleet"))
     jobs.write(plan, tmp_path / "plan.json")
     job = json.loads(Path(jobs.job_file(("node", "n1"))).read_text())
     assert fleet.FleetPlan.from_dict(json.loads((tmp_path / "plan.json").read_text())) == plan
@@ -357,7 +357,7 @@ def test_a_run_whose_allocation_slurm_ended_carries_slurms_state_and_reason(tmp_
 def test_a_links_job_waits_for_the_jobs_before_it_on_both_of_its_nodes():
     config = cb_config.load([ROOT / "tests" / "slurm" / "fleet.yaml"])
     plan = fleet.plan({f"n{i}": fleet.NodeState(f"n{i}", "idle") for i in range(1, 8)})
-    jobs = fleet.FleetJobs(config, plan, "results/fleet")
+    jobs = fleetjobs.FleetJobs(config, plan, "results/fleet")
     assert len(jobs.runs) == plan.jobs == 7 + 7 + 4
     for node in plan.nodes:
         # This node's jobs in the order they may run: its own, then its links round by round.

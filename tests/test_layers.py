@@ -25,6 +25,7 @@ MODULES = sorted(name for name in map(module_name, PACKAGE.rglob("*.py")) if nam
 # The benchmark side (bench, netbench and what they use) is what the provenance hash covers.
 LAYERS = [
     ("model definitions", {"torchmodels"}),
+    ("the layers that pick a network, one class each (fabrics' parts)", {"fabriclayers"}),
     ("leaves", {"markers", "processes", "provenance", "datasets", "distribution", "fabrics", "config", "telemetry",
                 "intervals"}),
     ("benchmark, runtimes, Slurm, recipes, telemetry read back, PyTorch's input, an image step's runner",
@@ -35,6 +36,7 @@ LAYERS = [
     ("runs executed, their cost, report, validation, repetition rounds, the base image",
      {"execution", "cost", "report", "validate", "repetitions", "baseimage"}),
     ("fleet verdicts, the results history", {"fleet", "history"}),
+    ("the fleet's node and link jobs", {"fleetjobs"}),
     ("command groups", {"cli.sweep", "cli.results", "cli.history", "cli.image"}),
     ("the fleet's commands (they name the records' system as results' do)", {"cli.fleet"}),
     ("command line", {"cli"}),

@@ -17,6 +17,8 @@ passed (a node slow in everything slows its links too). A node slow in all of
 its measured links to nodes that passed, two or more, is the culprit, and those
 links are not blamed; a slow link whose nodes are both fine elsewhere is the
 link itself (a cable, a switch port).
+
+The jobs that measure them are fleetjobs'.
 """
 
 from __future__ import annotations
@@ -30,17 +32,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from containerbench.config import RunSpec, mpi_models
-from containerbench.slurm import (
-    ALLOCATION_SLACK_MINUTES,
-    NodeState,
-    QueryError,
-    allocation_argv,
-    job_partition,
-    expand_hostlist,
-    node_states,
-    partition_states,
-)
+from containerbench.slurm import NodeState, QueryError, expand_hostlist, node_states, partition_states
 from containerbench.validate import LOWER_IS_BETTER, Reference, metric_of, record_variables
 
 # MAD x 1.4826 estimates the standard deviation of normal data; 3.5 is Iglewicz and
@@ -146,18 +138,6 @@ def planned(validation: dict, via: tuple[str, ...] = ()) -> FleetPlan:
     if validation["plan"]:
         return FleetPlan.load(validation["plan"], "'validation.plan'")
     return plan(select(validation["nodes"], validation["partition"], via))
-
-
-def check_time_limit(jobs: FleetJobs, settings: dict, partitions: dict | None) -> None:
-    """Refuse, before anything is submitted, a job longer than its partition's MaxTime (sinfo)."""
-    name = job_partition(settings, partitions or {})
-    limit = (partitions or {}).get(name)
-    member, minutes = jobs.longest()
-    if limit and limit.max_minutes is not None and minutes > limit.max_minutes:
-        raise FleetError(f"the job of {member} may take {minutes} minutes (its runs' timeouts, "
-                         f"'benchmark.timeout_s' and 'netbench.timeout_s', and 'validation.repetitions'), beyond "
-                         f"partition {name!r}'s time limit of {limit.max_minutes}; allowed: shorter timeouts or "
-                         "fewer repetitions")
 
 
 def format_plan(fleet: FleetPlan) -> str:
@@ -278,80 +258,136 @@ class FleetVerdict:
         return rows["member"].tolist()
 
 
+Failures = dict[tuple[str, ...], str]  # why a node's (one name) or a link's (two) runs failed
+
+
 def judge(records: list[dict], fleet: FleetPlan, references: dict[str, Reference] | None = None,
           min_shortfall: float = 0.10) -> FleetVerdict:
     """The verdict on every node and link of `fleet` from its records: a node that did not run, or whose
     runs failed, fails with the reason; a missing row is never a pass."""
-    values = member_values(records)
-    nodes = _against(robust_deviation(values[values["scope"] == "node"], min_shortfall), references or {})
+    references = references or {}
+    values, failures = member_values(records), _failures(records)
+    nodes = _node_figures(values, min_shortfall, references)
+    node_fault = _node_faults(fleet, nodes, failures)
+    links = _link_figures(values, node_fault, min_shortfall, references)
+    culprits = _slow_networked_nodes(fleet, links, failures, node_fault)
+    for name, reason in culprits.items():  # failed too; a fault of their own comes first
+        node_fault.setdefault(name, reason)
+    link_summary, blamed = _link_verdicts(fleet, links, failures, node_fault, culprits)
+    links["slow"] = links["bad"]
+    links["blamed_on"] = links["member"].map(blamed).fillna("")
+    return FleetVerdict(nodes.rename(columns={"member": "node"})[NODE_COLUMNS],
+                        links.rename(columns={"member": "link"})[LINK_COLUMNS],
+                        pd.DataFrame(_node_verdicts(fleet, node_fault) + link_summary, columns=SUMMARY_COLUMNS))
+
+
+def _node_figures(values: pd.DataFrame, min_shortfall: float, references: dict[str, Reference]) -> pd.DataFrame:
+    """Each node's figures against the whole fleet's and the references: `result` fail or pass."""
+    nodes = _against(robust_deviation(values[values["scope"] == "node"], min_shortfall), references)
     nodes["result"] = np.where(nodes["bad"], "fail", "pass")
-    failures = _failures(records)
-    summary = []
+    return nodes
+
+
+def _node_faults(fleet: FleetPlan, nodes: pd.DataFrame, failures: Failures) -> dict[str, str]:
+    """Why each node failed on its own job's evidence, by name; a node not named passed it."""
     node_rows = {name: rows for name, rows in nodes.groupby("member", sort=False)}
-    node_fault: dict[str, str] = {}
+    faults = {}
     for name in [*fleet.nodes, *fleet.unavailable]:
-        state = fleet.unavailable.get(name)
-        mine = node_rows.get(name)
-        if state is not None:
-            node_fault[name] = f"not run: Slurm state {state.state}" + (f" ({state.reason})" if state.reason else "")
-        elif (name,) in failures:
-            node_fault[name] = failures[(name,)]
-        elif mine is None:
-            node_fault[name] = "not measured: no record of this node"
-        elif (mine["result"] == "fail").any():
-            node_fault[name] = "; ".join(mine.loc[mine["result"] == "fail", "reason"])
-    # Links are set against the links between nodes that passed: a node slow in everything (a CPU
-    # fault) slows its links too, and in a small batch those would drag the links' median along.
+        fault = _node_fault(name, fleet.unavailable.get(name), node_rows.get(name), failures)
+        if fault is not None:
+            faults[name] = fault
+    return faults
+
+
+def _node_fault(name: str, state: NodeState | None, mine: pd.DataFrame | None,
+                failures: Failures) -> str | None:
+    """Not run (Slurm's state), runs that failed, no record, or figures far out: the first that holds."""
+    if state is not None:
+        return f"not run: Slurm state {state.state}" + (f" ({state.reason})" if state.reason else "")
+    if (name,) in failures:
+        return failures[(name,)]
+    if mine is None:
+        return "not measured: no record of this node"
+    if (mine["result"] == "fail").any():
+        return "; ".join(mine.loc[mine["result"] == "fail", "reason"])
+    return None
+
+
+def _link_figures(values: pd.DataFrame, node_fault: dict[str, str], min_shortfall: float,
+                  references: dict[str, Reference]) -> pd.DataFrame:
+    """Each link's figures against the links between nodes that passed, and the references: `bad`.
+
+    A node slow in everything (a CPU fault) slows its links too, and in a small batch those would
+    drag the links' median along."""
     links = values[values["scope"] == "link"]
     healthy = [not set(member.split("+")) & set(node_fault) for member in links["member"]]
-    links = _against(robust_deviation(links, min_shortfall, healthy), references or {})
-    link_rows = {name: rows for name, rows in links.groupby("member", sort=False)}
-    # A node slow in every link it is in (three or more from four nodes) is the culprit for all of them.
-    # Counted: its measured links to nodes that passed; a link to a failed node, or a link job that
-    # failed (no figure), says nothing about this end.
-    pairs = [in_order(pair) for pair in fleet.links]
+    return _against(robust_deviation(links, min_shortfall, healthy), references)
+
+
+def _slow_networked_nodes(fleet: FleetPlan, links: pd.DataFrame, failures: Failures,
+                          node_fault: dict[str, str]) -> dict[str, str]:
+    """The nodes slow in every link they are in (three or more from four nodes), the culprits for all
+    of them, with why. Counted: a node's measured links to nodes that passed, two or more; a link to a
+    failed node, or a link job that failed (no figure), says nothing about this end."""
     measured_slow = set(links.loc[links["bad"], "member"])
-    slow_links = measured_slow | {link_name(key) for key in failures if len(key) == 2}
-    judged_links: dict[str, list[str]] = {}
-    for pair in pairs:
-        if link_name(pair) in link_rows and pair not in failures:
-            for end, other in (pair, pair[::-1]):
-                if other not in node_fault:
-                    judged_links.setdefault(end, []).append(link_name(pair))
-    link_culprits = set()
+    judged_links = _links_to_passed_nodes(fleet, set(links["member"]), failures, node_fault)
+    culprits = {}
     for name in fleet.nodes:
         mine = judged_links.get(name, [])
         if len(mine) >= 2 and all(link in measured_slow for link in mine):
-            link_culprits.add(name)
-            node_fault.setdefault(name, f"slow in all {len(mine)} of its links to nodes that passed "
-                                        f"({', '.join(mine)})")
-    for name in [*fleet.nodes, *fleet.unavailable]:
-        summary.append({"member": name, "kind": "node", "result": "fail" if name in node_fault else "pass",
-                        "reason": node_fault.get(name, "")})
-    blamed = {}
-    for pair in pairs:
+            culprits[name] = f"slow in all {len(mine)} of its links to nodes that passed ({', '.join(mine)})"
+    return culprits
+
+
+def _links_to_passed_nodes(fleet: FleetPlan, measured: set[str], failures: Failures,
+                           node_fault: dict[str, str]) -> dict[str, list[str]]:
+    """Each node's links with figures, whose job ran, to a node that passed: by node."""
+    judged: dict[str, list[str]] = {}
+    for pair in map(in_order, fleet.links):
+        if link_name(pair) in measured and pair not in failures:
+            for end, other in (pair, pair[::-1]):
+                if other not in node_fault:
+                    judged.setdefault(end, []).append(link_name(pair))
+    return judged
+
+
+def _node_verdicts(fleet: FleetPlan, node_fault: dict[str, str]) -> list[dict]:
+    """A summary row per node of the plan, measured or not."""
+    return [{"member": name, "kind": "node", "result": "fail" if name in node_fault else "pass",
+             "reason": node_fault.get(name, "")}
+            for name in [*fleet.nodes, *fleet.unavailable]]
+
+
+def _link_verdicts(fleet: FleetPlan, links: pd.DataFrame, failures: Failures,
+                   node_fault: dict[str, str], culprits: dict[str, str]) -> tuple[list[dict], dict[str, str]]:
+    """A summary row per link of the plan, and whom each slow link is blamed on: a slow link whose
+    ends are fine is the link's own fault (a cable, a switch port)."""
+    link_rows = {name: rows for name, rows in links.groupby("member", sort=False)}
+    slow_links = set(links.loc[links["bad"], "member"]) | {link_name(key) for key in failures if len(key) == 2}
+    summary, blamed = [], {}
+    for pair in map(in_order, fleet.links):
         link = link_name(pair)
         rows = link_rows.get(link)
         if link in slow_links:
-            # A slow link is its slow-networked end's doing, else a failed end's, else its own.
-            culprits = [end for end in pair if end in link_culprits] or [end for end in pair if end in node_fault]
-            blamed[link] = " and ".join(culprits) or "link"
+            ends = _failed_ends(pair, culprits, node_fault)
+            blamed[link] = " and ".join(ends) or "link"
             reason = failures.get(pair) or "; ".join(rows.loc[rows["bad"], "reason"])
-            summary.append({"member": link, "kind": "link", "result": "explained" if culprits else "fail",
-                            "reason": f"node {blamed[link]} failed" if culprits else reason})
+            summary.append({"member": link, "kind": "link", "result": "explained" if ends else "fail",
+                            "reason": f"node {blamed[link]} failed" if ends else reason})
         elif rows is None:
             summary.append({"member": link, "kind": "link", "result": "fail",
                             "reason": "not measured: no record of this link"})
         else:
             summary.append({"member": link, "kind": "link", "result": "pass", "reason": ""})
-    links["slow"] = links["bad"]
-    links["blamed_on"] = links["member"].map(blamed).fillna("")
-    return FleetVerdict(nodes.rename(columns={"member": "node"})[NODE_COLUMNS],
-                        links.rename(columns={"member": "link"})[LINK_COLUMNS],
-                        pd.DataFrame(summary, columns=SUMMARY_COLUMNS))
+    return summary, blamed
 
 
-def _failures(records: list[dict]) -> dict[tuple[str, ...], str]:
+def _failed_ends(pair: tuple[str, ...], culprits: dict[str, str], node_fault: dict[str, str]) -> list[str]:
+    """What explains a slow link: its slow-networked end, else a failed end; none: the link itself."""
+    return [end for end in pair if end in culprits] or [end for end in pair if end in node_fault]
+
+
+def _failures(records: list[dict]) -> Failures:
     """Why each node's or link's runs failed, by its members: the record's own reasons (with Slurm's state
     and reason when the job was ended from outside), each reason once with the runs that gave it."""
     failed: dict[tuple[str, ...], dict[str, list[str]]] = {}
@@ -419,48 +455,7 @@ def format_summary(summary_csv) -> tuple[str, bool]:
     return text, bool(verdict.failed_nodes or verdict.bad_links)
 
 
-# The runs of each node and link job (snakemake validate_nodes: workflow/rules/fleet.smk).
-
-def node_runs(config: dict, node: str) -> list[RunSpec]:
-    """A node's job, per repetition: the single-node training in every runtime (and MPI model) of the
-    config on all of the node's ranks (the largest scaling.ranks_per_node), and the intra-node
-    netbench (two ranks), all pinned to the node."""
-    bench, fabric = config["benchmark"], next(iter(config["fabrics"]))
-    per_node = max(config["scaling"]["ranks_per_node"])
-    runs = []
-    for repetition in range(1, config["validation"]["repetitions"] + 1):
-        for runtime in config["runtimes"]:
-            runs += [RunSpec("train", runtime, fabric, 1, per_node, repetition, bench["batch_sizes"][0],
-                             bench["modes"][0], bench["data"][0], model, (node,))
-                     for model in mpi_models(config, runtime)]
-        runtime = config["runtimes"][0]
-        runs.append(RunSpec("netbench", runtime, fabric, 1, 2, repetition, mpi_model=mpi_models(config, runtime)[0],
-                            nodelist=(node,)))
-    return runs
-
-
-def link_runs(config: dict, pair: tuple[str, str]) -> list[RunSpec]:
-    """A link's job, per repetition: the two-node netbench (one rank a node) over every fabric of the
-    config, and with validation.link_training a two-node training run, in the config's first runtime."""
-    bench, runtime = config["benchmark"], config["runtimes"][0]
-    model = mpi_models(config, runtime)[0]
-    runs = []
-    for repetition in range(1, config["validation"]["repetitions"] + 1):
-        runs += [RunSpec("netbench", runtime, fabric, 2, 1, repetition, mpi_model=model, nodelist=tuple(pair))
-                 for fabric in config["fabrics"]]
-        if config["validation"]["link_training"]:
-            runs.append(RunSpec("train", runtime, next(iter(config["fabrics"])), 2,
-                                max(config["scaling"]["ranks_per_node"]), repetition, bench["batch_sizes"][0],
-                                bench["modes"][0], bench["data"][0], model, tuple(pair)))
-    return runs
-
-
-def allocation_minutes(config: dict, runs: list[RunSpec]) -> int:
-    """How long a node's or link's job may hold its nodes: its runs' timeouts, each with the slack a
-    failed run may spend asking sacct."""
-    seconds = sum(config["netbench" if run.kind == "netbench" else "benchmark"]["timeout_s"] for run in runs)
-    return -(-seconds // 60) + ALLOCATION_SLACK_MINUTES * len(runs)
-
+# A node's or link's job, run: the file FleetJobs (fleetjobs) wrote.
 
 def run_job(job_file, in_allocation: bool = False) -> int:
     """A node's or link's job (the file FleetJobs.write made): its allocation asked from here, its runs
@@ -482,83 +477,3 @@ def run_job(job_file, in_allocation: bool = False) -> int:
 
 def record_path(log: str) -> str:
     return log.removesuffix(".log") + ".json"
-
-
-class FleetJobs:
-    """The node and link jobs of a plan as the workflow runs them (workflow/rules/fleet.smk): each
-    job's runs and raw logs, its plans, its allocation, and the jobs it waits for."""
-
-    def __init__(self, config: dict, fleet: FleetPlan, directory: str):
-        self.config, self.directory = config, directory
-        # Fleet runs are judged by their figures; their telemetry is not collected (no rule declares it).
-        self.run_config = {**config, "telemetry": {**config["telemetry"], "enabled": False}}
-        self.runs = {("node", node): node_runs(config, node) for node in fleet.nodes} | {
-            ("link", link_name(in_order(pair))): link_runs(config, in_order(pair)) for pair in fleet.links}
-        # The jobs before each link's on its two nodes: each node's own job first, then its links by round.
-        latest = {node: ("node", node) for node in fleet.nodes}
-        self.after: dict[str, list[tuple[str, str]]] = {}
-        for taken in fleet.rounds:
-            for pair in map(in_order, taken):
-                self.after[link_name(pair)] = [latest[end] for end in pair]
-                latest.update({end: ("link", link_name(pair)) for end in pair})
-
-    def logs(self, job: tuple[str, str]) -> list[str]:
-        return [f"{self.directory}/runs/{spec.run_id}.log" for spec in self.runs[job]]
-
-    def waits_for(self, link: str) -> list[str]:
-        """A raw log of each job before this link's on its nodes (one output names the job): one job per
-        node at a time."""
-        return [self.logs(job)[0] for job in self.after[link]]
-
-    @property
-    def jobs_dir(self) -> str:
-        return f"{self.directory}/jobs"
-
-    def job_file(self, job: tuple[str, str]) -> str:
-        return f"{self.jobs_dir}/{job[0]}-{job[1]}.json"
-
-    def allocation(self, job: tuple[str, str]) -> list[str]:
-        """salloc for the job: exactly its nodes, exclusively, for as long as its runs may take."""
-        nodes = (job[1],) if job[0] == "node" else tuple(job[1].split("+"))
-        runs = self.runs[job]
-        return allocation_argv(self.config["slurm"], len(nodes), max(run.ranks_per_node for run in runs),
-                               allocation_minutes(self.config, runs), f"containerbench-fleet-{job[1]}", nodes,
-                               exclusive=True)
-
-    def longest(self) -> tuple[str, int]:
-        """The job that may hold its nodes longest, and for how many minutes (checked against MaxTime)."""
-        job = max(self.runs, key=lambda job: allocation_minutes(self.config, self.runs[job]))
-        return job[1], allocation_minutes(self.config, self.runs[job])
-
-    @property
-    def records_list(self) -> str:
-        """The file listing every record of the batch, for `fleet judge @FILE` and `store @FILE`."""
-        return f"{self.directory}/records.txt"
-
-    def write(self, fleet: FleetPlan, plan_path) -> None:
-        """The plan, for the verdict; the list of the records to come; and each job's file: its allocation,
-        its runs' plans and their raw logs. Files, not arguments: a node's plans can pass the 128 KiB one
-        argument may hold, and a thousand nodes' record paths the 2 MiB of a whole command line."""
-        from containerbench.launchers import Allocation
-        from containerbench.plans import plan as run_plan
-
-        for path in (Path(plan_path), Path(self.records_list)):
-            path.parent.mkdir(parents=True, exist_ok=True)
-        Path(plan_path).write_text(json.dumps(fleet.as_dict(), indent=1, sort_keys=True) + "\n")
-        Path(self.records_list).write_text("".join(f"{path}\n" for path in self.records()))
-        for job, runs in self.runs.items():
-            path = Path(self.job_file(job))
-            path.parent.mkdir(parents=True, exist_ok=True)
-            plans = [run_plan(spec, self.run_config, Allocation.PER_JOB).as_dict() for spec in runs]
-            path.write_text(json.dumps({"allocation": self.allocation(job), "plans": plans, "logs": self.logs(job)},
-                                       sort_keys=True) + "\n")
-
-    def records(self) -> list[str]:
-        return [record_path(log) for job in self.runs for log in self.logs(job)]
-
-    def images(self, image_files: dict) -> list[str]:
-        """The built images the runs need (config.ImageUse -> file, as the sweep has them)."""
-        from containerbench.config import ImageUse
-
-        return sorted({image_files[use] for runs in self.runs.values() for spec in runs
-                       if (use := ImageUse.of(spec)) in image_files})

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from containerbench import config as cb_config
-from containerbench import cost, fleet, history, launchers, plans, preflight, processes, results, runtimes, slurm
+from containerbench import cost, fleet, fleetjobs, history, launchers, plans, preflight, processes, results, runtimes, slurm
 
 REPO = Path(workflow.basedir)  # the image, the wheelhouse and the data sample belong to the clone
 try:

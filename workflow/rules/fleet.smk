@@ -17,8 +17,8 @@ if FLEET_SELECTION and workflow.is_main_process:  # every fleet rule is local: t
             raise fleet.FleetError(f"'validation.{next(iter(FLEET_SELECTION))}' needs launcher.kind srun "
                                    f"(it is {config['launcher']['kind']!r}); allowed: a Slurm site's config")
         FLEET = fleet.planned(config["validation"])
-        FLEET_JOBS = fleet.FleetJobs(PLANNED, FLEET, f"{RESULTS}/fleet")
-        fleet.check_time_limit(FLEET_JOBS, config["slurm"], slurm.partitions())
+        FLEET_JOBS = fleetjobs.FleetJobs(PLANNED, FLEET, f"{RESULTS}/fleet")
+        fleetjobs.check_time_limit(FLEET_JOBS, config["slurm"], slurm.partitions())
     except slurm.QueryError as error:
         sys.exit(f"containerbench: config: {error}")  # one line, before anything is submitted
     if "fleet_jobs" not in workflow.global_resources:  # a --resources fleet_jobs=N of the admin wins
@@ -50,8 +50,8 @@ if FLEET is not None:
         output:
             # One template per run of a node's job: the same runs on every node. The job parses its raw
             # logs into records itself (a parse job per run would be most of a large batch's DAG).
-            logs=[f"{FLEET_DIR}/runs/{spec.run_id}.log" for spec in fleet.node_runs(PLANNED, "{node}")],
-            records=[f"{FLEET_DIR}/runs/{spec.run_id}.json" for spec in fleet.node_runs(PLANNED, "{node}")],
+            logs=[f"{FLEET_DIR}/runs/{spec.run_id}.log" for spec in fleetjobs.node_runs(PLANNED, "{node}")],
+            records=[f"{FLEET_DIR}/runs/{spec.run_id}.json" for spec in fleetjobs.node_runs(PLANNED, "{node}")],
         log:
             f"{RESULTS}/logs/fleet/node-{{node}}.txt",
         wildcard_constraints:
@@ -73,8 +73,8 @@ if FLEET is not None:
             # to measure this link again).
             after=lambda wildcards: [ancient(log) for log in FLEET_JOBS.waits_for(wildcards.link)],
         output:
-            logs=[f"{FLEET_DIR}/runs/{spec.run_id}.log" for spec in fleet.link_runs(PLANNED, ("{link}",))],
-            records=[f"{FLEET_DIR}/runs/{spec.run_id}.json" for spec in fleet.link_runs(PLANNED, ("{link}",))],
+            logs=[f"{FLEET_DIR}/runs/{spec.run_id}.log" for spec in fleetjobs.link_runs(PLANNED, ("{link}",))],
+            records=[f"{FLEET_DIR}/runs/{spec.run_id}.json" for spec in fleetjobs.link_runs(PLANNED, ("{link}",))],
         log:
             f"{RESULTS}/logs/fleet/link-{{link}}.txt",
         wildcard_constraints:

@@ -1,0 +1,149 @@
+"""The node and link jobs of a fleet validation: each job's runs, its allocation and its file.
+
+A plan's nodes and links (fleet.plan) become jobs as workflow/rules/fleet.smk runs
+them: a node's job is its single-node runs, a link's its two-node runs; each holds
+its nodes exclusively for as long as its runs may take, and waits for the jobs
+before it on its nodes (fleet.job_rounds). `fleet.run_job` runs a job's file.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from containerbench.config import RunSpec, mpi_models
+from containerbench.fleet import FleetError, FleetPlan, in_order, link_name, record_path
+from containerbench.slurm import ALLOCATION_SLACK_MINUTES, allocation_argv, job_partition
+
+
+def node_runs(config: dict, node: str) -> list[RunSpec]:
+    """A node's job, per repetition: the single-node training in every runtime (and MPI model) of the
+    config on all of the node's ranks (the largest scaling.ranks_per_node), and the intra-node
+    netbench (two ranks), all pinned to the node."""
+    bench, fabric = config["benchmark"], next(iter(config["fabrics"]))
+    per_node = max(config["scaling"]["ranks_per_node"])
+    runs = []
+    for repetition in range(1, config["validation"]["repetitions"] + 1):
+        for runtime in config["runtimes"]:
+            runs += [RunSpec("train", runtime, fabric, 1, per_node, repetition, bench["batch_sizes"][0],
+                             bench["modes"][0], bench["data"][0], model, (node,))
+                     for model in mpi_models(config, runtime)]
+        runtime = config["runtimes"][0]
+        runs.append(RunSpec("netbench", runtime, fabric, 1, 2, repetition, mpi_model=mpi_models(config, runtime)[0],
+                            nodelist=(node,)))
+    return runs
+
+
+def link_runs(config: dict, pair: tuple[str, str]) -> list[RunSpec]:
+    """A link's job, per repetition: the two-node netbench (one rank a node) over every fabric of the
+    config, and with validation.link_training a two-node training run, in the config's first runtime."""
+    bench, runtime = config["benchmark"], config["runtimes"][0]
+    model = mpi_models(config, runtime)[0]
+    runs = []
+    for repetition in range(1, config["validation"]["repetitions"] + 1):
+        runs += [RunSpec("netbench", runtime, fabric, 2, 1, repetition, mpi_model=model, nodelist=tuple(pair))
+                 for fabric in config["fabrics"]]
+        if config["validation"]["link_training"]:
+            runs.append(RunSpec("train", runtime, next(iter(config["fabrics"])), 2,
+                                max(config["scaling"]["ranks_per_node"]), repetition, bench["batch_sizes"][0],
+                                bench["modes"][0], bench["data"][0], model, tuple(pair)))
+    return runs
+
+
+def allocation_minutes(config: dict, runs: list[RunSpec]) -> int:
+    """How long a node's or link's job may hold its nodes: its runs' timeouts, each with the slack a
+    failed run may spend asking sacct."""
+    seconds = sum(config["netbench" if run.kind == "netbench" else "benchmark"]["timeout_s"] for run in runs)
+    return -(-seconds // 60) + ALLOCATION_SLACK_MINUTES * len(runs)
+
+
+def check_time_limit(jobs: FleetJobs, settings: dict, partitions: dict | None) -> None:
+    """Refuse, before anything is submitted, a job longer than its partition's MaxTime (sinfo)."""
+    name = job_partition(settings, partitions or {})
+    limit = (partitions or {}).get(name)
+    member, minutes = jobs.longest()
+    if limit and limit.max_minutes is not None and minutes > limit.max_minutes:
+        raise FleetError(f"the job of {member} may take {minutes} minutes (its runs' timeouts, "
+                         f"'benchmark.timeout_s' and 'netbench.timeout_s', and 'validation.repetitions'), beyond "
+                         f"partition {name!r}'s time limit of {limit.max_minutes}; allowed: shorter timeouts or "
+                         "fewer repetitions")
+
+
+class FleetJobs:
+    """The node and link jobs of a plan as the workflow runs them (workflow/rules/fleet.smk): each
+    job's runs and raw logs, its plans, its allocation, and the jobs it waits for."""
+
+    def __init__(self, config: dict, fleet: FleetPlan, directory: str):
+        self.config, self.directory = config, directory
+        # Fleet runs are judged by their figures; their telemetry is not collected (no rule declares it).
+        self.run_config = {**config, "telemetry": {**config["telemetry"], "enabled": False}}
+        self.runs = {("node", node): node_runs(config, node) for node in fleet.nodes} | {
+            ("link", link_name(in_order(pair))): link_runs(config, in_order(pair)) for pair in fleet.links}
+        # The jobs before each link's on its two nodes: each node's own job first, then its links by round.
+        latest = {node: ("node", node) for node in fleet.nodes}
+        self.after: dict[str, list[tuple[str, str]]] = {}
+        for taken in fleet.rounds:
+            for pair in map(in_order, taken):
+                self.after[link_name(pair)] = [latest[end] for end in pair]
+                latest.update({end: ("link", link_name(pair)) for end in pair})
+
+    def logs(self, job: tuple[str, str]) -> list[str]:
+        return [f"{self.directory}/runs/{spec.run_id}.log" for spec in self.runs[job]]
+
+    def waits_for(self, link: str) -> list[str]:
+        """A raw log of each job before this link's on its nodes (one output names the job): one job per
+        node at a time."""
+        return [self.logs(job)[0] for job in self.after[link]]
+
+    @property
+    def jobs_dir(self) -> str:
+        return f"{self.directory}/jobs"
+
+    def job_file(self, job: tuple[str, str]) -> str:
+        return f"{self.jobs_dir}/{job[0]}-{job[1]}.json"
+
+    def allocation(self, job: tuple[str, str]) -> list[str]:
+        """salloc for the job: exactly its nodes, exclusively, for as long as its runs may take."""
+        nodes = (job[1],) if job[0] == "node" else tuple(job[1].split("+"))
+        runs = self.runs[job]
+        return allocation_argv(self.config["slurm"], len(nodes), max(run.ranks_per_node for run in runs),
+                               allocation_minutes(self.config, runs), f"containerbench-fleet-{job[1]}", nodes,
+                               exclusive=True)
+
+    def longest(self) -> tuple[str, int]:
+        """The job that may hold its nodes longest, and for how many minutes (checked against MaxTime)."""
+        job = max(self.runs, key=lambda job: allocation_minutes(self.config, self.runs[job]))
+        return job[1], allocation_minutes(self.config, self.runs[job])
+
+    @property
+    def records_list(self) -> str:
+        """The file listing every record of the batch, for `fleet judge @FILE` and `store @FILE`."""
+        return f"{self.directory}/records.txt"
+
+    def write(self, fleet: FleetPlan, plan_path) -> None:
+        """The plan, for the verdict; the list of the records to come; and each job's file: its allocation,
+        its runs' plans and their raw logs. Files, not arguments: a node's plans can pass the 128 KiB one
+        argument may hold, and a thousand nodes' record paths the 2 MiB of a whole command line."""
+        from containerbench.launchers import Allocation
+        from containerbench.plans import plan as run_plan
+
+        for path in (Path(plan_path), Path(self.records_list)):
+            path.parent.mkdir(parents=True, exist_ok=True)
+        Path(plan_path).write_text(json.dumps(fleet.as_dict(), indent=1, sort_keys=True) + "\n")
+        Path(self.records_list).write_text("".join(f"{path}\n" for path in self.records()))
+        for job, runs in self.runs.items():
+            path = Path(self.job_file(job))
+            path.parent.mkdir(parents=True, exist_ok=True)
+            plans = [run_plan(spec, self.run_config, Allocation.PER_JOB).as_dict() for spec in runs]
+            path.write_text(json.dumps({"allocation": self.allocation(job), "plans": plans, "logs": self.logs(job)},
+                                       sort_keys=True) + "\n")
+
+    def records(self) -> list[str]:
+        return [record_path(log) for job in self.runs for log in self.logs(job)]
+
+    def images(self, image_files: dict) -> list[str]:
+        """The built images the runs need (config.ImageUse -> file, as the sweep has them)."""
+        from containerbench.config import ImageUse
+
+        return sorted({image_files[use] for runs in self.runs.values() for spec in runs
+                       if (use := ImageUse.of(spec)) in image_files})
