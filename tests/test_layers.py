@@ -16,6 +16,7 @@ MODULES = sorted(path.stem for path in PACKAGE.glob("*.py") if path.stem != "__i
 # Each layer may use the layers before it, never one after it or its own (so no cycle can form).
 # The benchmark side (bench, netbench and what they use) is what the provenance hash covers.
 LAYERS = [
+    ("the words records judge with", {"status"}),
     ("model definitions", {"torchmodels"}),
     ("leaves", {"markers", "processes", "provenance", "datasets", "distribution", "fabrics", "config", "telemetry",
                 "intervals"}),

@@ -3,6 +3,7 @@ from copies of them changed where a real failure would change them."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ from helpers import RECORDED_RUNS
 
 from containerbench import markers
 from containerbench.records import RECORD_FORMAT, parse_log
+from containerbench.status import Check, Status
 
 
 def recorded_log(kind: str, ranks: int) -> list[str]:
@@ -172,3 +174,11 @@ def test_loaded_mpi_names_the_mapped_library_file_and_its_inode():
             "7f2 r-xp 00001000 fd:01 4242 /opt/containerbench/venv/lib/libmpi.so.12\n"
             "7f3 r--p 00000000 fd:01 99 /usr/lib/x86_64-linux-gnu/libc.so.6\n")
     assert loaded_mpi(maps)["files"] == [{"path": "/opt/containerbench/venv/lib/libmpi.so.12", "inode": 4242}]
+
+
+@pytest.mark.parametrize("word", [*Status, *Check])
+def test_a_status_is_its_string_through_json_and_back(word):
+    kind = type(word)
+    assert json.dumps({"status": word}) == json.dumps({"status": word.value})
+    assert kind(json.loads(json.dumps(word))) is word
+    assert str(word) == f"{word}" == word.value and word == word.value

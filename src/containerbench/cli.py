@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from containerbench import config as cb_config
+from containerbench.status import Status
 
 
 def cmd_plan(args) -> int:
@@ -83,7 +84,7 @@ def cmd_parse(args) -> int:
     from containerbench.records import write_record
 
     record = write_record(args.log, args.out, args.telemetry)
-    if record["status"] != "ok":
+    if record["status"] != Status.OK:
         print(f"containerbench: {record['run_id']} {record['status']}: {'; '.join(record['reasons'])}", file=sys.stderr)
     return 0
 

@@ -21,6 +21,8 @@ import ipaddress
 import re
 from dataclasses import asdict, dataclass, field
 
+from containerbench.status import Check
+
 LAYERS = ("nccl", "mpi", "ucx", "gloo")
 # The layer a caller asks about may be served by another that logs for it: with
 # `pml ucx`, Open MPI's traffic shows up in UCX's lines, not in the BTL lines.
@@ -88,7 +90,7 @@ class TransportCheck:
 
     @property
     def ok(self) -> bool:
-        return self.status == "ok"
+        return self.status == Check.OK
 
     def as_dict(self) -> dict:
         return {"status": self.status, "reason": self.reason, "evidence": self.evidence,
@@ -341,11 +343,11 @@ def check_grpc(check: dict, interface: str | None, address: str | None, evidence
     patterns = tuple(check.get("expected", {}).get("interface") or ())
     seen = f"{layer}: tcp over {interface or 'the hostname'}" + (f" ({address})" if address else "")
     if interface and patterns and interface_ok(interface, address, patterns) is False:
-        return {**check, "status": "mismatch", "evidence": [evidence, *check.get("evidence", [])],
+        return {**check, "status": Check.MISMATCH, "evidence": [evidence, *check.get("evidence", [])],
                 "reason": f"{layer}: the fabric asks for interface {_describe(patterns)}, the benchmark bound "
                           f"{interface} ({address})"}
-    if patterns and not interface and check["status"] == "ok":
-        return {**check, "status": "unverified", "reason": f"{check['reason']}; {seen}: not an interface of the fabric"}
+    if patterns and not interface and check["status"] == Check.OK:
+        return {**check, "status": Check.UNVERIFIED, "reason": f"{check['reason']}; {seen}: not an interface of the fabric"}
     return {**check, "reason": f"{check['reason']}; {seen}"}
 
 
@@ -379,31 +381,31 @@ def verify(lines, fabric: dict, layers=None) -> TransportCheck:
         seen = o.transport + (" over " + ",".join(o.interfaces) if o.interfaces else "")
         fell_back = f" ({o.detail})" if "fell back" in o.detail else ""
         if want.transport and o.transport not in (want.transport, "shm", "gpu"):
-            return check("mismatch", f"{o.layer}: the fabric asks for {want.transport} ({want.source}), "
+            return check(Check.MISMATCH, f"{o.layer}: the fabric asks for {want.transport} ({want.source}), "
                                      f"the log shows {seen}{fell_back}", o.evidence)
         patterns = want.interfaces.get(o.transport) or want.interfaces.get("*")
         addresses = dict(zip(o.interfaces, o.addresses)) if len(o.addresses) == len(o.interfaces) else {}
         wrong = [i for i in o.interfaces if patterns and interface_ok(i, addresses.get(i), patterns) is False]
         if wrong:
-            return check("mismatch", f"{o.layer}: the fabric asks for interface {_describe(patterns)} "
+            return check(Check.MISMATCH, f"{o.layer}: the fabric asks for interface {_describe(patterns)} "
                                      f"({want.source}), the log shows {seen}", o.evidence)
     if not any(e.transport or e.interfaces for e in expected.layers.values()):
-        return check("unverified", "the fabric names no transport or interface: nothing to check against "
+        return check(Check.UNVERIFIED, "the fabric names no transport or interface: nothing to check against "
                                    "(add an expect block)", decisive)
     for layer in required:
         mine = [o for o in observations if o.layer in SERVED_BY.get(layer, (layer,))]
         if not mine:
-            return check("unverified", f"{layer}: no line in the log says which transport it used "
+            return check(Check.UNVERIFIED, f"{layer}: no line in the log says which transport it used "
                                        "(debug variables missing, or the layer never connected)", decisive)
         network = [o for o in mine if o.transport not in ("shm", "gpu")]
         if not network:
-            return check("unverified", f"{layer}: all traffic stayed in shared memory on one node; "
+            return check(Check.UNVERIFIED, f"{layer}: all traffic stayed in shared memory on one node; "
                                        "the fabric was not exercised", decisive)
         for o in network:
             want = expected.layers.get(o.layer) or LayerExpectation(None)
             if (want.interfaces.get(o.transport) or want.interfaces.get("*")) and not o.interfaces:
-                return check("unverified", f"{o.layer}: {o.transport} confirmed, but the log does not name "
+                return check(Check.UNVERIFIED, f"{o.layer}: {o.transport} confirmed, but the log does not name "
                                            "the interface", decisive)
     summary = "; ".join(f"{o.layer}: {o.transport}" + (" over " + ",".join(o.interfaces) if o.interfaces else "")
                         for o in observations if o.transport not in ("shm", "gpu"))
-    return check("ok", f"as asked: {summary}", decisive)
+    return check(Check.OK, f"as asked: {summary}", decisive)

@@ -19,6 +19,7 @@ from pathlib import Path
 from containerbench import markers
 from containerbench.distribution import LOCAL
 from containerbench.fabrics import check_grpc, verify
+from containerbench.status import Check, Status
 from containerbench.usage import read_telemetry
 
 RECORD_FORMAT = "containerbench.record/1"
@@ -64,28 +65,28 @@ class LogLines:
 
 @dataclass
 class Verdict:
-    status: str = "ok"  # ok | failed | invalid | disturbed
+    status: Status = Status.OK
     reasons: list[str] = field(default_factory=list)
 
     def fail(self, reason: str) -> None:
-        self.status = "failed"
+        self.status = Status.FAILED
         self.reasons.append(reason)
 
     def invalidate(self, *reasons: str) -> None:
         """Only an ok run becomes invalid: a failed one stays failed, with its first reasons."""
-        if self.status == "ok" and reasons:
-            self.status = "invalid"
+        if self.status == Status.OK and reasons:
+            self.status = Status.INVALID
             self.reasons.extend(reasons)
 
     def disturb(self, reason: str) -> None:
         """A valid measurement of a machine that was busy with something else: kept, not compared."""
-        if self.status == "ok":
-            self.status = "disturbed"
+        if self.status == Status.OK:
+            self.status = Status.DISTURBED
             self.reasons.append(f"disturbed: {reason}")
 
     @property
     def ok(self) -> bool:
-        return self.status == "ok"
+        return self.status == Status.OK
 
 
 # A Python exception named in a line (ModuleNotFoundError, RuntimeError, ...): the cause, where
@@ -182,7 +183,7 @@ def check_fabric(found: LogLines, spec: dict) -> dict:
                            f"result line {found.result_line}: distribution.socket_host {distribution['socket_host']} "
                            f"from {distribution.get('socket_host_from')}", layer="gloo")
     if spec.get("ranks") == 1:  # one rank never touches the network
-        return {"status": "not applicable", "reason": "one rank: no traffic between ranks",
+        return {"status": Check.NOT_APPLICABLE, "reason": "one rank: no traffic between ranks",
                 "evidence": [], "expected": check["expected"], "observed": {}}
     return check
 
@@ -237,7 +238,7 @@ def judge_telemetry(launch: dict, found: LogLines, spec: dict, verdict: Verdict,
         return None
     fabric = launch.get("fabric") or {"env": launch.get("env") or {}}
     block = read_telemetry(samples, found.result, spec, fabric, settings)
-    if block["traffic_check"]["status"] == "mismatch":
+    if block["traffic_check"]["status"] == Check.MISMATCH:
         verdict.invalidate(f"traffic: {block['traffic_check']['reason']}")
     if block["disturbed"] and settings["exclude_disturbed"]:
         verdict.disturb(block["disturbed"])
@@ -266,13 +267,13 @@ def parse_log(log_path: str | Path, telemetry_file: str | Path | None = None) ->
         judge_container(launch, spec, found.result, verdict)
         judge_native_mpi(launch, spec, found.result, verdict)
     fabric_check = check_fabric(found, spec)
-    if fabric_check["status"] == "mismatch":
+    if fabric_check["status"] == Check.MISMATCH:
         verdict.invalidate(f"fabric: {fabric_check['reason']}")
     telemetry = judge_telemetry(launch, found, spec, verdict, telemetry_file) if found.result else None
     evidence = None
-    if verdict.status == "failed":
+    if verdict.status == Status.FAILED:
         evidence = evidence_line(found.lines)
-    elif verdict.status == "invalid" and fabric_check["status"] == "mismatch":
+    elif verdict.status == Status.INVALID and fabric_check["status"] == Check.MISMATCH:
         evidence = (fabric_check["evidence"] or [None])[0]
     return {
         "record": RECORD_FORMAT,
