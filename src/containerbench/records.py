@@ -5,10 +5,15 @@ record (JSON): the spec, the benchmark's result line, the exit status, which
 network each layer really used, and the verdict (ok, failed or invalid, with
 its reasons and the evidence line). Each step below is one question asked of
 the log; the verdict is the sum of their answers.
+
+`load_records` reads records back for every reader: it migrates an older record
+to the current shape (`migrate`) and checks it against the record's schema
+(package data, schemas/record.schema.yaml), so readers can trust every key.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -16,13 +21,29 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import jsonschema
+
 from containerbench import markers
+from containerbench.config import describe, load_schema
 from containerbench.distribution import LOCAL
 from containerbench.fabrics import check_grpc, verify
 from containerbench.status import Check, Status
 from containerbench.usage import read_telemetry
 
-RECORD_FORMAT = "containerbench.record/1"
+# The version is the major number of ReFrame's DATA_VERSION: a reader of one version cannot read a
+# record of another. It stays 1 while keys are only added (ADDED_KEYS, filled in on load), so every
+# record written keeps its bytes; a key that changes meaning or type bumps it, with a step in migrate.
+RECORD_VERSION = 1
+RECORD_FORMAT = f"containerbench.record/{RECORD_VERSION}"
+# The keys records of this version gained after the first ones were written (the first parser,
+# 6fabfc2), with the value readers took for a record without them; the commit that added each.
+ADDED_KEYS = {
+    "image": None,  # 9e80371: the image a container runtime ran
+    "fabric_check": None,  # 9e80371: the transport check; null, not a check, in a record made before it
+    "started_unix": None,  # 3ea4052
+    "launch_context": None,  # 269ee2c
+    "telemetry": None,  # 269ee2c
+}
 # Ranks that averaged their gradients hold the same weights to rounding; ranks
 # that did not drift apart by orders of magnitude more than this.
 WEIGHT_SPREAD_TOLERANCE = 1e-6
@@ -317,15 +338,37 @@ def record_paths(paths) -> list[str]:
     return found
 
 
+def migrate(record: dict) -> dict:
+    """The record in the current shape, in place: the keys it lacked with their defaults, its status a Status.
+    ValueError for a record of another format or version."""
+    if not isinstance(record, dict) or record.get("record") != RECORD_FORMAT:
+        raise ValueError(f"not a {RECORD_FORMAT} record")
+    for key, default in ADDED_KEYS.items():
+        record.setdefault(key, default)
+    record["status"] = Status(record.get("status"))
+    return record
+
+
+@functools.cache
+def _validator() -> jsonschema.protocols.Validator:
+    return jsonschema.Draft202012Validator(load_schema("record"))
+
+
+def check_record(record: dict) -> None:
+    """ValueError naming the record's first violation of its schema, in one line."""
+    error = jsonschema.exceptions.best_match(_validator().iter_errors(record))
+    if error is not None:
+        raise ValueError(f"not a valid {RECORD_FORMAT} record: {describe(error)[:300]}")
+
+
 def load_records(paths) -> tuple[list[dict], list[tuple[str, str]]]:
-    """Read run records; a corrupt one is reported with its path and skipped."""
+    """Read run records, migrated to the current shape; a corrupt one is reported with its path and skipped."""
     records, problems = [], []
     for path in sorted(record_paths(paths)):
         try:
             with open(path) as handle:
-                record = json.load(handle)
-            if record.get("record") != RECORD_FORMAT:
-                raise ValueError(f"not a {RECORD_FORMAT} record")
+                record = migrate(json.load(handle))
+            check_record(record)
             records.append(record)
         except (OSError, ValueError) as error:
             log.warning("skipping %s: %s", path, error)
