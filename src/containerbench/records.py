@@ -6,9 +6,10 @@ network each layer really used, and the verdict (ok, failed or invalid, with
 its reasons and the evidence line). Each step below is one question asked of
 the log; the verdict is the sum of their answers.
 
-`load_records` reads records back for every reader: it migrates an older record
-to the current shape (`migrate`) and checks it against the record's schema
-(package data, schemas/record.schema.yaml), so readers can trust every key.
+`load_records` reads records back for every reader and migrates an older record
+to the current shape (`migrate`), so readers can trust every key. The shape is
+the record's schema (package data, schemas/record.schema.yaml): `check_record`
+holds a record to it, as the tests do with every kind of record written here.
 """
 
 from __future__ import annotations
@@ -368,7 +369,6 @@ def load_records(paths) -> tuple[list[dict], list[tuple[str, str]]]:
         try:
             with open(path) as handle:
                 record = migrate(json.load(handle))
-            check_record(record)
             records.append(record)
         except (OSError, ValueError) as error:
             log.warning("skipping %s: %s", path, error)
