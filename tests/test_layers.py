@@ -24,6 +24,7 @@ MODULES = sorted(name for name in map(module_name, PACKAGE.rglob("*.py")) if nam
 # Each layer may use the layers before it, never one after it or its own (so no cycle can form).
 # The benchmark side (bench, netbench and what they use) is what the provenance hash covers.
 LAYERS = [
+    ("the words records judge with", {"status"}),
     ("model definitions", {"torchmodels"}),
     ("the layers that pick a network, one class each (fabrics' parts)", {"fabriclayers"}),
     ("leaves", {"markers", "processes", "provenance", "datasets", "distribution", "fabrics", "config", "telemetry",

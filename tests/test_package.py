@@ -26,7 +26,7 @@ def test_an_installed_wheel_carries_and_uses_its_package_data(tmp_path):
     wheel = next((tmp_path / "wheels").glob("containerbench-*.whl"))
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {"containerbench/schemas/config.schema.yaml", "containerbench/schemas/references.schema.yaml",
-            "containerbench/templates/report.html.j2"} <= names
+            "containerbench/schemas/record.schema.yaml", "containerbench/templates/report.html.j2"} <= names
 
     target = tmp_path / "installed"
     installed = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target",

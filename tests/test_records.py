@@ -1,15 +1,20 @@
 """Raw log -> record: the verdict and its evidence, read from recorded logs of real tiny runs and
-from copies of them changed where a real failure would change them."""
+from copies of them changed where a real failure would change them; the record's schema, the
+migration of older records, and the status's round trip through JSON."""
 
 from __future__ import annotations
 
+import copy
+import json
 from pathlib import Path
 
 import pytest
-from helpers import RECORDED_RUNS
+from helpers import RECORDED_RUNS, ROOT
 
-from containerbench import markers
-from containerbench.records import RECORD_FORMAT, parse_log
+from containerbench import launch, markers
+from containerbench.config import load_schema
+from containerbench.records import ADDED_KEYS, RECORD_FORMAT, check_record, load_records, migrate, parse_log, write_record
+from containerbench.status import Check, Status
 
 
 def recorded_log(kind: str, ranks: int) -> list[str]:
@@ -172,3 +177,131 @@ def test_loaded_mpi_names_the_mapped_library_file_and_its_inode():
             "7f2 r-xp 00001000 fd:01 4242 /opt/containerbench/venv/lib/libmpi.so.12\n"
             "7f3 r--p 00000000 fd:01 99 /usr/lib/x86_64-linux-gnu/libc.so.6\n")
     assert loaded_mpi(maps)["files"] == [{"path": "/opt/containerbench/venv/lib/libmpi.so.12", "inode": 4242}]
+
+
+# The run record's schema and version: every record the parser writes is valid, an older record is
+# migrated on load to a valid current one, and a status is the same string before and after JSON.
+GOLDEN_RECORDS = ROOT / "tests" / "data" / "golden" / "records"
+# What the first parser (6fabfc2, results.parse_log) wrote from the oldest recorded log (056116c).
+OLDEST_RECORD = ROOT / "tests" / "data" / "records" / "train_bare-metal_tcp-loopback_1x1_b2_rep1.6fabfc2.json"
+
+
+def test_the_schema_names_every_status_and_check_outcome():
+    schema = load_schema("record")
+    assert schema["properties"]["status"]["enum"] == [status.value for status in Status]
+    assert schema["$defs"]["check"]["enum"] == [check.value for check in Check]
+    assert schema["properties"]["record"]["const"] == RECORD_FORMAT
+    assert set(ADDED_KEYS) <= set(schema["required"])
+
+
+def test_every_recorded_run_gives_a_valid_record(recorded_runs):
+    for record in recorded_runs.values():
+        check_record(record)
+
+
+def test_the_golden_records_load_unchanged():
+    """A current record gains nothing on load: its bytes are what the parser wrote."""
+    records, problems = load_records(sorted(GOLDEN_RECORDS.glob("*.json")))
+    assert problems == [] and len(records) == 3
+    for record in records:
+        path = GOLDEN_RECORDS / f"{record['run_id']}.json"
+        assert json.dumps(record, indent=1, sort_keys=True) + "\n" == path.read_text()
+        check_record(record)
+
+
+def launch_payload(kind: str, ranks: int) -> dict:
+    line = next(line for line in recorded_log(kind, ranks) if line.startswith(markers.LAUNCH))
+    return markers.payload(line, markers.LAUNCH)
+
+
+@pytest.mark.parametrize("why", [
+    {"not_run": "no allocation: Job allocation 7 has been revoked"},
+    {"not_run": "its allocation ended before it: Slurm job 7 TIMEOUT",
+     "slurm": {"job": "7", "state": "TIMEOUT", "reason": "None"}},
+])
+def test_a_run_that_never_started_gives_a_valid_failed_record(tmp_path, why):
+    log = tmp_path / "not-run.log"
+    launch.write_not_run(launch_payload("train", 2), log, why)
+    record = parse_log(log)
+    assert record["status"] == Status.FAILED and record["reasons"][0] == f"not run: {why['not_run']}"
+    check_record(record)
+
+
+def failed_and_invalid_logs() -> dict[str, list[str]]:
+    train = recorded_log("train", 2)
+    return {
+        "cut off": [line for line in train if not line.startswith((markers.EXIT, markers.RESULT))],
+        "exit code": rewrite(train, markers.EXIT, lambda footer: footer.update(returncode=1)),
+        "timed out": rewrite(train, markers.EXIT, lambda footer: footer.update(timed_out=True, returncode=-9)),
+        "not a log": ["hello"],
+        "unreadable result": [line[:80] if line.startswith(markers.RESULT) else line
+                              for line in recorded_log("netbench", 2)],
+        "other plan": rewrite(train, markers.LAUNCH, lambda launch: launch["spec"].update(image_size=224)),
+    }
+
+
+@pytest.mark.parametrize("case", sorted(failed_and_invalid_logs()))
+def test_failed_and_invalid_records_are_valid(tmp_path, case):
+    record = parse_lines(tmp_path, failed_and_invalid_logs()[case])
+    assert record["status"] in (Status.FAILED, Status.INVALID) and record["reasons"]
+    check_record(record)
+
+
+def test_a_disturbed_record_is_valid_and_one_without_its_reason_is_not(recorded_runs):
+    record = copy.deepcopy(recorded_runs[("train", 2)])
+    record["telemetry"]["disturbed"] = "vm: other processes used 40% of the CPU"
+    record.update(status=Status.DISTURBED, reasons=["disturbed: vm: other processes used 40% of the CPU"])
+    check_record(record)
+    with pytest.raises(ValueError, match="'reasons' = \\[\\] is not allowed"):
+        check_record({**record, "reasons": []})
+
+
+def test_a_record_off_its_schema_is_named_in_one_line(recorded_runs):
+    with pytest.raises(ValueError) as raised:
+        check_record({**recorded_runs[("netbench", 2)], "wall_s": "fast"})
+    assert str(raised.value) == ("not a valid containerbench.record/1 record: 'wall_s' = 'fast' is not allowed; "
+                                 "allowed: type ['number', 'null']")
+
+
+@pytest.mark.parametrize("content, problem", [
+    ({"record": "containerbench.record/2"}, "not a containerbench.record/1 record"),
+    ([1, 2], "not a containerbench.record/1 record"),
+    ({"record": RECORD_FORMAT, "status": "great"}, "'great' is not a valid Status"),
+])
+def test_a_record_of_another_version_or_status_is_skipped(tmp_path, content, problem):
+    path = tmp_path / "record.json"
+    path.write_text(json.dumps(content))
+    assert load_records([path]) == ([], [(str(path), problem)])
+
+
+def test_the_oldest_record_migrates_to_a_valid_current_one():
+    oldest = json.loads(OLDEST_RECORD.read_text())
+    assert set(ADDED_KEYS).isdisjoint(oldest)  # the shape the first parser wrote
+    (record,), problems = load_records([OLDEST_RECORD])
+    assert problems == []
+    assert {key: record[key] for key in ADDED_KEYS} == ADDED_KEYS
+    assert record["status"] is Status.OK
+    assert {key: value for key, value in record.items() if key not in ADDED_KEYS} == oldest
+    check_record(record)
+
+
+def test_migrating_twice_changes_nothing():
+    once = migrate(json.loads(OLDEST_RECORD.read_text()))
+    assert migrate(copy.deepcopy(once)) == once
+
+
+@pytest.mark.parametrize("word", [*Status, *Check])
+def test_a_status_is_its_string_through_json_and_back(word):
+    kind = type(word)
+    assert json.dumps({"status": word}) == json.dumps({"status": word.value})
+    assert kind(json.loads(json.dumps(word))) is word
+    assert str(word) == f"{word}" == word.value and word == word.value
+
+
+def test_a_parsed_record_written_and_loaded_keeps_its_status(tmp_path):
+    log = sorted(RECORDED_RUNS.glob("train_*1x2*.log"))[0]
+    out = tmp_path / "record.json"
+    written = write_record(log, out, log.with_suffix(".telemetry.csv"))
+    assert type(written["status"]) is Status and '"status": "ok"' in out.read_text()
+    (loaded,), _ = load_records([out])
+    assert loaded == json.loads(json.dumps(written)) and loaded["status"] is Status.OK  # JSON: tuples as lists

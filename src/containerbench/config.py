@@ -26,7 +26,7 @@ class ConfigError(ValueError):
 
 
 def load_schema(name: str = "config") -> dict:
-    """A schema shipped with the package: `config` or `references`."""
+    """A schema shipped with the package: `config`, `references` or `record`."""
     text = resources.files("containerbench").joinpath("schemas", f"{name}.schema.yaml").read_text()
     return yaml.safe_load(text)
 

@@ -36,6 +36,7 @@ from containerbench.fabriclayers import (
     canonical_transport,
     interface_patterns,
 )
+from containerbench.status import Check
 
 
 @dataclass
@@ -56,7 +57,7 @@ class TransportCheck:
 
     @property
     def ok(self) -> bool:
-        return self.status == "ok"
+        return self.status == Check.OK
 
     def as_dict(self) -> dict:
         return {"status": self.status, "reason": self.reason, "evidence": self.evidence,
@@ -148,11 +149,11 @@ def check_grpc(check: dict, interface: str | None, address: str | None, evidence
     patterns = tuple(check.get("expected", {}).get("interface") or ())
     seen = f"{layer}: tcp over {interface or 'the hostname'}" + (f" ({address})" if address else "")
     if interface and patterns and interface_ok(interface, address, patterns) is False:
-        return {**check, "status": "mismatch", "evidence": [evidence, *check.get("evidence", [])],
+        return {**check, "status": Check.MISMATCH, "evidence": [evidence, *check.get("evidence", [])],
                 "reason": f"{layer}: the fabric asks for interface {_describe(patterns)}, the benchmark bound "
                           f"{interface} ({address})"}
-    if patterns and not interface and check["status"] == "ok":
-        return {**check, "status": "unverified", "reason": f"{check['reason']}; {seen}: not an interface of the fabric"}
+    if patterns and not interface and check["status"] == Check.OK:
+        return {**check, "status": Check.UNVERIFIED, "reason": f"{check['reason']}; {seen}: not an interface of the fabric"}
     return {**check, "reason": f"{check['reason']}; {seen}"}
 
 
@@ -180,14 +181,14 @@ def verify(lines, fabric: dict, layers=None) -> TransportCheck:
 
     decisive = [line for o in observations for line in o.evidence[:2]]
     if (contradiction := _contradiction(expected, observations)):
-        return check("mismatch", *contradiction)
+        return check(Check.MISMATCH, *contradiction)
     if not any(e.transport or e.interfaces for e in expected.layers.values()):
-        return check("unverified", "the fabric names no transport or interface: nothing to check against "
-                                   "(add an expect block)", decisive)
+        return check(Check.UNVERIFIED, "the fabric names no transport or interface: nothing to check against "
+                                     "(add an expect block)", decisive)
     if (gap := _unconfirmed(expected, observations, required)):
-        return check("unverified", gap, decisive)
+        return check(Check.UNVERIFIED, gap, decisive)
     summary = "; ".join(f"{o.layer}: {_seen(o)}" for o in observations if o.transport not in ("shm", "gpu"))
-    return check("ok", f"as asked: {summary}", decisive)
+    return check(Check.OK, f"as asked: {summary}", decisive)
 
 
 def _seen(o: Observation) -> str:
@@ -204,6 +205,7 @@ def _contradiction(expected: Expectation, observations: list[Observation]) -> tu
         if want.transport and o.transport not in (want.transport, "shm", "gpu"):
             return (f"{o.layer}: the fabric asks for {want.transport} ({want.source}), "
                     f"the log shows {_seen(o)}{fell_back}", o.evidence)
+from containerbench.status import Check
         patterns = want.interfaces.get(o.transport) or want.interfaces.get("*")
         addresses = dict(zip(o.interfaces, o.addresses)) if len(o.addresses) == len(o.interfaces) else {}
         wrong = [i for i in o.interfaces if patterns and interface_ok(i, addresses.get(i), patterns) is False]
@@ -215,6 +217,7 @@ def _contradiction(expected: Expectation, observations: list[Observation]) -> tu
 
 def _unconfirmed(expected: Expectation, observations: list[Observation], required: tuple[str, ...]) -> str | None:
     """Why a layer that carries the data is not confirmed by the log; None: each is."""
+from containerbench.status import Check
     for layer in required:
         mine = [o for o in observations if o.layer in _served_by(layer)]
         if not mine:
@@ -233,3 +236,4 @@ def _unconfirmed(expected: Expectation, observations: list[Observation], require
 def _served_by(layer: str) -> tuple[str, ...]:
     """The layers whose lines speak for `layer` (a name no Layer has: itself)."""
     return BY_NAME[layer].served_by if layer in BY_NAME else (layer,)
+from containerbench.status import Check

@@ -33,6 +33,7 @@ import numpy as np
 import pandas as pd
 
 from containerbench.slurm import NodeState, QueryError, expand_hostlist, node_states, partition_states
+from containerbench.status import Status
 from containerbench.validate import LOWER_IS_BETTER, Reference, metric_of, record_variables
 
 # MAD x 1.4826 estimates the standard deviation of normal data; 3.5 is Iglewicz and
@@ -393,7 +394,7 @@ def _failures(records: list[dict]) -> Failures:
     failed: dict[tuple[str, ...], dict[str, list[str]]] = {}
     for record in records:
         members = _members(record)
-        if record["status"] != "ok" and len(members) in (1, 2):
+        if record["status"] != Status.OK and len(members) in (1, 2):
             why = f"{record['status']}: {'; '.join(record.get('reasons') or []) or 'no reason given'}"
             failed.setdefault(members, {}).setdefault(why, []).append(record["run_id"])
     return {members: "; ".join(f"{runs[0]}{f' and {len(runs) - 1} more' if len(runs) > 1 else ''} {why}"

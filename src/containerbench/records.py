@@ -5,10 +5,16 @@ record (JSON): the spec, the benchmark's result line, the exit status, which
 network each layer really used, and the verdict (ok, failed or invalid, with
 its reasons and the evidence line). Each step below is one question asked of
 the log; the verdict is the sum of their answers.
+
+`load_records` reads records back for every reader and migrates an older record
+to the current shape (`migrate`), so readers can trust every key. The shape is
+the record's schema (package data, schemas/record.schema.yaml): `check_record`
+holds a record to it, as the tests do with every kind of record written here.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -16,12 +22,29 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import jsonschema
+
 from containerbench import markers
+from containerbench.config import describe, load_schema
 from containerbench.distribution import LOCAL
 from containerbench.fabrics import check_grpc, verify
+from containerbench.status import Check, Status
 from containerbench.usage import read_telemetry
 
-RECORD_FORMAT = "containerbench.record/1"
+# The version is the major number of ReFrame's DATA_VERSION: a reader of one version cannot read a
+# record of another. It stays 1 while keys are only added (ADDED_KEYS, filled in on load), so every
+# record written keeps its bytes; a key that changes meaning or type bumps it, with a step in migrate.
+RECORD_VERSION = 1
+RECORD_FORMAT = f"containerbench.record/{RECORD_VERSION}"
+# The keys records of this version gained after the first ones were written (the first parser,
+# 6fabfc2), with the value readers took for a record without them; the commit that added each.
+ADDED_KEYS = {
+    "image": None,  # 9e80371: the image a container runtime ran
+    "fabric_check": None,  # 9e80371: the transport check; null, not a check, in a record made before it
+    "started_unix": None,  # 3ea4052
+    "launch_context": None,  # 269ee2c
+    "telemetry": None,  # 269ee2c
+}
 # Ranks that averaged their gradients hold the same weights to rounding; ranks
 # that did not drift apart by orders of magnitude more than this.
 WEIGHT_SPREAD_TOLERANCE = 1e-6
@@ -64,28 +87,28 @@ class LogLines:
 
 @dataclass
 class Verdict:
-    status: str = "ok"  # ok | failed | invalid | disturbed
+    status: Status = Status.OK
     reasons: list[str] = field(default_factory=list)
 
     def fail(self, reason: str) -> None:
-        self.status = "failed"
+        self.status = Status.FAILED
         self.reasons.append(reason)
 
     def invalidate(self, *reasons: str) -> None:
         """Only an ok run becomes invalid: a failed one stays failed, with its first reasons."""
-        if self.status == "ok" and reasons:
-            self.status = "invalid"
+        if self.status == Status.OK and reasons:
+            self.status = Status.INVALID
             self.reasons.extend(reasons)
 
     def disturb(self, reason: str) -> None:
         """A valid measurement of a machine that was busy with something else: kept, not compared."""
-        if self.status == "ok":
-            self.status = "disturbed"
+        if self.status == Status.OK:
+            self.status = Status.DISTURBED
             self.reasons.append(f"disturbed: {reason}")
 
     @property
     def ok(self) -> bool:
-        return self.status == "ok"
+        return self.status == Status.OK
 
 
 # A Python exception named in a line (ModuleNotFoundError, RuntimeError, ...): the cause, where
@@ -182,7 +205,7 @@ def check_fabric(found: LogLines, spec: dict) -> dict:
                            f"result line {found.result_line}: distribution.socket_host {distribution['socket_host']} "
                            f"from {distribution.get('socket_host_from')}", layer="gloo")
     if spec.get("ranks") == 1:  # one rank never touches the network
-        return {"status": "not applicable", "reason": "one rank: no traffic between ranks",
+        return {"status": Check.NOT_APPLICABLE, "reason": "one rank: no traffic between ranks",
                 "evidence": [], "expected": check["expected"], "observed": {}}
     return check
 
@@ -237,7 +260,7 @@ def judge_telemetry(launch: dict, found: LogLines, spec: dict, verdict: Verdict,
         return None
     fabric = launch.get("fabric") or {"env": launch.get("env") or {}}
     block = read_telemetry(samples, found.result, spec, fabric, settings)
-    if block["traffic_check"]["status"] == "mismatch":
+    if block["traffic_check"]["status"] == Check.MISMATCH:
         verdict.invalidate(f"traffic: {block['traffic_check']['reason']}")
     if block["disturbed"] and settings["exclude_disturbed"]:
         verdict.disturb(block["disturbed"])
@@ -266,13 +289,13 @@ def parse_log(log_path: str | Path, telemetry_file: str | Path | None = None) ->
         judge_container(launch, spec, found.result, verdict)
         judge_native_mpi(launch, spec, found.result, verdict)
     fabric_check = check_fabric(found, spec)
-    if fabric_check["status"] == "mismatch":
+    if fabric_check["status"] == Check.MISMATCH:
         verdict.invalidate(f"fabric: {fabric_check['reason']}")
     telemetry = judge_telemetry(launch, found, spec, verdict, telemetry_file) if found.result else None
     evidence = None
-    if verdict.status == "failed":
+    if verdict.status == Status.FAILED:
         evidence = evidence_line(found.lines)
-    elif verdict.status == "invalid" and fabric_check["status"] == "mismatch":
+    elif verdict.status == Status.INVALID and fabric_check["status"] == Check.MISMATCH:
         evidence = (fabric_check["evidence"] or [None])[0]
     return {
         "record": RECORD_FORMAT,
@@ -316,15 +339,36 @@ def record_paths(paths) -> list[str]:
     return found
 
 
+def migrate(record: dict) -> dict:
+    """The record in the current shape, in place: the keys it lacked with their defaults, its status a Status.
+    ValueError for a record of another format or version."""
+    if not isinstance(record, dict) or record.get("record") != RECORD_FORMAT:
+        raise ValueError(f"not a {RECORD_FORMAT} record")
+    for key, default in ADDED_KEYS.items():
+        record.setdefault(key, default)
+    record["status"] = Status(record.get("status"))
+    return record
+
+
+@functools.cache
+def _validator() -> jsonschema.protocols.Validator:
+    return jsonschema.Draft202012Validator(load_schema("record"))
+
+
+def check_record(record: dict) -> None:
+    """ValueError naming the record's first violation of its schema, in one line."""
+    error = jsonschema.exceptions.best_match(_validator().iter_errors(record))
+    if error is not None:
+        raise ValueError(f"not a valid {RECORD_FORMAT} record: {describe(error)[:300]}")
+
+
 def load_records(paths) -> tuple[list[dict], list[tuple[str, str]]]:
-    """Read run records; a corrupt one is reported with its path and skipped."""
+    """Read run records, migrated to the current shape; a corrupt one is reported with its path and skipped."""
     records, problems = [], []
     for path in sorted(record_paths(paths)):
         try:
             with open(path) as handle:
-                record = json.load(handle)
-            if record.get("record") != RECORD_FORMAT:
-                raise ValueError(f"not a {RECORD_FORMAT} record")
+                record = migrate(json.load(handle))
             records.append(record)
         except (OSError, ValueError) as error:
             log.warning("skipping %s: %s", path, error)

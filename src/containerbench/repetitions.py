@@ -19,6 +19,7 @@ from pathlib import Path
 from containerbench.config import point_id_of
 from containerbench.records import load_records
 from containerbench.results import runs_table, summary_table
+from containerbench.status import Status
 
 INTERVAL = "95% Student's t interval of the mean images/s of the ok repetitions"
 
@@ -54,7 +55,7 @@ def decide(records: list[dict], round_number: int, target_ci_percent: float, max
         if made != round_number:
             raise ValueError(f"round {round_number}: point {point} has {made} repetitions, expected {round_number}")
         half = _half_width_percent(group)
-        ok = int((group["status"] == "ok").sum())
+        ok = int((group["status"] == Status.OK).sum())
         if ok == 0:  # failing every time: more repetitions would fail (or time out) the same way
             stop = f"no ok run in {made} repetition(s): not repeated further"
         elif half <= target_ci_percent:  # nan compares false: no interval yet, go on

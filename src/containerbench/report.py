@@ -23,6 +23,7 @@ from jinja2 import Environment, PackageLoader, select_autoescape  # noqa: E402
 
 from containerbench.records import load_records  # noqa: E402
 from containerbench.results import TABLES  # noqa: E402
+from containerbench.status import Status  # noqa: E402
 
 SUMMARY_COLUMNS = {
     "framework": "framework",
@@ -232,7 +233,7 @@ def _table(frame: pd.DataFrame, columns: dict | None = None) -> str:
 
 def environment_rows(records: list[dict]) -> list[tuple[str, str]]:
     """What ran where: versions, provenance hashes, hosts, launchers."""
-    results = [r["result"] for r in records if r["status"] == "ok" and r.get("kind") == "train"]
+    results = [r["result"] for r in records if r["status"] == Status.OK and r.get("kind") == "train"]
     def distinct(values):
         return ", ".join(sorted({str(v) for v in values if v is not None})) or "–"
 
@@ -365,8 +366,7 @@ def render(table_files, record_paths, out_path: str | Path, skipped: dict | None
     environment = Environment(loader=PackageLoader("containerbench"), autoescape=select_autoescape())
     page = environment.get_template("report.html.j2").render(
         generated=time.strftime("%Y-%m-%d %H:%M %Z"),
-        counts={status: sum(r["status"] == status for r in records)
-                for status in ("ok", "failed", "invalid", "disturbed")},
+        counts={status.value: sum(r["status"] == status for r in records) for status in Status},
         environment=environment_rows(records),
         summary_table=_table(tables["summary"], SUMMARY_COLUMNS),
         throughput_plot=throughput_plot(tables["summary"]) if not tables["summary"].empty else None,

@@ -24,6 +24,7 @@ from itertools import pairwise
 from pathlib import Path
 
 from containerbench.fabrics import expected_transport, interface_ok
+from containerbench.status import Check
 
 # CPU shares are judged only where samples inside the measured window span this share of it, and
 # at least this many: a window of a few sampling intervals says nothing about who used the CPUs.
@@ -172,12 +173,12 @@ def traffic_check(nodes: dict[str, dict], result: dict, spec: dict, fabric: dict
         return {"status": status, "reason": reason, **extra}
 
     if spec.get("kind") != "train" or (spec.get("nodes") or 1) < 2:
-        return verdict("not applicable", "one node: no traffic between nodes")
+        return verdict(Check.NOT_APPLICABLE, "one node: no traffic between nodes")
     if result.get("mode") not in ALLREDUCE_MODES or not result.get("parameters"):
-        return verdict("not applicable", f"mode {result.get('mode')}: not a ring all-reduce")
+        return verdict(Check.NOT_APPLICABLE, f"mode {result.get('mode')}: not a ring all-reduce")
     patterns = [p for p in expected_transport(fabric).interface if not p.startswith("^")]
     if not patterns:
-        return verdict("not checked", "the fabric names no interface")
+        return verdict(Check.NOT_CHECKED, "the fabric names no interface")
     ranks = result["ranks"]
     expected = result["parameters"] * 4 * 2 * (ranks - 1) / ranks
     names = ",".join(dict.fromkeys(p.lstrip("=") for p in patterns))
@@ -193,8 +194,8 @@ def traffic_check(nodes: dict[str, dict], result: dict, spec: dict, fabric: dict
     basis = (f"the all-reduce must send {_bytes(expected)} per step per node ({result['parameters']:,} parameters "
              f"x 4 B x 2({ranks}-1)/{ranks})")
     if short:
-        return verdict("mismatch", "; ".join(short) + f": {basis}", expected_bytes_per_step=expected, observed=observed)
-    return verdict("ok", f"every node sent >= {100 * MIN_TRAFFIC_SHARE:.0f}% of it on {names}: {basis}",
+        return verdict(Check.MISMATCH, "; ".join(short) + f": {basis}", expected_bytes_per_step=expected, observed=observed)
+    return verdict(Check.OK, f"every node sent >= {100 * MIN_TRAFFIC_SHARE:.0f}% of it on {names}: {basis}",
                    expected_bytes_per_step=expected, observed=observed)
 
 

@@ -23,6 +23,7 @@ import yaml
 from containerbench.config import DEFAULT_MODE, describe, load_schema, runtime_label, variant_parts
 from containerbench.records import load_records
 from containerbench.results import SERIES, runs_table, summary_table
+from containerbench.status import Status
 
 # Metric (a variable's last part, without "@bytes") -> unit: the one place units
 # are defined; variables take theirs from here and references are checked against it.
@@ -121,7 +122,7 @@ def _netbench_picks(records: list[dict]) -> pd.DataFrame:
     variable's `name`. Read from the records, not the long table: a fleet's thousands of runs go through here."""
     rows = []
     for record in records:
-        if record.get("kind") != "netbench" or record["status"] != "ok":
+        if record.get("kind") != "netbench" or record["status"] != Status.OK:
             continue
         spec = record["spec"]
         runtime = runtime_label(spec.get("runtime"), spec.get("mpi_model"))
@@ -153,7 +154,7 @@ def record_variables(records: list[dict]) -> pd.DataFrame:
     """What each ok record measured, one row per variable, not aggregated over repetitions: the
     per-run figures the fleet verdict sets side by side (scaling efficiency needs two points, so none)."""
     runs = runs_table(records)
-    runs = runs[runs["status"] == "ok"].dropna(subset=["images_per_sec"])
+    runs = runs[runs["status"] == Status.OK].dropna(subset=["images_per_sec"])
     train = pd.DataFrame({"run_id": runs["run_id"],
                           "variable": [f"{train_variable(run)}/images_per_sec" for run in runs.itertuples()],
                           "value": runs["images_per_sec"].astype(float), "unit": UNITS["images_per_sec"]})
@@ -268,7 +269,7 @@ def slow_nodes(records: list[dict], fraction: float = 0.10) -> pd.DataFrame:
     """Nodes of ok multi-node training runs more than `fraction` below the median of their peers."""
     rows = []
     for record in records:
-        if record.get("kind") != "train" or record["status"] != "ok":
+        if record.get("kind") != "train" or record["status"] != Status.OK:
             continue
         rates = _node_rates(record["result"].get("per_rank") or [])
         if len(rates) < 2:

@@ -12,9 +12,10 @@ from containerbench import config as cb_config
 
 def cmd_parse(args) -> int:
     from containerbench.records import write_record
+    from containerbench.status import Status
 
     record = write_record(args.log, args.out, args.telemetry)
-    if record["status"] != "ok":
+    if record["status"] != Status.OK:
         print(f"containerbench: {record['run_id']} {record['status']}: {'; '.join(record['reasons'])}", file=sys.stderr)
     return 0
 
