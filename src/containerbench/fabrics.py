@@ -205,7 +205,6 @@ def _contradiction(expected: Expectation, observations: list[Observation]) -> tu
         if want.transport and o.transport not in (want.transport, "shm", "gpu"):
             return (f"{o.layer}: the fabric asks for {want.transport} ({want.source}), "
                     f"the log shows {_seen(o)}{fell_back}", o.evidence)
-from containerbench.status import Check
         patterns = want.interfaces.get(o.transport) or want.interfaces.get("*")
         addresses = dict(zip(o.interfaces, o.addresses)) if len(o.addresses) == len(o.interfaces) else {}
         wrong = [i for i in o.interfaces if patterns and interface_ok(i, addresses.get(i), patterns) is False]
@@ -217,7 +216,6 @@ from containerbench.status import Check
 
 def _unconfirmed(expected: Expectation, observations: list[Observation], required: tuple[str, ...]) -> str | None:
     """Why a layer that carries the data is not confirmed by the log; None: each is."""
-from containerbench.status import Check
     for layer in required:
         mine = [o for o in observations if o.layer in _served_by(layer)]
         if not mine:
@@ -236,4 +234,3 @@ from containerbench.status import Check
 def _served_by(layer: str) -> tuple[str, ...]:
     """The layers whose lines speak for `layer` (a name no Layer has: itself)."""
     return BY_NAME[layer].served_by if layer in BY_NAME else (layer,)
-from containerbench.status import Check
