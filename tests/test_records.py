@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from helpers import RECORDED_RUNS, ROOT
 
-from containerbench import launch, markers
+from containerbench import execution, markers
+from containerbench.plans import RunPlan
 from containerbench.config import load_schema
 from containerbench.records import ADDED_KEYS, RECORD_FORMAT, check_record, load_records, migrate, parse_log, write_record
 from containerbench.status import Check, Status
@@ -221,7 +222,7 @@ def launch_payload(kind: str, ranks: int) -> dict:
 ])
 def test_a_run_that_never_started_gives_a_valid_failed_record(tmp_path, why):
     log = tmp_path / "not-run.log"
-    launch.write_not_run(launch_payload("train", 2), log, why)
+    execution.write_not_run(RunPlan.from_json(launch_payload("train", 2)), log, why)
     record = parse_log(log)
     assert record["status"] == Status.FAILED and record["reasons"][0] == f"not run: {why['not_run']}"
     check_record(record)
