@@ -17,6 +17,7 @@ MODULES = sorted(path.stem for path in PACKAGE.glob("*.py") if path.stem != "__i
 # The benchmark side (bench, netbench and what they use) is what the provenance hash covers.
 LAYERS = [
     ("model definitions", {"torchmodels"}),
+    ("the sweep point", {"point"}),
     ("leaves", {"markers", "processes", "provenance", "datasets", "distribution", "fabrics", "config", "telemetry",
                 "intervals"}),
     ("benchmark, runtimes, Slurm, recipes, telemetry read back, PyTorch's input",

@@ -13,17 +13,16 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from containerbench.config import DEFAULT_MODE, point_id_of, runtime_label
 from containerbench.distribution import LOCAL as LOCAL_MODE
 from containerbench.intervals import RatioInterval, ratio_interval, t_quantile
+from containerbench.point import DEFAULT_MODE, Point, runtime_label
 from containerbench.provenance import difference as provenance_difference
 from containerbench.records import load_records
 
-# A sweep point: runs that differ only in repetition.
-POINT = ["framework", "model", "image_size", "precision", "mode", "data", "runtime", "fabric", "nodes", "ranks",
-         "batch_size"]
+# A sweep point's columns: runs that differ only in repetition.
+POINT = Point.columns()
 # Runs whose scaling is compared: a point without its rank count.
-SERIES = [c for c in POINT if c not in ("nodes", "ranks")]
+SERIES = Point.columns("nodes", "ranks")
 
 RUN_COLUMNS = ["run_id", "status", "reason", "evidence", "system", *POINT, "repetition", "images_per_sec",
                "rank_images_per_sec_min", "rank_images_per_sec_max", "rank_spread_percent", "step_s_median",
@@ -156,7 +155,7 @@ def summary_table(runs: pd.DataFrame, stops: dict[str, str] | None = None) -> pd
             "per_rank_median": rates.median() / point[POINT.index("ranks")],
             "rank_spread_percent_median": good["rank_spread_percent"].median(),
             "startup_s_median": good["startup_s"].median(),
-            **({"repetitions_stop": stops.get(point_id_of(group["run_id"].iloc[0]))} if stops is not None else {}),
+            **({"repetitions_stop": stops.get(Point.id_of(group["run_id"].iloc[0]))} if stops is not None else {}),
         })
     summary = pd.DataFrame(rows)
     summary["speedup"] = np.nan
@@ -193,7 +192,7 @@ def _overhead_columns(name: str, interval: RatioInterval) -> dict:
 # (measured here: bit-identical on CPUs); GPU kernels that sum in another order may part by rounding.
 # A trajectory further than this from bare metal's, relative to it, ran another benchmark.
 LOSS_TOLERANCE = 0.02
-LOSS_KEYS = ["run_id", *POINT, "repetition"]
+LOSS_KEYS = Point.run_columns()
 
 
 def losses_table(records: list[dict]) -> pd.DataFrame:
@@ -223,7 +222,7 @@ def _parting(loss: pd.Series, reference: pd.Series) -> tuple[int | None, float]:
 def trajectory_table(losses: pd.DataFrame) -> pd.DataFrame:
     """Each container run's loss trajectory against bare metal's at the same point and repetition
     (seed, framework, precision and ranks equal): the first step where they part, if any."""
-    others = [c for c in POINT if c != "runtime"]
+    others = Point.columns("runtime")
     columns = [*others, "runtime", "runs_compared", "steps_compared", "max_relative_difference",
                "first_parting_step", "parting_run", "loss_trajectory"]
     rows = []
@@ -273,7 +272,7 @@ def overhead_table(runs: pd.DataFrame, provenance: dict[str, dict],
     (trajectory_table), each row says whether its loss trajectory followed bare metal's, and the
     note flags one that parted, with the first step where it did.
     """
-    others = [c for c in POINT if c != "runtime"]
+    others = Point.columns("runtime")
     columns = [*others, "runtime", "bare_metal_runs", "runtime_runs", "bare_metal_median", "runtime_median",
                "bare_metal_mean", "runtime_mean", "overhead_percent_of_means", "overhead_ci95_low",
                "overhead_ci95_high", "significance", "startup_overhead_s", "loss_trajectory", "note"]
@@ -320,7 +319,7 @@ def overhead_table(runs: pd.DataFrame, provenance: dict[str, dict],
 def fabric_table(runs: pd.DataFrame) -> pd.DataFrame:
     """Throughput ratio of each pair of fabrics at the same point: faster over slower, of the means of
     the repetitions, with Fieller's 95% interval ("significant": it leaves out 1)."""
-    others = [c for c in POINT if c != "fabric"]
+    others = Point.columns("fabric")
     columns = [*others, "faster_fabric", "slower_fabric", "faster_runs", "slower_runs", "faster_median",
                "slower_median", "faster_mean", "slower_mean", "ratio_of_means", "ratio_ci95_low", "ratio_ci95_high",
                "significance"]
@@ -345,7 +344,7 @@ def modes_table(runs: pd.DataFrame) -> pd.DataFrame:
     For the `local` mode (no gradient exchange), communication_overhead_percent_of_means
     = 100 * (1 - baseline / local): what exchanging gradients costs, with its interval.
     """
-    others = [c for c in POINT if c != "mode"]
+    others = Point.columns("mode")
     columns = [*others, "mode", "baseline_mode", "baseline_runs", "mode_runs", "baseline_median", "mode_median",
                "baseline_mean", "mode_mean", "baseline_cv_percent", "mode_cv_percent", "ratio_to_baseline_of_means",
                "ratio_ci95_low", "ratio_ci95_high", "significance", "communication_overhead_percent_of_means",
@@ -379,7 +378,7 @@ COUNTERPARTS = {"horovod": "ddp", LOCAL_MODE: LOCAL_MODE}
 def frameworks_table(runs: pd.DataFrame) -> pd.DataFrame:
     """PyTorch beside TensorFlow at the same point (Horovod against DDP, local against local): ratio =
     mean(pytorch) / mean(tensorflow) over the repetitions, with Fieller's 95% interval and both CVs."""
-    others = [c for c in POINT if c not in ("framework", "mode")]
+    others = Point.columns("framework", "mode")
     columns = [*others, "tensorflow_mode", "pytorch_mode", "tensorflow_runs", "pytorch_runs", "tensorflow_median",
                "pytorch_median", "tensorflow_mean", "pytorch_mean", "tensorflow_cv_percent", "pytorch_cv_percent",
                "ratio_to_tensorflow_of_means", "ratio_ci95_low", "ratio_ci95_high", "significance", "note"]
@@ -408,7 +407,7 @@ def _cv(rates: pd.Series) -> float:
 def input_overhead_table(runs: pd.DataFrame) -> pd.DataFrame:
     """(synthetic - real) / synthetic in percent of the means at the same point: the cost of reading
     real data, with its interval from Fieller's interval of real / synthetic."""
-    others = [c for c in POINT if c != "data"]
+    others = Point.columns("data")
     columns = [*others, "synthetic_runs", "real_runs", "synthetic_median", "real_median", "synthetic_mean",
                "real_mean", "input_overhead_percent_of_means", "input_overhead_ci95_low", "input_overhead_ci95_high",
                "significance"]
@@ -464,7 +463,7 @@ def netbench_table(records: list[dict]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-TELEMETRY_KEYS = ["run_id", "kind", "runtime", "mode", "fabric", "nodes", "ranks", "repetition"]
+TELEMETRY_KEYS = list(Point.TELEMETRY_COLUMNS)
 
 
 def telemetry_table(records: list[dict]) -> pd.DataFrame:
