@@ -24,6 +24,8 @@ LAYERS = [
      {"bench", "netbench", "rankexec", "runtimes", "slurm", "singularity", "usage", "torchdata"}),
     ("the PyTorch harness (bench's record), images, records, the pre-flight job",
      {"torchbench", "images", "records", "preflight"}),
+    ("the runs table and its summary", {"runtables"}),
+    ("tables that compare runs, loss trajectories", {"comparisons", "losses"}),
     ("plans and launches, tables", {"launch", "results"}),
     ("report, validation, repetition rounds", {"report", "validate", "repetitions"}),
     ("fleet verdicts, the results history", {"fleet", "history"}),

@@ -11,7 +11,7 @@ from helpers import RECORDED_RUNS, ROOT
 
 from containerbench import config as cb_config
 from containerbench.point import Point
-from containerbench.results import RUN_COLUMNS, runs_table, summary_table
+from containerbench.runtables import RUN_COLUMNS, runs_table, summary_table
 
 GOLDEN_RECORDS = ROOT / "tests" / "data" / "golden" / "records"
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from containerbench.point import Point
 from containerbench.records import load_records
-from containerbench.results import runs_table, summary_table
+from containerbench.runtables import runs_table, summary_table
 
 INTERVAL = "95% Student's t interval of the mean images/s of the ok repetitions"
 
@@ -86,6 +86,6 @@ def write_round(record_paths, round_number: int, target_ci_percent: float, max_r
 
 
 def stops(round_path: str | Path) -> dict[str, str]:
-    """point id -> why its repetitions stopped, from the last round's file (for results.summary_table)."""
+    """point id -> why its repetitions stopped, from the last round's file (for runtables.summary_table)."""
     points = json.loads(Path(round_path).read_text())["points"]
     return {point: entry["stop"] for point, entry in points.items() if entry["stop"]}

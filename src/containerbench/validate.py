@@ -22,7 +22,7 @@ import yaml
 from containerbench.config import describe, load_schema
 from containerbench.point import Point, runtime_label
 from containerbench.records import load_records
-from containerbench.results import SERIES, runs_table, summary_table
+from containerbench.runtables import SERIES, runs_table, summary_table
 
 # Metric (a variable's last part, without "@bytes") -> unit: the one place units
 # are defined; variables take theirs from here and references are checked against it.
