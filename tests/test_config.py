@@ -11,6 +11,7 @@ from helpers import tiny_config
 
 from containerbench import config as cb_config
 from containerbench import slurm
+from containerbench.point import Point
 
 
 @pytest.fixture(scope="module")
@@ -214,7 +215,7 @@ def test_auto_repetitions_plan_every_run_up_to_the_most_and_first_the_fewest(tmp
     # Still repetition-major: each point's next repetition before any point's following one.
     assert [(r.repetition, r.ranks) for r in train] == [(rep, n) for rep in range(1, 6) for n in (1, 2)]
     assert {r.point_id for r in train} == {"train_bare-metal_tcp-loopback_1x1_b2", "train_bare-metal_tcp-loopback_1x2_b2"}
-    assert all(cb_config.point_id_of(r.run_id) == r.point_id for r in runs)
+    assert all(Point.id_of(r.run_id) == r.point_id for r in runs)
     first = cb_config.first_runs(config, runs)
     assert [r.run_id for r in first if r.kind == "train"] == [r.run_id for r in train if r.repetition <= 3]
     # Netbench keeps its own fixed count.

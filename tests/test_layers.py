@@ -26,6 +26,7 @@ MODULES = sorted(name for name in map(module_name, PACKAGE.rglob("*.py")) if nam
 LAYERS = [
     ("the words records judge with", {"status"}),
     ("model definitions", {"torchmodels"}),
+    ("the sweep point", {"point"}),
     ("the layers that pick a network, one class each (fabrics' parts)", {"fabriclayers"}),
     ("leaves", {"markers", "processes", "provenance", "datasets", "distribution", "fabrics", "config", "telemetry",
                 "intervals"}),
@@ -33,6 +34,8 @@ LAYERS = [
      {"bench", "netbench", "rankexec", "runtimes", "slurm", "singularity", "usage", "torchdata", "imagestep"}),
     ("the PyTorch harness (bench's record), which image each runtime runs, wheelhouses, records, the pre-flight job, "
      "launchers", {"torchbench", "images", "wheelhouse", "records", "preflight", "launchers"}),
+    ("the runs table and its summary", {"runtables"}),
+    ("tables that compare runs, loss trajectories", {"comparisons", "losses"}),
     ("plans, tables, image builds", {"plans", "results", "imagebuild"}),
     ("runs executed, their cost, report, validation, repetition rounds, the base image",
      {"execution", "cost", "report", "validate", "repetitions", "baseimage"}),

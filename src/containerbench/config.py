@@ -20,6 +20,9 @@ from typing import NamedTuple
 import jsonschema
 import yaml
 
+# runtime_label is the point's; named here too for the modules that import it from here (images).
+from containerbench.point import DEFAULT_MODE, Point, runtime_label  # noqa: F401
+
 
 class ConfigError(ValueError):
     """A configuration that cannot be run; the message is one line for the user."""
@@ -128,11 +131,6 @@ def repetition_bounds(bench: dict) -> tuple[int, int]:
     return bench["repetitions"], bench["repetitions"]
 
 
-def point_id_of(run_id: str) -> str:
-    """A run's sweep point: its id without the repetition (RunSpec.point_id)."""
-    return run_id.rsplit("_rep", 1)[0]
-
-
 def merge(base: dict, overlay: dict) -> dict:
     """Nested dictionaries merged key by key, the overlay winning (as Snakemake merges --configfile)."""
     merged = dict(base)
@@ -179,19 +177,18 @@ class RunSpec:
         return self.nodes * self.ranks_per_node
 
     @property
-    def point_id(self) -> str:
+    def point(self) -> Point:
         """The sweep point: what every repetition of this run has in common."""
-        shape = f"{self.nodes}x{self.ranks_per_node}"
-        batch = f"_b{self.batch_size}" if self.batch_size else ""
-        # The defaults leave the id as it was: old results stay where a resumed sweep finds them.
-        variant = "".join(f"_{value}" for value in (*variant_parts(self.framework, self.mode, self.data),
-                                                     *([self.mpi_model] if self.mpi_model != "hybrid" else [])))
-        pinned = f"_on_{'+'.join(self.nodelist)}" if self.nodelist else ""  # a fleet's node or link
-        return f"{self.kind}_{self.runtime}_{self.fabric}_{shape}{batch}{variant}{pinned}"
+        return Point(self.kind, self.runtime, self.fabric, self.nodes, self.ranks_per_node, self.batch_size,
+                     self.framework, self.mode, self.data, self.mpi_model, self.nodelist)
+
+    @property
+    def point_id(self) -> str:
+        return self.point.id
 
     @property
     def run_id(self) -> str:
-        return f"{self.point_id}_rep{self.repetition}"
+        return self.point.run_id(self.repetition)
 
     def as_dict(self) -> dict:
         fields = asdict(self)
@@ -205,16 +202,6 @@ class RunSpec:
 
 
 # Each framework's modes: PyTorch trains with DistributedDataParallel, and alone (local) when modes has it.
-DEFAULT_MODE = {"tensorflow": "horovod", "pytorch": "ddp"}
-
-
-def variant_parts(framework: str, mode: str, data: str) -> list[str]:
-    """What sets a training point apart from the default benchmark (TensorFlow in its default mode,
-    synthetic data), in the order run ids and performance variables name it."""
-    return [value for value, default in ((framework, "tensorflow"), (mode, DEFAULT_MODE[framework]),
-                                         (data, "synthetic")) if value != default]
-
-
 def framework_modes(framework: str, modes: list[str]) -> list[str]:
     if framework == "tensorflow":
         return list(modes)
@@ -227,11 +214,6 @@ def mpi_models(config: dict, runtime: str) -> tuple[str, ...]:
         return ("hybrid",)
     model = ((config.get("images") or {}).get(runtime) or {}).get("mpi_model", "hybrid")
     return tuple(model) if isinstance(model, list) else (model,)
-
-
-def runtime_label(runtime: str, mpi_model: str | None) -> str:
-    """How tables name a runtime: a native-model run beside the same runtime's hybrid one."""
-    return f"{runtime} (native)" if mpi_model == "native" else runtime
 
 
 class ImageUse(NamedTuple):

@@ -16,9 +16,9 @@ import json
 import math
 from pathlib import Path
 
-from containerbench.config import point_id_of
+from containerbench.point import Point
 from containerbench.records import load_records
-from containerbench.results import runs_table, summary_table
+from containerbench.runtables import runs_table, summary_table
 from containerbench.status import Status
 
 INTERVAL = "95% Student's t interval of the mean images/s of the ok repetitions"
@@ -44,9 +44,9 @@ def decide(records: list[dict], round_number: int, target_ci_percent: float, max
     {"repetitions", "ok", "ci95_percent", "stop"}}, "next": [run ids of the next repetition]}; a point
     whose "stop" is None goes on. Points stopped in earlier rounds are carried over unchanged."""
     carried = {point: entry for point, entry in (previous or {}).get("points", {}).items() if entry["stop"]}
-    going = None if previous is None else {point_id_of(run_id) for run_id in previous["next"]}
+    going = None if previous is None else {Point.id_of(run_id) for run_id in previous["next"]}
     runs = runs_table(records)
-    runs = runs.assign(point=runs["run_id"].map(point_id_of))
+    runs = runs.assign(point=runs["run_id"].map(Point.id_of))
     points, following = dict(carried), []
     for point, group in runs.groupby("point", sort=True):
         if point in carried or (going is not None and point not in going):
@@ -64,7 +64,7 @@ def decide(records: list[dict], round_number: int, target_ci_percent: float, max
             stop = f"max_repetitions ({max_repetitions}) reached: {_interval_words(half)}"
         else:
             stop = None
-            following.append(f"{point}_rep{made + 1}")
+            following.append(Point.run_id_of(point, made + 1))
         points[point] = {"repetitions": made, "ok": ok,
                          "ci95_percent": None if math.isnan(half) else round(half, 4), "stop": stop}
     missing = sorted((going or set()) - set(points))
@@ -87,6 +87,6 @@ def write_round(record_paths, round_number: int, target_ci_percent: float, max_r
 
 
 def stops(round_path: str | Path) -> dict[str, str]:
-    """point id -> why its repetitions stopped, from the last round's file (for results.summary_table)."""
+    """point id -> why its repetitions stopped, from the last round's file (for runtables.summary_table)."""
     points = json.loads(Path(round_path).read_text())["points"]
     return {point: entry["stop"] for point, entry in points.items() if entry["stop"]}

@@ -9,7 +9,6 @@ slower than its peers. `write_baseline` turns a good run into a references file.
 
 from __future__ import annotations
 
-import math
 import re
 import statistics
 from dataclasses import dataclass
@@ -20,9 +19,10 @@ import jsonschema
 import pandas as pd
 import yaml
 
-from containerbench.config import DEFAULT_MODE, describe, load_schema, runtime_label, variant_parts
+from containerbench.config import describe, load_schema
+from containerbench.point import Point, runtime_label
 from containerbench.records import load_records
-from containerbench.results import SERIES, runs_table, summary_table
+from containerbench.runtables import SERIES, runs_table, summary_table
 from containerbench.status import Status
 
 # Metric (a variable's last part, without "@bytes") -> unit: the one place units
@@ -64,23 +64,10 @@ def metric_of(variable: str) -> str:
     return variable.rsplit("/", 1)[-1].split("@", 1)[0]
 
 
-def _given(value, default):
-    """A point's column, or its default where the record predates it (None, or NaN in a table)."""
-    return default if value is None or (isinstance(value, float) and math.isnan(value)) else value
-
-
-def train_variable(point) -> str:
-    """A training point's variable name, without its metric (`point`: a row of the run or summary table).
-    A framework, mode or data other than the default is named after the precision (as in the run ids),
-    so that the points of a sweep over them are variables of their own; the default's names are as
-    they always were, and a site's references keep matching."""
-    nodes, ranks = int(point.nodes), int(point.ranks)  # columns turn float when a failed run has gaps
-    framework = _given(getattr(point, "framework", None), "tensorflow")
-    mode = _given(getattr(point, "mode", None), DEFAULT_MODE[framework])
-    data = _given(getattr(point, "data", None), "synthetic")
-    variant = "".join(f"-{value}" for value in variant_parts(framework, mode, data))
-    return (f"train/{point.model}-{int(point.image_size)}px-{point.precision}{variant}/{point.runtime}/{point.fabric}/"
-            f"{nodes}x{ranks // nodes}/b{int(point.batch_size)}")
+def train_variable(row) -> str:
+    """A training point's variable name, without its metric (`row`: a row of the run or summary table);
+    Point.variable says how it is spelled."""
+    return Point.from_row(row).variable(row.model, row.image_size, row.precision)
 
 
 def netbench_variable(runtime: str, fabric: str, nodes, ranks, backend: str = "mpi") -> str:

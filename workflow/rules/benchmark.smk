@@ -39,7 +39,7 @@ for repetition in REPETITIONS:
             f"{RESULTS}/logs/launch/{{run_id}}.txt",
         wildcard_constraints:
             # The id's shape, not an alternation of every id: planning a large sweep stays fast.
-            run_id=rf"(train|netbench)_[^/]+_rep{repetition}",
+            run_id=Point.run_id_pattern(repetition),
         params:
             cb=CB,
             plan=lambda wildcards: PLANS[wildcards.run_id].to_json(),

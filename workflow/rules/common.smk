@@ -8,6 +8,7 @@ from pathlib import Path
 
 from containerbench import config as cb_config
 from containerbench import cost, fleet, fleetjobs, history, launchers, plans, preflight, processes, results, runtimes, slurm
+from containerbench.point import Point
 
 REPO = Path(workflow.basedir)  # the image, the wheelhouse and the data sample belong to the clone
 try:
@@ -70,7 +71,7 @@ BEFORE_ANY_MEASUREMENT = 1_000_000
 
 
 wildcard_constraints:
-    run_id=r"(train|netbench)_[^/]+_rep\d+",  # ids are made by config.RunSpec.run_id
+    run_id=Point.run_id_pattern(),  # ids are made by point.Point.run_id
 
 
 

@@ -1,0 +1,216 @@
+"""The runs table -> the tables that set runs side by side at the same point: each runtime against
+bare metal, fabrics, distribution modes, frameworks, synthetic against real data, with Fieller's 95%
+interval of each ratio of means (intervals.py); and memory per batch size, the study's Table 1.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from containerbench.distribution import LOCAL as LOCAL_MODE
+from containerbench.intervals import RatioInterval, ratio_interval
+from containerbench.point import DEFAULT_MODE, Point
+from containerbench.provenance import difference as provenance_difference
+from containerbench.runtables import BASELINE_RUNTIME, cv_percent, ok_runs
+
+
+def _basis(side: str, rates: pd.Series) -> dict:
+    """What a comparison is computed from, shown with it: count, mean (the figures) and median (for reading)."""
+    return {f"{side}_runs": int(rates.count()), f"{side}_median": rates.median(), f"{side}_mean": rates.mean()}
+
+
+def _ratio_columns(name: str, interval: RatioInterval) -> dict:
+    return {f"{name}_of_means": interval.ratio, "ratio_ci95_low": interval.low, "ratio_ci95_high": interval.high,
+            "significance": interval.significance()}
+
+
+def _overhead_columns(name: str, interval: RatioInterval) -> dict:
+    """How much slower a side is than its reference, in percent: 100 * (1 - R) and its interval, from
+    Fieller's interval of R = mean(side) / mean(reference); the interval turns over with the sign."""
+    return {f"{name}_percent_of_means": 100 * (1 - interval.ratio),
+            f"{name}_ci95_low": 100 * (1 - interval.high), f"{name}_ci95_high": 100 * (1 - interval.low)}
+
+
+def overhead_table(runs: pd.DataFrame, provenance: dict[str, dict],
+                   trajectories: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Each runtime's cost relative to bare metal at the same point, with Fieller's 95% interval.
+
+    (bare - runtime) / bare in percent of the means of the repetitions, 100 * (1 - R)
+    with R = runtime mean / bare-metal mean; its interval is 1 - Fieller's interval of
+    R (intervals.ratio_interval), so the bare-metal mean's own uncertainty counts.
+    Positive means the container is slower. Counts and medians stand beside the
+    means for reading; nothing is computed from the medians. Refused, with the
+    differing field named, when the two did not run the same benchmark
+    (provenance hashes differ), and flagged in the note when the ranks were bound
+    differently (CPUs, memory or CPU limits, as each rank saw them). With `trajectories`
+    (trajectory_table), each row says whether its loss trajectory followed bare metal's, and the
+    note flags one that parted, with the first step where it did.
+    """
+    others = Point.columns("runtime")
+    columns = [*others, "runtime", "bare_metal_runs", "runtime_runs", "bare_metal_median", "runtime_median",
+               "bare_metal_mean", "runtime_mean", "overhead_percent_of_means", "overhead_ci95_low",
+               "overhead_ci95_high", "significance", "startup_overhead_s", "loss_trajectory", "note"]
+    ok = ok_runs(runs)
+    rows = []
+    for point, group in ok.groupby(others, dropna=False, sort=True):
+        bare = group[group["runtime"] == BASELINE_RUNTIME]
+        for runtime, contained in group[group["runtime"] != BASELINE_RUNTIME].groupby("runtime"):
+            row = {**dict(zip(others, point)), "runtime": runtime, **_basis("runtime", contained["images_per_sec"])}
+            if bare.empty:
+                rows.append({**row, "note": "no bare-metal baseline at this point"})
+                continue
+            row |= _basis("bare_metal", bare["images_per_sec"])
+            differences = (provenance_difference(provenance.get(a), provenance.get(b))
+                           for a in bare["provenance"].unique() for b in contained["provenance"].unique())
+            mismatch = next(filter(None, differences), None)
+            if mismatch:
+                rows.append({**row, "note": f"not comparable: {mismatch}"})
+                continue
+            interval = ratio_interval(contained["images_per_sec"], bare["images_per_sec"], "bare-metal")
+            row |= _overhead_columns("overhead", interval)
+            row["significance"] = interval.significance()
+            row["startup_overhead_s"] = contained["startup_s"].median() - bare["startup_s"].median()
+            bound = {side: sorted(set(runs_of["binding"].dropna())) for side, runs_of in (("bare", bare),
+                                                                                           ("runtime", contained))}
+            if bound["bare"] and bound["runtime"] and bound["bare"] != bound["runtime"]:
+                # Not refused (the numbers are real), but not like with like: say what each rank had.
+                row["note"] = (f"binding differs: bare-metal ranks had {' / '.join(bound['bare'])}, "
+                               f"{runtime} ranks {' / '.join(bound['runtime'])}")
+            rows.append(row)
+    checked = {} if trajectories is None else {
+        tuple(row[c] for c in [*others, "runtime"]): row for row in trajectories.to_dict("records")}
+    for row in rows:
+        found = checked.get(tuple(row[c] for c in [*others, "runtime"]))
+        if not found:
+            continue
+        row["loss_trajectory"] = found["loss_trajectory"]
+        if pd.notna(found.get("first_parting_step")):
+            flag = f"loss trajectory parts from bare metal at step {int(found['first_parting_step'])}"
+            row["note"] = f"{flag}; {row['note']}" if row.get("note") else flag
+    return pd.DataFrame(rows, columns=columns)
+
+
+def fabric_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """Throughput ratio of each pair of fabrics at the same point: faster over slower, of the means of
+    the repetitions, with Fieller's 95% interval ("significant": it leaves out 1)."""
+    others = Point.columns("fabric")
+    columns = [*others, "faster_fabric", "slower_fabric", "faster_runs", "slower_runs", "faster_median",
+               "slower_median", "faster_mean", "slower_mean", "ratio_of_means", "ratio_ci95_low", "ratio_ci95_high",
+               "significance"]
+    rows = []
+    for point, group in ok_runs(runs).groupby(others, dropna=False, sort=True):
+        rates = {fabric: series for fabric, series in group.groupby("fabric", dropna=False)["images_per_sec"]}
+        ranked = sorted(rates, key=lambda fabric: rates[fabric].mean(), reverse=True)
+        for i, fast in enumerate(ranked):
+            for slow in ranked[i + 1:]:
+                rows.append({**dict(zip(others, point)), "faster_fabric": fast, "slower_fabric": slow,
+                             **_basis("faster", rates[fast]), **_basis("slower", rates[slow]),
+                             **_ratio_columns("ratio", ratio_interval(rates[fast], rates[slow], slow))})
+    return pd.DataFrame(rows, columns=columns)
+
+
+def modes_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """Each distribution mode beside its framework's data-parallel baseline at the same point (Horovod for
+    TensorFlow, DistributedDataParallel for PyTorch: DEFAULT_MODE).
+
+    ratio_to_baseline_of_means = mean(mode) / mean(baseline) over the repetitions (above 1:
+    faster than the baseline), with Fieller's 95% interval; medians and CVs stand beside it.
+    For the `local` mode (no gradient exchange), communication_overhead_percent_of_means
+    = 100 * (1 - baseline / local): what exchanging gradients costs, with its interval.
+    """
+    others = Point.columns("mode")
+    columns = [*others, "mode", "baseline_mode", "baseline_runs", "mode_runs", "baseline_median", "mode_median",
+               "baseline_mean", "mode_mean", "baseline_cv_percent", "mode_cv_percent", "ratio_to_baseline_of_means",
+               "ratio_ci95_low", "ratio_ci95_high", "significance", "communication_overhead_percent_of_means",
+               "communication_overhead_ci95_low", "communication_overhead_ci95_high", "note"]
+    ok = ok_runs(runs)
+    rows = []
+    for point, group in ok.groupby(others, dropna=False, sort=True):
+        framework = dict(zip(others, point))["framework"]
+        base_mode = DEFAULT_MODE.get(framework, "horovod")
+        baseline = group.loc[group["mode"] == base_mode, "images_per_sec"]
+        for mode, rates in group[group["mode"] != base_mode].groupby("mode")["images_per_sec"]:
+            row = {**dict(zip(others, point)), "mode": mode, "baseline_mode": base_mode, **_basis("mode", rates),
+                   "mode_cv_percent": cv_percent(rates)}
+            if baseline.empty:
+                rows.append({**row, "note": f"no {base_mode} run at this point"})
+                continue
+            row |= {**_basis("baseline", baseline), "baseline_cv_percent": cv_percent(baseline),
+                    **_ratio_columns("ratio_to_baseline", ratio_interval(rates, baseline, base_mode))}
+            if mode == LOCAL_MODE:
+                # Fieller's set for baseline / local is the inverse of the set for local / baseline
+                # (same inequality, same degrees of freedom): the same interval, turned over.
+                row |= _overhead_columns("communication_overhead", ratio_interval(baseline, rates, LOCAL_MODE))
+            rows.append(row)
+    return pd.DataFrame(rows, columns=columns)
+
+
+# Modes that do the same work in each framework: its data-parallel baseline, or no exchange at all.
+COUNTERPARTS = {"horovod": "ddp", LOCAL_MODE: LOCAL_MODE}
+
+
+def frameworks_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """PyTorch beside TensorFlow at the same point (Horovod against DDP, local against local): ratio =
+    mean(pytorch) / mean(tensorflow) over the repetitions, with Fieller's 95% interval and both CVs."""
+    others = Point.columns("framework", "mode")
+    columns = [*others, "tensorflow_mode", "pytorch_mode", "tensorflow_runs", "pytorch_runs", "tensorflow_median",
+               "pytorch_median", "tensorflow_mean", "pytorch_mean", "tensorflow_cv_percent", "pytorch_cv_percent",
+               "ratio_to_tensorflow_of_means", "ratio_ci95_low", "ratio_ci95_high", "significance", "note"]
+    ok = ok_runs(runs)
+    rows = []
+    for point, group in ok.groupby(others, dropna=False, sort=True):
+        for tf_mode, torch_mode in COUNTERPARTS.items():
+            tf = group.loc[(group["framework"] == "tensorflow") & (group["mode"] == tf_mode), "images_per_sec"]
+            torch = group.loc[(group["framework"] == "pytorch") & (group["mode"] == torch_mode), "images_per_sec"]
+            if torch.empty:
+                continue
+            row = {**dict(zip(others, point)), "tensorflow_mode": tf_mode, "pytorch_mode": torch_mode,
+                   **_basis("pytorch", torch), "pytorch_cv_percent": cv_percent(torch)}
+            if tf.empty:
+                rows.append({**row, "note": f"no tensorflow {tf_mode} run at this point"})
+                continue
+            rows.append({**row, **_basis("tensorflow", tf), "tensorflow_cv_percent": cv_percent(tf),
+                         **_ratio_columns("ratio_to_tensorflow", ratio_interval(torch, tf, "tensorflow"))})
+    return pd.DataFrame(rows, columns=columns)
+
+
+def input_overhead_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """(synthetic - real) / synthetic in percent of the means at the same point: the cost of reading
+    real data, with its interval from Fieller's interval of real / synthetic."""
+    others = Point.columns("data")
+    columns = [*others, "synthetic_runs", "real_runs", "synthetic_median", "real_median", "synthetic_mean",
+               "real_mean", "input_overhead_percent_of_means", "input_overhead_ci95_low", "input_overhead_ci95_high",
+               "significance"]
+    rows = []
+    for point, group in ok_runs(runs).groupby(others, dropna=False, sort=True):
+        synthetic = group.loc[group["data"] == "synthetic", "images_per_sec"]
+        real = group.loc[group["data"] == "real", "images_per_sec"]
+        if synthetic.empty or real.empty:
+            continue
+        interval = ratio_interval(real, synthetic, "synthetic")
+        rows.append({**dict(zip(others, point)), **_basis("synthetic", synthetic), **_basis("real", real),
+                     **_overhead_columns("input_overhead", interval), "significance": interval.significance()})
+    return pd.DataFrame(rows, columns=columns)
+
+
+def memory_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """Peak memory per rank (largest rank of a run, median over runs) for each batch size."""
+    keys = ["runtime", "model", "image_size", "precision", "batch_size"]
+    ok = ok_runs(runs)
+    if ok.empty:
+        return pd.DataFrame(columns=[*keys, "peak_host_memory_gib", "peak_gpu_memory_gib", "runs"])
+    return ok.groupby(keys, dropna=False).agg(
+        peak_host_memory_gib=("peak_host_memory_gib", "median"),
+        peak_gpu_memory_gib=("peak_gpu_memory_gib", "median"),
+        runs=("run_id", "count")).reset_index()
+
+
+def study_table(summary: pd.DataFrame) -> pd.DataFrame:
+    """The CSCS report's Table 1 shape: ranks, mode, data, images/s (with framework, runtime and fabric)."""
+    if summary.empty:
+        return pd.DataFrame(columns=["framework", "ranks", "mode", "data", "runtime", "fabric", "batch/rank", "img/s",
+                                     "std"])
+    table = summary[["framework", "ranks", "mode", "data", "runtime", "fabric", "batch_size", "images_per_sec_median",
+                     "images_per_sec_std"]].rename(columns={"batch_size": "batch/rank", "images_per_sec_median": "img/s",
+                                                            "images_per_sec_std": "std"})
+    return table.sort_values(["framework", "runtime", "fabric", "mode", "data", "ranks"], ignore_index=True)
