@@ -109,7 +109,8 @@ def test_a_runtime_only_on_compute_nodes_is_not_probed_where_the_workflow_plans(
     config = tiny_config(tmp_path, **COMPUTE_ONLY)
     sweep = prepare(config, ROOT, probe=True)  # require: a runtime that cannot run here would be refused
     assert {run.runtime for run in sweep.runs} == {"bare-metal", "apptainer"} and sweep.skipped == {}
-    everywhere = cb_config.merge(tiny_config(tmp_path, **COMPUTE_ONLY), {"images": {"apptainer": {"available": "everywhere"}}})
+    everywhere = cb_config.merge(tiny_config(tmp_path, **COMPUTE_ONLY),
+                                 {"images": {"apptainer": {"available": "everywhere"}}})
     with pytest.raises(cb_config.ConfigError, match="runtime 'apptainer' cannot run here: apptainer is not installed"):
         prepare(everywhere, ROOT, probe=True)
 
@@ -122,7 +123,8 @@ def test_under_slurm_the_check_runs_on_one_compute_node_through_srun(tmp_path):
     assert argv == ["srun", "--nodes=1", "--ntasks=1", "--time=10", "--job-name=containerbench-preflight",
                     "--partition=gpu", "--account=proj", "--constraint=a100",
                     "/sw/cb/.venv/bin/python", "-m", "containerbench.preflight", "--repo", str(ROOT),
-                    "--sources-digest", preflight.sources_digest(ROOT), "--bench-python", "/sw/cb/.venv-bench/bin/python",
+                    "--sources-digest", preflight.sources_digest(ROOT),
+                    "--bench-python", "/sw/cb/.venv-bench/bin/python",
                     "--probes", '{"apptainer": ["apptainer", "--version"]}', "--image-file=/sw/images/tf.sif"]
     preflight.parser().parse_args(argv[8 + 3:])  # what follows `python -m containerbench.preflight` parses
     local = preflight.check_argv(tiny_config(tmp_path), ROOT, sys.executable, None, {})

@@ -155,7 +155,8 @@ def test_pytorch_training_record_carries_every_field(torch_runs, ranks):
     result = record["result"]
     assert (result["framework"], result["mode"], result["launcher"], result["runtime"]) == (
         "pytorch", "ddp", "mpirun", "bare-metal")
-    assert (result["model"], result["image_size"], result["batch_size"], result["precision"]) == ("resnet50", 32, 2, "fp32")
+    assert ((result["model"], result["image_size"], result["batch_size"], result["precision"])
+            == ("resnet50", 32, 2, "fp32"))
     assert result["parameters"] == TORCHVISION_NUM_PARAMS["resnet50"]
     assert result["distribution"]["backend"] == "gloo" and result["torch_compile"] is False
     for rank, entry in enumerate(result["per_rank"]):
@@ -225,7 +226,8 @@ def test_frameworks_sweep_both_side_by_side(tmp_path):
     argv = torch_train["argv"]
     assert argv[argv.index("--runtime"):][:4] == ["--runtime", "bare-metal", "--backend", "auto"]
     net = plan(runs[-1], config)["argv"]
-    assert net[net.index("-m") + 1:][:5] == ["containerbench.netbench", "--max-bytes", "65536", "--backend", "torch-auto"]
+    assert net[net.index("-m") + 1:][:5] == ["containerbench.netbench", "--max-bytes", "65536",
+                                             "--backend", "torch-auto"]
 
 
 def test_the_modes_of_tensorflow_are_one_ddp_point_for_pytorch(tmp_path):
@@ -286,7 +288,6 @@ def test_pytorch_in_a_container_runs_the_pytorch_flavour_of_the_built_image(tmp_
 def test_a_site_pytorch_image_is_run_as_it_is_and_a_gpu_sweep_must_name_one(tmp_path):
     from containerbench.config import ImageUse
     from containerbench.images import check_bench_env, resolve_images
-
     from containerbench.launch import prepare
 
     config = tiny_config(tmp_path, runtimes=["bare-metal", "podman"], benchmark={"frameworks": ["pytorch"]},
