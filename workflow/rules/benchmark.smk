@@ -13,12 +13,16 @@ TELEMETRY_OUTPUT = {"telemetry": f"{RESULTS}/telemetry/{{run_id}}.csv"} if confi
 # reason, as a failed record, instead of vanishing with its job and being submitted again next time.
 ALLOCATES = launch.allocates(config)
 # Inside a site's allocation instead, runs are its job steps: through the executor plugin, with this shape.
-JOB_SHAPE = {
-    "nodes": lambda wildcards: PLANS[wildcards.run_id]["spec"]["nodes"],
-    "tasks": lambda wildcards: PLANS[wildcards.run_id]["spec"]["ranks"],
-    "mpi": lambda wildcards: "srun" if PLANS[wildcards.run_id]["spec"]["ranks"] > 1 else None,
-    **SLURM_RESOURCES,
-} if config["launcher"]["kind"] == "srun" and not ALLOCATES else {}
+JOB_SHAPE = (
+    {
+        "nodes": lambda wildcards: PLANS[wildcards.run_id]["spec"]["nodes"],
+        "tasks": lambda wildcards: PLANS[wildcards.run_id]["spec"]["ranks"],
+        "mpi": lambda wildcards: "srun" if PLANS[wildcards.run_id]["spec"]["ranks"] > 1 else None,
+        **SLURM_RESOURCES,
+    }
+    if config["launcher"]["kind"] == "srun" and not ALLOCATES
+    else {}
+)
 
 for repetition in REPETITIONS:
 
@@ -29,11 +33,14 @@ for repetition in REPETITIONS:
             # The image a container run needs (images.smk), and the generated sample for a
             # real-data run (data.smk); one function, as each costs Snakemake time per job.
             unpack(lambda wildcards: SWEEP.inputs[wildcards.run_id]),
+        # fmt: off
+        # The log first, as a dry run lists it (snakefmt would move the ** before it).
         output:
             # The raw log: the launch line, everything the ranks print, the exit line.
             log=f"{RESULTS}/runs/{{run_id}}.log",
             # What each node's sampler saw while the run measured (launch.collect_telemetry).
             **TELEMETRY_OUTPUT,
+        # fmt: on
         log:
             # The launcher's own complaints (a launcher that cannot start, the exit status).
             f"{RESULTS}/logs/launch/{{run_id}}.txt",
@@ -80,10 +87,13 @@ if AUTO_REPETITIONS:
 
 
 rule parse_run:
+    # fmt: off
+    # The log first, as a dry run lists it (snakefmt would move the ** before it).
     input:
         log=f"{RESULTS}/runs/{{run_id}}.log",
         # Read by the parser through the path the log's launch line names.
         **TELEMETRY_OUTPUT,
+    # fmt: on
     output:
         f"{RESULTS}/runs/{{run_id}}.json",
     log:
