@@ -7,13 +7,14 @@ TORCH_VENV := .venv-bench-torch
 PROFILE ?= profiles/local
 SNAKEMAKE_ARGS ?=
 
-.PHONY: setup ready base-image test-wheelhouses run test test-fast dry-run lock clean-results clean-images help gpu-env test-gpu-env
+.PHONY: setup ready base-image test-wheelhouses run test test-fast lint dry-run lock clean-results clean-images help gpu-env test-gpu-env
 
 help:
 	@echo "make run        set up, then run the benchmark workflow ($(PROFILE), config/config.yaml)"
 	@echo "make test       set up, then run the whole test suite (root: it installs engines and Slurm); the fast tests run beside setup"
 	@echo "make ready      what run and test do first: setup and the base image (for test also the MPICH wheel), two at a time"
-	@echo "make test-fast  the developer loop: tests that need only the workflow venv (no root, minutes)"
+	@echo "make test-fast  the developer loop: lint, then the tests that need only the workflow venv (no root, minutes)"
+	@echo "make lint       ruff over the Python, snakefmt --check over the Snakefile and rules (pyproject.toml)"
 	@echo "make dry-run    show what the workflow would run"
 	@echo "make clean-images  remove the built images (every flavour of IMAGE_TAG) from the engines and build/images"
 	@echo "make lock       re-resolve envs/*.lock.txt from envs/*.txt"
@@ -90,8 +91,13 @@ test:
 
 # No training, no container engine, no Slurm, no root: what each marker means is in pyproject.toml.
 FAST := not slow and not bench and not root and not containers and not slurm and not netns and not gpu_env
-test-fast: $(VENV)/.containerbench-ready
+test-fast: lint
 	$(VENV)/bin/python -m pytest -m "$(FAST)" $(PYTEST_ARGS)
+
+# Seconds, so the loop runs it first; what each checks, and what it leaves out, is in pyproject.toml.
+lint: $(VENV)/.containerbench-ready
+	$(VENV)/bin/ruff check src tests benchmarks scripts
+	$(VENV)/bin/snakefmt --check Snakefile workflow/rules
 
 # benchmark_env: gpu. Compiling Horovod's NCCL operations needs CUDA 11.8's nvcc and gcc 11
 # (installed when root on Debian); the GPU venv and image need no GPU to be built.

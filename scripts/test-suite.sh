@@ -5,7 +5,7 @@
 #
 # The tests that need only the workflow venv (FAST_MARKERS, `make test-fast`'s) start as soon as that venv
 # and the system packages are in place, beside the rest of `make ready`: they keep one core busy, and
-# ready's pip installs and compiles leave the second idle much of the time (docs/developing.md, Timings).
+# ready's pip installs and compiles leave the second idle much of the time (benchmarks/README.md, Suite timings).
 # Their output is held in a log and shown whole when they end. The other tests need what ready makes,
 # and run after it. Exit status: the first failure of ready, the fast tests, the rest; pytest's 5 (no
 # test selected, e.g. by a -k in PYTEST_ARGS) is not one for either part alone.

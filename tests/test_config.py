@@ -38,7 +38,8 @@ DELETE = object()
 # (change, words the one-line message must contain)
 BAD_CONFIGS = [
     ("runtimes", ["dockr"], ["'runtimes[0]'", "'dockr'", "bare-metal"]),
-    ("images.podman", {"mpi_model": ["hybrid", "nativ"]}, ["'images.podman.mpi_model[1]'", "'nativ'", "hybrid, native"]),
+    ("images.podman", {"mpi_model": ["hybrid", "nativ"]},
+     ["'images.podman.mpi_model[1]'", "'nativ'", "hybrid, native"]),
     ("benchmark.model", "resnet51", ["'benchmark.model'", "'resnet51'", "resnet50", "vgg16"]),
     ("benchmark.precision", "fp8", ["'benchmark.precision'", "'fp8'", "mixed_float16"]),
     ("benchmark.stepz", 5, ["unknown key 'stepz'", "'benchmark'", "steps"]),
@@ -124,7 +125,8 @@ def test_modes_and_data_sources_are_sweep_axes_with_readable_ids(root, tmp_path)
 
 def test_more_parameter_servers_than_ranks_is_rejected_before_any_run(tmp_path):
     config = tiny_config(tmp_path, benchmark={"modes": ["parameter_server"], "parameter_servers": 2})
-    with pytest.raises(cb_config.ConfigError, match=r"'benchmark.parameter_servers' = 2 .* on \[1\] rank\(s\); allowed: at most 1"):
+    with pytest.raises(cb_config.ConfigError,
+                       match=r"'benchmark.parameter_servers' = 2 .* on \[1\] rank\(s\); allowed: at most 1"):
         cb_config.check_runs(config, cb_config.plan_runs(config))
 
 
@@ -138,7 +140,8 @@ def test_a_site_dataset_without_tfrecords_is_rejected(tmp_path):
 
 def test_xla_with_parameter_servers_is_rejected_before_any_run(tmp_path):
     config = tiny_config(tmp_path, benchmark={"modes": ["horovod", "parameter_server"], "xla": True})
-    with pytest.raises(cb_config.ConfigError, match=r"^config: 'benchmark.xla' = true cannot run mode parameter_server"):
+    with pytest.raises(cb_config.ConfigError,
+                       match=r"^config: 'benchmark.xla' = true cannot run mode parameter_server"):
         cb_config.check_runs(config, cb_config.plan_runs(config))
 
 

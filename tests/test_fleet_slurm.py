@@ -17,7 +17,6 @@ import pytest
 import yaml
 from helpers import BENCH_PYTHON, ROOT, SLURM_CLUSTER, cancel_when_running, on_controller
 
-
 pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.slurm, pytest.mark.netns, pytest.mark.timeout(1500)]
 CLUSTER = SLURM_CLUSTER
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))

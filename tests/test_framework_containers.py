@@ -13,7 +13,6 @@ import pytest
 import yaml
 from helpers import ROOT, SMOKE_MODEL, TINY, WORKFLOW_IMAGE, give_back, snakemake
 
-
 # From scratch the fixture builds the PyTorch flavour (wheelhouse, podman build, ch-convert); TensorFlow's
 # image is the one test_containers built in the same session (the same tag and files).
 pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.containers, pytest.mark.timeout(2400)]

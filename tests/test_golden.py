@@ -26,12 +26,13 @@ def parse_and_tabulate(out: Path) -> None:
         telemetry = log.with_name(log.name.replace(".log", ".telemetry.csv"))
         subprocess.run([*CLI, "parse", str(log.relative_to(ROOT)), "--telemetry", str(telemetry.relative_to(ROOT)),
                         "--out", str(out / "records" / f"{log.stem}.json")], cwd=ROOT, check=True)
-    subprocess.run([*CLI, "tables", "--out-dir", str(out / "tables"), *map(str, sorted((out / "records").glob("*.json")))],
-                   cwd=ROOT, check=True)
+    records = sorted((out / "records").glob("*.json"))
+    subprocess.run([*CLI, "tables", "--out-dir", str(out / "tables"), *map(str, records)], cwd=ROOT, check=True)
 
 
 def kept_files(root: Path) -> list[Path]:
-    return sorted(path.relative_to(root) for path in root.rglob("*") if path.is_file() and "tensorboard" not in path.parts)
+    return sorted(path.relative_to(root) for path in root.rglob("*")
+                  if path.is_file() and "tensorboard" not in path.parts)
 
 
 @pytest.fixture(scope="module")

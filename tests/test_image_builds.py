@@ -15,8 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from helpers import (BENCH_PYTHON, ROOT, SMOKE_MODEL, WORKFLOW_IMAGE, ch_run_argv, exported, run_and_parse,
-                     tiny_config)
+from helpers import BENCH_PYTHON, ROOT, SMOKE_MODEL, WORKFLOW_IMAGE, ch_run_argv, exported, run_and_parse, tiny_config
 
 from containerbench import config as cb_config
 from containerbench import baseimage, cli, imagebuild, images, imagestep, wheelhouse

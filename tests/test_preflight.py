@@ -109,7 +109,8 @@ def test_a_runtime_only_on_compute_nodes_is_not_probed_where_the_workflow_plans(
     config = tiny_config(tmp_path, **COMPUTE_ONLY)
     sweep = prepare(config, ROOT, probe=True)  # require: a runtime that cannot run here would be refused
     assert {run.runtime for run in sweep.runs} == {"bare-metal", "apptainer"} and sweep.skipped == {}
-    everywhere = cb_config.merge(tiny_config(tmp_path, **COMPUTE_ONLY), {"images": {"apptainer": {"available": "everywhere"}}})
+    everywhere = cb_config.merge(tiny_config(tmp_path, **COMPUTE_ONLY),
+                                 {"images": {"apptainer": {"available": "everywhere"}}})
     with pytest.raises(cb_config.ConfigError, match="runtime 'apptainer' cannot run here: apptainer is not installed"):
         prepare(everywhere, ROOT, probe=True)
 

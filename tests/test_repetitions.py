@@ -49,7 +49,8 @@ def test_a_round_sends_on_only_the_points_whose_interval_is_too_wide(recorded_ru
     last = repetitions.decide(records, 4, target_ci_percent=3, max_repetitions=4, previous=first)
     assert last["next"] == []
     assert last["points"][ONE] == first["points"][ONE]
-    assert last["points"][TWO]["stop"] == f"max_repetitions (4) reached: ci95 +-{half_width_percent(wide + [100.0]):.3g}%"
+    half_width = half_width_percent(wide + [100.0])
+    assert last["points"][TWO]["stop"] == f"max_repetitions (4) reached: ci95 +-{half_width:.3g}%"
 
 
 def test_failed_repetitions_count_but_give_no_interval(recorded_runs):

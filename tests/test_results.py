@@ -12,8 +12,15 @@ import pytest
 
 from containerbench.intervals import ratio_interval, t_quantile
 from containerbench.records import load_records
-from containerbench.results import (build_tables, markdown_summary, netbench_table,
-                                    runs_table, summary_table, write_tables, write_tensorboard)
+from containerbench.results import (
+    build_tables,
+    markdown_summary,
+    netbench_table,
+    runs_table,
+    summary_table,
+    write_tables,
+    write_tensorboard,
+)
 
 
 def variant(record: dict, run_id: str, rate: float | None = None, repetition: int | None = None, status=None,
@@ -100,7 +107,8 @@ def test_container_overhead_with_interval_and_significance(recorded_runs):
     one = recorded_runs[("train", 1)]
     records = [variant(one, f"bare{i}", rate, i) for i, rate in enumerate([100.0, 102.0, 98.0], 1)]
     records += [variant(one, f"pod{i}", rate, i, runtime="podman") for i, rate in enumerate([90.0, 91.0, 89.0], 1)]
-    records += [variant(one, f"ch{i}", rate, i, runtime="charliecloud") for i, rate in enumerate([99.0, 103.0, 98.0], 1)]
+    records += [variant(one, f"ch{i}", rate, i, runtime="charliecloud")
+                for i, rate in enumerate([99.0, 103.0, 98.0], 1)]
     overhead = build_tables(records)["overhead"].set_index("runtime")
     podman, charliecloud = overhead.loc["podman"], overhead.loc["charliecloud"]
     assert podman["overhead_percent_of_means"] == pytest.approx(10.0)  # (100 - 90) / 100
@@ -131,7 +139,8 @@ def test_overhead_is_refused_between_different_benchmarks(recorded_runs):
     one = recorded_runs[("train", 1)]
     other = variant(one, "pod1", 90.0, 1, runtime="podman")
     other["result"]["provenance"] = dict(other["result"]["provenance"], hash="different0000000",
-                                         packages={**other["result"]["provenance"]["packages"], "tensorflow-cpu": "2.16.2"})
+                                         packages={**other["result"]["provenance"]["packages"],
+                                                   "tensorflow-cpu": "2.16.2"})
     overhead = build_tables([variant(one, "bare1", 100.0, 1), other])["overhead"]
     assert overhead.loc[0, "note"] == "not comparable: packages differ: tensorflow-cpu 2.15.1 vs 2.16.2"
     assert np.isnan(overhead.loc[0, "overhead_percent_of_means"])
@@ -318,7 +327,8 @@ def test_overhead_flags_ranks_bound_differently_from_bare_metal(recorded_runs):
     docker = [variant(one, f"dock{i}", 90.0 + i, i, runtime="docker") for i in (1, 2)]
     for record in docker:
         for process in record["result"]["processes"]:
-            process["context"] = dict(process["context"], affinity=[0, 1], limits={"memory_max": 2**31, "cpu_max": None})
+            process["context"] = dict(process["context"], affinity=[0, 1],
+                                      limits={"memory_max": 2**31, "cpu_max": None})
     [row] = build_tables(bare + docker)["overhead"].to_dict("records")
     assert row["overhead_percent_of_means"] == pytest.approx(100 * (1 - 91.5 / 101.5))  # still computed
     assert row["note"] == ("binding differs: bare-metal ranks had 1 CPU, memory -, quota -, "
@@ -394,4 +404,5 @@ def test_a_container_whose_loss_trajectory_parts_from_bare_metals_is_flagged_at_
     assert list(losses.loc[losses["run_id"] == "ch-2", "loss"]) == parted
     assert list(losses.loc[losses["run_id"] == "ch-2", "measured"]) == [False, True, True, True, True]
     write_tensorboard(losses, tmp_path)
-    assert read_events(tmp_path / "ch-2") == [(step, "loss", pytest.approx(loss)) for step, loss in enumerate(parted, 1)]
+    assert read_events(tmp_path / "ch-2") == [(step, "loss", pytest.approx(loss))
+                                              for step, loss in enumerate(parted, 1)]

@@ -105,7 +105,8 @@ def test_a_run_is_abandoned_when_its_controller_is_gone(tmp_path, monkeypatch):
         execute(RunPlan.from_json(run_plan), tmp_path / "sleep.log", echo=None)
     assert time.monotonic() - started < 10
     lines = (tmp_path / "sleep.log").read_text().splitlines()
-    assert lines[-2] == f"containerbench: workflow controller {controller.pid} on {socket.gethostname()} gone: run abandoned"
+    assert lines[-2] == (f"containerbench: workflow controller {controller.pid} on {socket.gethostname()} "
+                         "gone: run abandoned")
     assert markers.payload(lines[-1], markers.EXIT)["timed_out"] is False
     assert not command_lines_mentioning("sleep 303")
 

@@ -18,8 +18,8 @@ from containerbench import images
 from containerbench.config import ConfigError
 from containerbench.launchers import Srun
 from containerbench.runtimes import (
-    BuiltImage,
     Apptainer,
+    BuiltImage,
     Charliecloud,
     Enroot,
     Podman,
@@ -144,7 +144,8 @@ def test_the_native_model_runs_the_mpich_flavour_of_the_built_image_beside_the_h
     artifacts = images.resolve_images(config, "/clone/build/images")
     assert config["images"]["sarus"]["image"] == "load/library/containerbench:0123456789abcdef"
     assert config["images"]["sarus"]["native_image"] == "load/library/containerbench:0123456789abcdef-mpich"
-    assert config["images"]["charliecloud"]["native_image"] == "/clone/build/images/containerbench-0123456789abcdef-mpich.ch"
+    assert (config["images"]["charliecloud"]["native_image"]
+            == "/clone/build/images/containerbench-0123456789abcdef-mpich.ch")
     assert sorted(artifacts) == [("charliecloud", "native", "tensorflow"), ("sarus", "hybrid", "tensorflow"),
                                  ("sarus", "native", "tensorflow")]
     assert runtime_for("sarus", config, "native").image.endswith("-mpich")
@@ -153,7 +154,8 @@ def test_the_native_model_runs_the_mpich_flavour_of_the_built_image_beside_the_h
 
 def test_a_native_model_that_cannot_use_the_built_image_names_the_key_to_set():
     # Shifter's gateway serves images from a registry (the hybrid model needs images.shifter.image too).
-    config = {"runtimes": ["bare-metal", "shifter"], "slurm": {"gpus_per_node": 0}, "benchmark": {"frameworks": ["tensorflow"]}, "benchmark_env": "cpu",
+    config = {"runtimes": ["bare-metal", "shifter"], "slurm": {"gpus_per_node": 0},
+              "benchmark": {"frameworks": ["tensorflow"]}, "benchmark_env": "cpu",
               "images": {"build": {"tag": TAG}, "shifter": {"image": "id:0123abcd", "mpi_model": ["hybrid", "native"]}}}
     with pytest.raises(ConfigError, match=r"^config: 'images.shifter.native_image' is missing; allowed: the image "):
         images.resolve_images(config, "/clone/build/images")
@@ -368,8 +370,9 @@ def test_enroot_is_usable_only_with_its_pmi_hook_enabled(tmp_path, monkeypatch):
 
 def test_pyxis_reads_only_paths_starting_with_slash_or_dot_as_files(tmp_path, monkeypatch):
     # PYXIS pyxis_slurmstepd.c: `if (strspn(context.args->image, "./") > 0)` "Assume `image` is a path to a
-    # squashfs file"; otherwise "Assume `image` is an enroot URI for a docker image". A plan made from a relative build directory names the
-    # built squashfs by its absolute path, and a bare file name the site gives is refused.
+    # squashfs file"; otherwise "Assume `image` is an enroot URI for a docker image". A plan made from a
+    # relative build directory names the built squashfs by its absolute path, and a bare file name the site
+    # gives is refused.
     monkeypatch.chdir(tmp_path)
     assert Enroot.reference(BuiltImage(TAG, "podman", "build/images")) == str(
         tmp_path / "build/images/containerbench-0123456789abcdef.sqsh")
@@ -516,11 +519,14 @@ def test_plan_shows_every_runtime_in_each_mpi_model_it_supports(capsys, monkeypa
     blocks = {block.splitlines()[0]: block for block in capsys.readouterr().out.split("\n\n")}
     from containerbench.runtimes import CONTAINER_RUNTIMES
 
-    assert set(blocks) == {"bare-metal (host)", *(f"{n} ({m})" for n in CONTAINER_RUNTIMES for m in ("hybrid", "native"))}
+    assert set(blocks) == {"bare-metal (host)",
+                           *(f"{n} ({m})" for n in CONTAINER_RUNTIMES for m in ("hybrid", "native"))}
     assert blocks["enroot (native)"].endswith("not supported: runtime 'enroot' has no documented way to swap the "
                                               "host's MPI in; allowed: mpi_model hybrid")
     assert "argv: srun --mpi=pmi2 " in blocks["sarus (native)"] and " sarus run --mpi " in blocks["sarus (native)"]
-    assert "prepare: sarus load " in blocks["sarus (hybrid)"] and "load/library/containerbench:gpu" in blocks["sarus (hybrid)"]
-    assert "--module=gpu,mpich" in blocks["shifter (native)"] and "prepare: shifterimg lookup" in blocks["shifter (hybrid)"]
+    assert "prepare: sarus load " in blocks["sarus (hybrid)"]
+    assert "load/library/containerbench:gpu" in blocks["sarus (hybrid)"]
+    assert "--module=gpu,mpich" in blocks["shifter (native)"]
+    assert "prepare: shifterimg lookup" in blocks["shifter (hybrid)"]
     assert "--bind=/usr/lib/x86_64-linux-gnu/libmpich.so.12:/opt/containerbench/venv/lib/libmpi.so.12" in blocks[
         "charliecloud (native)"]

@@ -216,8 +216,8 @@ def test_a_run_slurm_gives_no_allocation_is_a_failed_record_with_sallocs_error(c
         "--partition=nosuch", "--account=cbtest-account"]
     (tmp_path / "plan.json").write_text(run_plan.to_json())
     log = tmp_path / "run.log"
-    done = on_controller(cluster, sys.executable, "-m", "containerbench", "launch", "--plan", f"@{tmp_path / 'plan.json'}",
-                         "--log", str(log), timeout=120)
+    done = on_controller(cluster, sys.executable, "-m", "containerbench", "launch",
+                         "--plan", f"@{tmp_path / 'plan.json'}", "--log", str(log), timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     record = parse_log(log)
     assert record["status"] == "failed"
@@ -341,7 +341,8 @@ def test_a_dead_controllers_lock_stays_while_its_slurm_jobs_run(cluster, tmp_pat
 def wait_for_state(cluster: Path, node: str, wanted: str, seconds: int = 60) -> str:
     state = ""
     for _ in range(seconds):
-        state = on_controller(cluster, "sinfo", "--noheader", "--Node", "--nodes", node, "--format", "%T").stdout.strip()
+        state = on_controller(cluster, "sinfo", "--noheader", "--Node", "--nodes", node,
+                              "--format", "%T").stdout.strip()
         if state == wanted:
             break
         time.sleep(1)

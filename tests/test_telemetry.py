@@ -63,8 +63,8 @@ def test_the_sampler_follows_the_runs_processes_the_cpus_and_the_network(tmp_pat
         pids = tmp_path / "node.pids"
         pids.write_text(f"{busy.pid} {os.readlink('/proc/self/ns/pid')}\n")  # as telemetry.register_rank writes it
         before_start, started = cpu_seconds(busy.pid), time.monotonic()
-        sampler = subprocess.Popen([sys.executable, "-m", "containerbench.telemetry", "--out", str(tmp_path / "node.csv"),
-                                    "--pids", str(pids), "--interval", "0.1"])
+        sampler = subprocess.Popen([sys.executable, "-m", "containerbench.telemetry",
+                                    "--out", str(tmp_path / "node.csv"), "--pids", str(pids), "--interval", "0.1"])
         time.sleep(0.5)
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sender:  # 200 packets over loopback
             for _ in range(200):
@@ -92,7 +92,8 @@ def test_the_sampler_follows_the_runs_processes_the_cpus_and_the_network(tmp_pat
     assert before_start <= run_cpu[0][1] <= run_cpu[-1][1] <= after_stop and run_cpu[-1][1] >= before_stop - tick
     share = (before_stop - before_start) / (stopping - started)
     assert 0.5 * share * elapsed < run_cpu[-1][1] - run_cpu[0][1] <= 1.05 * elapsed
-    assert {device for metric, device in samples if metric == "cpu_busy_s"} == {f"cpu{i}" for i in range(os.cpu_count())}
+    cpus = {f"cpu{i}" for i in range(os.cpu_count())}
+    assert {device for metric, device in samples if metric == "cpu_busy_s"} == cpus
     node_busy = sum(points[-1][1] - points[0][1] for (metric, _), points in samples.items() if metric == "cpu_busy_s")
     assert node_busy >= 0.6 * elapsed  # /proc/stat saw the same core busy
     sent = samples[("net_tx_packets", "lo")]

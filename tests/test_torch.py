@@ -155,7 +155,8 @@ def test_pytorch_training_record_carries_every_field(torch_runs, ranks):
     result = record["result"]
     assert (result["framework"], result["mode"], result["launcher"], result["runtime"]) == (
         "pytorch", "ddp", "mpirun", "bare-metal")
-    assert (result["model"], result["image_size"], result["batch_size"], result["precision"]) == ("resnet50", 32, 2, "fp32")
+    assert ((result["model"], result["image_size"], result["batch_size"], result["precision"])
+            == ("resnet50", 32, 2, "fp32"))
     assert result["parameters"] == TORCHVISION_NUM_PARAMS["resnet50"]
     assert result["distribution"]["backend"] == "gloo" and result["torch_compile"] is False
     for rank, entry in enumerate(result["per_rank"]):

@@ -10,9 +10,19 @@ import pytest
 import yaml
 
 from containerbench.records import load_records
-from containerbench.validate import (UNITS, VARIABLE_PATTERN, Reference, ReferencesError, format_outcome,
-                                     load_references, performance_variables, slow_nodes, validate, verdict,
-                                     write_baseline)
+from containerbench.validate import (
+    UNITS,
+    VARIABLE_PATTERN,
+    Reference,
+    ReferencesError,
+    format_outcome,
+    load_references,
+    performance_variables,
+    slow_nodes,
+    validate,
+    verdict,
+    write_baseline,
+)
 
 TRAIN = "train/resnet50-32px-fp32/bare-metal/tcp-loopback"
 NET = "netbench/bare-metal/tcp-loopback/1x2"

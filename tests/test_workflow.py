@@ -15,6 +15,7 @@ from helpers import ROOT, SMOKE_MODEL, TINY, recorded_records, snakemake
 from containerbench import cli, datasets, history, images
 from containerbench import fleet as fleet_module
 from containerbench import config as cb_config
+from containerbench import fleet as fleet_module
 from containerbench.runtimes import select_runtimes
 
 
@@ -31,7 +32,8 @@ def test_dry_run_of_the_default_config(tmp_path):
     config = cb_config.load([str(ROOT / "config" / "config.yaml")])
     skipped = select_runtimes(config, images.resolve_images(config))
     runtimes = config["runtimes"]
-    assert "bare-metal" in runtimes and set(runtimes) | set(skipped) == {"bare-metal", "podman", "charliecloud", "docker"}
+    assert "bare-metal" in runtimes
+    assert set(runtimes) | set(skipped) == {"bare-metal", "podman", "charliecloud", "docker"}
     counts = job_counts(done.stdout)
     n = len(runtimes)
     assert {k: v for k, v in counts.items() if not k.startswith("image")} == {
@@ -145,8 +147,10 @@ def test_lint_finds_only_the_explained_warning(tmp_path, fleet):
 
 
 @pytest.mark.parametrize("override,expected", [
-    ({"runtimes": ["dockr"]}, "containerbench: config: 'runtimes[0]' = 'dockr' is not allowed; allowed: one of bare-metal"),
-    ({"benchmark": {"stepz": 3}}, "containerbench: config: unknown key 'stepz' in 'benchmark'; known keys: batch_sizes,"),
+    ({"runtimes": ["dockr"]},
+     "containerbench: config: 'runtimes[0]' = 'dockr' is not allowed; allowed: one of bare-metal"),
+    ({"benchmark": {"stepz": 3}},
+     "containerbench: config: unknown key 'stepz' in 'benchmark'; known keys: batch_sizes,"),
     ({"images": {"podman": {"write_fake": True}}},
      "containerbench: config: runtime 'podman': unknown option 'write_fake' in images.podman; allowed: image, "),
     ({"benchmark": {"repetitions": "auto"}},
@@ -236,9 +240,10 @@ def test_the_workflow_runs_end_to_end_and_then_has_nothing_to_do(tmp_path):
     one_rank = "train/resnet50-32px-fp32/bare-metal/tcp-loopback/1x1/b2/images_per_sec"
     assert (since.loc[one_rank, "n_a"], since.loc[one_rank, "n_b"]) == (1, 2)
     assert since.loc[one_rank, "significant"] == "n/a: needs 2+ repetitions each"
-    assert since.loc[one_rank, "mean_b"] == pytest.approx(summary.loc[0, "images_per_sec_mean"], rel=1e-4)  # CSV: 6 digits
+    # The CSV keeps 6 digits.
+    assert since.loc[one_rank, "mean_b"] == pytest.approx(summary.loc[0, "images_per_sec_mean"], rel=1e-4)
     assert "<h2>Since last time</h2>" in report and "against the previous session of system ci" in report
-    assert f"containerbench compare --store history.sqlite 1 2" in report
+    assert "containerbench compare --store history.sqlite 1 2" in report
 
     again = snakemake(tmp_path, *configs, "--dry-run")
     assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr
@@ -336,11 +341,13 @@ def test_auto_repetitions_add_rounds_until_the_target_or_the_most_without_measur
                 assert entry["ci95_percent"] is None or entry["ci95_percent"] > 50
                 assert f"{point}_rep{decision['round'] + 1}" in decision["next"]
             elif entry["stop"].startswith("target reached: "):
-                assert entry["ci95_percent"] <= 50 and entry["stop"] == f"target reached: ci95 +-{entry['ci95_percent']:.3g}%"
+                assert entry["ci95_percent"] <= 50
+                assert entry["stop"] == f"target reached: ci95 +-{entry['ci95_percent']:.3g}%"
             else:
                 assert decision["round"] == 3 and entry["stop"].startswith("max_repetitions (3) reached: ci95 ")
     stops = rounds[-1]["points"]
-    assert rounds[-1]["next"] == [] and runs == {point: list(range(1, stops[point]["repetitions"] + 1)) for point in stops}
+    assert rounds[-1]["next"] == []
+    assert runs == {point: list(range(1, stops[point]["repetitions"] + 1)) for point in stops}
     # Every point's next repetition ran before any point's following one.
     records = [json.loads(path.read_text()) for path in (results / "runs").glob("*.json")]
     order = [r["spec"]["repetition"] for r in sorted(records, key=lambda record: record["started_unix"])]

@@ -227,8 +227,10 @@ def measure(train_step, source, args, rank: int, images_per_step: int) -> tuple[
         (step_times if measured else warmup_times).append(elapsed)
         losses.append(loss)
         if rank == 0:
-            label = f"step {step - args.warmup_steps + 1}/{args.steps}" if measured else f"warmup {step + 1}/{args.warmup_steps}"
-            print(f"  {label}: {elapsed:.3f} s  {images_per_step / elapsed:8.2f} img/s (rank 0)  loss {loss:.3f}", flush=True)
+            label = (f"step {step - args.warmup_steps + 1}/{args.steps}" if measured
+                     else f"warmup {step + 1}/{args.warmup_steps}")
+            print(f"  {label}: {elapsed:.3f} s  {images_per_step / elapsed:8.2f} img/s (rank 0)  loss {loss:.3f}",
+                  flush=True)
     loop_s = time.perf_counter() - loop_started
     window = {**window, "end_unix": time.time(), "cpu_s": telemetry.cpu_seconds() - window["cpu_s"]}
     return warmup_times, step_times, (loop_s - sum(step_times)) / sum(step_times), window, losses
@@ -237,7 +239,8 @@ def measure(train_step, source, args, rank: int, images_per_step: int) -> tuple[
 def train(tf, np, mode, args, gpu_names: list[str]) -> dict:
     """This rank's part: build, warm up, time the measured steps, probe, checksum the weights."""
     mine = {"rank": mode.rank, "local_rank": mode.local_rank, "hostname": socket.gethostname(),
-            "entry_unix_time": ENTRY_UNIX_TIME, "cpus": len(os.sched_getaffinity(0)), "context": telemetry.rank_context()}
+            "entry_unix_time": ENTRY_UNIX_TIME, "cpus": len(os.sched_getaffinity(0)),
+            "context": telemetry.rank_context()}
     if mode.coordinator:
         with mode.scope():
             model, optimizer, shape = build_model(tf, args)
@@ -254,8 +257,8 @@ def train(tf, np, mode, args, gpu_names: list[str]) -> dict:
                   f"{'data ' + args.data_dir if args.data_dir else 'synthetic data'}, "
                   f"{args.precision}{', XLA' if args.xla else ''}, "
                   f"{args.warmup_steps} warmup + {args.steps} measured steps", flush=True)
-        mine["warmup_step_s"], mine["step_s"], mine["harness_overhead_fraction"], mine["window"], mine["loss"] = measure(
-            train_step, source, args, mode.rank, per_step)
+        (mine["warmup_step_s"], mine["step_s"], mine["harness_overhead_fraction"], mine["window"],
+         mine["loss"]) = measure(train_step, source, args, mode.rank, per_step)
         mine["images_per_sec"] = per_step * args.steps / sum(mine["step_s"])
         mine["probe_images_per_sec"] = mine["peak_gpu_memory_bytes"] = mine["batch_digest"] = None
         # One batch of this rank's input, outside the timed steps: the evidence that each rank had its

@@ -98,7 +98,8 @@ def generate(out_dir: str, images: int = 512, shards: int = 8, size: int = 256, 
                 feature = {
                     "image/encoded": tf.train.Feature(bytes_list=tf.train.BytesList(value=[jpeg])),
                     "image/format": tf.train.Feature(bytes_list=tf.train.BytesList(value=[b"JPEG"])),
-                    "image/class/label": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(rng.integers(1, 1001))])),
+                    "image/class/label": tf.train.Feature(
+                        int64_list=tf.train.Int64List(value=[int(rng.integers(1, 1001))])),
                     "image/height": tf.train.Feature(int64_list=tf.train.Int64List(value=[size])),
                     "image/width": tf.train.Feature(int64_list=tf.train.Int64List(value=[size])),
                 }

@@ -191,10 +191,10 @@ class Mode(abc.ABC):
     def make_step(self, tf, model, optimizer, next_batch, args):
         """The compiled training step: takes the step arguments, returns the loss once the update is done."""
 
-    def start(self, model, optimizer) -> None:
+    def start(self, model, optimizer) -> None:  # noqa: B027 - a hook: modes that need none inherit this no-op
         """After the model is built, before the first step (e.g. broadcast the initial weights)."""
 
-    def finish(self) -> None:
+    def finish(self) -> None:  # noqa: B027 - a hook, as start
         """After the last step, before the results are gathered."""
 
     @abc.abstractmethod
@@ -314,7 +314,8 @@ class Collective(_TensorFlowCluster, _EveryRankTrains):
         if self.size > 1:
             workers = [pair[0] for pair in self.addresses(1)]
             self.cluster = {"worker": workers}
-            os.environ["TF_CONFIG"] = json.dumps({"cluster": self.cluster, "task": {"type": "worker", "index": self.rank}})
+            os.environ["TF_CONFIG"] = json.dumps({"cluster": self.cluster,
+                                                  "task": {"type": "worker", "index": self.rank}})
         # Gradients packed into few large all-reduces, as Horovod fuses them (its 64 MiB fusion
         # buffer): unpacked, each of ResNet-50's 161 tensors is a collective of its own.
         options = tf.distribute.experimental.CommunicationOptions(

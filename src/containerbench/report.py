@@ -27,7 +27,8 @@ from containerbench.status import Status  # noqa: E402
 
 SUMMARY_COLUMNS = {
     "framework": "framework",
-    "runtime": "runtime", "fabric": "fabric", "mode": "mode", "data": "data", "nodes": "nodes", "ranks": "ranks", "batch_size": "batch/rank",
+    "runtime": "runtime", "fabric": "fabric", "mode": "mode", "data": "data", "nodes": "nodes", "ranks": "ranks",
+    "batch_size": "batch/rank",
     "repetitions": "reps", "failed_or_invalid": "failed", "images_per_sec_median": "img/s median",
     "images_per_sec_std": "std", "cv_percent": "CV %", "ci95_low": "95% CI low", "ci95_high": "95% CI high",
     "images_per_sec_min": "min", "images_per_sec_max": "max", "per_rank_median": "img/s per rank",
@@ -254,13 +255,15 @@ def environment_rows(records: list[dict]) -> list[tuple[str, str]]:
         ("MPI", distinct(x["versions"]["mpi"] for x in results)),
         ("launcher", distinct(x["launcher"] for x in results)),
         ("hosts", distinct(h for x in results for h in x["hostnames"])),
-        ("model / image size / precision", distinct(f"{x['model']} / {x['image_size']} px / {x['precision']}" for x in results)),
+        ("model / image size / precision",
+         distinct(f"{x['model']} / {x['image_size']} px / {x['precision']}" for x in results)),
         ("steps (warmup + measured)", distinct(f"{x['warmup_steps']} + {x['steps']}" for x in results)),
     ]
     # How each fabric was chosen, and one complete command line: enough to rerun a point by hand.
     fabric_env = {}
     for record in records:
-        env = {k: v for k, v in (record.get("env") or {}).items() if not k.startswith(("PYTHON", "TF_", "CONTAINERBENCH"))}
+        env = {k: v for k, v in (record.get("env") or {}).items()
+               if not k.startswith(("PYTHON", "TF_", "CONTAINERBENCH"))}
         fabric_env.setdefault(record["spec"].get("fabric"), env)
     rows += [(f"fabric {name}", " ".join(f"{k}={v}" for k, v in sorted(env.items())) or "(no variables)")
              for name, env in sorted(fabric_env.items(), key=lambda item: str(item[0]))]
@@ -298,14 +301,16 @@ FABRIC_COLUMNS = {"runtime": "runtime", "ranks": "ranks", "batch_size": "batch/r
                   "ratio_of_means": "ratio (of means)", "ratio_ci95_low": "95% CI low",
                   "ratio_ci95_high": "95% CI high", "significance": "significance"}
 MODE_COLUMNS = {"framework": "framework", "runtime": "runtime", "fabric": "fabric", "data": "data", "ranks": "ranks",
-                "batch_size": "batch/rank", "mode": "mode", "baseline_mode": "baseline", "baseline_runs": "baseline runs",
-                "mode_runs": "mode runs", "baseline_median": "baseline img/s median", "mode_median": "mode img/s median",
+                "batch_size": "batch/rank", "mode": "mode", "baseline_mode": "baseline",
+                "baseline_runs": "baseline runs", "mode_runs": "mode runs",
+                "baseline_median": "baseline img/s median", "mode_median": "mode img/s median",
                 "baseline_mean": "baseline img/s mean", "mode_mean": "mode img/s mean",
                 "baseline_cv_percent": "baseline CV %", "mode_cv_percent": "mode CV %",
                 "ratio_to_baseline_of_means": "ratio to baseline (of means)", "ratio_ci95_low": "95% CI low",
                 "ratio_ci95_high": "95% CI high", "significance": "significance",
                 "communication_overhead_percent_of_means": "communication overhead % (of means)",
-                "communication_overhead_ci95_low": "its 95% CI low", "communication_overhead_ci95_high": "its 95% CI high",
+                "communication_overhead_ci95_low": "its 95% CI low",
+                "communication_overhead_ci95_high": "its 95% CI high",
                 "note": "note"}
 FRAMEWORK_COLUMNS = {"runtime": "runtime", "fabric": "fabric", "data": "data", "ranks": "ranks",
                      "batch_size": "batch/rank", "tensorflow_mode": "TensorFlow", "pytorch_mode": "PyTorch",
@@ -318,7 +323,8 @@ INPUT_COLUMNS = {"runtime": "runtime", "fabric": "fabric", "mode": "mode", "rank
                  "synthetic_runs": "synthetic runs", "real_runs": "real runs",
                  "synthetic_median": "synthetic img/s median", "real_median": "real img/s median",
                  "synthetic_mean": "synthetic img/s mean", "real_mean": "real img/s mean",
-                 "input_overhead_percent_of_means": "input overhead % (of means)", "input_overhead_ci95_low": "95% CI low",
+                 "input_overhead_percent_of_means": "input overhead % (of means)",
+                 "input_overhead_ci95_low": "95% CI low",
                  "input_overhead_ci95_high": "95% CI high", "significance": "significance"}
 MEMORY_COLUMNS = {"runtime": "runtime", "model": "model", "image_size": "image px", "precision": "precision",
                   "batch_size": "batch/rank", "peak_host_memory_gib": "peak host GiB/rank",

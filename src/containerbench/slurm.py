@@ -190,8 +190,9 @@ def node_states(names: list[str], via: tuple[str, ...] = ()) -> dict[str, NodeSt
                                 "validation.nodes", joined, via))
     unknown = [name for name in names if name not in states]
     if unknown:
+        in_all = f" ({len(unknown)} unknown in all)" if len(unknown) > 1 else ""
         raise QueryError(f"'validation.nodes' names {unknown[0]!r}, which Slurm does not know (sinfo); "
-                         f"allowed: nodes of this cluster{f' ({len(unknown)} unknown in all)' if len(unknown) > 1 else ''}")
+                         f"allowed: nodes of this cluster{in_all}")
     return {name: states[name] for name in names}
 
 
@@ -249,7 +250,8 @@ def run_allocated(allocation: list[str], command: list[str], echo=sys.stderr) ->
     stdin is /dev/null: salloc from a terminal, in a job not in the foreground (Snakemake's), would stop
     on SIGTTIN (salloc.c asks the terminal for its process group)."""
     process = subprocess.Popen([*allocation, *command], stdin=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                               text=True, errors="replace", env={**os.environ, "SLURM_EXIT_ERROR": str(SALLOC_ERROR_EXIT)})
+                               text=True, errors="replace",
+                               env={**os.environ, "SLURM_EXIT_ERROR": str(SALLOC_ERROR_EXIT)})
     said: list[str] = []
 
     def copy() -> None:
@@ -266,7 +268,8 @@ def run_allocated(allocation: list[str], command: list[str], echo=sys.stderr) ->
     errors = [line.removeprefix("salloc: ").strip() for line in said if "error" in line.lower() or "revoked" in line]
     job = next((match.group(1) for line in said if (match := re.search(r"job allocation (\d+)", line, re.I))), None)
     ended = job_state(job, wait_s=5) if job else None
-    why = "; ".join(errors[-1:] + ([f"Slurm job {job} {ended['state']}"] if ended else [])) or f"salloc exit {returncode}"
+    why = ("; ".join(errors[-1:] + ([f"Slurm job {job} {ended['state']}"] if ended else []))
+           or f"salloc exit {returncode}")
     return returncode, f"no allocation: {why}"
 
 

@@ -174,7 +174,8 @@ def rank_context() -> dict:
     markers += [f"${name}" for name in CONTAINER_VARIABLES if name in os.environ]
     mount, init_mount = _namespace("mnt"), _namespace("mnt", "1")  # init's: unreadable without privileges
     return {"affinity": sorted(os.sched_getaffinity(0)), "cgroup": cgroup[-1] if cgroup else None,
-            "limits": cgroup_limits("\n".join(cgroup)), "mpi": loaded_mpi(), "mnt_ns": mount, "init_mnt_ns": init_mount, "pid_ns": _namespace("pid"), "markers": markers}
+            "limits": cgroup_limits("\n".join(cgroup)), "mpi": loaded_mpi(), "mnt_ns": mount, "init_mnt_ns": init_mount,
+            "pid_ns": _namespace("pid"), "markers": markers}
 
 
 def cpu_seconds() -> float:
@@ -302,7 +303,8 @@ class GpuReader:
             self.nvml = None
             if shutil.which("nvidia-smi"):
                 self.loop = subprocess.Popen(["nvidia-smi", f"--query-gpu={GPU_QUERY}", "--format=csv,noheader,nounits",
-                                              "-lms", "500"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+                                              "-lms", "500"],
+                                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
                 threading.Thread(target=self._follow, daemon=True).start()
 
     def _follow(self):

@@ -24,8 +24,14 @@ import sys
 import time
 
 from containerbench import telemetry
-from containerbench.bench import (batch_digest_bytes, local_rank_hint, mpi_library, run_and_report, total_line,
-                                  weights_digest)
+from containerbench.bench import (
+    batch_digest_bytes,
+    local_rank_hint,
+    mpi_library,
+    run_and_report,
+    total_line,
+    weights_digest,
+)
 from containerbench.distribution import BackendUnavailable, choose_backend, rendezvous
 
 ENTRY_UNIX_TIME = time.time()  # before torch's import: start-up cost counts

@@ -29,11 +29,14 @@ for repetition in REPETITIONS:
             # The image a container run needs (images.smk), and the generated sample for a
             # real-data run (data.smk); one function, as each costs Snakemake time per job.
             unpack(lambda wildcards: SWEEP.inputs[wildcards.run_id]),
+        # fmt: off
+        # The log first, as a dry run lists it (snakefmt would move the ** before it).
         output:
             # The raw log: the launch line, everything the ranks print, the exit line.
             log=f"{RESULTS}/runs/{{run_id}}.log",
             # What each node's sampler saw while the run measured (execution.collect_telemetry).
             **TELEMETRY_OUTPUT,
+        # fmt: on
         log:
             # The launcher's own complaints (a launcher that cannot start, the exit status).
             f"{RESULTS}/logs/launch/{{run_id}}.txt",
@@ -80,10 +83,13 @@ if AUTO_REPETITIONS:
 
 
 rule parse_run:
+    # fmt: off
+    # The log first, as a dry run lists it (snakefmt would move the ** before it).
     input:
         log=f"{RESULTS}/runs/{{run_id}}.log",
         # Read by the parser through the path the log's launch line names.
         **TELEMETRY_OUTPUT,
+    # fmt: on
     output:
         f"{RESULTS}/runs/{{run_id}}.json",
     log:

@@ -28,13 +28,20 @@ except cb_config.ConfigError as error:
 # `--unlock`: its lock files do not say who holds them), once its jobs have stopped. Jobs on other
 # nodes ignore the name: with Slurm the lock stays while the dead controller's jobs are in squeue.
 SNAKEMAKE_LOCKS = Path(".snakemake", "locks")
+# The planning process of a run or a dry run; not --lint (Snakemake's lint alone parses with check_envvars off).
+PLANS_A_RUN = workflow.is_main_process and workflow.check_envvars
+# Only a run changes anything here; a dry run and --lint read and check. The stale lock cannot wait
+# for onstart: Snakemake refuses a locked directory before its hooks run.
+RUNS_FOR_REAL = PLANS_A_RUN and not workflow.output_settings.dryrun
 if workflow.is_main_process:
-    os.environ[processes.CONTROLLER_VARIABLE] = processes.identity(os.getpid())
+    os.environ[processes.CONTROLLER_VARIABLE] = processes.identity(os.getpid())  # this process's, for its jobs
+if RUNS_FOR_REAL:
     if stale := processes.remove_stale_lock(SNAKEMAKE_LOCKS, slurm=config["launcher"]["kind"] == "srun"):
         print(stale, file=sys.stderr)
 
-if workflow.is_main_process:
-    # What the sweep costs, once, before anything is submitted; on stderr, so a dry run shows it too.
+if PLANS_A_RUN:
+    # What the sweep costs, once, before anything is submitted; on stderr, so a dry run shows it too
+    # (here, not in onstart: Snakemake runs no hook in a dry run).
     print(cost.cost_summary(SWEEP), file=sys.stderr)
 
 PLANS = SWEEP.plans

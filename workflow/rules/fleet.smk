@@ -9,13 +9,17 @@
 # jobs before it on both of its nodes (fleet.job_rounds), so no node ever has two jobs at a time, and
 # at most validation.max_jobs run at once.
 
-FLEET_SELECTION = {key: config["validation"][key] for key in ("nodes", "partition", "plan") if config["validation"][key]}
+FLEET_SELECTION = {
+    key: config["validation"][key] for key in ("nodes", "partition", "plan") if config["validation"][key]
+}
 FLEET = None
 if FLEET_SELECTION and workflow.is_main_process:  # every fleet rule is local: the planning process runs them
     try:
         if config["launcher"]["kind"] != "srun":
-            raise fleet.FleetError(f"'validation.{next(iter(FLEET_SELECTION))}' needs launcher.kind srun "
-                                   f"(it is {config['launcher']['kind']!r}); allowed: a Slurm site's config")
+            raise fleet.FleetError(
+                f"'validation.{next(iter(FLEET_SELECTION))}' needs launcher.kind srun "
+                f"(it is {config['launcher']['kind']!r}); allowed: a Slurm site's config"
+            )
         FLEET = fleet.planned(config["validation"])
         FLEET_JOBS = fleetjobs.FleetJobs(PLANNED, FLEET, f"{RESULTS}/fleet")
         fleetjobs.check_time_limit(FLEET_JOBS, config["slurm"], slurm.partitions())
@@ -106,8 +110,11 @@ if FLEET is not None:
         params:
             cb=CB,
             out_dir=lambda wildcards, output: os.path.dirname(output.summary),
-            references=lambda wildcards: ["--references", config["validation"]["references"], "--system",
-                                          config["system"]] if config["validation"]["references"] else [],
+            references=lambda wildcards: (
+                ["--references", config["validation"]["references"], "--system", config["system"]]
+                if config["validation"]["references"]
+                else []
+            ),
             shortfall=config["validation"]["min_shortfall"],
             drain=["--drain"] if config["validation"]["drain"] else [],
         localrule: True
@@ -156,9 +163,11 @@ else:
     rule validate_nodes:
         """Without a batch to validate: one line saying what to set."""
         input:
-            lambda wildcards: sys.exit("containerbench: config: 'validation.nodes' and 'validation.partition' are "
-                                       "not set; allowed: a Slurm hostlist (n[001-064]) or a partition, in the "
-                                       "site config"),
+            lambda wildcards: sys.exit(
+                "containerbench: config: 'validation.nodes' and 'validation.partition' are "
+                "not set; allowed: a Slurm hostlist (n[001-064]) or a partition, in the "
+                "site config"
+            ),
         log:
             f"{RESULTS}/logs/fleet/validate_nodes.txt",
         localrule: True

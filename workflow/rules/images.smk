@@ -50,8 +50,8 @@ for BENCH_ENV, FLAVOUR in itertools.product(
         [cb_config.bench_env(config, framework) for framework in config["benchmark"]["frameworks"]],
         cb_config.MPI_FLAVOURS.values()):
     SUFFIX = BENCH_ENV.suffix + FLAVOUR.suffix
-    S = SUFFIX.replace("-", "_")  # the rules' names: image_build, image_build_mpich, image_build_torch, ...
-    E = BENCH_ENV.suffix.replace("-", "_")  # the rules of the framework's Open MPI flavour
+    RULE_SUFFIX = SUFFIX.replace("-", "_")  # the rules' names: image_build, image_build_mpich, image_build_torch, ...
+    OPEN_MPI_RULE_SUFFIX = BENCH_ENV.suffix.replace("-", "_")  # the rules of the framework's Open MPI flavour
     FILES = cb_images.image_files(cb_images.flavour_tag(TAG, BENCH_ENV, FLAVOUR), IMAGES_DIR, gpus=GPU_RUNS)
     STEPS = shlex.join(step_argv(PYTHON, ENGINE, TAG, FRAMEWORK_PYTHON[BENCH_ENV.framework], REPO, BENCH_ENV, FLAVOUR))
     LOGS = IMAGE_LOGS / SUFFIX.lstrip("-") if SUFFIX else IMAGE_LOGS
@@ -63,11 +63,11 @@ for BENCH_ENV, FLAVOUR in itertools.product(
     # links the first's wheels and adds its MPI wheel and a Horovod wheel built against it.
     rule:
         name:
-            f"image_wheelhouse{S}"
+            f"image_wheelhouse{RULE_SUFFIX}"
         input:
             REPO / BENCH_ENV.lock,
             REPO / BENCH_ENV.pins,
-            getattr(rules, f"image_wheelhouse{E}").output if FLAVOUR.wheels else [],
+            getattr(rules, f"image_wheelhouse{OPEN_MPI_RULE_SUFFIX}").output if FLAVOUR.wheels else [],
         output:
             IMAGES_DIR / f"wheelhouse.{BENCH_ENV.name}{FLAVOUR.suffix}.done",
         log:
@@ -87,10 +87,10 @@ for BENCH_ENV, FLAVOUR in itertools.product(
     # measured inside the image next to the bare-metal one (refused when they differ).
     rule:
         name:
-            f"image_build{S}"
+            f"image_build{RULE_SUFFIX}"
         input:
             base=[] if BUILD["base_image"] else rules.image_base.output,
-            wheelhouse=getattr(rules, f"image_wheelhouse{S}").output,
+            wheelhouse=getattr(rules, f"image_wheelhouse{RULE_SUFFIX}").output,
             definition=REPO / "containers" / "Dockerfile",
             lock=REPO / BENCH_ENV.lock,
             sources=PACKAGE_SOURCES,
@@ -113,9 +113,9 @@ for BENCH_ENV, FLAVOUR in itertools.product(
 
     rule:
         name:
-            f"image_archive{S}"
+            f"image_archive{RULE_SUFFIX}"
         input:
-            getattr(rules, f"image_build{S}").output,
+            getattr(rules, f"image_build{RULE_SUFFIX}").output,
         output:
             # temp(): 2 GB that only the loads and conversions below read; deleted once they are done
             # (a later run that needs it again makes it again from the engine's image).
@@ -139,9 +139,9 @@ for BENCH_ENV, FLAVOUR in itertools.product(
 
         rule:
             name:
-                f"image_into_{other}{S}"
+                f"image_into_{other}{RULE_SUFFIX}"
             input:
-                getattr(rules, f"image_archive{S}").output,
+                getattr(rules, f"image_archive{RULE_SUFFIX}").output,
             output:
                 FILES[other],
             log:
@@ -160,9 +160,9 @@ for BENCH_ENV, FLAVOUR in itertools.product(
 
     rule:
         name:
-            f"image_charliecloud{S}"
+            f"image_charliecloud{RULE_SUFFIX}"
         input:
-            getattr(rules, f"image_build{S}").output,
+            getattr(rules, f"image_build{RULE_SUFFIX}").output,
         output:
             image=directory(FILES["charliecloud-dir"]),
             image_id=f"{FILES['charliecloud-dir']}.image-id",  # the id of the image it was converted from
@@ -186,9 +186,9 @@ for BENCH_ENV, FLAVOUR in itertools.product(
         # that has them (ch-fromhost --nvidia asks nvidia-container-cli there).
         rule:
             name:
-                f"image_charliecloud_nvidia{S}"
+                f"image_charliecloud_nvidia{RULE_SUFFIX}"
             input:
-                getattr(rules, f"image_charliecloud{S}").output.image,
+                getattr(rules, f"image_charliecloud{RULE_SUFFIX}").output.image,
             output:
                 FILES["charliecloud"],
             log:
@@ -210,7 +210,7 @@ for BENCH_ENV, FLAVOUR in itertools.product(
     # built image's archive instead).
     rule:
         name:
-            f"singularity_definition{S}"
+            f"singularity_definition{RULE_SUFFIX}"
         input:
             REPO / "containers" / "Dockerfile",
         output:
@@ -246,11 +246,11 @@ for BENCH_ENV, FLAVOUR in itertools.product(
 
         rule:
             name:
-                f"image_{runtime.replace('-', '_')}{S}"
+                f"image_{runtime.replace('-', '_')}{RULE_SUFFIX}"
             input:
                 # the build engine's store (enroot) or the archive, and the definition made beside the .sif
-                image=getattr(rules, f"image_build{S}").output if "store" in FROM else getattr(rules, f"image_archive{S}").output,
-                definition=getattr(rules, f"singularity_definition{S}").output if "definition" in FROM else [],
+                image=getattr(rules, f"image_build{RULE_SUFFIX}").output if "store" in FROM else getattr(rules, f"image_archive{RULE_SUFFIX}").output,
+                definition=getattr(rules, f"singularity_definition{RULE_SUFFIX}").output if "definition" in FROM else [],
             output:
                 FILES[runtime],
             log:

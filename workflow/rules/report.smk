@@ -6,9 +6,12 @@ REPETITION_STOPS = {"stops": lambda wildcards: repetition_rounds()[1]} if AUTO_R
 
 
 rule tables:
+    # fmt: off
+    # The records first, as a dry run lists them (snakefmt would move the ** before them).
     input:
         records=RECORDS,
         **REPETITION_STOPS,
+    # fmt: on
     output:
         # Every file `containerbench tables` writes, by name (results.TABLE_FILES).
         **{name: f"{RESULTS}/{file}" for name, file in results.TABLE_FILES.items()},
@@ -90,9 +93,11 @@ rule validate:
     keeps a failed job's logs, so the verdict file survives a FAIL."""
     input:
         records=RECORDS,
-        references=lambda wildcards: config["validation"]["references"] or sys.exit(
+        references=lambda wildcards: config["validation"]["references"]
+        or sys.exit(
             "containerbench: config: 'validation.references' is not set; "
-            "allowed: the path of a references file (snakemake baseline writes one)"),
+            "allowed: the path of a references file (snakemake baseline writes one)"
+        ),
     log:
         verdict=f"{RESULTS}/validation.txt",
         messages=f"{RESULTS}/logs/validate.txt",
