@@ -80,9 +80,9 @@ def bootstrap_median_ci(values: list[float], resamples: int = 2000, seed: int = 
 
 def worker(args) -> dict:
     """One rank: build each method, then time them round-robin."""
+    import horovod.tensorflow as hvd
     import numpy as np
     import tensorflow as tf
-    import horovod.tensorflow as hvd
 
     from containerbench import bench
 

@@ -17,8 +17,8 @@ import pandas as pd
 import pytest
 from helpers import BENCH_PYTHON, ROOT, SMOKE_MODEL, WORKFLOW_IMAGE, ch_run_argv, exported, run_and_parse, tiny_config
 
-from containerbench import config as cb_config
 from containerbench import baseimage, cli, imagebuild, images, imagestep, wheelhouse
+from containerbench import config as cb_config
 from containerbench.imagebuild import ImageSpec
 from containerbench.processes import run_group
 from containerbench.results import write_tables

@@ -12,8 +12,8 @@ import sys
 import pytest
 from helpers import BENCH_PYTHON, ROOT, snakemake, tiny_config
 
-from containerbench import config as cb_config
 from containerbench import cli, images, preflight, runtimes
+from containerbench import config as cb_config
 from containerbench.plans import prepare, site_image_files
 
 

@@ -12,9 +12,17 @@ import pytest
 from helpers import RECORDED_RUNS, ROOT
 
 from containerbench import execution, markers
-from containerbench.plans import RunPlan
 from containerbench.config import load_schema
-from containerbench.records import ADDED_KEYS, RECORD_FORMAT, check_record, load_records, migrate, parse_log, write_record
+from containerbench.plans import RunPlan
+from containerbench.records import (
+    ADDED_KEYS,
+    RECORD_FORMAT,
+    check_record,
+    load_records,
+    migrate,
+    parse_log,
+    write_record,
+)
 from containerbench.status import Check, Status
 
 

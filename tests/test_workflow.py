@@ -13,7 +13,6 @@ import yaml
 from helpers import ROOT, SMOKE_MODEL, TINY, recorded_records, snakemake
 
 from containerbench import cli, datasets, history, images
-from containerbench import fleet as fleet_module
 from containerbench import config as cb_config
 from containerbench import fleet as fleet_module
 from containerbench.runtimes import select_runtimes

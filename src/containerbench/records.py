@@ -67,7 +67,7 @@ class LogLines:
     failure: str | None = None  # the benchmark's own reason for not running
 
     @classmethod
-    def read(cls, lines: list[str]) -> "LogLines":
+    def read(cls, lines: list[str]) -> LogLines:
         found = cls(lines)
         for number, line in enumerate(lines, start=1):
             if line.startswith(markers.LAUNCH) and found.launch is None:

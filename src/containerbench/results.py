@@ -14,8 +14,15 @@ from pathlib import Path
 
 import pandas as pd
 
-from containerbench.comparisons import (fabric_table, frameworks_table, input_overhead_table, memory_table,
-                                        modes_table, overhead_table, study_table)
+from containerbench.comparisons import (
+    fabric_table,
+    frameworks_table,
+    input_overhead_table,
+    memory_table,
+    modes_table,
+    overhead_table,
+    study_table,
+)
 from containerbench.losses import losses_table, trajectory_table
 from containerbench.point import Point, runtime_label
 from containerbench.records import load_records
