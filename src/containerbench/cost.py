@@ -151,7 +151,8 @@ def estimate(plans, config: dict, records, node_jobs: int = 1) -> Estimate:
             used[measured[0]["run_id"]] = measured[0]
     starts = [r["started_unix"] for r in used.values() if r.get("started_unix")]
     return Estimate(
-        jobs=dict(sorted(jobs.items(), key=lambda item: item[0] != "train")), local_jobs=len(plans) + 2, node_jobs=node_jobs,
+        jobs=dict(sorted(jobs.items(), key=lambda item: item[0] != "train")), local_jobs=len(plans) + 2,
+        node_jobs=node_jobs,
         allocations=dict(sorted(allocations.items())), slurm=launcher == "srun", launcher=launcher,
         worst_node_hours=worst, worst_basis=basis, timeout_node_hours=to_timeouts,
         expected_node_hours=expected if covered else None,
@@ -179,7 +180,8 @@ def format_estimate(cost: Estimate, source: str) -> str:
     lines = [
         "What this sweep costs:",
         f"  jobs         {cost.runs} measurement jobs, one per run ({kinds}), {where}",
-        f"               {cost.node_jobs} one-node job{'' if cost.node_jobs == 1 else 's'} besides: the pre-flight check"
+        f"               {cost.node_jobs} one-node job{'' if cost.node_jobs == 1 else 's'} besides: "
+        "the pre-flight check"
         f"{', image conversions on the nodes' if cost.node_jobs > 1 else ''}",
         f"               {cost.local_jobs} more{' on the workflow node, in no allocation' if cost.slurm else ''}: "
         "a parse per run, tables, report",

@@ -39,7 +39,8 @@ def netbench_table(records: list[dict]) -> pd.DataFrame:
         for test in ("pingpong", "allreduce"):
             for point in record["result"].get(test, []):
                 # What moved the bytes: MPI, or torch.distributed's backend (Gloo, NCCL) for a PyTorch sweep.
-                rows.append({"run_id": record["run_id"], "runtime": runtime_label(spec.get("runtime"), spec.get("mpi_model")),
+                rows.append({"run_id": record["run_id"],
+                             "runtime": runtime_label(spec.get("runtime"), spec.get("mpi_model")),
                              "backend": record["result"].get("backend", "mpi"),
                              "fabric": spec.get("fabric"), "nodes": spec.get("nodes"), "ranks": spec.get("ranks"),
                              "repetition": spec.get("repetition"), **point})
@@ -78,7 +79,8 @@ def markdown_summary(tables: dict[str, pd.DataFrame]) -> str:
     """The headline tables as Markdown, for pasting into a ticket."""
     summary = tables["summary"]
     headline = summary[[c for c in ("framework", "runtime", "fabric", "mode", "data", "nodes", "ranks", "batch_size",
-                                    "repetitions", "images_per_sec_median", "cv_percent", "scaling_efficiency_percent", "repetitions_stop")
+                                    "repetitions", "images_per_sec_median", "cv_percent", "scaling_efficiency_percent",
+                                    "repetitions_stop")
                         if c in summary]] if not summary.empty else summary
     sections = [
         ("Throughput (images/s, median over repetitions)", headline),

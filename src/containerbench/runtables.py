@@ -31,7 +31,8 @@ BASELINE_RUNTIME = "bare-metal"
 def _mpi_library(result: dict) -> str | None:
     """The MPI library the ranks reported (MPI_Get_library_version), distinct values joined."""
     versions = {((p.get("context") or {}).get("mpi") or {}).get("version") for p in result.get("processes") or []}
-    versions = sorted(v for v in versions if v) or ([result["versions"]["mpi"]] if (result.get("versions") or {}).get("mpi") else [])
+    versions = sorted(v for v in versions if v) or (
+        [result["versions"]["mpi"]] if (result.get("versions") or {}).get("mpi") else [])
     return " | ".join(versions) or None
 
 

@@ -322,7 +322,8 @@ def format_outcome(outcome: ValidationOutcome) -> str:
               row.unit, row.result) for row in outcome.verdict.itertuples()]
     widths = [max(map(len, column)) for column in zip(header, *cells)]
     align = "<>><<<"
-    lines = ["  ".join(f"{cell:{a}{w}}" for cell, a, w in zip(line, align, widths)).rstrip() for line in [header, *cells]]
+    lines = ["  ".join(f"{cell:{a}{w}}" for cell, a, w in zip(line, align, widths)).rstrip()
+             for line in [header, *cells]]
     lines.append("")
     for row in outcome.slow_nodes.itertuples():
         lines.append(f"slow node {row.node}: {row.node_images_per_sec:.1f} img/s, {row.shortfall_percent:.1f}% below "
