@@ -176,7 +176,7 @@ def link_name(hosts: tuple[str, ...]) -> str:
 def _members(record: dict) -> tuple[str, ...]:
     """The nodes a run ran on: Slurm's names of the nodes it was pinned to, else what its ranks reported
     (a node's hostname may differ from its NodeName: an FQDN, a NodeHostname)."""
-    hosts = record["spec"].get("nodelist") or (record.get("result") or {}).get("hostnames") or []
+    hosts = record["spec"].get("nodelist") or (record["result"] or {}).get("hostnames") or []
     return in_order(hosts.split(",") if isinstance(hosts, str) else hosts)
 
 
@@ -399,7 +399,7 @@ def _failures(records: list[dict]) -> Failures:
     for record in records:
         members = _members(record)
         if record["status"] != Status.OK and len(members) in (1, 2):
-            why = f"{record['status']}: {'; '.join(record.get('reasons') or []) or 'no reason given'}"
+            why = f"{record['status']}: {'; '.join(record['reasons']) or 'no reason given'}"
             failed.setdefault(members, {}).setdefault(why, []).append(record["run_id"])
     return {members: "; ".join(f"{runs[0]}{f' and {len(runs) - 1} more' if len(runs) > 1 else ''} {why}"
                                for why, runs in reasons.items())

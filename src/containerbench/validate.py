@@ -109,7 +109,7 @@ def _netbench_picks(records: list[dict]) -> pd.DataFrame:
     variable's `name`. Read from the records, not the long table: a fleet's thousands of runs go through here."""
     rows = []
     for record in records:
-        if record.get("kind") != "netbench" or record["status"] != Status.OK:
+        if record["kind"] != "netbench" or record["status"] != Status.OK:
             continue
         spec = record["spec"]
         runtime = runtime_label(spec.get("runtime"), spec.get("mpi_model"))
@@ -256,7 +256,7 @@ def slow_nodes(records: list[dict], fraction: float = 0.10) -> pd.DataFrame:
     """Nodes of ok multi-node training runs more than `fraction` below the median of their peers."""
     rows = []
     for record in records:
-        if record.get("kind") != "train" or record["status"] != Status.OK:
+        if record["kind"] != "train" or record["status"] != Status.OK:
             continue
         rates = _node_rates(record["result"].get("per_rank") or [])
         if len(rates) < 2:
