@@ -15,6 +15,7 @@ import json
 import random
 import time
 
+from containerbench.records import migrate
 from containerbench.results import runs_table, summary_table
 
 
@@ -38,7 +39,7 @@ def main() -> None:
     parser.add_argument("--from", dest="template", help="a real train record (default: the first in results/runs)")
     args = parser.parse_args()
     path = args.template or next(p for p in sorted(glob.glob("results/runs/train_*.json")))
-    template = json.load(open(path))
+    template = migrate(json.load(open(path)))  # in the current shape, as every reader gets a record
     records = synthetic_records(template, args.records)
 
     started = time.perf_counter()

@@ -19,6 +19,8 @@ from helpers import ROOT
 from containerbench import history
 from containerbench.history import HistoryError
 from containerbench.intervals import ratio_interval, ratio_intervals
+from containerbench.records import ADDED_KEYS
+from containerbench.status import Status
 
 TRAIN_ONE = "train/resnet50-32px-fp32/bare-metal/tcp-loopback/1x1/b2/images_per_sec"
 TRAIN_TWO = "train/resnet50-32px-fp32/bare-metal/tcp-loopback/1x2/b2/images_per_sec"
@@ -122,6 +124,17 @@ def test_sessions_record_what_ran_and_restoring_is_idempotent(two_sessions, reco
     # Kept whole, as JSON (a parsed record's tuples come back as lists, as from its .json file).
     assert history.stored_records(path, 3) == json.loads(json.dumps(extra))
     assert history.stored_records(path, [1]) == json.loads(json.dumps(before))
+
+
+def test_stored_records_come_back_in_the_current_shape(recorded_runs, tmp_path):
+    """A store kept from before a key was added holds records without it: they are migrated when read back."""
+    older = repetitions(recorded_runs, "older")[:1]
+    for key in ADDED_KEYS:
+        del older[0][key]
+    path = tmp_path / "history.sqlite"
+    history.store(path, older)
+    (back,) = history.stored_records(path, 1)
+    assert type(back["status"]) is Status and all(back[key] is None for key in ADDED_KEYS)
 
 
 def test_selectors_name_sessions_by_id_tag_date_latest_and_previous(two_sessions):

@@ -12,14 +12,20 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from containerbench import config as cb_config
-from containerbench.plans import RunPlan, Sweep, benchmark_args_in
+from containerbench.plans import PLANNED_SETTINGS, RunPlan, Sweep, benchmark_args_in
+from containerbench.point import Point
 from containerbench.records import load_records
 from containerbench.runtimes import runtime_for
+from containerbench.status import Status
 
 # The benchmark's step counts: the same sweep point with other counts still gives its step time.
 STEP_FLAGS = ("--warmup-steps", "--steps", "--probe-steps")
-# What does not make a run another sweep point: which repetition it is, and how many steps it takes.
-NOT_THE_POINT = {"run_id", "repetition", "warmup_steps", "steps"}
+# What does not make a run another sweep point: how many steps it takes (its repetition is not in its point id).
+NOT_THE_POINT = {"warmup_steps", "steps"}
+# What a run's cost depends on that its point id does not name: the benchmark's settings, the site, the
+# launcher, the MPI model as the runtime ran it (the spec's, which the runtime decides) and the ranks.
+BEYOND_THE_POINT_ID = (*dict.fromkeys(key for settings in PLANNED_SETTINGS.values() for key in settings
+                                      if key not in NOT_THE_POINT), "system", "launcher", "mpi_model", "ranks")
 # Benchmark flags that say where a run writes, not what it measures (the path holds the run id).
 NOT_THE_POINT_FLAGS = ("--telemetry-dir", "--telemetry-interval")
 
@@ -56,9 +62,10 @@ class Estimate:
     def as_dict(self) -> dict:
         return {**asdict(self), "runs": self.runs, "nodes": self.nodes}
 
-def _point_and_steps(spec: dict, args) -> tuple[tuple, int] | None:
-    """A run's sweep point (its spec and benchmark arguments `args`, repetition and step counts aside) and
-    how many steps it takes (warmup, measured and probe); None for a run of no benchmark (`args` None)."""
+def _point_and_steps(run_id: str, spec: dict, args) -> tuple[tuple, int] | None:
+    """A run's sweep point as its cost sees it (its point id, the spec's settings BEYOND_THE_POINT_ID and its
+    benchmark arguments `args`, step counts aside) and how many steps it takes (warmup, measured and
+    probe); None for a run of no benchmark (`args` None)."""
     if args is None:
         return None
     rest, steps, index = [], 0, 0
@@ -74,29 +81,28 @@ def _point_and_steps(spec: dict, args) -> tuple[tuple, int] | None:
         else:
             rest.append(args[index])
             index += 1
-    point = tuple(sorted((key, value) for key, value in spec.items()
-                         if key not in NOT_THE_POINT and not isinstance(value, (dict, list))))
+    point = (Point.id_of(run_id), *(spec.get(key) for key in BEYOND_THE_POINT_ID))
     return (point, tuple(rest)), steps
 
 
 def _step_seconds(record: dict) -> float | None:
-    """The median measured step time of a train record, over every rank's steps."""
-    per_rank = (record.get("result") or {}).get("per_rank") or []
+    """The median measured step time of an ok train record (it has a result), over every rank's steps."""
+    per_rank = record["result"].get("per_rank") or []
     steps = [s for rank in per_rank for s in rank.get("step_s") or []]
     return statistics.median(steps) if steps else None
 
 
 def _last_ok_records(records) -> dict[tuple, tuple[dict, int]]:
     """point -> (the last ok record there, its step count): the freshest measurement of each point."""
-    def started(record):
-        spec = record.get("spec") or {}
-        return record.get("started_unix") or 0.0, spec.get("repetition") or 0, str(record.get("run_id"))
+    def started(record):  # started_unix is null in records older than 3ea4052
+        return record["started_unix"] or 0.0, record["spec"].get("repetition") or 0, record["run_id"]
 
     last = {}
     for record in records:
-        if record.get("status") != "ok" or not isinstance(record.get("wall_s"), (int, float)):
+        if record["status"] != Status.OK or not isinstance(record["wall_s"], (int, float)):
             continue
-        found = _point_and_steps(record.get("spec") or {}, benchmark_args_in(record.get("argv")))
+        # An earlier run keeps no RunPlan: its benchmark arguments are read back from its argv.
+        found = _point_and_steps(record["run_id"], record["spec"], benchmark_args_in(record["argv"]))
         if found and (found[0] not in last or started(record) > started(last[found[0]][0])):
             last[found[0]] = (record, found[1])
     return last
@@ -108,7 +114,7 @@ def expected_seconds(run_plan: RunPlan, measured: tuple[dict, int] | None) -> fl
     if measured is None:
         return None
     record, its_steps = measured
-    found = _point_and_steps(run_plan.spec, run_plan.benchmark_args)
+    found = _point_and_steps(run_plan.run_id, run_plan.spec, run_plan.benchmark_args)
     more = found[1] - its_steps if found else 0
     if more == 0:
         return float(record["wall_s"])
@@ -142,21 +148,22 @@ def estimate(plans, config: dict, records, node_jobs: int = 1) -> Estimate:
     last = _last_ok_records(records)
     expected, covered, used = 0.0, 0, {}
     for run_plan in plans:
-        found = _point_and_steps(run_plan.spec, run_plan.benchmark_args)
+        found = _point_and_steps(run_plan.run_id, run_plan.spec, run_plan.benchmark_args)
         measured = last.get(found[0]) if found else None
         seconds = expected_seconds(run_plan, measured)
         if seconds is not None:
             expected += run_plan.spec["nodes"] * seconds / 3600
             covered += 1
             used[measured[0]["run_id"]] = measured[0]
-    starts = [r["started_unix"] for r in used.values() if r.get("started_unix")]
+    starts = [r["started_unix"] for r in used.values() if r["started_unix"]]
     return Estimate(
-        jobs=dict(sorted(jobs.items(), key=lambda item: item[0] != "train")), local_jobs=len(plans) + 2, node_jobs=node_jobs,
+        jobs=dict(sorted(jobs.items(), key=lambda item: item[0] != "train")), local_jobs=len(plans) + 2,
+        node_jobs=node_jobs,
         allocations=dict(sorted(allocations.items())), slurm=launcher == "srun", launcher=launcher,
         worst_node_hours=worst, worst_basis=basis, timeout_node_hours=to_timeouts,
         expected_node_hours=expected if covered else None,
         expected_runs=covered, unmeasured_runs=len(plans) - covered, records_read=len(records),
-        records_ok=sum(r.get("status") == "ok" for r in records), records_used=len(used),
+        records_ok=sum(r["status"] == Status.OK for r in records), records_used=len(used),
         measured_unix=(min(starts), max(starts)) if starts else None)
 
 
@@ -179,7 +186,8 @@ def format_estimate(cost: Estimate, source: str) -> str:
     lines = [
         "What this sweep costs:",
         f"  jobs         {cost.runs} measurement jobs, one per run ({kinds}), {where}",
-        f"               {cost.node_jobs} one-node job{'' if cost.node_jobs == 1 else 's'} besides: the pre-flight check"
+        f"               {cost.node_jobs} one-node job{'' if cost.node_jobs == 1 else 's'} besides: "
+        "the pre-flight check"
         f"{', image conversions on the nodes' if cost.node_jobs > 1 else ''}",
         f"               {cost.local_jobs} more{' on the workflow node, in no allocation' if cost.slurm else ''}: "
         "a parse per run, tables, report",

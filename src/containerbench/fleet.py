@@ -106,8 +106,10 @@ class FleetPlan:
     @classmethod
     def from_dict(cls, data: dict) -> FleetPlan:
         return cls(list(data["nodes"]),
-                   {name: NodeState(name, state["state"], state["reason"]) for name, state in data["unavailable"].items()},
-                   [tuple(pair) for pair in data["links"]], [[tuple(pair) for pair in taken] for taken in data["rounds"]])
+                   {name: NodeState(name, state["state"], state["reason"])
+                    for name, state in data["unavailable"].items()},
+                   [tuple(pair) for pair in data["links"]],
+                   [[tuple(pair) for pair in taken] for taken in data["rounds"]])
 
     @classmethod
     def load(cls, path, key: str) -> FleetPlan:
@@ -135,7 +137,8 @@ def planned(validation: dict, via: tuple[str, ...] = ()) -> FleetPlan:
     and links while their states change), else the nodes and links of its selection, from Slurm."""
     if validation["plan"] and (validation["nodes"] or validation["partition"]):
         raise FleetError("give one of 'validation.nodes', 'validation.partition' and 'validation.plan'; got "
-                         "'validation.plan' with " + ("'validation.nodes'" if validation["nodes"] else "'validation.partition'"))
+                         "'validation.plan' with "
+                         + ("'validation.nodes'" if validation["nodes"] else "'validation.partition'"))
     if validation["plan"]:
         return FleetPlan.load(validation["plan"], "'validation.plan'")
     return plan(select(validation["nodes"], validation["partition"], via))
@@ -173,7 +176,7 @@ def link_name(hosts: tuple[str, ...]) -> str:
 def _members(record: dict) -> tuple[str, ...]:
     """The nodes a run ran on: Slurm's names of the nodes it was pinned to, else what its ranks reported
     (a node's hostname may differ from its NodeName: an FQDN, a NodeHostname)."""
-    hosts = record["spec"].get("nodelist") or (record.get("result") or {}).get("hostnames") or []
+    hosts = record["spec"].get("nodelist") or (record["result"] or {}).get("hostnames") or []
     return in_order(hosts.split(",") if isinstance(hosts, str) else hosts)
 
 
@@ -221,7 +224,8 @@ def _against(values: pd.DataFrame, references: dict[str, Reference]) -> pd.DataF
     """`bad`: far out in the fleet, or outside the site's reference for the node type (a whole batch
     equally slow passes the first test and fails this one); `reason` says which."""
     known = values["variable"].map(references.get)
-    outside = [reference is not None and not reference.admits(value) for reference, value in zip(known, values["value"])]
+    outside = [reference is not None and not reference.admits(value)
+               for reference, value in zip(known, values["value"])]
     reasons = []
     for row, reference, out in zip(values.itertuples(), known, outside):
         why = [_why(row)] if row.worse else []
@@ -395,7 +399,7 @@ def _failures(records: list[dict]) -> Failures:
     for record in records:
         members = _members(record)
         if record["status"] != Status.OK and len(members) in (1, 2):
-            why = f"{record['status']}: {'; '.join(record.get('reasons') or []) or 'no reason given'}"
+            why = f"{record['status']}: {'; '.join(record['reasons']) or 'no reason given'}"
             failed.setdefault(members, {}).setdefault(why, []).append(record["run_id"])
     return {members: "; ".join(f"{runs[0]}{f' and {len(runs) - 1} more' if len(runs) > 1 else ''} {why}"
                                for why, runs in reasons.items())
@@ -470,7 +474,8 @@ def run_job(job_file, in_allocation: bool = False) -> int:
     plans = [RunPlan.from_json(run_plan) for run_plan in job["plans"]]
     returncode = run_plans(plans, job["logs"], Allocation.PER_JOB, ["fleet", "run", str(job_file)],
                            salloc=job["allocation"], inside=in_allocation)
-    if returncode == 0 and not in_allocation:  # each raw log parsed here: a parse job per run would be most of a large batch's DAG
+    # Each raw log parsed here: a parse job per run would be most of a large batch's DAG.
+    if returncode == 0 and not in_allocation:
         for log in job["logs"]:
             write_record(log, record_path(log))
     return returncode

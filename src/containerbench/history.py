@@ -14,7 +14,6 @@ and never written to. docs/history.md says more.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -29,6 +28,8 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+
+from containerbench.records import migrate
 
 STORE_FORMAT = "containerbench-results"
 SCHEMA_VERSION = 1
@@ -136,12 +137,8 @@ def check_store(path: str | Path) -> None:
 
 
 def record_digest(record: dict) -> str:
-    """The sha256 of the record's raw log, its identity; a record without one (made by hand)
-    is identified by its canonical JSON instead."""
-    digest = (record.get("log") or {}).get("sha256")
-    if digest:
-        return digest
-    return hashlib.sha256(json.dumps(record, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    """The sha256 of the record's raw log: its identity."""
+    return record["log"]["sha256"]
 
 
 def clone_commit() -> str | None:
@@ -223,17 +220,17 @@ def store(path: str | Path, records: list[dict], tag: str | None = None, system:
     from containerbench.validate import record_variables
 
     check_tag(tag)
-    results = [record.get("result") or {} for record in records]
+    results = [record["result"] or {} for record in records]  # null: the run left no result line
     session = {
         "tag": tag,
-        "system": system or _joined((record.get("spec") or {}).get("system") for record in records),
+        "system": system or _joined(record["spec"].get("system") for record in records),
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "git_commit": git_commit or clone_commit(),
         "config_digest": config_digest,
         "provenance_hashes": _joined((result.get("provenance") or {}).get("hash") for result in results),
         "nodes": _joined(host for result in results for host in result.get("hostnames") or []),
     }
-    rows = [(record["run_id"], record_digest(record), record.get("status"),
+    rows = [(record["run_id"], record_digest(record), record["status"],
              zlib.compress(json.dumps(record, sort_keys=True).encode())) for record in records]
     return write_session(path, session, rows, record_variables(records))
 
@@ -248,7 +245,7 @@ def sessions(path: str | Path) -> pd.DataFrame:
 
 
 def stored_records(path: str | Path, session_ids) -> list[dict]:
-    """The records of the given sessions, as they were stored."""
+    """The records of the given sessions, as they were stored, migrated to the current shape (records.migrate)."""
     ids = _as_list(session_ids)
     connection = _open(path, create=False)
     if connection is None:
@@ -256,7 +253,7 @@ def stored_records(path: str | Path, session_ids) -> list[dict]:
     with closing(connection):
         rows = connection.execute(f"SELECT body FROM records WHERE session IN ({','.join('?' * len(ids))}) "
                                   "ORDER BY rowid", ids)
-        return [json.loads(zlib.decompress(body)) for (body,) in rows]
+        return [migrate(json.loads(zlib.decompress(body))) for (body,) in rows]
 
 
 def _as_list(ids) -> list[int]:

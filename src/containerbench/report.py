@@ -234,7 +234,7 @@ def _table(frame: pd.DataFrame, columns: dict | None = None) -> str:
 
 def environment_rows(records: list[dict]) -> list[tuple[str, str]]:
     """What ran where: versions, provenance hashes, hosts, launchers."""
-    results = [r["result"] for r in records if r["status"] == Status.OK and r.get("kind") == "train"]
+    results = [r["result"] for r in records if r["status"] == Status.OK and r["kind"] == "train"]
     def distinct(values):
         return ", ".join(sorted({str(v) for v in values if v is not None})) or "–"
 
@@ -262,12 +262,12 @@ def environment_rows(records: list[dict]) -> list[tuple[str, str]]:
     # How each fabric was chosen, and one complete command line: enough to rerun a point by hand.
     fabric_env = {}
     for record in records:
-        env = {k: v for k, v in (record.get("env") or {}).items()
+        env = {k: v for k, v in (record["env"] or {}).items()
                if not k.startswith(("PYTHON", "TF_", "CONTAINERBENCH"))}
         fabric_env.setdefault(record["spec"].get("fabric"), env)
     rows += [(f"fabric {name}", " ".join(f"{k}={v}" for k, v in sorted(env.items())) or "(no variables)")
              for name, env in sorted(fabric_env.items(), key=lambda item: str(item[0]))]
-    example = next((r for r in records if r.get("kind") == "train" and r.get("argv")), None)
+    example = next((r for r in records if r["kind"] == "train" and r["argv"]), None)
     if example:
         rows.append((f"command of {example['run_id']}", " ".join(example["argv"])))
     return rows

@@ -14,6 +14,7 @@ import pandas as pd
 
 from containerbench.intervals import t_quantile
 from containerbench.point import Point, runtime_label
+from containerbench.status import Status
 
 # A sweep point's columns: runs that differ only in repetition.
 POINT = Point.columns()
@@ -31,7 +32,8 @@ BASELINE_RUNTIME = "bare-metal"
 def _mpi_library(result: dict) -> str | None:
     """The MPI library the ranks reported (MPI_Get_library_version), distinct values joined."""
     versions = {((p.get("context") or {}).get("mpi") or {}).get("version") for p in result.get("processes") or []}
-    versions = sorted(v for v in versions if v) or ([result["versions"]["mpi"]] if (result.get("versions") or {}).get("mpi") else [])
+    versions = sorted(v for v in versions if v) or (
+        [result["versions"]["mpi"]] if (result.get("versions") or {}).get("mpi") else [])
     return " | ".join(versions) or None
 
 
@@ -52,7 +54,7 @@ def binding(result: dict) -> str | None:
 
 def _usage(record: dict) -> dict:
     """The telemetry's figures for the runs table: the busiest node's foreign share, the mean utilisation."""
-    telemetry = record.get("telemetry") or {}
+    telemetry = record["telemetry"] or {}  # null: the run had none
     nodes = list((telemetry.get("nodes") or {}).values())
     return {
         "cpu_utilisation_percent": float(np.mean([n["cpu_utilisation_percent"] for n in nodes])) if nodes else np.nan,
@@ -64,18 +66,19 @@ def _usage(record: dict) -> dict:
 
 def train_row(record: dict) -> dict:
     """A training record's row of the runs table (RUN_COLUMNS); losses.py keys its steps by it too."""
-    spec, result = record["spec"], record.get("result") or {}
-    ok = record["status"] == "ok"
+    spec, result = record["spec"], record["result"] or {}  # null: the run left no result line
+    ok = record["status"] == Status.OK
     per_rank = result.get("per_rank") or []
     rank_rates = [r["images_per_sec"] for r in per_rank]
     steps = sorted(chain.from_iterable(r["step_s"] for r in per_rank))
     gpu_peaks = [r["peak_gpu_memory_bytes"] for r in per_rank if r.get("peak_gpu_memory_bytes") is not None]
     rate = result.get("images_per_sec", np.nan) if ok else np.nan
+    fabric_check = record["fabric_check"] or {}  # null in a record made before the check
     return {
         "run_id": record["run_id"],
         "status": record["status"],
         "reason": "; ".join(record["reasons"]),
-        "evidence": record.get("evidence"),
+        "evidence": record["evidence"],
         "system": spec.get("system"),
         # The point comes from the plan, so a failed run still belongs to it.
         **{key: spec.get(key, result.get(key)) for key in POINT},
@@ -90,12 +93,12 @@ def train_row(record: dict) -> dict:
         "step_s_median": float(np.median(steps)) if steps else np.nan,  # of an even count: the mean of the middle two
         "peak_host_memory_gib": max((r["peak_host_memory_bytes"] for r in per_rank), default=np.nan) / 2**30,
         "peak_gpu_memory_gib": max(gpu_peaks) / 2**30 if gpu_peaks else np.nan,
-        "startup_s": record.get("startup_s"),
-        "wall_s": record.get("wall_s"),
+        "startup_s": record["startup_s"],
+        "wall_s": record["wall_s"],
         "provenance": (result.get("provenance") or {}).get("hash"),
-        "image": (record.get("image") or None),
-        "fabric_check": (record.get("fabric_check") or {}).get("status"),
-        "transport": (record.get("fabric_check") or {}).get("reason"),
+        "image": record["image"],
+        "fabric_check": fabric_check.get("status"),
+        "transport": fabric_check.get("reason"),
         **_usage(record),
         "mpi_model": spec.get("mpi_model") or ("host" if spec.get("runtime") == BASELINE_RUNTIME else "hybrid"),
         "mpi_library": _mpi_library(result),
@@ -106,7 +109,7 @@ def train_row(record: dict) -> dict:
 
 
 def runs_table(records: list[dict]) -> pd.DataFrame:
-    rows = [train_row(r) for r in records if r.get("kind") == "train"]
+    rows = [train_row(r) for r in records if r["kind"] == "train"]
     if not rows:
         return pd.DataFrame(columns=RUN_COLUMNS)
     return pd.DataFrame(rows, columns=RUN_COLUMNS).sort_values(
@@ -115,7 +118,7 @@ def runs_table(records: list[dict]) -> pd.DataFrame:
 
 def ok_runs(runs: pd.DataFrame) -> pd.DataFrame:
     """The runs whose figures count: neither failed, invalid nor disturbed."""
-    return runs[runs["status"] == "ok"]
+    return runs[runs["status"] == Status.OK]
 
 
 def _ci95(values: pd.Series) -> tuple[float, float]:
@@ -146,7 +149,7 @@ def summary_table(runs: pd.DataFrame, stops: dict[str, str] | None = None) -> pd
         rows.append({
             **dict(zip(POINT, point)),
             "repetitions": int(rates.count()),
-            "failed_or_invalid": int((group["status"] != "ok").sum()),
+            "failed_or_invalid": int((group["status"] != Status.OK).sum()),
             "images_per_sec_median": rates.median(),
             "images_per_sec_mean": rates.mean(),
             "images_per_sec_std": rates.std(ddof=1),

@@ -109,7 +109,7 @@ def _netbench_picks(records: list[dict]) -> pd.DataFrame:
     variable's `name`. Read from the records, not the long table: a fleet's thousands of runs go through here."""
     rows = []
     for record in records:
-        if record.get("kind") != "netbench" or record["status"] != Status.OK:
+        if record["kind"] != "netbench" or record["status"] != Status.OK:
             continue
         spec = record["spec"]
         runtime = runtime_label(spec.get("runtime"), spec.get("mpi_model"))
@@ -256,7 +256,7 @@ def slow_nodes(records: list[dict], fraction: float = 0.10) -> pd.DataFrame:
     """Nodes of ok multi-node training runs more than `fraction` below the median of their peers."""
     rows = []
     for record in records:
-        if record.get("kind") != "train" or record["status"] != Status.OK:
+        if record["kind"] != "train" or record["status"] != Status.OK:
             continue
         rates = _node_rates(record["result"].get("per_rank") or [])
         if len(rates) < 2:
@@ -322,7 +322,8 @@ def format_outcome(outcome: ValidationOutcome) -> str:
               row.unit, row.result) for row in outcome.verdict.itertuples()]
     widths = [max(map(len, column)) for column in zip(header, *cells)]
     align = "<>><<<"
-    lines = ["  ".join(f"{cell:{a}{w}}" for cell, a, w in zip(line, align, widths)).rstrip() for line in [header, *cells]]
+    lines = ["  ".join(f"{cell:{a}{w}}" for cell, a, w in zip(line, align, widths)).rstrip()
+             for line in [header, *cells]]
     lines.append("")
     for row in outcome.slow_nodes.itertuples():
         lines.append(f"slow node {row.node}: {row.node_images_per_sec:.1f} img/s, {row.shortfall_percent:.1f}% below "
