@@ -12,9 +12,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from containerbench import config as cb_config
+from containerbench.launchers import uses_slurm
 from containerbench.plans import RunPlan, Sweep, benchmark_args_in
 from containerbench.records import load_records
 from containerbench.runtimes import runtime_for
+from containerbench.status import Status
 
 # The benchmark's step counts: the same sweep point with other counts still gives its step time.
 STEP_FLAGS = ("--warmup-steps", "--steps", "--probe-steps")
@@ -94,7 +96,7 @@ def _last_ok_records(records) -> dict[tuple, tuple[dict, int]]:
 
     last = {}
     for record in records:
-        if record.get("status") != "ok" or not isinstance(record.get("wall_s"), (int, float)):
+        if record.get("status") != Status.OK or not isinstance(record.get("wall_s"), (int, float)):
             continue
         found = _point_and_steps(record.get("spec") or {}, benchmark_args_in(record.get("argv")))
         if found and (found[0] not in last or started(record) > started(last[found[0]][0])):
@@ -126,12 +128,12 @@ def estimate(plans, config: dict, records, node_jobs: int = 1) -> Estimate:
         spec = run_plan.spec
         jobs[spec["kind"]] = jobs.get(spec["kind"], 0) + 1
         allocations[spec["nodes"]] = allocations.get(spec["nodes"], 0) + 1
-    launcher = config["launcher"]["kind"]
+    launcher, slurm = config["launcher"]["kind"], uses_slurm(config)
     # Each run's own timeout (execution.execute kills it there and records it failed).
     to_timeouts = sum(p.spec["nodes"] * p.timeout_s for p in plans) / 3600
     limits = ", ".join(f"{kind}.timeout_s = {config[kind]['timeout_s']} s"
                        for kind, run_kind in (("benchmark", "train"), ("netbench", "netbench")) if run_kind in jobs)
-    if launcher == "srun":
+    if slurm:
         # What Slurm can charge: a job ends at its time limit, whatever runs in it.
         minutes = config["slurm"]["runtime_minutes"]
         worst = (sum(p.spec["nodes"] for p in plans) + node_jobs) * minutes / 60
@@ -151,12 +153,13 @@ def estimate(plans, config: dict, records, node_jobs: int = 1) -> Estimate:
             used[measured[0]["run_id"]] = measured[0]
     starts = [r["started_unix"] for r in used.values() if r.get("started_unix")]
     return Estimate(
-        jobs=dict(sorted(jobs.items(), key=lambda item: item[0] != "train")), local_jobs=len(plans) + 2, node_jobs=node_jobs,
-        allocations=dict(sorted(allocations.items())), slurm=launcher == "srun", launcher=launcher,
+        jobs=dict(sorted(jobs.items(), key=lambda item: item[0] != "train")), local_jobs=len(plans) + 2,
+        node_jobs=node_jobs,
+        allocations=dict(sorted(allocations.items())), slurm=slurm, launcher=launcher,
         worst_node_hours=worst, worst_basis=basis, timeout_node_hours=to_timeouts,
         expected_node_hours=expected if covered else None,
         expected_runs=covered, unmeasured_runs=len(plans) - covered, records_read=len(records),
-        records_ok=sum(r.get("status") == "ok" for r in records), records_used=len(used),
+        records_ok=sum(r.get("status") == Status.OK for r in records), records_used=len(used),
         measured_unix=(min(starts), max(starts)) if starts else None)
 
 
@@ -179,8 +182,8 @@ def format_estimate(cost: Estimate, source: str) -> str:
     lines = [
         "What this sweep costs:",
         f"  jobs         {cost.runs} measurement jobs, one per run ({kinds}), {where}",
-        f"               {cost.node_jobs} one-node job{'' if cost.node_jobs == 1 else 's'} besides: the pre-flight check"
-        f"{', image conversions on the nodes' if cost.node_jobs > 1 else ''}",
+        f"               {cost.node_jobs} one-node job{'' if cost.node_jobs == 1 else 's'} besides: "
+        f"the pre-flight check{', image conversions on the nodes' if cost.node_jobs > 1 else ''}",
         f"               {cost.local_jobs} more{' on the workflow node, in no allocation' if cost.slurm else ''}: "
         "a parse per run, tables, report",
         f"  allocations  {cost.nodes:,} nodes in {cost.runs} {'allocations' if cost.slurm else 'runs'}: {shapes}",

@@ -9,6 +9,7 @@ import pandas as pd
 
 from containerbench.point import Point
 from containerbench.runtables import BASELINE_RUNTIME, train_row
+from containerbench.status import Status
 
 # Runs with the same seed, framework, precision and ranks follow one loss trajectory in every runtime
 # (measured here: bit-identical on CPUs); GPU kernels that sum in another order may part by rounding.
@@ -21,7 +22,7 @@ def losses_table(records: list[dict]) -> pd.DataFrame:
     """Rank 0's loss at every step (warmup included, `measured` tells) of each ok training run."""
     rows = []
     for record in records:
-        if record.get("kind") != "train" or record["status"] != "ok":
+        if record.get("kind") != "train" or record["status"] != Status.OK:
             continue
         row = {key: value for key, value in train_row(record).items() if key in LOSS_KEYS}
         rank0 = next((r for r in record["result"].get("per_rank") or [] if r.get("rank") == 0), {})

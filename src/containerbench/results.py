@@ -27,19 +27,21 @@ from containerbench.losses import losses_table, trajectory_table
 from containerbench.point import Point, runtime_label
 from containerbench.records import load_records
 from containerbench.runtables import runs_table, summary_table
+from containerbench.status import Status
 
 
 def netbench_table(records: list[dict]) -> pd.DataFrame:
     """Long table of every ping-pong and allreduce measurement of ok netbench runs."""
     rows = []
     for record in records:
-        if record.get("kind") != "netbench" or record["status"] != "ok":
+        if record.get("kind") != "netbench" or record["status"] != Status.OK:
             continue
         spec = record["spec"]
         for test in ("pingpong", "allreduce"):
             for point in record["result"].get(test, []):
                 # What moved the bytes: MPI, or torch.distributed's backend (Gloo, NCCL) for a PyTorch sweep.
-                rows.append({"run_id": record["run_id"], "runtime": runtime_label(spec.get("runtime"), spec.get("mpi_model")),
+                rows.append({"run_id": record["run_id"],
+                             "runtime": runtime_label(spec.get("runtime"), spec.get("mpi_model")),
                              "backend": record["result"].get("backend", "mpi"),
                              "fabric": spec.get("fabric"), "nodes": spec.get("nodes"), "ranks": spec.get("ranks"),
                              "repetition": spec.get("repetition"), **point})
@@ -64,7 +66,7 @@ def telemetry_table(records: list[dict]) -> pd.DataFrame:
 
 def failures_table(records: list[dict], problems=()) -> pd.DataFrame:
     rows = [{"run_id": r["run_id"], "kind": r.get("kind"), "status": r["status"], "reason": "; ".join(r["reasons"]),
-             "evidence": r.get("evidence"), "log": r["log"]["path"]} for r in records if r["status"] != "ok"]
+             "evidence": r.get("evidence"), "log": r["log"]["path"]} for r in records if r["status"] != Status.OK]
     rows += [{"run_id": Path(path).stem, "kind": None, "status": "unreadable", "reason": why, "evidence": None,
               "log": path} for path, why in problems]
     return pd.DataFrame(rows, columns=["run_id", "kind", "status", "reason", "evidence", "log"])
@@ -78,7 +80,8 @@ def markdown_summary(tables: dict[str, pd.DataFrame]) -> str:
     """The headline tables as Markdown, for pasting into a ticket."""
     summary = tables["summary"]
     headline = summary[[c for c in ("framework", "runtime", "fabric", "mode", "data", "nodes", "ranks", "batch_size",
-                                    "repetitions", "images_per_sec_median", "cv_percent", "scaling_efficiency_percent", "repetitions_stop")
+                                    "repetitions", "images_per_sec_median", "cv_percent", "scaling_efficiency_percent",
+                                    "repetitions_stop")
                         if c in summary]] if not summary.empty else summary
     sections = [
         ("Throughput (images/s, median over repetitions)", headline),

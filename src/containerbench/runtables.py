@@ -14,6 +14,8 @@ import pandas as pd
 
 from containerbench.intervals import t_quantile
 from containerbench.point import Point, runtime_label
+from containerbench.runtimes import BareMetal
+from containerbench.status import Status
 
 # A sweep point's columns: runs that differ only in repetition.
 POINT = Point.columns()
@@ -25,13 +27,14 @@ RUN_COLUMNS = ["run_id", "status", "reason", "evidence", "system", *POINT, "repe
                "peak_host_memory_gib", "peak_gpu_memory_gib", "startup_s", "wall_s", "provenance", "image",
                "fabric_check", "transport", "cpu_utilisation_percent", "foreign_cpu_percent", "disturbed",
                "traffic_check", "mpi_model", "mpi_library", "binding", "hosts", "log"]
-BASELINE_RUNTIME = "bare-metal"
+BASELINE_RUNTIME = BareMetal.name
 
 
 def _mpi_library(result: dict) -> str | None:
     """The MPI library the ranks reported (MPI_Get_library_version), distinct values joined."""
     versions = {((p.get("context") or {}).get("mpi") or {}).get("version") for p in result.get("processes") or []}
-    versions = sorted(v for v in versions if v) or ([result["versions"]["mpi"]] if (result.get("versions") or {}).get("mpi") else [])
+    reported = (result.get("versions") or {}).get("mpi")
+    versions = sorted(v for v in versions if v) or ([reported] if reported else [])
     return " | ".join(versions) or None
 
 
@@ -65,7 +68,7 @@ def _usage(record: dict) -> dict:
 def train_row(record: dict) -> dict:
     """A training record's row of the runs table (RUN_COLUMNS); losses.py keys its steps by it too."""
     spec, result = record["spec"], record.get("result") or {}
-    ok = record["status"] == "ok"
+    ok = record["status"] == Status.OK
     per_rank = result.get("per_rank") or []
     rank_rates = [r["images_per_sec"] for r in per_rank]
     steps = sorted(chain.from_iterable(r["step_s"] for r in per_rank))
@@ -115,7 +118,7 @@ def runs_table(records: list[dict]) -> pd.DataFrame:
 
 def ok_runs(runs: pd.DataFrame) -> pd.DataFrame:
     """The runs whose figures count: neither failed, invalid nor disturbed."""
-    return runs[runs["status"] == "ok"]
+    return runs[runs["status"] == Status.OK]
 
 
 def _ci95(values: pd.Series) -> tuple[float, float]:
@@ -146,7 +149,7 @@ def summary_table(runs: pd.DataFrame, stops: dict[str, str] | None = None) -> pd
         rows.append({
             **dict(zip(POINT, point)),
             "repetitions": int(rates.count()),
-            "failed_or_invalid": int((group["status"] != "ok").sum()),
+            "failed_or_invalid": int((group["status"] != Status.OK).sum()),
             "images_per_sec_median": rates.median(),
             "images_per_sec_mean": rates.mean(),
             "images_per_sec_std": rates.std(ddof=1),
