@@ -187,3 +187,47 @@ def test_a_launcher_kind_is_spelled_only_in_launchers_py():
     from containerbench.launchers import LAUNCHERS
 
     check("a launcher kind", {"launchers.py"}, LAUNCHERS, LAUNCHER_SPELLINGS_ALLOWED)
+
+
+def test_adding_a_runtime_is_one_module_plus_its_tests(tmp_path, monkeypatch):
+    """A runtime defined here, in no module of the package, is planned like any other: its class registered
+    with @register (and taken out again after the test), and the two schema lines docs/developing.md's
+    "Adding a runtime" asks for (its name in the `runtimes` enum, an `images.<name>` entry), made here on a
+    copy of the schema that config.load_schema returns instead of the package's file. runtime_for builds
+    it from images.toy, and plans.plan puts its rank argv behind the configured launcher."""
+    import copy
+
+    from containerbench import config as cb_config
+    from containerbench import plans
+    from containerbench.runtimes import CONTAINER_RUNTIMES, ContainerRuntime, register, runtime_for
+
+    schema = cb_config.load_schema("config")
+    schema["properties"]["runtimes"]["items"]["enum"].append("toy")
+    schema["properties"]["images"]["properties"]["toy"] = {"$ref": "#/$defs/runtime_image"}
+    package_schema = cb_config.load_schema
+    monkeypatch.setattr(cb_config, "load_schema",
+                        lambda name="config": copy.deepcopy(schema) if name == "config" else package_schema(name))
+    try:
+        @register
+        class Toy(ContainerRuntime):
+            """A runtime that runs the image with `toy run`, the work directory bound."""
+
+            name = "toy"
+
+            def rank_argv(self, request):
+                return ["toy", "run", "--bind", self.workdir(request), self.image, *self.command(request)]
+
+        site = tmp_path / "toy.yaml"
+        site.write_text("runtimes: [toy]\nimages: {toy: {image: /srv/images/toy.img}}\n")
+        config = cb_config.load([ROOT / "config" / "config.yaml", site])
+        runtime = runtime_for("toy", config)
+        assert isinstance(runtime, Toy) and runtime.image == "/srv/images/toy.img"
+        run = cb_config.plan_runs(config)[0]
+        planned = plans.plan(run, config)
+        start = planned.argv.index("toy")
+        assert planned.argv[start:start + 8] == ["toy", "run", "--bind", str(Path.cwd()), "/srv/images/toy.img",
+                                                 "python3", "-m", "containerbench.bench"]
+        assert planned.env["CONTAINERBENCH_RUNTIME"] == "toy"
+    finally:
+        CONTAINER_RUNTIMES.pop("toy", None)
+    assert "toy" not in CONTAINER_RUNTIMES
