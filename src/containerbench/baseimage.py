@@ -16,12 +16,11 @@ from containerbench.imagestep import (
     BASE_IMAGE,
     BUILD,
     DEFAULT_STEP_TIMEOUT_S,
-    ENGINES,
     SUITE,
     ImageStepError,
     run_step,
 )
-from containerbench.runtimes import DEFAULT_PATH, engine_env, engine_usable
+from containerbench.runtimes import DEFAULT_PATH, ENGINES, engine_env, engine_usable
 
 # What every rank needs at run time besides the venv: Python and Open MPI (mpi4py and
 # Horovod's mpi_lib link libmpi.so.40 / libmpi_cxx.so.40 from libopenmpi3).

@@ -66,7 +66,7 @@ def overhead_table(runs: pd.DataFrame, provenance: dict[str, dict],
             if mismatch:
                 rows.append({**row, "note": f"not comparable: {mismatch}"})
                 continue
-            interval = ratio_interval(contained["images_per_sec"], bare["images_per_sec"], "bare-metal")
+            interval = ratio_interval(contained["images_per_sec"], bare["images_per_sec"], BASELINE_RUNTIME)
             row |= _overhead_columns("overhead", interval)
             row["significance"] = interval.significance()
             row["startup_overhead_s"] = contained["startup_s"].median() - bare["startup_s"].median()
@@ -211,6 +211,7 @@ def study_table(summary: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=["framework", "ranks", "mode", "data", "runtime", "fabric", "batch/rank", "img/s",
                                      "std"])
     table = summary[["framework", "ranks", "mode", "data", "runtime", "fabric", "batch_size", "images_per_sec_median",
-                     "images_per_sec_std"]].rename(columns={"batch_size": "batch/rank", "images_per_sec_median": "img/s",
-                                                            "images_per_sec_std": "std"})
+                     "images_per_sec_std"]]
+    table = table.rename(columns={"batch_size": "batch/rank", "images_per_sec_median": "img/s",
+                                  "images_per_sec_std": "std"})
     return table.sort_values(["framework", "runtime", "fabric", "mode", "data", "ranks"], ignore_index=True)

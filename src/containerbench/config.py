@@ -210,8 +210,6 @@ def framework_modes(framework: str, modes: list[str]) -> list[str]:
 
 def mpi_models(config: dict, runtime: str) -> tuple[str, ...]:
     """The MPI models `runtime` runs in (images.<runtime>.mpi_model: one, or a list for both side by side)."""
-    if runtime == "bare-metal":
-        return ("hybrid",)
     model = ((config.get("images") or {}).get(runtime) or {}).get("mpi_model", "hybrid")
     return tuple(model) if isinstance(model, list) else (model,)
 

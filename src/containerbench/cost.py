@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from containerbench import config as cb_config
+from containerbench.launchers import uses_slurm
 from containerbench.plans import PLANNED_SETTINGS, RunPlan, Sweep, benchmark_args_in
 from containerbench.point import Point
 from containerbench.records import load_records
@@ -132,12 +133,12 @@ def estimate(plans, config: dict, records, node_jobs: int = 1) -> Estimate:
         spec = run_plan.spec
         jobs[spec["kind"]] = jobs.get(spec["kind"], 0) + 1
         allocations[spec["nodes"]] = allocations.get(spec["nodes"], 0) + 1
-    launcher = config["launcher"]["kind"]
+    launcher, slurm = config["launcher"]["kind"], uses_slurm(config)
     # Each run's own timeout (execution.execute kills it there and records it failed).
     to_timeouts = sum(p.spec["nodes"] * p.timeout_s for p in plans) / 3600
     limits = ", ".join(f"{kind}.timeout_s = {config[kind]['timeout_s']} s"
                        for kind, run_kind in (("benchmark", "train"), ("netbench", "netbench")) if run_kind in jobs)
-    if launcher == "srun":
+    if slurm:
         # What Slurm can charge: a job ends at its time limit, whatever runs in it.
         minutes = config["slurm"]["runtime_minutes"]
         worst = (sum(p.spec["nodes"] for p in plans) + node_jobs) * minutes / 60
@@ -159,7 +160,7 @@ def estimate(plans, config: dict, records, node_jobs: int = 1) -> Estimate:
     return Estimate(
         jobs=dict(sorted(jobs.items(), key=lambda item: item[0] != "train")), local_jobs=len(plans) + 2,
         node_jobs=node_jobs,
-        allocations=dict(sorted(allocations.items())), slurm=launcher == "srun", launcher=launcher,
+        allocations=dict(sorted(allocations.items())), slurm=slurm, launcher=launcher,
         worst_node_hours=worst, worst_basis=basis, timeout_node_hours=to_timeouts,
         expected_node_hours=expected if covered else None,
         expected_runs=covered, unmeasured_runs=len(plans) - covered, records_read=len(records),

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from containerbench import markers, slurm
-from containerbench.launchers import Allocation
+from containerbench.launchers import Allocation, Mpirun, Srun
 from containerbench.plans import RunPlan
 from containerbench.processes import die_with_parent, stop_session, watch_controller
 from containerbench.runtimes import host_environment
@@ -95,11 +95,11 @@ def measure(run_plan: RunPlan, log_path: Path, echo=sys.stdout, allocation: str 
 def _final_argv(argv: list[str]) -> list[str]:
     """Adjustments that depend on where the plan runs, decided there (and logged)."""
     # Open MPI refuses root unless told; containers and CI commonly run as root.
-    if argv and Path(argv[0]).name == "mpirun" and os.geteuid() == 0 and "--allow-run-as-root" not in argv:
+    if argv and Path(argv[0]).name == Mpirun.program and os.geteuid() == 0 and "--allow-run-as-root" not in argv:
         return [argv[0], "--allow-run-as-root", *argv[1:]]
     # Inside a job step already (a one-rank Snakemake job runs in `srun -n1`), a
     # nested srun would wait forever for CPUs that step holds.
-    if argv and Path(argv[0]).name == "srun" and "SLURM_STEP_ID" in os.environ and "--overlap" not in argv:
+    if argv and Path(argv[0]).name == Srun.program and "SLURM_STEP_ID" in os.environ and "--overlap" not in argv:
         return [argv[0], "--overlap", *argv[1:]]
     return argv
 

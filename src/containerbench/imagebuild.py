@@ -23,7 +23,6 @@ from containerbench.imagestep import (
     BENCH_PYTHON,
     CHARLIECLOUD_DIR,
     DEFAULT_STEP_TIMEOUT_S,
-    ENGINES,
     IMAGE_REPO,
     IMAGES,
     QUERY_TIMEOUT_S,
@@ -31,7 +30,7 @@ from containerbench.imagestep import (
     run_step,
 )
 from containerbench.processes import run_group
-from containerbench.runtimes import Charliecloud, engine_env, engine_usable
+from containerbench.runtimes import CONTAINER_RUNTIMES, ENGINES, Charliecloud, Podman, engine_env, engine_usable
 
 DOCKERFILE = Path("containers/Dockerfile")
 PROVENANCE_LABEL = "org.containerbench.provenance"
@@ -39,7 +38,7 @@ PROVENANCE_LABEL = "org.containerbench.provenance"
 
 @dataclass(frozen=True)
 class ImageSpec:
-    engine: str = "podman"
+    engine: str = Podman.name
     tag: str = f"{IMAGE_REPO}:latest"
     base_image: str = BASE_IMAGE
     build_args: dict[str, str] = field(default_factory=dict)
@@ -114,7 +113,8 @@ def image_run_argv(engine: str, tag: str, command: list[str]) -> list[str]:
 
 def image_provenance(engine: str, tag: str, timeout: float = DEFAULT_STEP_TIMEOUT_S) -> dict:
     argv = image_run_argv(engine, tag, ["python3", "-m", "containerbench.provenance"])
-    return json.loads(run_step("provenance (image)", argv, capture=True, env=engine_env(engine), timeout=timeout).stdout)
+    done = run_step("provenance (image)", argv, capture=True, env=engine_env(engine), timeout=timeout)
+    return json.loads(done.stdout)
 
 
 def build_stamp(engine: str, tag: str, host_hash: str | None = None, timeout: float = DEFAULT_STEP_TIMEOUT_S,
@@ -164,8 +164,7 @@ def build_image(spec: ImageSpec, bench_python: Path = BENCH_PYTHON, stamp: Path 
 # -- export, load, charliecloud --------------------------------------------------------------
 
 def save_argv(engine: str, tag: str, archive: Path = ARCHIVE) -> list[str]:
-    fmt = ["--format", "docker-archive"] if engine == "podman" else []  # readable by docker, sarus, apptainer
-    return [engine, "save", *fmt, "-o", str(archive), tag]
+    return [engine, "save", *CONTAINER_RUNTIMES[engine].save_options, "-o", str(archive), tag]
 
 
 def load_argv(engine: str, archive: Path = ARCHIVE) -> list[str]:
@@ -225,7 +224,7 @@ def charliecloud_image(engine: str, tag: str, out: Path = CHARLIECLOUD_DIR, forc
         run_step("charliecloud (export)", export, env=engine_env(engine), timeout=timeout)
         run_step("charliecloud (rm)", remove, env=engine_env(engine), timeout=QUERY_TIMEOUT_S, capture=True)
         run_step("charliecloud (ch-convert)", Charliecloud.convert_argv(flat_tar, str(out)),
-                 env=engine_env("charliecloud"), timeout=timeout)
+                 env=engine_env(Charliecloud.name), timeout=timeout)
     finally:
         subprocess.run(forget, capture_output=True, env=engine_env(engine), timeout=QUERY_TIMEOUT_S, check=False)
         Path(flat_tar).unlink(missing_ok=True)

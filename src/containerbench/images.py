@@ -56,8 +56,10 @@ from containerbench.imagestep import (
 from containerbench.runtimes import (
     CONTAINER_RUNTIMES,
     Apptainer,
+    BareMetal,
     BuiltImage,
     Charliecloud,
+    Podman,
     RunRequest,
     host_environment,
 )
@@ -66,7 +68,7 @@ _write = write_file  # prepare_runtime's name for it
 
 # -- what each runtime runs, and the commands that make it (owned by its class) ---------------
 
-def built(tag: str, build_dir: Path | str = IMAGES, engine: str = "podman", gpus: bool = False) -> BuiltImage:
+def built(tag: str, build_dir: Path | str = IMAGES, engine: str = Podman.name, gpus: bool = False) -> BuiltImage:
     return BuiltImage(tag, engine, str(build_dir), gpus)
 
 
@@ -110,7 +112,7 @@ def resolve_images(config: dict, build_dir: Path | str = IMAGES) -> dict[ImageUs
     tag, gpus = images["build"]["tag"], config["slurm"]["gpus_per_node"] > 0
     artifacts = {}
     for runtime in config["runtimes"]:
-        if runtime == "bare-metal":
+        if runtime == BareMetal.name:
             continue
         settings = images.setdefault(runtime, {})
         models = mpi_models(config, runtime)

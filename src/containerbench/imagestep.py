@@ -21,7 +21,6 @@ BASE_IMAGE = "localhost/containerbench-base:bookworm"
 IMAGE_REPO = "localhost/containerbench"
 ARCHIVE = IMAGES / "containerbench.tar"
 CHARLIECLOUD_DIR = IMAGES / "containerbench.ch"
-ENGINES = ("docker", "podman")
 SUITE, GLIBC = "bookworm", (2, 36)
 # A base with apt steps or a slow mirror may need more (images.step_timeout_s in the config).
 DEFAULT_STEP_TIMEOUT_S = 3600

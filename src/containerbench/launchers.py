@@ -20,7 +20,8 @@ class Launcher(ABC):
     """Wraps one rank's argv into the command that starts every rank of a run."""
 
     kind: str  # launcher.kind in the config
-    name: str  # the program, as a run's argv starts
+    program: str | None  # the program a run's argv starts with (None: the rank's own argv)
+    slurm_step = False  # its ranks are a Slurm job step: Slurm's plugins (SPANK) and the step's paths reach them
 
     @abstractmethod
     def wrap(self, rank_argv: list[str], spec: RunSpec, env_names: list[str], runtime_options=()) -> list[str]:
@@ -34,7 +35,7 @@ class Launcher(ABC):
 
 
 class NoLauncher(Launcher):
-    kind = name = "none"
+    kind, program = "none", None
 
     def wrap(self, rank_argv: list[str], spec: RunSpec, env_names: list[str], runtime_options=()) -> list[str]:
         if spec.ranks != 1:
@@ -49,13 +50,13 @@ class NoLauncher(Launcher):
 class Mpirun(Launcher):
     """Open MPI's mpirun: one node here, or the nodes of the enclosing allocation."""
 
-    kind = name = "mpirun"
+    kind = program = "mpirun"
 
     def __init__(self, bind: str = "core", extra_args=()):
         self.bind, self.extra_args = bind, list(extra_args)
 
     def wrap(self, rank_argv, spec, env_names, runtime_options=()):
-        argv = ["mpirun", "-np", str(spec.ranks), "--map-by", f"ppr:{spec.ranks_per_node}:node",
+        argv = [self.program, "-np", str(spec.ranks), "--map-by", f"ppr:{spec.ranks_per_node}:node",
                 "--bind-to", self.bind, "--report-bindings"]
         for name in env_names:  # -x forwards each variable to remote ranks too
             argv += ["-x", name]
@@ -77,7 +78,7 @@ class Hydra(Launcher):
     an inherited socket (PMI_FD), which podman run does not hand to the container (measured: without
     it MPI_Init fails, "PMI_Get_appnum returned -1")."""
 
-    kind, name = "mpirun", "mpiexec"  # what launcher mpirun starts for native runs
+    kind, program = "mpirun", "mpiexec"  # what launcher mpirun starts for native runs (launcher.mpiexec's)
 
     def __init__(self, mpiexec: str = "mpiexec.mpich", bind: str = "core", extra_args=()):
         self.mpiexec, self.bind, self.extra_args = mpiexec, bind, list(extra_args)
@@ -96,7 +97,8 @@ class Hydra(Launcher):
 class Srun(Launcher):
     """Slurm's srun inside the job's allocation; the MPI plugin comes from the config."""
 
-    kind = name = "srun"
+    kind = program = "srun"
+    slurm_step = True
 
     def __init__(self, mpi: str = "pmix", bind: str = "core", extra_args=(), cpus_per_rank: int = 1,
                  gpus_per_node: int = 0):
@@ -110,7 +112,7 @@ class Srun(Launcher):
         # (no --ntasks-per-gpu: it clashes with SLURM_TRES_PER_TASK, a known plugin trap).
         gpus = [f"--gres=gpu:{self.gpus_per_node}"] if self.gpus_per_node else []
         # runtime_options: what a runtime contributes to srun itself (Pyxis: --container-image, ...)
-        return ["srun", f"--mpi={self.mpi}", f"--nodes={spec.nodes}", f"--ntasks={spec.ranks}",
+        return [self.program, f"--mpi={self.mpi}", f"--nodes={spec.nodes}", f"--ntasks={spec.ranks}",
                 f"--ntasks-per-node={spec.ranks_per_node}", f"--cpus-per-task={self.cpus_per_rank}", *gpus,
                 f"--cpu-bind={cpu_bind}", "--export=ALL", *self.extra_args, *runtime_options, *rank_argv]
 
@@ -127,9 +129,19 @@ class Srun(Launcher):
 LAUNCHERS: dict[str, type[Launcher]] = {cls.kind: cls for cls in (NoLauncher, Mpirun, Srun)}
 
 
+def launcher_class(kind: str | None) -> type[Launcher]:
+    """The launcher of launcher.kind `kind` (the schema allows no other; none where it is unset)."""
+    return LAUNCHERS.get(kind, NoLauncher)
+
+
+def uses_slurm(config: dict) -> bool:
+    """Do the config's runs start as Slurm job steps (launcher srun)?"""
+    return launcher_class(config["launcher"]["kind"]).slurm_step
+
+
 def launcher_for(config: dict, runtime=None) -> Launcher:
     """The configured launcher, for `runtime`'s runs (a runtime may name its own srun MPI plugin)."""
-    return LAUNCHERS.get(config["launcher"]["kind"], NoLauncher).configured(config, runtime)
+    return launcher_class(config["launcher"]["kind"]).configured(config, runtime)
 
 
 class Allocation(enum.Enum):
@@ -152,6 +164,6 @@ def allocation_for(config: dict, *, job_of_runs: bool = False) -> Allocation:
     instead of vanishing with its job."""
     if job_of_runs:
         return Allocation.PER_JOB
-    if config["launcher"]["kind"] != "srun":
+    if not uses_slurm(config):
         return Allocation.NONE
     return Allocation.STEP if slurm.in_allocation() else Allocation.PER_RUN

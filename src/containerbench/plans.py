@@ -20,8 +20,9 @@ from containerbench import slurm
 from containerbench.config import RunSpec, dataset_dir
 from containerbench.fabrics import debug_environment, expected_transport
 from containerbench.images import IMAGES, check_bench_env, resolve_images
-from containerbench.launchers import Allocation, allocation_for, launcher_for
+from containerbench.launchers import Allocation, allocation_for, launcher_class, launcher_for, uses_slurm
 from containerbench.runtimes import (
+    BareMetal,
     RunRequest,
     check_launchers,
     runtime_for,
@@ -78,7 +79,7 @@ class RunPlan:
         """The allocation strategy planned for the run, as its plan file says."""
         if self.allocation:
             return Allocation.PER_RUN
-        return Allocation.STEP if self.spec.get("launcher") == "srun" else Allocation.NONE
+        return Allocation.STEP if launcher_class(self.spec.get("launcher")).slurm_step else Allocation.NONE
 
     def as_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in self.NOT_WRITTEN
@@ -171,7 +172,8 @@ def plan(spec: RunSpec, config: dict, allocation: Allocation | None = None) -> R
                          gpus=config["slurm"]["gpus_per_node"] > 0, infiniband=rdma_fabric(fabric),
                          ranks_per_node=spec.ranks_per_node)
     env = runtime.environment(request)
-    argv = launcher_for(config, runtime).wrap(runtime.rank_argv(request), spec, sorted(env), runtime.launcher_options(request))
+    launcher = launcher_for(config, runtime)
+    argv = launcher.wrap(runtime.rank_argv(request), spec, sorted(env), runtime.launcher_options(request))
     timeout = config["netbench" if spec.kind == "netbench" else "benchmark"]["timeout_s"]
     settings = {}
     if spec.kind == "train":
@@ -233,7 +235,7 @@ def check_site_images(config: dict, built: dict[cb_config.ImageUse, str]) -> Non
 
 def site_images(config: dict, built: dict[cb_config.ImageUse, str]) -> list:
     """The runtimes (one per MPI model and framework) that run an image the site supplies."""
-    uses = [cb_config.ImageUse(name, model, framework) for name in config["runtimes"] if name != "bare-metal"
+    uses = [cb_config.ImageUse(name, model, framework) for name in config["runtimes"] if name != BareMetal.name
             for framework in config["benchmark"]["frameworks"] for model in cb_config.mpi_models(config, name)]
     return [runtime_for(use.runtime, config, use.mpi_model, use.framework) for use in uses if use not in built]
 
@@ -267,7 +269,7 @@ def prepare(config: dict, repo: Path, *, probe: bool = True) -> Sweep:
             sample = planned["dataset"]["path"] = str(repo / cb_config.SAMPLE_DIR)  # one sample for every results dir
         runs = cb_config.plan_runs(planned)
         cb_config.check_runs(planned, runs)
-        if planned["launcher"]["kind"] == "srun":
+        if uses_slurm(planned):
             slurm.check_time_limit(planned)
             if probe:
                 slurm.check_cluster(planned, runs)

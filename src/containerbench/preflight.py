@@ -30,6 +30,7 @@ import sys
 import time
 from pathlib import Path
 
+from containerbench.launchers import Srun, uses_slurm
 from containerbench.runtimes import run_probe
 
 PACKAGE = Path("src") / "containerbench"
@@ -99,7 +100,8 @@ def run_checks(repo: Path, expected_digest: str, bench_python: str | None,
         if not ok:
             problems.append(f"runtime {runtime!r} cannot run on this node: {detail}")
     return {"host": socket.gethostname(), "repo": str(repo), "sources_digest": expected_digest,
-            "bench_python": bench_python, "torch_python": torch_python, "image_files": list(image_files), "probes": probed, "problems": problems,
+            "bench_python": bench_python, "torch_python": torch_python, "image_files": list(image_files),
+            "probes": probed, "problems": problems,
             "seconds": round(time.time() - started, 3)}
 
 
@@ -110,11 +112,11 @@ def check_argv(config: dict, repo: Path, python: str, bench_python: str | None, 
             *(["--bench-python", str(bench_python)] if bench_python else []),
             *(["--torch-python", str(torch_python)] if torch_python else []), "--probes", json.dumps(probes),
             *(f"--image-file={path}" for path in image_files)]
-    if config["launcher"]["kind"] != "srun":
+    if not uses_slurm(config):
         return argv
     slurm = config["slurm"]
     placement = [f"--{key}={slurm[key]}" for key in ("partition", "account", "qos", "constraint") if slurm[key]]
-    return ["srun", "--nodes=1", "--ntasks=1", f"--time={SRUN_MINUTES}", "--job-name=containerbench-preflight",
+    return [Srun.program, "--nodes=1", "--ntasks=1", f"--time={SRUN_MINUTES}", "--job-name=containerbench-preflight",
             *placement, *argv]
 
 

@@ -28,6 +28,7 @@ from containerbench import markers
 from containerbench.config import describe, load_schema
 from containerbench.distribution import LOCAL
 from containerbench.fabrics import check_grpc, verify
+from containerbench.runtimes import BareMetal
 from containerbench.status import Check, Status
 from containerbench.usage import read_telemetry
 
@@ -118,7 +119,7 @@ PYTHON_EXCEPTION = re.compile(r"\b[A-Z]\w*(Error|Exception)\b")
 
 def evidence_line(lines: list[str]) -> str | None:
     """The line most likely to explain a failure: the last Python exception, else the last error-looking one."""
-    candidates = [l.strip() for l in lines if l.strip() and not l.startswith("containerbench-")]
+    candidates = [line.strip() for line in lines if line.strip() and not line.startswith("containerbench-")]
     for line in reversed(candidates):
         if PYTHON_EXCEPTION.search(line):
             return line[:500]
@@ -220,13 +221,13 @@ def ran_on_the_host(process: dict, launch: dict) -> bool:
 
 def judge_container(launch: dict, spec: dict, result: dict, verdict: Verdict) -> None:
     """A container run's ranks prove from inside that they ran in a container (telemetry.rank_context)."""
-    if spec.get("runtime") in (None, "bare-metal") or not launch.get("launch_context"):
+    if spec.get("runtime") in (None, BareMetal.name) or not launch.get("launch_context"):
         return
     on_host = [p for p in result.get("processes") or [] if p.get("context") and ran_on_the_host(p, launch)]
     for process in on_host[:1]:
-        verdict.invalidate(f"ran on the host, not in {spec['runtime']}: rank {process['rank']} on {process['hostname']} "
-                           f"has the host's mount namespace ({process['context']['mnt_ns']}) and no container "
-                           "marker the host lacks")
+        verdict.invalidate(f"ran on the host, not in {spec['runtime']}: rank {process['rank']} on "
+                           f"{process['hostname']} has the host's mount namespace "
+                           f"({process['context']['mnt_ns']}) and no container marker the host lacks")
 
 
 def judge_native_mpi(launch: dict, spec: dict, result: dict, verdict: Verdict) -> None:

@@ -14,6 +14,7 @@ import pandas as pd
 
 from containerbench.intervals import t_quantile
 from containerbench.point import Point, runtime_label
+from containerbench.runtimes import BareMetal
 from containerbench.status import Status
 
 # A sweep point's columns: runs that differ only in repetition.
@@ -26,7 +27,7 @@ RUN_COLUMNS = ["run_id", "status", "reason", "evidence", "system", *POINT, "repe
                "peak_host_memory_gib", "peak_gpu_memory_gib", "startup_s", "wall_s", "provenance", "image",
                "fabric_check", "transport", "cpu_utilisation_percent", "foreign_cpu_percent", "disturbed",
                "traffic_check", "mpi_model", "mpi_library", "binding", "hosts", "log"]
-BASELINE_RUNTIME = "bare-metal"
+BASELINE_RUNTIME = BareMetal.name
 
 
 def _mpi_library(result: dict) -> str | None:

@@ -16,7 +16,7 @@ ALLOCATES = SWEEP.allocation is launchers.Allocation.PER_RUN
 JOB_SHAPE = {
     "nodes": lambda wildcards: PLANS[wildcards.run_id].spec["nodes"],
     "tasks": lambda wildcards: PLANS[wildcards.run_id].spec["ranks"],
-    "mpi": lambda wildcards: "srun" if PLANS[wildcards.run_id].spec["ranks"] > 1 else None,
+    "mpi": lambda wildcards: launchers.Srun.program if PLANS[wildcards.run_id].spec["ranks"] > 1 else None,
     **SLURM_RESOURCES,
 } if SWEEP.allocation is launchers.Allocation.STEP else {}
 

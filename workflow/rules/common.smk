@@ -36,7 +36,7 @@ RUNS_FOR_REAL = PLANS_A_RUN and not workflow.output_settings.dryrun
 if workflow.is_main_process:
     os.environ[processes.CONTROLLER_VARIABLE] = processes.identity(os.getpid())  # this process's, for its jobs
 if RUNS_FOR_REAL:
-    if stale := processes.remove_stale_lock(SNAKEMAKE_LOCKS, slurm=config["launcher"]["kind"] == "srun"):
+    if stale := processes.remove_stale_lock(SNAKEMAKE_LOCKS, slurm=launchers.uses_slurm(config)):
         print(stale, file=sys.stderr)
 
 if PLANS_A_RUN:
@@ -70,7 +70,7 @@ if workflow.is_main_process:
 ON_COMPUTE_NODES = {name for name in PLANNED["runtimes"]
                     if runtimes.runtime_for(name, PLANNED).available == "compute-nodes"}
 # A one-node, one-task job's resources on Slurm (the pre-flight job, conversions on the nodes).
-ON_A_NODE = {"nodes": 1, "tasks": 1, **SLURM_RESOURCES} if config["launcher"]["kind"] == "srun" else {}
+ON_A_NODE = {"nodes": 1, "tasks": 1, **SLURM_RESOURCES} if launchers.uses_slurm(config) else {}
 # What the runs need (images, the data sample) is made before the first measurement: otherwise the
 # bare-metal runs, ready first, would all run before any container run, and the runtimes would be
 # measured at different times instead of interleaved by repetition (benchmark.smk).
@@ -85,7 +85,7 @@ wildcard_constraints:
 # What the compute nodes must see (the clone and the bare-metal Python at the same path, the
 # runtimes installed only there, the site's image files), checked on one of them before any job
 # is submitted; not in a dry run. A hook, not a rule: see containerbench/preflight.py.
-BARE_METAL = "bare-metal" in PLANNED["runtimes"]
+BARE_METAL = runtimes.BareMetal.name in PLANNED["runtimes"]
 PREFLIGHT = preflight.check_argv(
     PLANNED, REPO, PYTHON, BENCH_PYTHON if BARE_METAL and "tensorflow" in config["benchmark"]["frameworks"] else None,
     {name: list(runtimes.runtime_for(name, PLANNED).probe) for name in sorted(ON_COMPUTE_NODES)},

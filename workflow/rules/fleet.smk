@@ -15,7 +15,7 @@ FLEET_SELECTION = {
 FLEET = None
 if FLEET_SELECTION and workflow.is_main_process:  # every fleet rule is local: the planning process runs them
     try:
-        if config["launcher"]["kind"] != "srun":
+        if not launchers.uses_slurm(config):
             raise fleet.FleetError(
                 f"'validation.{next(iter(FLEET_SELECTION))}' needs launcher.kind srun "
                 f"(it is {config['launcher']['kind']!r}); allowed: a Slurm site's config"

@@ -135,7 +135,7 @@ for BENCH_ENV, FLAVOUR in itertools.product(
             "export --archive {output:q} > {log:q} 2>&1"
 
 
-    for other in set(imagestep.ENGINES) - {ENGINE}:
+    for other in set(runtimes.ENGINES) - {ENGINE}:
 
         rule:
             name:
@@ -170,11 +170,11 @@ for BENCH_ENV, FLAVOUR in itertools.product(
             LOGS / "charliecloud.txt",
         params:
             images=STEPS,
-        localrule: not ON_COMPUTE_NODES & {"charliecloud"}
+        localrule: not ON_COMPUTE_NODES & {runtimes.Charliecloud.name}
         priority: BEFORE_ANY_MEASUREMENT
         resources:
             **IMAGE_STEP,
-            **(ON_A_NODE if ON_COMPUTE_NODES & {"charliecloud"} else {}),
+            **(ON_A_NODE if ON_COMPUTE_NODES & {runtimes.Charliecloud.name} else {}),
         shell:
             "{params.images} --step-timeout {resources.step_timeout_s} "
             "charliecloud --out {output.image:q} --force > {log:q} 2>&1"
@@ -190,7 +190,7 @@ for BENCH_ENV, FLAVOUR in itertools.product(
             input:
                 getattr(rules, f"image_charliecloud{RULE_SUFFIX}").output.image,
             output:
-                FILES["charliecloud"],
+                FILES[runtimes.Charliecloud.name],
             log:
                 LOGS / "charliecloud-nvidia.txt",
             params:

@@ -21,12 +21,12 @@ from containerbench.imagestep import (
     BENCH_PYTHON,
     CHARLIECLOUD_DIR,
     DEFAULT_STEP_TIMEOUT_S,
-    ENGINES,
     IMAGE_REPO,
     IMAGES,
     ImageStepError,
     write_file,
 )
+from containerbench.runtimes import ENGINES, BareMetal, Charliecloud, Podman
 
 
 def step_argv(python, engine: str, tag: str, bench_python, repo, env: BenchEnv,
@@ -72,7 +72,7 @@ def run_image_step(args) -> str:
         runtime_commands,
     )
     from containerbench.imagestep import run_step
-    from containerbench.runtimes import Charliecloud, engine_env
+    from containerbench.runtimes import engine_env
     from containerbench.wheelhouse import make_flavour_wheelhouse, make_wheelhouse
 
     timeout, repo, env, flavour = args.step_timeout, args.repo, BENCH_ENVS[args.env], MPI_FLAVOURS[args.mpi]
@@ -94,7 +94,8 @@ def run_image_step(args) -> str:
         return "\n".join(names)
     if args.step == "build":
         build_args = {**image_build_args(env, flavour),
-                      **({"APT_PACKAGES": args.apt_packages} if args.apt_packages else {}), **parse_build_args(args.build_arg)}
+                      **({"APT_PACKAGES": args.apt_packages} if args.apt_packages else {}),
+                      **parse_build_args(args.build_arg)}
         # apt packages at build time need the network; the default base needs nothing from outside.
         network = args.network or ("host" if args.apt_packages else "none")
         spec = ImageSpec(args.engine, tag, args.base_image, build_args, repo / DOCKERFILE, repo, network)
@@ -103,11 +104,11 @@ def run_image_step(args) -> str:
         return str(export_image(args.engine, tag, args.archive, timeout))
     if args.step == "load":
         return json.dumps(load_image(args.into, tag, args.archive, args.stamp, timeout), indent=2)
-    if args.step == "charliecloud":
+    if args.step == Charliecloud.name:
         return str(charliecloud_image(args.engine, tag, args.out, args.force, timeout))
     if args.step == "charliecloud-nvidia":
         run_step("charliecloud (ch-fromhost --nvidia)", Charliecloud.nvidia_argv(str(args.out)),
-                 env=engine_env("charliecloud"), timeout=timeout)
+                 env=engine_env(Charliecloud.name), timeout=timeout)
         write_file(args.marker, f"{args.out}: ch-fromhost --nvidia done\n")
         return str(args.out)
     if args.step == "prepare":
@@ -149,8 +150,8 @@ def cmd_freeze_image(args) -> int:
     config = cb_config.load(args.config)
     try:
         runtime = runtime_for(args.runtime, config)
-        if runtime.name == "bare-metal":
-            raise ValueError("runtime 'bare-metal' has no image; allowed: a container runtime of the config")
+        if runtime.name == BareMetal.name:
+            raise ValueError(f"runtime {runtime.name!r} has no image; allowed: a container runtime of the config")
         lock = image_lock(runtime)
     except (ValueError, ImageStepError) as error:
         raise cb_config.ConfigError(f"freeze-image: {error}") from None
@@ -163,7 +164,7 @@ def cmd_freeze_image(args) -> int:
 def add_commands(sub) -> None:
     image = sub.add_parser("image", help="one step of building the benchmark image and what each runtime runs from it",
                            description="Container images: build the one benchmark image and hand it to every runtime.")
-    image.add_argument("--engine", default=os.environ.get("CONTAINERBENCH_ENGINE", "podman"), choices=ENGINES,
+    image.add_argument("--engine", default=os.environ.get("CONTAINERBENCH_ENGINE", Podman.name), choices=ENGINES,
                      help="the engine that builds (and holds) the image")
     image.add_argument("--tag", help=f"default {IMAGE_REPO}:<provenance hash of the bench venv>")
     image.add_argument("--bench-python", type=Path, default=BENCH_PYTHON)
@@ -198,7 +199,7 @@ def add_commands(sub) -> None:
     step.add_argument("--into", choices=ENGINES, required=True)
     step.add_argument("--archive", type=Path, default=ARCHIVE)
     step.add_argument("--stamp", type=Path)
-    step = steps.add_parser("charliecloud", help="ch-convert the image into a Charliecloud directory")
+    step = steps.add_parser(Charliecloud.name, help="ch-convert the image into a Charliecloud directory")
     step.add_argument("--out", type=Path, default=CHARLIECLOUD_DIR)
     step.add_argument("--force", action="store_true")
     step = steps.add_parser("charliecloud-nvidia", help="inject this node's NVIDIA libraries (ch-fromhost --nvidia)")
@@ -221,7 +222,8 @@ def add_commands(sub) -> None:
     image.set_defaults(func=cmd_image)
 
 
-    p = sub.add_parser("singularity-definition", help="containers/Dockerfile as a Singularity/Apptainer definition file")
+    p = sub.add_parser("singularity-definition",
+                       help="containers/Dockerfile as a Singularity/Apptainer definition file")
     p.add_argument("--dockerfile", type=Path, required=True)
     p.add_argument("--bootstrap", choices=("docker", "docker-daemon", "docker-archive"))
     p.add_argument("--from", dest="source", help="image or archive to bootstrap from (default: the base)")

@@ -92,19 +92,20 @@ def every_runtime(config: dict, repo: Path) -> str:
 
     from containerbench import images
     from containerbench.plans import prepare
-    from containerbench.runtimes import CONTAINER_RUNTIMES, MPI_MODELS
+    from containerbench.runtimes import CONTAINER_RUNTIMES, MPI_MODELS, RUNTIME_NAMES, BareMetal
 
     blocks = []
-    for name in ["bare-metal", *CONTAINER_RUNTIMES]:
-        for model in ("host",) if name == "bare-metal" else MPI_MODELS:
+    for name in RUNTIME_NAMES:
+        cls = CONTAINER_RUNTIMES.get(name)
+        for model in MPI_MODELS if cls else (BareMetal.default_mpi_model,):
             one = copy.deepcopy(config)
             one["runtimes"] = [name]
-            if name != "bare-metal":
+            if cls:
                 settings = {key: value for key, value in (one["images"].get(name) or {}).items()
                             if key not in cb_config.IMAGE_KEYS}
                 settings["mpi_model"] = model
-                if CONTAINER_RUNTIMES[name].placeholder_image:  # the workflow cannot build its image
-                    settings["image"] = settings["torch_image"] = CONTAINER_RUNTIMES[name].placeholder_image
+                if cls.placeholder_image:  # the workflow cannot build its image
+                    settings["image"] = settings["torch_image"] = cls.placeholder_image
                 one["images"][name] = settings
             title = f"{name} ({model})"
             try:
@@ -116,10 +117,13 @@ def every_runtime(config: dict, repo: Path) -> str:
             build = one["images"]["build"]
             flavour = cb_config.MPI_FLAVOURS[cb_config.MODEL_FLAVOUR[model if model != "host" else "hybrid"]]
             env = cb_config.bench_env(one, sweep.runs[0].framework)
-            prepared = images.runtime_commands(build["engine"], images.flavour_tag(build["tag"], env, flavour), "REGISTRY",
-                                               repo / images.IMAGES, one["slurm"]["gpus_per_node"] > 0).get(name, [])
+            prepared = images.runtime_commands(build["engine"], images.flavour_tag(build["tag"], env, flavour),
+                                               "REGISTRY", repo / images.IMAGES,
+                                               one["slurm"]["gpus_per_node"] > 0).get(name, [])
             uses_built = any((use.runtime, use.mpi_model) == (name, model) for use in sweep.image_files)
-            lines = [title, *(f"  prepare: {shlex.join(argv)}" for argv in (prepared if uses_built or name == "shifter" else []))]
+            # A runtime whose image the site supplies still shows how it would take the built one.
+            shown = prepared if uses_built or (cls and cls.placeholder_image) else []
+            lines = [title, *(f"  prepare: {shlex.join(argv)}" for argv in shown)]
             env = " ".join(f"{k}={v}" for k, v in sorted(run_plan.env.items()))
             lines += [f"  env:  {env}", f"  argv: {shlex.join(run_plan.argv)}"]
             blocks.append("\n".join(lines))
@@ -128,7 +132,8 @@ def every_runtime(config: dict, repo: Path) -> str:
 
 def add_commands(sub) -> None:
     p = sub.add_parser("plan", help="print every run of the sweep with its exact argv and environment")
-    p.add_argument("--config", action="append", default=None, help="YAML file(s), later ones override (default config/config.yaml)")
+    p.add_argument("--config", action="append", default=None,
+                   help="YAML file(s), later ones override (default config/config.yaml)")
     p.add_argument("--run-id", help="only this run")
     p.add_argument("--json", action="store_true", help="one JSON plan per line (with --estimate: the estimate)")
     p.add_argument("--estimate", action="store_true",
@@ -147,7 +152,8 @@ def add_commands(sub) -> None:
                    help="run in the allocation salloc made (SLURM_JOB_ID), asking sacct why when it ends under the run")
     p.set_defaults(func=cmd_launch)
 
-    p = sub.add_parser("preflight", help="check what this compute node must see before any job (the workflow's onstart)")
+    p = sub.add_parser("preflight",
+                       help="check what this compute node must see before any job (the workflow's onstart)")
     p.add_argument("--repo", type=Path, required=True, help="the clone, as the workflow sees it")
     p.add_argument("--sources-digest", required=True, help="sources_digest(repo) where the workflow planned")
     p.add_argument("--bench-python", help="the bare-metal interpreter, when bare metal is in the sweep")

@@ -31,6 +31,7 @@ from __future__ import annotations
 import inspect
 
 from containerbench.config import IMAGE_KEYS, ConfigError, ImageUse, image_key, mpi_models
+from containerbench.launchers import NoLauncher
 from containerbench.runtimes.bare_metal import BareMetal
 from containerbench.runtimes.base import (
     CONTAINER_RUNTIMES,
@@ -58,7 +59,7 @@ from containerbench.runtimes.base import (
 # Each module registers its runtimes as it is imported, and the registry keeps that order (plans and
 # `images print-commands` show them in it): a new runtime's module goes last.
 # isort: off
-from containerbench.runtimes.oci import Docker, OciEngine, Podman
+from containerbench.runtimes.oci import ENGINES, Docker, OciEngine, Podman
 from containerbench.runtimes.apptainer import Apptainer, Singularity
 from containerbench.runtimes.shifter import Shifter
 from containerbench.runtimes.charliecloud import WRITE_FAKE_SINCE, Charliecloud, ch_run_version
@@ -68,7 +69,7 @@ from containerbench.runtimes.podman_hpc import PodmanHPC
 # isort: on
 
 __all__ = [
-    "CONTAINER_RUNTIMES", "DEFAULT_PATH", "IMAGE_FILE_SUFFIXES", "LAUNCH_OPTIONS", "MPI_MODELS", "PINNED",
+    "CONTAINER_RUNTIMES", "DEFAULT_PATH", "ENGINES", "IMAGE_FILE_SUFFIXES", "LAUNCH_OPTIONS", "MPI_MODELS", "PINNED",
     "RANKEXEC", "RANK_PREFIXES", "RUNTIME_NAMES", "SLURM_GPU_VARS", "WRITE_FAKE_SINCE", "Apptainer", "BareMetal",
     "BuiltImage", "Charliecloud", "ContainerRuntime", "Docker", "Enroot", "NativeMpi", "OciEngine", "Podman",
     "PodmanHPC", "RunRequest", "Runtime", "Sarus", "Shifter", "Singularity", "ch_run_version", "check_launchers",
@@ -117,7 +118,7 @@ def runtime_for(name: str, config: dict, mpi_model: str | None = None, framework
     native = config.get("native_mpi") or {}
     if model == "native" and "srun_mpi" not in settings:
         settings["srun_mpi"] = native.get("srun_mpi", "pmi2")  # an MPICH libmpi speaks PMI2 to srun (mpi_guide)
-    runtime = cls(image, **options, **settings, launcher=config.get("launcher", {}).get("kind", "none"),
+    runtime = cls(image, **options, **settings, launcher=config.get("launcher", {}).get("kind", NoLauncher.kind),
                   native_mpi=NativeMpi(**{key: native[key] for key in ("library", "image_library") if key in native}))
     runtime.check_mpi_model()
     return runtime
@@ -149,7 +150,7 @@ def select_runtimes(config: dict, built: dict[ImageUse, str]) -> dict[str, str]:
     build_ok, build_reason = engine_usable(config["images"]["build"]["engine"]) if built else (True, "")
     unusable = {}
     for name in config["runtimes"]:
-        if name == "bare-metal":
+        if name == BareMetal.name:
             continue
         runtime = runtime_for(name, config)
         if runtime.available == "compute-nodes":

@@ -12,6 +12,8 @@ import shutil
 import subprocess
 from dataclasses import dataclass, field
 
+from containerbench.launchers import NoLauncher, launcher_class
+
 # Set by mpirun (Open MPI, MPICH Hydra) or srun for each rank; the MPI/PMI library in the image needs them.
 RANK_PREFIXES = ("OMPI_", "PMIX_", "PMI_", "SLURM_", "HYDRA_", "MPI_LOCALRANKID", "MPI_LOCALNRANKS")
 # Slurm's per-task GPU binding, for runtimes whose ranks stay in the task's device cgroup.
@@ -129,7 +131,7 @@ class Runtime(abc.ABC):
     native_support: str | None = None
     probe: tuple[str, ...] = ()  # a quick command that succeeds only where the runtime can run here
 
-    def __init__(self, *, launcher: str = "none", mpi_model: str | None = None, srun_mpi: str | None = None,
+    def __init__(self, *, launcher: str = NoLauncher.kind, mpi_model: str | None = None, srun_mpi: str | None = None,
                  available: str = "everywhere", package: str = "image", native_mpi: NativeMpi = NativeMpi()):
         """launcher: the launcher kind its ranks start under. mpi_model: hybrid, the image's own MPI wired
         up by the host's launcher, or native, the host's libmpi swapped in (native_mpi). srun_mpi: srun's
@@ -149,6 +151,11 @@ class Runtime(abc.ABC):
     def environment(self, request: RunRequest) -> dict[str, str]:
         """The variables the launcher sets on the host and forwards (mpirun -x)."""
         return {"CONTAINERBENCH_RUNTIME": self.name, **request.env, **self.native_env()}
+
+    @property
+    def in_slurm_step(self) -> bool:
+        """Do its ranks start as a Slurm job step (launcher srun), which Slurm's plugins (SPANK) see?"""
+        return launcher_class(self.launcher).slurm_step
 
     @property
     def native(self) -> bool:

@@ -9,6 +9,7 @@ import pwd
 import re
 import subprocess
 
+from containerbench.launchers import Mpirun
 from containerbench.runtimes.base import (
     DEFAULT_PATH,
     RANK_PREFIXES,
@@ -146,7 +147,7 @@ class Charliecloud(ContainerRuntime):
         # the image's ENV from /ch/environment (written by ch-image).
         # ch-run counts a node's peers from OMPI_COMM_WORLD_LOCAL_SIZE, SLURM_STEP_TASKS_PER_NODE or
         # SLURM_CPUS_ON_NODE; MPICH's Hydra (native runs under mpirun) sets none, so they are given.
-        join = (["--join", f"--join-ct={request.ranks_per_node}"] if self.native and self.launcher == "mpirun"
+        join = (["--join", f"--join-ct={request.ranks_per_node}"] if self.native and self.launcher == Mpirun.kind
                 else ["--join"])
         argv = ["ch-run", *join, f"--unset-env={self.keep_glob(request)}", "--set-env",
                 *(["--write-fake"] if self.write_fake else []),

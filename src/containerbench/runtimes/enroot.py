@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 
+from containerbench.launchers import Srun
 from containerbench.runtimes.base import IMAGE_FILE_SUFFIXES, BuiltImage, ContainerRuntime, RunRequest, register
 
 
@@ -21,7 +22,7 @@ class Enroot(ContainerRuntime):
 
     name = "enroot"
     probe = ("enroot", "version")
-    requires_launcher = "srun"
+    requires_launcher = Srun.kind
     pmix_gds_hash = False
     prepare_from = ("store",)  # enroot import reads the build engine's store (prepare_commands)
 

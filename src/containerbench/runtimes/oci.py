@@ -26,6 +26,7 @@ class OciEngine(ContainerRuntime):
     native_support = "bind"  # the host's libmpi bound over the image's (a file bind: --volume FILE:FILE)
     artifact_is_stamp = True
     shared_paths: tuple[str, ...] = ("/tmp",)  # Open MPI/PMIx session directories live under /tmp
+    save_options: tuple[str, ...] = ()  # what `save` needs to write an archive every converting runtime reads
 
     def __init__(self, image: str, python: str = "python3", extra_args=(), uid: int | None = None,
                  gid: int | None = None, **settings):
@@ -142,6 +143,7 @@ class Podman(OciEngine):
     probe = ("podman", "info", "--format", "{{.Host.OCIRuntime.Name}}")
     in_local_store = ("podman", "image", "exists")  # podman-image-exists(1)
     shared_paths = ("/tmp", "/dev/shm")  # podman-hpc's MPI modules bind /dev/shm besides --ipc=host
+    save_options = ("--format", "docker-archive")  # readable by docker, sarus, apptainer
 
     def __init__(self, image: str, python: str = "python3", extra_args=(), uid: int | None = None,
                  gid: int | None = None, oci_runtime: str | None = None, **settings):
@@ -176,3 +178,6 @@ class Podman(OciEngine):
         patterns = [prefix + "*" if prefix.endswith("_") else prefix for prefix in self.rank_prefixes]
         return [*(word for pattern in patterns for word in ("--env", pattern)), *super().env_args(request)]
 
+
+# The engines that build the image (images.build.engine) and hand it to the others.
+ENGINES = (Docker.name, Podman.name)

@@ -41,7 +41,7 @@ class PodmanHPC(Podman):
     def shared_paths(self) -> tuple[str, ...]:
         # Only under srun: a bind whose source is missing makes `podman run` fail (slurm_paths: the
         # site's SlurmdSpoolDir and munge socket directory, where they differ).
-        return ("/tmp", "/dev/shm", *(self.slurm_paths if self.launcher == "srun" else ()))
+        return ("/tmp", "/dev/shm", *(self.slurm_paths if self.in_slurm_step else ()))
 
     def mounts(self, request: RunRequest) -> list[str]:
         # The host's verbs provider configuration, which the image's libibverbs reads (the same modules).

@@ -75,12 +75,12 @@ class Shifter(ContainerRuntime):
                 *([f"--volume={volumes}"] if volumes else [])]
 
     def launcher_options(self, request: RunRequest) -> list[str]:
-        return self.step_options(request) if self.launcher == "srun" else []
+        return self.step_options(request) if self.in_slurm_step else []
 
     def rank_argv(self, request: RunRequest) -> list[str]:
         names = sorted(name for name in self.environment(request) if not name.startswith(RANK_PREFIXES))
         shim = [self.host_python, "-m", RANKEXEC, "--env-form", "value", "--insert-after", "shifter",
                 *pass_flags(RANK_PREFIXES + SLURM_GPU_VARS), *(w for n in names for w in ("--pass-name", n)), "--"]
-        own = [] if self.launcher == "srun" else self.step_options(request)
+        own = [] if self.in_slurm_step else self.step_options(request)
         return [*shim, "shifter", "--clearenv", *own, "--workdir=/", *self.extra_args, "--", *self.command(request)]
 
