@@ -12,6 +12,7 @@ from itertools import chain
 import numpy as np
 import pandas as pd
 
+from containerbench.frameworks import DEFAULT_FRAMEWORK
 from containerbench.intervals import t_quantile
 from containerbench.point import Point, runtime_label
 
@@ -31,7 +32,8 @@ BASELINE_RUNTIME = "bare-metal"
 def _mpi_library(result: dict) -> str | None:
     """The MPI library the ranks reported (MPI_Get_library_version), distinct values joined."""
     versions = {((p.get("context") or {}).get("mpi") or {}).get("version") for p in result.get("processes") or []}
-    versions = sorted(v for v in versions if v) or ([result["versions"]["mpi"]] if (result.get("versions") or {}).get("mpi") else [])
+    reported = (result.get("versions") or {}).get("mpi")
+    versions = sorted(v for v in versions if v) or ([reported] if reported else [])
     return " | ".join(versions) or None
 
 
@@ -80,7 +82,7 @@ def train_row(record: dict) -> dict:
         # The point comes from the plan, so a failed run still belongs to it.
         **{key: spec.get(key, result.get(key)) for key in POINT},
         "runtime": runtime_label(spec.get("runtime"), spec.get("mpi_model")),  # native beside hybrid
-        "framework": spec.get("framework") or result.get("framework") or "tensorflow",  # older records: TF's
+        "framework": spec.get("framework") or result.get("framework") or DEFAULT_FRAMEWORK,  # older records: TF's
         "repetition": spec.get("repetition"),
         "images_per_sec": rate,
         "rank_images_per_sec_min": min(rank_rates, default=np.nan),

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from containerbench import config as cb_config
+from containerbench.frameworks import FRAMEWORKS
 
 
 def cmd_plan(args) -> int:
@@ -70,8 +71,8 @@ def cmd_launch(args) -> int:
 def cmd_preflight(args) -> int:
     from containerbench.preflight import run_checks
 
-    result = run_checks(args.repo, args.sources_digest, args.bench_python, json.loads(args.probes), args.image_files,
-                        args.torch_python)
+    pythons = {each.name: getattr(args, each.python_key) for each in FRAMEWORKS.values()}
+    result = run_checks(args.repo, args.sources_digest, pythons, json.loads(args.probes), args.image_files)
     for problem in result["problems"]:
         print(f"containerbench: preflight on {result['host']}: {problem}", file=sys.stderr)
     if result["problems"]:
@@ -101,10 +102,11 @@ def every_runtime(config: dict, repo: Path) -> str:
             one["runtimes"] = [name]
             if name != "bare-metal":
                 settings = {key: value for key, value in (one["images"].get(name) or {}).items()
-                            if key not in cb_config.IMAGE_KEYS}
+                            if key not in cb_config.image_keys()}
                 settings["mpi_model"] = model
                 if CONTAINER_RUNTIMES[name].placeholder_image:  # the workflow cannot build its image
-                    settings["image"] = settings["torch_image"] = CONTAINER_RUNTIMES[name].placeholder_image
+                    settings |= dict.fromkeys((cb_config.image_key("hybrid", each) for each in FRAMEWORKS),
+                                              CONTAINER_RUNTIMES[name].placeholder_image)
                 one["images"][name] = settings
             title = f"{name} ({model})"
             try:
@@ -116,10 +118,12 @@ def every_runtime(config: dict, repo: Path) -> str:
             build = one["images"]["build"]
             flavour = cb_config.MPI_FLAVOURS[cb_config.MODEL_FLAVOUR[model if model != "host" else "hybrid"]]
             env = cb_config.bench_env(one, sweep.runs[0].framework)
-            prepared = images.runtime_commands(build["engine"], images.flavour_tag(build["tag"], env, flavour), "REGISTRY",
-                                               repo / images.IMAGES, one["slurm"]["gpus_per_node"] > 0).get(name, [])
+            prepared = images.runtime_commands(build["engine"], images.flavour_tag(build["tag"], env, flavour),
+                                               "REGISTRY", repo / images.IMAGES,
+                                               one["slurm"]["gpus_per_node"] > 0).get(name, [])
             uses_built = any((use.runtime, use.mpi_model) == (name, model) for use in sweep.image_files)
-            lines = [title, *(f"  prepare: {shlex.join(argv)}" for argv in (prepared if uses_built or name == "shifter" else []))]
+            shown = prepared if uses_built or name == "shifter" else []
+            lines = [title, *(f"  prepare: {shlex.join(argv)}" for argv in shown)]
             env = " ".join(f"{k}={v}" for k, v in sorted(run_plan.env.items()))
             lines += [f"  env:  {env}", f"  argv: {shlex.join(run_plan.argv)}"]
             blocks.append("\n".join(lines))
@@ -128,7 +132,8 @@ def every_runtime(config: dict, repo: Path) -> str:
 
 def add_commands(sub) -> None:
     p = sub.add_parser("plan", help="print every run of the sweep with its exact argv and environment")
-    p.add_argument("--config", action="append", default=None, help="YAML file(s), later ones override (default config/config.yaml)")
+    p.add_argument("--config", action="append", default=None,
+                   help="YAML file(s), later ones override (default config/config.yaml)")
     p.add_argument("--run-id", help="only this run")
     p.add_argument("--json", action="store_true", help="one JSON plan per line (with --estimate: the estimate)")
     p.add_argument("--estimate", action="store_true",
@@ -147,11 +152,13 @@ def add_commands(sub) -> None:
                    help="run in the allocation salloc made (SLURM_JOB_ID), asking sacct why when it ends under the run")
     p.set_defaults(func=cmd_launch)
 
-    p = sub.add_parser("preflight", help="check what this compute node must see before any job (the workflow's onstart)")
+    p = sub.add_parser("preflight",
+                       help="check what this compute node must see before any job (the workflow's onstart)")
     p.add_argument("--repo", type=Path, required=True, help="the clone, as the workflow sees it")
     p.add_argument("--sources-digest", required=True, help="sources_digest(repo) where the workflow planned")
-    p.add_argument("--bench-python", help="the bare-metal interpreter, when bare metal is in the sweep")
-    p.add_argument("--torch-python", help="the PyTorch side's bare-metal interpreter, when the sweep has pytorch")
+    for each in FRAMEWORKS.values():
+        p.add_argument(each.preflight_option, help=f"{each.label}'s bare-metal interpreter, when the sweep runs "
+                       f"{each.name} bare metal")
     p.add_argument("--probes", default="{}", help="JSON {runtime: probe argv} to run on this node")
     p.add_argument("--image-file", action="append", default=[], dest="image_files",
                    help="an image file the site supplies, which the node must see (repeatable)")
