@@ -95,7 +95,7 @@ def test_a_pytorch_sweep_refuses_a_torch_python_without_torch_before_any_run(tmp
 
 def test_the_workflow_checks_each_frameworks_bare_metal_python(tmp_path):
     config = tiny_config(tmp_path, benchmark={"frameworks": ["pytorch"]})
-    argv = preflight.check_argv(config, ROOT, sys.executable, None, {}, (), config["bare_metal"]["torch_python"])
+    argv = preflight.check_argv(config, ROOT, sys.executable, {"pytorch": config["bare_metal"]["torch_python"]}, {})
     assert argv[argv.index("--torch-python") + 1] == config["bare_metal"]["torch_python"]
     assert "--bench-python" not in argv
 
@@ -118,15 +118,17 @@ def test_a_runtime_only_on_compute_nodes_is_not_probed_where_the_workflow_plans(
 def test_under_slurm_the_check_runs_on_one_compute_node_through_srun(tmp_path):
     config = tiny_config(tmp_path, **COMPUTE_ONLY, launcher={"kind": "srun"},
                          slurm={"partition": "gpu", "account": "proj", "qos": None, "constraint": "a100"})
-    argv = preflight.check_argv(config, ROOT, "/sw/cb/.venv/bin/python", "/sw/cb/.venv-bench/bin/python",
+    pythons = {"tensorflow": "/sw/cb/.venv-bench/bin/python"}
+    argv = preflight.check_argv(config, ROOT, "/sw/cb/.venv/bin/python", pythons,
                                 {"apptainer": ["apptainer", "--version"]}, ["/sw/images/tf.sif"])
     assert argv == ["srun", "--nodes=1", "--ntasks=1", "--time=10", "--job-name=containerbench-preflight",
                     "--partition=gpu", "--account=proj", "--constraint=a100",
                     "/sw/cb/.venv/bin/python", "-m", "containerbench", "preflight", "--repo", str(ROOT),
-                    "--sources-digest", preflight.sources_digest(ROOT), "--bench-python", "/sw/cb/.venv-bench/bin/python",
+                    "--sources-digest", preflight.sources_digest(ROOT),
+                    "--bench-python", "/sw/cb/.venv-bench/bin/python",
                     "--probes", '{"apptainer": ["apptainer", "--version"]}', "--image-file=/sw/images/tf.sif"]
     assert cli.build_parser().parse_args(argv[8 + 3:]).command == "preflight"  # what follows `python -m containerbench`
-    local = preflight.check_argv(tiny_config(tmp_path), ROOT, sys.executable, None, {})
+    local = preflight.check_argv(tiny_config(tmp_path), ROOT, sys.executable, {}, {})
     assert local[:4] == [sys.executable, "-m", "containerbench", "preflight"]  # mpirun or none: here
 
 

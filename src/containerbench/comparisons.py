@@ -8,8 +8,9 @@ from __future__ import annotations
 import pandas as pd
 
 from containerbench.distribution import LOCAL as LOCAL_MODE
+from containerbench.frameworks import DEFAULT_FRAMEWORK, FRAMEWORKS, Framework, framework
 from containerbench.intervals import RatioInterval, ratio_interval
-from containerbench.point import DEFAULT_MODE, Point
+from containerbench.point import Point, default_mode
 from containerbench.provenance import difference as provenance_difference
 from containerbench.runtables import BASELINE_RUNTIME, cv_percent, ok_runs
 
@@ -111,7 +112,7 @@ def fabric_table(runs: pd.DataFrame) -> pd.DataFrame:
 
 def modes_table(runs: pd.DataFrame) -> pd.DataFrame:
     """Each distribution mode beside its framework's data-parallel baseline at the same point (Horovod for
-    TensorFlow, DistributedDataParallel for PyTorch: DEFAULT_MODE).
+    TensorFlow, DistributedDataParallel for PyTorch: Framework.default_mode).
 
     ratio_to_baseline_of_means = mean(mode) / mean(baseline) over the repetitions (above 1:
     faster than the baseline), with Fieller's 95% interval; medians and CVs stand beside it.
@@ -126,8 +127,8 @@ def modes_table(runs: pd.DataFrame) -> pd.DataFrame:
     ok = ok_runs(runs)
     rows = []
     for point, group in ok.groupby(others, dropna=False, sort=True):
-        framework = dict(zip(others, point))["framework"]
-        base_mode = DEFAULT_MODE.get(framework, "horovod")
+        framework_name = dict(zip(others, point))["framework"]
+        base_mode = default_mode(framework_name if framework_name in FRAMEWORKS else DEFAULT_FRAMEWORK)
         baseline = group.loc[group["mode"] == base_mode, "images_per_sec"]
         for mode, rates in group[group["mode"] != base_mode].groupby("mode")["images_per_sec"]:
             row = {**dict(zip(others, point)), "mode": mode, "baseline_mode": base_mode, **_basis("mode", rates),
@@ -145,33 +146,49 @@ def modes_table(runs: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=columns)
 
 
-# Modes that do the same work in each framework: its data-parallel baseline, or no exchange at all.
-COUNTERPARTS = {"horovod": "ddp", LOCAL_MODE: LOCAL_MODE}
+def counterparts(reference: Framework, other: Framework) -> list[tuple[str, str]]:
+    """Modes that do the same work in two frameworks: their data-parallel baselines (Horovod and DDP), and
+    no exchange at all (local) where both have it."""
+    alone = [(LOCAL_MODE, LOCAL_MODE)] if LOCAL_MODE in reference.modes and LOCAL_MODE in other.modes else []
+    return [(reference.default_mode, other.default_mode), *alone]
 
 
 def frameworks_table(runs: pd.DataFrame) -> pd.DataFrame:
-    """PyTorch beside TensorFlow at the same point (Horovod against DDP, local against local): ratio =
-    mean(pytorch) / mean(tensorflow) over the repetitions, with Fieller's 95% interval and both CVs."""
+    """Each other framework beside the default one (PyTorch beside TensorFlow) at the same point, in the modes
+    that do the same work (counterparts: Horovod against DDP, local against local): ratio = mean(other) /
+    mean(default) over the repetitions, with Fieller's 95% interval and both CVs. Each framework has its
+    columns (<name>_mode, _runs, ...); a row fills the default's and the other's."""
     others = Point.columns("framework", "mode")
-    columns = [*others, "tensorflow_mode", "pytorch_mode", "tensorflow_runs", "pytorch_runs", "tensorflow_median",
-               "pytorch_median", "tensorflow_mean", "pytorch_mean", "tensorflow_cv_percent", "pytorch_cv_percent",
-               "ratio_to_tensorflow_of_means", "ratio_ci95_low", "ratio_ci95_high", "significance", "note"]
+    reference = framework(DEFAULT_FRAMEWORK)
+    sides = [reference, *(each for each in FRAMEWORKS.values() if each is not reference)]
+    columns = [*others, *(f"{each.name}_{column}" for column in ("mode", "runs", "median", "mean", "cv_percent")
+                          for each in sides),
+               f"ratio_to_{reference.name}_of_means", "ratio_ci95_low", "ratio_ci95_high", "significance", "note"]
     ok = ok_runs(runs)
     rows = []
     for point, group in ok.groupby(others, dropna=False, sort=True):
-        for tf_mode, torch_mode in COUNTERPARTS.items():
-            tf = group.loc[(group["framework"] == "tensorflow") & (group["mode"] == tf_mode), "images_per_sec"]
-            torch = group.loc[(group["framework"] == "pytorch") & (group["mode"] == torch_mode), "images_per_sec"]
-            if torch.empty:
-                continue
-            row = {**dict(zip(others, point)), "tensorflow_mode": tf_mode, "pytorch_mode": torch_mode,
-                   **_basis("pytorch", torch), "pytorch_cv_percent": cv_percent(torch)}
-            if tf.empty:
-                rows.append({**row, "note": f"no tensorflow {tf_mode} run at this point"})
-                continue
-            rows.append({**row, **_basis("tensorflow", tf), "tensorflow_cv_percent": cv_percent(tf),
-                         **_ratio_columns("ratio_to_tensorflow", ratio_interval(torch, tf, "tensorflow"))})
+        for other in sides[1:]:
+            for reference_mode, other_mode in counterparts(reference, other):
+                rows += _framework_row(dict(zip(others, point)), group, reference, reference_mode, other, other_mode)
     return pd.DataFrame(rows, columns=columns)
+
+
+def _framework_row(point: dict, group: pd.DataFrame, reference: Framework, reference_mode: str, other: Framework,
+                   other_mode: str) -> list[dict]:
+    """The frameworks table's row for one pair of modes at a point: none where the other framework has no run."""
+    def rates(side: Framework, mode: str) -> pd.Series:
+        return group.loc[(group["framework"] == side.name) & (group["mode"] == mode), "images_per_sec"]
+
+    base, compared = rates(reference, reference_mode), rates(other, other_mode)
+    if compared.empty:
+        return []
+    row = {**point, f"{reference.name}_mode": reference_mode, f"{other.name}_mode": other_mode,
+           **_basis(other.name, compared), f"{other.name}_cv_percent": cv_percent(compared)}
+    if base.empty:
+        return [{**row, "note": f"no {reference.name} {reference_mode} run at this point"}]
+    return [{**row, **_basis(reference.name, base), f"{reference.name}_cv_percent": cv_percent(base),
+             **_ratio_columns(f"ratio_to_{reference.name}",
+                              ratio_interval(compared, base, reference.name))}]
 
 
 def input_overhead_table(runs: pd.DataFrame) -> pd.DataFrame:
@@ -210,8 +227,7 @@ def study_table(summary: pd.DataFrame) -> pd.DataFrame:
     if summary.empty:
         return pd.DataFrame(columns=["framework", "ranks", "mode", "data", "runtime", "fabric", "batch/rank", "img/s",
                                      "std"])
+    headings = {"batch_size": "batch/rank", "images_per_sec_median": "img/s", "images_per_sec_std": "std"}
     table = summary[["framework", "ranks", "mode", "data", "runtime", "fabric", "batch_size", "images_per_sec_median",
-                     "images_per_sec_std"]]
-    table = table.rename(columns={"batch_size": "batch/rank", "images_per_sec_median": "img/s",
-                                  "images_per_sec_std": "std"})
+                     "images_per_sec_std"]].rename(columns=headings)
     return table.sort_values(["framework", "runtime", "fabric", "mode", "data", "ranks"], ignore_index=True)

@@ -11,6 +11,7 @@ process, each with a stable, readable run id. Nothing here probes the machine.
 from __future__ import annotations
 
 import copy
+import importlib
 import itertools
 from dataclasses import asdict, dataclass
 from importlib import resources
@@ -20,8 +21,11 @@ from typing import NamedTuple
 import jsonschema
 import yaml
 
+from containerbench.frameworks import DEFAULT_FRAMEWORK, FRAMEWORKS, PYTORCH
+from containerbench.frameworks import framework as framework_named
+
 # runtime_label is the point's; named here too for the modules that import it from here (images).
-from containerbench.point import DEFAULT_MODE, Point, runtime_label  # noqa: F401
+from containerbench.point import Point, default_mode, runtime_label  # noqa: F401
 
 
 class ConfigError(ValueError):
@@ -170,7 +174,7 @@ class RunSpec:
     data: str = "synthetic"
     mpi_model: str = "hybrid"  # of a container runtime: its image's MPI, or the host's swapped in (native)
     nodelist: tuple[str, ...] = ()  # pinned to these nodes (fleet validation); empty: wherever Slurm places it
-    framework: str = "tensorflow"  # of a train run: whose harness trains (bench.py, torchbench.py)
+    framework: str = DEFAULT_FRAMEWORK  # of a train run: whose harness trains (frameworks.Framework.harness)
 
     @property
     def ranks(self) -> int:
@@ -192,20 +196,18 @@ class RunSpec:
 
     def as_dict(self) -> dict:
         fields = asdict(self)
-        # Only a pinned run names its nodes, only a PyTorch run its framework: every other record and
-        # plan keeps the shape it had (earlier records stay at the same sweep point).
+        # Only a pinned run names its nodes, only a run of another than the default framework its framework:
+        # every other record and plan keeps the shape it had (earlier records stay at the same sweep point).
         nodelist = fields.pop("nodelist")
-        if fields["framework"] == "tensorflow":
+        if fields["framework"] == DEFAULT_FRAMEWORK:
             del fields["framework"]
         return {**fields, **({"nodelist": list(nodelist)} if nodelist else {}), "ranks": self.ranks,
                 "run_id": self.run_id}
 
 
-# Each framework's modes: PyTorch trains with DistributedDataParallel, and alone (local) when modes has it.
-def framework_modes(framework: str, modes: list[str]) -> list[str]:
-    if framework == "tensorflow":
-        return list(modes)
-    return ["ddp", *(["local"] if "local" in modes else [])]
+def framework_modes(framework_name: str, modes: list[str]) -> list[str]:
+    """The modes `framework_name` trains in when benchmark.modes asks for `modes` (Framework.select_modes)."""
+    return framework_named(framework_name).select_modes(modes)
 
 
 def mpi_models(config: dict, runtime: str) -> tuple[str, ...]:
@@ -220,7 +222,7 @@ class ImageUse(NamedTuple):
 
     runtime: str
     mpi_model: str = "hybrid"
-    framework: str = "tensorflow"
+    framework: str = DEFAULT_FRAMEWORK
 
     @classmethod
     def of(cls, run: RunSpec) -> ImageUse:
@@ -251,23 +253,21 @@ def plan_runs(config: dict) -> list[RunSpec]:
             for framework, (runtime, model), fabric, nodes in itertools.product(
                     bench["frameworks"], runtime_models, config["fabrics"], scaling["nodes"]):
                 runs.append(RunSpec("netbench", runtime, fabric, nodes, 2 if nodes == 1 else 1, repetition,
-                                    mode=DEFAULT_MODE[framework], mpi_model=model, framework=framework))
+                                    mode=default_mode(framework), mpi_model=model, framework=framework))
     return runs
 
 
 def check_frameworks(config: dict, runs: list[RunSpec]) -> None:
-    """What the PyTorch side cannot run, refused before any run."""
+    """What each framework of the sweep cannot run (a model it lacks, its own checks), refused before any run."""
     bench = config["benchmark"]
-    if "pytorch" not in bench["frameworks"]:
-        return
-    from containerbench.torchmodels import MODELS as TORCH_MODELS
-
-    if bench["model"] not in TORCH_MODELS:
-        raise ConfigError(f"config: 'benchmark.model' = {bench['model']!r} has no PyTorch version here; allowed with "
-                          f"frameworks pytorch: {', '.join(TORCH_MODELS)}, or benchmark.frameworks [tensorflow]")
-    if bench["torch_backend"] == "nccl" and config["slurm"]["gpus_per_node"] == 0:
-        raise ConfigError("config: 'benchmark.torch_backend' = nccl needs GPUs, but slurm.gpus_per_node is 0; "
-                          "allowed: auto or gloo, or slurm.gpus_per_node > 0")
+    for each in map(framework_named, bench["frameworks"]):
+        models = importlib.import_module(each.models_module).MODELS if each.models_module else None
+        if models is not None and bench["model"] not in models:
+            raise ConfigError(f"config: 'benchmark.model' = {bench['model']!r} has no {each.label} version here; "
+                              f"allowed with frameworks {each.name}: {', '.join(models)}, or benchmark.frameworks "
+                              f"[{DEFAULT_FRAMEWORK}]")
+        if problem := each.check(config):
+            raise ConfigError(problem)
 
 
 def first_runs(config: dict, runs: list[RunSpec]) -> list[RunSpec]:
@@ -319,7 +319,7 @@ class BenchEnv:
     wheelhouse: str  # the image's offline wheels, with the Horovod wheel setup-venv.sh built
     horovod_gpu_operations: str  # "" = Horovod's CPU collectives (Gloo, MPI)
     venv: str  # where `make setup` / `make gpu-env` puts the bare-metal venv
-    framework: str = "tensorflow"
+    framework: str = DEFAULT_FRAMEWORK
     suffix: str = ""  # of the image's tag and files: the TensorFlow image keeps the names it had
     horovod: bool = True  # the image compiles or installs Horovod (containers/Dockerfile HOROVOD_VERSION)
     # Pins that PyPI serves only as a source distribution: built into wheels for the offline image.
@@ -334,25 +334,27 @@ BENCH_ENVS = {
     "gpu": BenchEnv("gpu", "envs/bench-gpu.txt", "envs/bench-gpu.lock.txt", "build/wheelhouse-gpu", "NCCL",
                     ".venv-bench-gpu"),
     "torch": BenchEnv("torch", "envs/bench-torch.txt", "envs/bench-torch.lock.txt", "build/wheelhouse-torch", "",
-                      ".venv-bench-torch", framework="pytorch", suffix="-torch", horovod=False,
+                      ".venv-bench-torch", framework=PYTORCH.name, suffix="-torch", horovod=False,
                       sdist_only=("tfrecord",)),
 }
 
 
-def bench_env(config: dict, framework: str) -> BenchEnv:
-    """The environment `framework`'s ranks run, bare metal and in the image the workflow builds: TensorFlow's
-    is benchmark_env's (cpu or gpu); PyTorch's is envs/bench-torch.lock.txt (a GPU site gives its own image)."""
-    return BENCH_ENVS["torch"] if framework == "pytorch" else BENCH_ENVS[config["benchmark_env"]]
+def bench_env(config: dict, framework_name: str) -> BenchEnv:
+    """The environment `framework_name`'s ranks run, bare metal and in the image the workflow builds: its own
+    (Framework.env: PyTorch's envs/bench-torch.lock.txt; a GPU site gives its own image), or benchmark_env's
+    (cpu or gpu: TensorFlow's)."""
+    return BENCH_ENVS[framework_named(framework_name).env or config["benchmark_env"]]
 
 
-def image_key(mpi_model: str, framework: str = "tensorflow") -> str:
+def image_key(mpi_model: str, framework_name: str = DEFAULT_FRAMEWORK) -> str:
     """The key of images.<runtime> naming the image a run of this MPI model and framework runs:
     image, native_image, torch_image, torch_native_image."""
-    return ("torch_" if framework == "pytorch" else "") + ("native_image" if mpi_model == "native" else "image")
+    return framework_named(framework_name).image_key(mpi_model)
 
 
-IMAGE_KEYS = tuple(image_key(model, framework) for framework in ("tensorflow", "pytorch")
-                   for model in ("hybrid", "native"))
+def image_keys() -> tuple[str, ...]:
+    """Every image key of images.<runtime>: each framework's, in each MPI model."""
+    return tuple(each.image_key(model) for each in FRAMEWORKS.values() for model in ("hybrid", "native"))
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,7 @@ from containerbench.config import (
     mpi_models,
     runtime_label,
 )
+from containerbench.frameworks import framework as framework_named
 from containerbench.imagestep import (
     DEFAULT_STEP_TIMEOUT_S,
     IMAGES,
@@ -156,28 +157,28 @@ def check_bench_env(config: dict, repo: Path | str, artifacts: dict[ImageUse, st
     """The GPU environment's image installs a Horovod wheel that only `make gpu-env` can build
     (it needs nvcc): say so before any job, instead of failing the build an hour in. Its MPICH
     flavour would need a second such wheel, compiled against MPICH: without NCCL operations the
-    native runs would average GPU gradients through the host, so they are refused. The PyTorch
-    image is built from envs/bench-torch.lock.txt, whose torch is the CPU one: a GPU sweep names
-    its own."""
+    native runs would average GPU gradients through the host, so they are refused. A framework with an
+    environment of its own (Framework.env: PyTorch's envs/bench-torch.lock.txt) has the CPU build of
+    itself there: a GPU sweep names its own image."""
     env = BENCH_ENVS[config["benchmark_env"]]
     uses = sorted(artifacts or {})
-    native = [use for use in uses if use.mpi_model == "native" and use.framework == "tensorflow"]
+    on_benchmark_env = [use for use in uses if not framework_named(use.framework).env]  # TensorFlow's, with Horovod
+    native = [use for use in on_benchmark_env if use.mpi_model == "native"]
     if env.horovod_gpu_operations and native:
         label = runtime_label(native[0].runtime, "native")
         raise ConfigError(f"config: {label} would run the MPICH flavour of the '{env.name}' image, whose "
                           f"Horovod the workflow can only build without {env.horovod_gpu_operations} operations; "
                           f"allowed: images.{native[0].runtime}.native_image naming a site's MPICH-based "
                           "GPU image, or mpi_model hybrid")
-    torch = [use for use in uses if use.framework == "pytorch"]
-    if config["slurm"]["gpus_per_node"] > 0 and torch:
-        key = image_key(torch[0].mpi_model, "pytorch")
-        raise ConfigError(f"config: 'images.{torch[0].runtime}.{key}' is missing: a GPU sweep's PyTorch ranks need "
-                          f"CUDA's torch, and the image the workflow builds has the CPU one of "
-                          f"{BENCH_ENVS['torch'].lock}; allowed: a site's CUDA PyTorch image there (e.g. NGC's), "
-                          "or runtimes [bare-metal] for pytorch")
+    on_own_env = [use for use in uses if framework_named(use.framework).env]
+    if config["slurm"]["gpus_per_node"] > 0 and on_own_env:
+        use, own = on_own_env[0], framework_named(on_own_env[0].framework)
+        raise ConfigError(f"config: 'images.{use.runtime}.{own.image_key(use.mpi_model)}' is missing: a GPU sweep's "
+                          f"{own.label} ranks need CUDA's {own.provenance_roots[0]}, and the image the workflow builds "
+                          f"has the CPU one of {BENCH_ENVS[own.env].lock}; allowed: a site's CUDA {own.label} image "
+                          f"there (e.g. NGC's), or runtimes [bare-metal] for {own.name}")
     wheels = Path(repo) / env.wheelhouse
-    builds_tensorflow = any(use.framework == "tensorflow" for use in uses)
-    if env.horovod_gpu_operations and builds_tensorflow and not any(wheels.glob("horovod-*-linux_x86_64.whl")):
+    if env.horovod_gpu_operations and on_benchmark_env and not any(wheels.glob("horovod-*-linux_x86_64.whl")):
         raise ConfigError(f"config: 'benchmark_env' = '{env.name}' builds its image with the Horovod wheel that "
                           f"`make gpu-env` puts in {env.wheelhouse} ({env.horovod_gpu_operations} operations, "
                           f"compiled by CUDA 11.8's nvcc), and there is none; allowed: run `make gpu-env` "

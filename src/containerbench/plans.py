@@ -19,6 +19,7 @@ from containerbench import config as cb_config
 from containerbench import slurm
 from containerbench.config import RunSpec, dataset_dir
 from containerbench.fabrics import debug_environment, expected_transport
+from containerbench.frameworks import FRAMEWORKS, framework
 from containerbench.images import IMAGES, check_bench_env, resolve_images
 from containerbench.launchers import Allocation, allocation_for, launcher_class, launcher_for, uses_slurm
 from containerbench.runtimes import (
@@ -33,21 +34,21 @@ from containerbench.runtimes import (
 # TensorFlow's INFO chatter would bury the lines that matter.
 RANK_ENV = {"PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "1"}
 
-# Benchmark settings copied into every train plan's spec: a failed run still
-# belongs to its sweep point, and the parser checks that what ran is what was asked.
-PLANNED_SETTINGS = {"tensorflow": ("model", "image_size", "precision", "xla", "data_format", "warmup_steps", "steps"),
-                    "pytorch": ("model", "image_size", "precision", "data_format", "warmup_steps", "steps",
-                                "torch_compile")}
-BENCHMARKS = {"tensorflow": "containerbench.bench", "pytorch": "containerbench.torchbench"}
-BENCHMARK_MODULES = ("containerbench.bench", "containerbench.torchbench", "containerbench.netbench")
+NETBENCH = "containerbench.netbench"
+
+
+def benchmark_modules() -> tuple[str, ...]:
+    """Every module a run's ranks may run: each framework's harness, and the network benchmark."""
+    return (*(each.harness for each in FRAMEWORKS.values()), NETBENCH)
 
 
 def benchmark_args_in(argv) -> tuple[str, ...] | None:
-    """What the benchmark was given, from an argv alone: the words after its last `-m containerbench.(net)bench`.
+    """What the benchmark was given, from an argv alone: the words after its last `-m <benchmark module>`.
     Only for what keeps no RunPlan: the run records of earlier runs, and plan files read back."""
     argv = list(argv or [])
+    modules = benchmark_modules()
     for index in range(len(argv) - 2, -1, -1):
-        if argv[index] == "-m" and argv[index + 1] in BENCHMARK_MODULES:
+        if argv[index] == "-m" and argv[index + 1] in modules:
             return tuple(argv[index + 2:])
     return None
 
@@ -101,9 +102,7 @@ def benchmark_args(spec: RunSpec, config: dict) -> list[str]:
     if spec.kind == "netbench":
         # Ping-pong is always ranks 0 and 1, i.e. the first two nodes: the 2-node run has
         # measured that pair, so larger allocations measure only the all-reduce.
-        net = config["netbench"]
-        backend = ["--backend", "torch-" + config["benchmark"]["torch_backend"]] if spec.framework == "pytorch" else []
-        return ["--max-bytes", str(net["max_bytes"]), *backend, *(["--nccl-ring"] if backend and net["nccl_ring"] else []),
+        return ["--max-bytes", str(config["netbench"]["max_bytes"]), *framework(spec.framework).netbench_args(config),
                 *(["--no-pingpong"] if spec.nodes > 2 else [])]
     bench = config["benchmark"]
     args = ["--model", bench["model"], "--batch-size", str(spec.batch_size),
@@ -112,14 +111,9 @@ def benchmark_args(spec: RunSpec, config: dict) -> list[str]:
             "--data-format", bench["data_format"], "--threads", str(bench["threads_per_rank"]),
             "--probe-steps", str(bench["node_probe_steps"]),
             "--mode", spec.mode, "--runtime", spec.runtime]
-    data = ["--data-dir", os.path.abspath(dataset_dir(config))] if spec.data == "real" else []  # both frameworks'
-    if spec.framework == "pytorch":
-        return args + data + ["--backend", bench["torch_backend"], *(["--compile"] if bench["torch_compile"] else [])]
-    if spec.mode == "collective":
-        args += ["--collective", bench["collective_implementation"]]
-    if spec.mode == "parameter_server":
-        args += ["--parameter-servers", str(bench["parameter_servers"])]
-    return args + data + (["--xla"] if bench["xla"] else [])
+    data = ["--data-dir", os.path.abspath(dataset_dir(config))] if spec.data == "real" else []  # every framework's
+    harness = framework(spec.framework)
+    return args + harness.mode_args(spec, bench) + data + harness.setting_args(bench)
 
 
 def clone_sources() -> str:
@@ -152,7 +146,7 @@ def plan(spec: RunSpec, config: dict, allocation: Allocation | None = None) -> R
     """Everything needed to start the run. `allocation`: the strategy of the sweep's runs (default:
     allocation_for(config)); only a run with an allocation of its own (PER_RUN) carries salloc's argv."""
     allocation = allocation_for(config) if allocation is None else allocation
-    module = "containerbench.netbench" if spec.kind == "netbench" else BENCHMARKS[spec.framework]
+    module = NETBENCH if spec.kind == "netbench" else framework(spec.framework).harness
     fabric = config["fabrics"][spec.fabric]
     fabric_env = {k: str(v) for k, v in fabric["env"].items()}
     # Every layer logs which network it chose, so the parser can verify the fabric.
@@ -178,7 +172,7 @@ def plan(spec: RunSpec, config: dict, allocation: Allocation | None = None) -> R
     settings = {}
     if spec.kind == "train":
         bench = config["benchmark"]
-        settings = {key: bench[key] for key in PLANNED_SETTINGS[spec.framework]}
+        settings = {key: bench[key] for key in framework(spec.framework).planned_settings}
     return RunPlan(
         run_id=spec.run_id,
         spec={**spec.as_dict(), "system": config["system"], "launcher": config["launcher"]["kind"],

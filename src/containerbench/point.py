@@ -15,9 +15,8 @@ import re
 from dataclasses import dataclass
 from typing import ClassVar
 
-FRAMEWORKS = ("tensorflow", "pytorch")  # the first: the default
-# Each framework's data-parallel baseline: the mode a point of it runs when nothing else is asked.
-DEFAULT_MODE = {"tensorflow": "horovod", "pytorch": "ddp"}
+from containerbench.frameworks import DEFAULT_FRAMEWORK, FRAMEWORKS, framework
+
 DATA = ("synthetic", "real")
 MPI_MODELS = ("hybrid", "native")
 KINDS = ("train", "netbench")
@@ -30,11 +29,16 @@ _HEAD = re.compile(r"(?P<kind>[a-z]+)_(?P<runtime>[^_]+)_(?P<fabric>[^_]+)_(?P<n
                    r"(?:_b(?P<batch_size>\d+))?")
 
 
-def variant_parts(framework: str, mode: str, data: str) -> list[str]:
+def variant_parts(framework_name: str, mode: str, data: str) -> list[str]:
     """What sets a training point apart from the default benchmark (TensorFlow in its default mode,
     synthetic data), in the order run ids and performance variables name it."""
-    return [value for value, default in ((framework, FRAMEWORKS[0]), (mode, DEFAULT_MODE[framework]),
+    return [value for value, default in ((framework_name, DEFAULT_FRAMEWORK), (mode, default_mode(framework_name)),
                                          (data, DATA[0])) if value != default]
+
+
+def default_mode(framework_name: str) -> str:
+    """The framework's data-parallel baseline: the mode a point of it runs when nothing else is asked."""
+    return framework(framework_name).default_mode
 
 
 def runtime_label(runtime: str, mpi_model: str | None) -> str:
@@ -57,8 +61,8 @@ class Point:
     nodes: int
     ranks_per_node: int
     batch_size: int | None = None  # of a train point
-    framework: str = FRAMEWORKS[0]
-    mode: str = ""  # "": the framework's default (DEFAULT_MODE)
+    framework: str = DEFAULT_FRAMEWORK
+    mode: str = ""  # "": the framework's default (default_mode)
     data: str = DATA[0]
     mpi_model: str = MPI_MODELS[0]  # of a container runtime: its image's MPI, or the host's swapped in
     nodelist: tuple[str, ...] = ()  # pinned to these nodes (fleet validation)
@@ -72,7 +76,7 @@ class Point:
                                                     "repetition")
 
     def __post_init__(self):
-        object.__setattr__(self, "mode", self.mode or DEFAULT_MODE[self.framework])
+        object.__setattr__(self, "mode", self.mode or default_mode(self.framework))
 
     @property
     def ranks(self) -> int:
@@ -152,20 +156,21 @@ class Point:
         words = tail.split("_")[1:] if tail.startswith("_") else ([] if not tail else None)
         if words is None:
             raise ValueError(f"{point_id!r} is not a point id: {tail!r} after its shape")
-        framework = words.pop(0) if words and words[0] in FRAMEWORKS else FRAMEWORKS[0]
+        framework_name = words.pop(0) if words and words[0] in FRAMEWORKS else DEFAULT_FRAMEWORK
         mpi_model = words.pop() if words and words[-1] in MPI_MODELS else MPI_MODELS[0]
         data = words.pop() if words and words[-1] in DATA else DATA[0]
         if set(words) & {*FRAMEWORKS, *DATA, *MPI_MODELS}:
             raise ValueError(f"{point_id!r} is not a point id: framework, mode, data and MPI model out of order")
-        return {"framework": framework, "mode": "_".join(words), "data": data, "mpi_model": mpi_model}
+        return {"framework": framework_name, "mode": "_".join(words), "data": data, "mpi_model": mpi_model}
 
     @classmethod
     def from_row(cls, row) -> Point:
         """The training point of a table's row (the runs or the summary table: an itertuples row); a column
         a record predates (None, or NaN) is its default. The runtime column is runtime_label's."""
-        framework = _given(getattr(row, "framework", None), FRAMEWORKS[0])
+        framework_name = _given(getattr(row, "framework", None), DEFAULT_FRAMEWORK)
         nodes = int(row.nodes)  # columns turn float when a failed run has gaps
         return cls("train", str(row.runtime).removesuffix(NATIVE_LABEL), row.fabric, nodes, int(row.ranks) // nodes,
-                   int(row.batch_size), framework, _given(getattr(row, "mode", None), DEFAULT_MODE[framework]),
+                   int(row.batch_size), framework_name,
+                   _given(getattr(row, "mode", None), default_mode(framework_name)),
                    _given(getattr(row, "data", None), DATA[0]),
                    "native" if str(row.runtime).endswith(NATIVE_LABEL) else MPI_MODELS[0])

@@ -15,8 +15,10 @@ with one line per problem:
 It is not a rule: a job that every measurement depended on would, whenever it ran
 again (after a code or config change), make every finished measurement run again.
 
-    python -m containerbench preflight --repo R --sources-digest D --bench-python P \
+    python -m containerbench preflight --repo R --sources-digest D --bench-python P [--torch-python T] \
         --probes '{"apptainer": ["apptainer", "--version"]}' [--out preflight.json]
+
+(each framework's interpreter under its own option, Framework.preflight_option).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import sys
 import time
 from pathlib import Path
 
+from containerbench.frameworks import FRAMEWORKS, framework
 from containerbench.launchers import Srun, uses_slurm
 from containerbench.runtimes import run_probe
 
@@ -38,11 +41,6 @@ PACKAGE = Path("src") / "containerbench"
 SRUN_MINUTES = 10
 # How long the workflow waits for it, queue included.
 TIMEOUT_S = 3600
-# What a rank imports first: fails fast, without TensorFlow's seconds-long import. Each framework's
-# bare-metal interpreter, and the config key that names it.
-BENCH_IMPORT_CHECK = "import containerbench.provenance, mpi4py, horovod, tensorflow"
-IMPORT_CHECKS = {"tensorflow": ("bare_metal.python", "bench", BENCH_IMPORT_CHECK),
-                 "pytorch": ("bare_metal.torch_python", "bench-torch", "import containerbench.provenance, mpi4py, torch")}
 
 
 def sources_digest(repo: Path) -> str:
@@ -64,10 +62,13 @@ def check_clone(repo: Path, expected_digest: str) -> str | None:
     return None
 
 
-def check_bench_python(python: str, timeout: float = 300, framework: str = "tensorflow") -> str | None:
-    key, side, check = IMPORT_CHECKS[framework]
+def check_bench_python(python: str, timeout: float = 300, framework_name: str | None = None) -> str | None:
+    """Does `python` import what a rank of the framework (default: the default one) imports first
+    (Framework.import_check: fails fast, without the framework's seconds-long import of itself)?"""
+    checked = framework(framework_name)
+    key, side = f"bare_metal.{checked.bare_metal_key}", checked.venv_side
     try:
-        done = subprocess.run([python, "-c", check], capture_output=True, text=True, timeout=timeout)
+        done = subprocess.run([python, "-c", checked.import_check], capture_output=True, text=True, timeout=timeout)
     except FileNotFoundError:
         return (f"'{key}' = {python!r} does not exist on this node; allowed: a venv on a shared "
                 f"filesystem (scripts/setup-venv.sh {side}) or an interpreter every node has")
@@ -79,15 +80,16 @@ def check_bench_python(python: str, timeout: float = 300, framework: str = "tens
     return None
 
 
-def run_checks(repo: Path, expected_digest: str, bench_python: str | None,
-               probes: dict[str, list[str]], image_files=(), torch_python: str | None = None) -> dict:
-    """Every check, run here; the result names each problem in one line."""
+def run_checks(repo: Path, expected_digest: str, pythons: dict[str, str | None],
+               probes: dict[str, list[str]], image_files=()) -> dict:
+    """Every check, run here; the result names each problem in one line. `pythons`: framework -> its
+    bare-metal interpreter, where the sweep runs it."""
     started = time.time()
     problems = []
     if problem := check_clone(repo, expected_digest):
         problems.append(problem)
-    for framework, python in (("tensorflow", bench_python), ("pytorch", torch_python)):
-        if python and (problem := check_bench_python(python, framework=framework)):
+    for name, python in pythons.items():
+        if python and (problem := check_bench_python(python, framework_name=name)):
             problems.append(problem)
     for image in image_files:
         if not Path(image).exists():
@@ -100,18 +102,19 @@ def run_checks(repo: Path, expected_digest: str, bench_python: str | None,
         if not ok:
             problems.append(f"runtime {runtime!r} cannot run on this node: {detail}")
     return {"host": socket.gethostname(), "repo": str(repo), "sources_digest": expected_digest,
-            "bench_python": bench_python, "torch_python": torch_python, "image_files": list(image_files),
-            "probes": probed, "problems": problems,
+            **{each.python_key: pythons.get(each.name) for each in FRAMEWORKS.values()},
+            "image_files": list(image_files), "probes": probed, "problems": problems,
             "seconds": round(time.time() - started, 3)}
 
 
-def check_argv(config: dict, repo: Path, python: str, bench_python: str | None, probes: dict[str, list[str]],
-               image_files=(), torch_python: str | None = None) -> list[str]:
-    """The check's command line: on one compute node through srun when the runs use srun, else here."""
+def check_argv(config: dict, repo: Path, python: str, pythons: dict[str, str | None], probes: dict[str, list[str]],
+               image_files=()) -> list[str]:
+    """The check's command line: on one compute node through srun when the runs use srun, else here.
+    `pythons`: framework -> its bare-metal interpreter (None, or left out: not checked)."""
+    interpreters = [word for each in FRAMEWORKS.values() if pythons.get(each.name)
+                    for word in (each.preflight_option, str(pythons[each.name]))]
     argv = [python, "-m", "containerbench", "preflight", "--repo", str(repo), "--sources-digest", sources_digest(repo),
-            *(["--bench-python", str(bench_python)] if bench_python else []),
-            *(["--torch-python", str(torch_python)] if torch_python else []), "--probes", json.dumps(probes),
-            *(f"--image-file={path}" for path in image_files)]
+            *interpreters, "--probes", json.dumps(probes), *(f"--image-file={path}" for path in image_files)]
     if not uses_slurm(config):
         return argv
     slurm = config["slurm"]

@@ -21,6 +21,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 from jinja2 import Environment, PackageLoader, select_autoescape  # noqa: E402
 
+from containerbench.frameworks import DEFAULT_FRAMEWORK, FRAMEWORKS  # noqa: E402
 from containerbench.records import load_records  # noqa: E402
 from containerbench.results import TABLES  # noqa: E402
 from containerbench.status import Status  # noqa: E402
@@ -239,7 +240,7 @@ def environment_rows(records: list[dict]) -> list[tuple[str, str]]:
         return ", ".join(sorted({str(v) for v in values if v is not None})) or "–"
 
     def framework(result):
-        return result.get("framework") or "tensorflow"
+        return result.get("framework") or DEFAULT_FRAMEWORK
 
     rows = [
         ("system", distinct(r["spec"].get("system") for r in records)),
@@ -247,8 +248,8 @@ def environment_rows(records: list[dict]) -> list[tuple[str, str]]:
         ("benchmark provenance hash", distinct(f"{(x.get('provenance') or {}).get('hash')} ({framework(x)})"
                                                for x in results)),
         ("Python", distinct(x["versions"]["python"] for x in results)),
-        *[(name, distinct(x["versions"].get(key) for x in results)) for name, key in (
-            ("TensorFlow", "tensorflow"), ("Horovod", "horovod"), ("PyTorch", "torch"), ("torchvision", "torchvision"))
+        *[(name, distinct(x["versions"].get(key) for x in results))
+          for each in FRAMEWORKS.values() for name, key in each.reported_versions
           if any(x["versions"].get(key) for x in results)],
         ("distribution mode / backend", distinct(f"{x['mode']} / {x['distribution']['backend']}" for x in results)),
         ("data", distinct(x["data"] + (f" ({x['data_dir']})" if x.get("data_dir") else "") for x in results)),
@@ -312,13 +313,19 @@ MODE_COLUMNS = {"framework": "framework", "runtime": "runtime", "fabric": "fabri
                 "communication_overhead_ci95_low": "its 95% CI low",
                 "communication_overhead_ci95_high": "its 95% CI high",
                 "note": "note"}
-FRAMEWORK_COLUMNS = {"runtime": "runtime", "fabric": "fabric", "data": "data", "ranks": "ranks",
-                     "batch_size": "batch/rank", "tensorflow_mode": "TensorFlow", "pytorch_mode": "PyTorch",
-                     "tensorflow_runs": "TF runs", "pytorch_runs": "PyTorch runs",
-                     "tensorflow_median": "TF img/s median", "pytorch_median": "PyTorch img/s median",
-                     "tensorflow_cv_percent": "TF CV %", "pytorch_cv_percent": "PyTorch CV %",
-                     "ratio_to_tensorflow_of_means": "PyTorch / TF (of means)", "ratio_ci95_low": "95% CI low",
-                     "ratio_ci95_high": "95% CI high", "significance": "significance", "note": "note"}
+def framework_columns() -> dict[str, str]:
+    """The frameworks table's columns and headings: each framework's side by side (the default first), then
+    the ratio of each other one to the default one."""
+    sides = [FRAMEWORKS[DEFAULT_FRAMEWORK], *(each for each in FRAMEWORKS.values() if each.name != DEFAULT_FRAMEWORK)]
+    headings = {"mode": "{label}", "runs": "{short} runs", "median": "{short} img/s median",
+                "cv_percent": "{short} CV %"}
+    others = "/".join(each.short_label for each in sides[1:])
+    return {"runtime": "runtime", "fabric": "fabric", "data": "data", "ranks": "ranks", "batch_size": "batch/rank",
+            **{f"{each.name}_{column}": heading.format(label=each.label, short=each.short_label)
+               for column, heading in headings.items() for each in sides},
+            f"ratio_to_{sides[0].name}_of_means": f"{others} / {sides[0].short_label} (of means)",
+            "ratio_ci95_low": "95% CI low", "ratio_ci95_high": "95% CI high", "significance": "significance",
+            "note": "note"}
 INPUT_COLUMNS = {"runtime": "runtime", "fabric": "fabric", "mode": "mode", "ranks": "ranks", "batch_size": "batch/rank",
                  "synthetic_runs": "synthetic runs", "real_runs": "real runs",
                  "synthetic_median": "synthetic img/s median", "real_median": "real img/s median",
@@ -383,7 +390,7 @@ def render(table_files, record_paths, out_path: str | Path, skipped: dict | None
         fabric_table=_table(tables["fabrics"], FABRIC_COLUMNS),
         fabric_plot=side_by_side_plot(tables["summary"], "fabric", "Throughput by interconnect"),
         mode_table=_table(tables["modes"], MODE_COLUMNS),
-        framework_table=_table(tables["frameworks"], FRAMEWORK_COLUMNS) if not tables["frameworks"].empty else None,
+        framework_table=_table(tables["frameworks"], framework_columns()) if not tables["frameworks"].empty else None,
         mode_plot=side_by_side_plot(tables["summary"], "mode", "Throughput by distribution mode"),
         input_table=_table(tables["input"], INPUT_COLUMNS),
         data_plot=side_by_side_plot(tables["summary"], "data", "Throughput by input: synthetic vs real data"),

@@ -12,6 +12,7 @@ from itertools import chain
 import numpy as np
 import pandas as pd
 
+from containerbench.frameworks import DEFAULT_FRAMEWORK
 from containerbench.intervals import t_quantile
 from containerbench.point import Point, runtime_label
 from containerbench.runtimes import BareMetal
@@ -84,7 +85,7 @@ def train_row(record: dict) -> dict:
         # The point comes from the plan, so a failed run still belongs to it.
         **{key: spec.get(key, result.get(key)) for key in POINT},
         "runtime": runtime_label(spec.get("runtime"), spec.get("mpi_model")),  # native beside hybrid
-        "framework": spec.get("framework") or result.get("framework") or "tensorflow",  # older records: TF's
+        "framework": spec.get("framework") or result.get("framework") or DEFAULT_FRAMEWORK,  # older records: TF's
         "repetition": spec.get("repetition"),
         "images_per_sec": rate,
         "rank_images_per_sec_min": min(rank_rates, default=np.nan),

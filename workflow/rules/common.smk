@@ -8,6 +8,7 @@ from pathlib import Path
 
 from containerbench import config as cb_config
 from containerbench import cost, fleet, fleetjobs, history, launchers, plans, preflight, processes, results, runtimes, slurm
+from containerbench.frameworks import DEFAULT_FRAMEWORK, FRAMEWORKS
 from containerbench.point import Point
 
 REPO = Path(workflow.basedir)  # the image, the wheelhouse and the data sample belong to the clone
@@ -48,11 +49,18 @@ PLANS = SWEEP.plans
 RESULTS = config["results_dir"]
 PYTHON = sys.executable  # the workflow's interpreter, with this package installed
 CB = shlex.join([PYTHON, "-m", "containerbench"])
-# Each framework's bare-metal interpreter; one given relative to the clone (.venv-bench/bin/python) is the clone's.
-FRAMEWORK_PYTHON = {framework: REPO / path if not path.is_absolute() and (REPO / path).exists() else path
-                    for framework, path in (("tensorflow", Path(config["bare_metal"]["python"])),
-                                            ("pytorch", Path(config["bare_metal"]["torch_python"])))}
-BENCH_PYTHON = FRAMEWORK_PYTHON["tensorflow"]
+
+
+def in_clone(path: Path) -> Path:
+    """A path given relative to the clone (.venv-bench/bin/python) is the clone's, where it is there."""
+    return REPO / path if not path.is_absolute() and (REPO / path).exists() else path
+
+
+# Each framework's bare-metal interpreter (bare_metal.python, bare_metal.torch_python).
+FRAMEWORK_PYTHON = {
+    name: in_clone(Path(config["bare_metal"][each.bare_metal_key])) for name, each in FRAMEWORKS.items()
+}
+BENCH_PYTHON = FRAMEWORK_PYTHON[DEFAULT_FRAMEWORK]  # benchmark_env's venv: the data sample, the base image
 SLURM_RESOURCES = slurm.job_resources(config["slurm"])
 # The results store outlives every run: beside results_dir, not in it, so a fresh results_dir or
 # `make clean-results` keeps it.
@@ -87,10 +95,13 @@ wildcard_constraints:
 # is submitted; not in a dry run. A hook, not a rule: see containerbench/preflight.py.
 BARE_METAL = runtimes.BareMetal.name in PLANNED["runtimes"]
 PREFLIGHT = preflight.check_argv(
-    PLANNED, REPO, PYTHON, BENCH_PYTHON if BARE_METAL and "tensorflow" in config["benchmark"]["frameworks"] else None,
+    PLANNED,
+    REPO,
+    PYTHON,
+    {name: FRAMEWORK_PYTHON[name] for name in config["benchmark"]["frameworks"] if BARE_METAL},
     {name: list(runtimes.runtime_for(name, PLANNED).probe) for name in sorted(ON_COMPUTE_NODES)},
     plans.site_image_files(PLANNED, SWEEP.image_files),
-    config["bare_metal"]["torch_python"] if BARE_METAL and "pytorch" in config["benchmark"]["frameworks"] else None)
+)
 
 
 onstart:

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from containerbench import config as cb_config
+from containerbench.frameworks import FRAMEWORKS
 
 
 def cmd_plan(args) -> int:
@@ -70,8 +71,8 @@ def cmd_launch(args) -> int:
 def cmd_preflight(args) -> int:
     from containerbench.preflight import run_checks
 
-    result = run_checks(args.repo, args.sources_digest, args.bench_python, json.loads(args.probes), args.image_files,
-                        args.torch_python)
+    pythons = {each.name: getattr(args, each.python_key) for each in FRAMEWORKS.values()}
+    result = run_checks(args.repo, args.sources_digest, pythons, json.loads(args.probes), args.image_files)
     for problem in result["problems"]:
         print(f"containerbench: preflight on {result['host']}: {problem}", file=sys.stderr)
     if result["problems"]:
@@ -102,10 +103,11 @@ def every_runtime(config: dict, repo: Path) -> str:
             one["runtimes"] = [name]
             if cls:
                 settings = {key: value for key, value in (one["images"].get(name) or {}).items()
-                            if key not in cb_config.IMAGE_KEYS}
+                            if key not in cb_config.image_keys()}
                 settings["mpi_model"] = model
                 if cls.placeholder_image:  # the workflow cannot build its image
-                    settings["image"] = settings["torch_image"] = cls.placeholder_image
+                    settings |= dict.fromkeys((cb_config.image_key("hybrid", each) for each in FRAMEWORKS),
+                                              cls.placeholder_image)
                 one["images"][name] = settings
             title = f"{name} ({model})"
             try:
@@ -156,8 +158,9 @@ def add_commands(sub) -> None:
                        help="check what this compute node must see before any job (the workflow's onstart)")
     p.add_argument("--repo", type=Path, required=True, help="the clone, as the workflow sees it")
     p.add_argument("--sources-digest", required=True, help="sources_digest(repo) where the workflow planned")
-    p.add_argument("--bench-python", help="the bare-metal interpreter, when bare metal is in the sweep")
-    p.add_argument("--torch-python", help="the PyTorch side's bare-metal interpreter, when the sweep has pytorch")
+    for each in FRAMEWORKS.values():
+        p.add_argument(each.preflight_option, help=f"{each.label}'s bare-metal interpreter, when the sweep runs "
+                       f"{each.name} bare metal")
     p.add_argument("--probes", default="{}", help="JSON {runtime: probe argv} to run on this node")
     p.add_argument("--image-file", action="append", default=[], dest="image_files",
                    help="an image file the site supplies, which the node must see (repeatable)")

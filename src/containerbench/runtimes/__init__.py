@@ -30,7 +30,8 @@ from __future__ import annotations
 
 import inspect
 
-from containerbench.config import IMAGE_KEYS, ConfigError, ImageUse, image_key, mpi_models
+from containerbench.config import ConfigError, ImageUse, image_keys, mpi_models
+from containerbench.frameworks import framework as framework_named
 from containerbench.launchers import NoLauncher
 from containerbench.runtimes.bare_metal import BareMetal
 from containerbench.runtimes.base import (
@@ -90,20 +91,20 @@ def own_options(cls: type[ContainerRuntime]) -> list[str]:
 def runtime_for(name: str, config: dict, mpi_model: str | None = None, framework: str | None = None) -> Runtime:
     """The runtime called `name`, in `mpi_model` (default: its first); container runtimes read
     config["images"][name] = {image: ..., native_image: ..., options}. Bare metal runs the
-    framework's own venv (bare_metal.python, bare_metal.torch_python), a container runtime the
-    framework's image (images.<name>.torch_image and torch_native_image for PyTorch). Without a
-    framework: the sweep's first (what probes and launcher checks need is the same in each)."""
-    framework = framework or ((config.get("benchmark") or {}).get("frameworks") or ["tensorflow"])[0]
+    framework's own venv (bare_metal.<Framework.bare_metal_key>: python, torch_python), a container
+    runtime the framework's image (images.<name>.torch_image and torch_native_image for PyTorch). Without
+    a framework: the sweep's first (what probes and launcher checks need is the same in each)."""
+    chosen = framework_named(framework or ((config.get("benchmark") or {}).get("frameworks") or [None])[0])
     if name == BareMetal.name:
-        return BareMetal(config["bare_metal"]["torch_python" if framework == "pytorch" else "python"])
+        return BareMetal(config["bare_metal"][chosen.bare_metal_key])
     if name not in CONTAINER_RUNTIMES:
         raise ValueError(f"runtime {name!r} is not supported; allowed: {', '.join(RUNTIME_NAMES)}")
     options = dict((config.get("images") or {}).get(name) or {})
     settings = {key: options.pop(key) for key in LAUNCH_OPTIONS if key in options}
     models = settings.get("mpi_model", "hybrid")
     settings["mpi_model"] = model = mpi_model or (models[0] if isinstance(models, list) else models)
-    images = {key: options.pop(key) for key in IMAGE_KEYS if key in options}
-    key, native_key = image_key("hybrid", framework), image_key("native", framework)
+    images = {key: options.pop(key) for key in image_keys() if key in options}
+    key, native_key = chosen.image_key("hybrid"), chosen.image_key("native")
     if model == "native" and (images.get(native_key) or not images.get(key)):
         key = native_key  # a native-only runtime's `image` is its MPICH-ABI image
     image = images.get(key)
