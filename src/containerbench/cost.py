@@ -12,8 +12,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from containerbench import config as cb_config
+from containerbench.frameworks import FRAMEWORKS
 from containerbench.launchers import uses_slurm
-from containerbench.plans import PLANNED_SETTINGS, RunPlan, Sweep, benchmark_args_in
+from containerbench.plans import RunPlan, Sweep, benchmark_args_in
 from containerbench.point import Point
 from containerbench.records import load_records
 from containerbench.runtimes import runtime_for
@@ -25,7 +26,7 @@ STEP_FLAGS = ("--warmup-steps", "--steps", "--probe-steps")
 NOT_THE_POINT = {"warmup_steps", "steps"}
 # What a run's cost depends on that its point id does not name: the benchmark's settings, the site, the
 # launcher, the MPI model as the runtime ran it (the spec's, which the runtime decides) and the ranks.
-BEYOND_THE_POINT_ID = (*dict.fromkeys(key for settings in PLANNED_SETTINGS.values() for key in settings
+BEYOND_THE_POINT_ID = (*dict.fromkeys(key for each in FRAMEWORKS.values() for key in each.planned_settings
                                       if key not in NOT_THE_POINT), "system", "launcher", "mpi_model", "ranks")
 # Benchmark flags that say where a run writes, not what it measures (the path holds the run id).
 NOT_THE_POINT_FLAGS = ("--telemetry-dir", "--telemetry-interval")
