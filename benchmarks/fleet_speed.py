@@ -7,9 +7,9 @@ every link), timed.
     .venv/bin/python benchmarks/fleet_speed.py [--nodes 1024] [--repetitions 3] [--tries 3]
 
 The DAG is planned from the pairings saved as a plan (validation.plan), so no Slurm of
-N nodes is needed; with launcher srun, as on a site. The records are the recorded real runs of tests/data/runs moved onto N node names
-(tests/helpers.py: fleet_records), one node and one link slowed. Prints the best of
---tries for each step and its ratio to the target; asserts nothing.
+N nodes is needed; with launcher srun, as on a site. The records are the recorded real runs of
+tests/data/runs moved onto N node names (tests/helpers.py: fleet_records), one node and one link
+slowed. Prints the best of --tries for each step and its ratio to the target; asserts nothing.
 """
 
 from __future__ import annotations

@@ -225,7 +225,7 @@ def launch(args, ranks: int, references_first: bool) -> dict:
     done = subprocess.run(mpirun + [a for n in ("OMPI_MCA_pml", "OMPI_MCA_btl", "OMPI_MCA_btl_tcp_if_include",
                                                 "PYTHONPATH", "TF_CPP_MIN_LOG_LEVEL") for a in ("-x", n)] + argv,
                           env=env, capture_output=True, text=True)
-    lines = [l for l in done.stdout.splitlines() if l.startswith(RESULT_PREFIX)]
+    lines = [line for line in done.stdout.splitlines() if line.startswith(RESULT_PREFIX)]
     if done.returncode != 0 or not lines:
         raise SystemExit(f"harness_speed: {ranks}-rank worker failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
     return json.loads(lines[-1][len(RESULT_PREFIX):])

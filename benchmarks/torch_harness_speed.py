@@ -45,7 +45,8 @@ def parse_args(argv=None):
                         help="auto: a GPU per rank where torch sees one (NCCL), else the CPU (Gloo)")
     parser.add_argument("--precision", choices=("fp32", "mixed_float16", "mixed_bfloat16"), default="fp32")
     parser.add_argument("--quick", action="store_true",
-                        help="CI: 32 px, batch 2, 3 steps, 2 rounds (the script proven to run; not the ratios to quote)")
+                        help="CI: 32 px, batch 2, 3 steps, 2 rounds "
+                             "(the script proven to run; not the ratios to quote)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.quick:
@@ -144,8 +145,8 @@ def launch(ranks: int, args) -> dict:
     command = [sys.executable, __file__, "--worker", "--image-size", str(args.image_size),
                "--batch-size", str(args.batch_size), "--steps", str(args.steps), "--rounds", str(args.rounds),
                "--device", args.device, "--precision", args.precision]
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMPI_MCA_btl": "self,tcp", "OMPI_MCA_btl_tcp_if_include": "lo",
-           "NCCL_SOCKET_IFNAME": "lo", "OMPI_MCA_rmaps_base_oversubscribe": "1"}
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMPI_MCA_btl": "self,tcp",
+           "OMPI_MCA_btl_tcp_if_include": "lo", "NCCL_SOCKET_IFNAME": "lo", "OMPI_MCA_rmaps_base_oversubscribe": "1"}
     mpirun = [shutil.which("mpirun") or "mpirun", *(["--allow-run-as-root"] if os.geteuid() == 0 else []),
               "-np", str(ranks), "--bind-to", "core" if ranks <= (os.cpu_count() or 1) else "none"]
     done = subprocess.run([*mpirun, *command], capture_output=True, text=True, env=env, timeout=1800)

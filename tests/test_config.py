@@ -217,7 +217,8 @@ def test_auto_repetitions_plan_every_run_up_to_the_most_and_first_the_fewest(tmp
     train = [r for r in runs if r.kind == "train"]
     # Still repetition-major: each point's next repetition before any point's following one.
     assert [(r.repetition, r.ranks) for r in train] == [(rep, n) for rep in range(1, 6) for n in (1, 2)]
-    assert {r.point_id for r in train} == {"train_bare-metal_tcp-loopback_1x1_b2", "train_bare-metal_tcp-loopback_1x2_b2"}
+    assert {r.point_id for r in train} == {"train_bare-metal_tcp-loopback_1x1_b2",
+                                           "train_bare-metal_tcp-loopback_1x2_b2"}
     assert all(Point.id_of(r.run_id) == r.point_id for r in runs)
     first = cb_config.first_runs(config, runs)
     assert [r.run_id for r in first if r.kind == "train"] == [r.run_id for r in train if r.repetition <= 3]

@@ -34,7 +34,7 @@ NCCL version 2.7.6+cuda11.1
 10-90-43-152:120890:121560 [0] NCCL INFO Channel 01 : 2[c7000] -> 0[87000] [receive] via NET/IB/5/GDRDMA
 10-90-43-152:120890:121563 [3] NCCL INFO Channel 01 : 3[ca000] -> 2[c7000] [send] via NET/IB/2/GDRDMA
 10-90-43-152:120890:121560 [0] NCCL INFO Channel 02 : 3[ca000] -> 0[87000] [receive] via NET/IB/4/GDRDMA
-"""
+"""  # noqa: E501 (the log as quoted)
 # Mellanox/nv_peer_memory#56 (NCCL 2.5.6): IB, but GPUDirect RDMA disabled by distance.
 NCCL_IB_NO_GDR = """\
 master_node:11718:11985 [3] NCCL INFO Ring 00 : 3[3] -> 1[1] via P2P/IPC
@@ -67,7 +67,7 @@ NCCL_NO_DEVICE = """\
 [1,0]<stdout>:5873af64cf59:10158:10560 [0] NCCL INFO NET/IB : No device found.
 [1,0]<stdout>:5873af64cf59:10158:10560 [0] NCCL INFO NET/Socket : Using [0]lo:127.0.0.1<0>
 [1,0]<stdout>:NCCL version 2.5.6+cuda10.2
-"""
+"""  # noqa: E501 (the log as quoted)
 # huggingface/accelerate#2183: an environment without libibverbs, two ranks.
 NCCL_NO_VERBS = """\
 axon:5020:5091 [1] NCCL INFO Failed to open libibverbs.so[.1]
@@ -88,16 +88,16 @@ NCCL_ROCE = """\
 dgxh100-4:460770:460842 [0] NCCL INFO NET/IB : Using [0]mlx5_10:1/RoCE [1]mlx5_11:1/RoCE [RO]; OOB enp220s0np0:11.1.128.136<0>
 dgxh100-4:460770:460842 [0] NCCL INFO Using non-device net plugin version 0
 dgxh100-4:460770:460842 [0] NCCL INFO Using network IB
-"""
+"""  # noqa: E501 (the log as quoted)
 # open-mpi/ompi#9080 (UCX_LOG_LEVEL=info, pml ucx on InfiniBand) and parthenon-hpc-lab/parthenon#1260
 # (the newer "cfg#N" form).
 UCX_IB = """\
 [1624984398.083715] [r39c2t5n1:22453:0]     ucp_worker.c:1720 UCX  INFO  ep_cfg[0]: tag(self/memory rc_mlx5/mlx5_0:1 rc_mlx5/mlx5_1:1);
 [1624984398.157904] [r39c2t5n1:22453:1]     ucp_worker.c:1720 UCX  INFO  ep_cfg[1]: tag(rc_mlx5/mlx5_0:1 rc_mlx5/mlx5_1:1);
-"""
+"""  # noqa: E501 (the log as quoted)
 UCX_IB_NEW = """\
 [1750940428.181226] [jpbo-007-31:2814548:0]      ucp_worker.c:1903 UCX  INFO    ucp_context_0 inter-node cfg#8 tag(rc_mlx5/mlx5_2:1 rc_mlx5/mlx5_0:1 rc_mlx5/mlx5_1:1 rc_mlx5/mlx5_3:1 rc_mlx5/mlx5_2:1 rc_mlx5/mlx5_0:1 rc_mlx5/mlx5_1:1 rc_mlx5/mlx5_3:1)
-"""
+"""  # noqa: E501 (the log as quoted)
 # Horovod 0.28.1 with HOROVOD_LOG_LEVEL=debug, from a run on this machine (MPI operations),
 # and the same line as Horovod prints it when HOROVOD_CPU_OPERATIONS=gloo.
 HOROVOD_MPI = ("[2026-11-22 00:40:28.105173: D /tmp/pip-install-peqjst97/horovod_bfdc7dbd475e4a7ba6e35964def824a8/"
@@ -412,10 +412,12 @@ def test_grpc_traffic_of_tensorflow_modes_is_checked_against_the_fabric():
 
     base = {"status": "ok", "reason": "as asked: mpi: tcp over fast0", "evidence": ["btl line"],
             "expected": {"interface": ["fast0"]}}
-    assert check_grpc(base, "fast0", "10.0.0.1")["reason"] == "as asked: mpi: tcp over fast0; grpc: tcp over fast0 (10.0.0.1)"
+    assert (check_grpc(base, "fast0", "10.0.0.1")["reason"]
+            == "as asked: mpi: tcp over fast0; grpc: tcp over fast0 (10.0.0.1)")
     wrong = check_grpc(base, "slow0", "10.1.0.1", "result line 9")
     assert wrong["status"] == "mismatch" and wrong["evidence"][0] == "result line 9"
     assert wrong["reason"] == "grpc: the fabric asks for interface fast0, the benchmark bound slow0 (10.1.0.1)"
     unknown = check_grpc(base, None, "node1")
-    assert unknown["status"] == "unverified" and "grpc: tcp over the hostname (node1): not an interface" in unknown["reason"]
+    assert unknown["status"] == "unverified"
+    assert "grpc: tcp over the hostname (node1): not an interface" in unknown["reason"]
     assert check_grpc({**base, "expected": {"interface": []}}, None, "node1")["status"] == "ok"

@@ -82,7 +82,8 @@ def test_the_verdict_names_exactly_the_slow_node_the_bad_nic_and_the_bad_link(ve
     summary = verdict.summary.set_index("member")
     assert summary.loc[DRAINED, "reason"] == "not run: Slurm state drained (bad DIMM)"
     # Its link to the slow node (n04) is not counted: n04 failed on its own, so that link says nothing of n05.
-    assert summary.loc[BAD_NIC, "reason"] == f"slow in all 2 of its links to nodes that passed ({', '.join(NIC_LINKS[1:])})"
+    assert (summary.loc[BAD_NIC, "reason"]
+            == f"slow in all 2 of its links to nodes that passed ({', '.join(NIC_LINKS[1:])})")
     assert summary.loc[SLOW_NODE, "reason"].startswith("images_per_sec ")
     assert "30% below the fleet median" in summary.loc[SLOW_NODE, "reason"]
     # The slow NIC's links are explained by it, not called bad links themselves.
@@ -236,8 +237,9 @@ def judge_cli(tmp_path, plan, records, *options):
     (folder / "plan.json").write_text(json.dumps(plan.as_dict()))
     for record in records:
         (folder / f"{record['run_id']}.json").write_text(json.dumps(record))
-    return subprocess.run([sys.executable, "-m", "containerbench", "fleet", "judge", "--plan", str(folder / "plan.json"),
-                           "--out-dir", str(folder / "out"), *options, *map(str, folder.glob("*_rep*.json"))],
+    return subprocess.run([sys.executable, "-m", "containerbench", "fleet", "judge",
+                           "--plan", str(folder / "plan.json"), "--out-dir", str(folder / "out"),
+                           *options, *map(str, folder.glob("*_rep*.json"))],
                           capture_output=True, text=True), folder / "out"
 
 
@@ -337,9 +339,11 @@ def test_a_jobs_file_holds_its_allocation_plans_and_logs_and_a_run_never_started
     assert job["logs"] == jobs.logs(("node", "n1")) and job["allocation"] == jobs.allocation(("node", "n1"))
     # Fleet runs are in their job's allocation, not one each; their telemetry is not collected.
     assert all("allocation" not in run_plan and run_plan["telemetry"] is None for run_plan in job["plans"])
-    execution.write_not_run(RunPlan.from_json(job["plans"][1]), job["logs"][1], {"not_run": "no allocation: Job allocation 7 has been revoked"})
+    execution.write_not_run(RunPlan.from_json(job["plans"][1]), job["logs"][1],
+                            {"not_run": "no allocation: Job allocation 7 has been revoked"})
     record = parse_log(job["logs"][1])
-    assert (record["status"], record["reasons"]) == ("failed", ["not run: no allocation: Job allocation 7 has been revoked"])
+    assert (record["status"], record["reasons"]) == ("failed",
+                                                     ["not run: no allocation: Job allocation 7 has been revoked"])
     assert record["spec"]["nodelist"] == ["n1"] and record["run_id"] == jobs.runs[("node", "n1")][1].run_id
 
 

@@ -117,7 +117,8 @@ def test_docker_builds_on_the_very_base_podman_made(podman_image, docker_image):
     # store (conftest.container_engines), so its base is podman's, saved and loaded, with podman's image
     # id (the config digest).
     assert docker_image["base"] == f"{imagestep.BASE_IMAGE} copied from podman into docker"
-    assert imagebuild.image_digest("docker", imagestep.BASE_IMAGE) == imagebuild.image_digest("podman", imagestep.BASE_IMAGE)
+    assert (imagebuild.image_digest("docker", imagestep.BASE_IMAGE)
+            == imagebuild.image_digest("podman", imagestep.BASE_IMAGE))
 
 
 def test_podman_ranks_under_mpirun(podman_image):

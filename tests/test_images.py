@@ -125,7 +125,8 @@ def test_definition_fixes_user_args_and_context(tmp_path):
 
 def test_expand_args_forms():
     values = {"A": "x", "E": ""}
-    assert singularity.expand_args("$A ${A} ${A:-d} ${E:-d} ${A:+w$A} ${E:+w} $AB $PATH", values) == "x x x d wx  $AB $PATH"
+    assert (singularity.expand_args("$A ${A} ${A:-d} ${E:-d} ${A:+w$A} ${E:+w} $AB $PATH", values)
+            == "x x x d wx  $AB $PATH")
     assert singularity.dockerfile_args(ROOT / "containers" / "Dockerfile")["APT_PACKAGES"] == ""
     assert singularity.bootstrap_for("localhost/x:1") == "docker-daemon"
     assert singularity.bootstrap_for("build/images/base.tar") == "docker-archive"
@@ -142,7 +143,8 @@ def test_build_argv(engine):
         "--build-arg", "BASE_IMAGE=localhost/containerbench-base:bookworm",
         "--build-arg", "PROVENANCE=0123456789abcdef",
         "--label", "org.containerbench.provenance=0123456789abcdef", "."]
-    assert engine_env(engine).get("DOCKER_BUILDKIT") == ("0" if engine == "docker" else os.environ.get("DOCKER_BUILDKIT"))
+    assert engine_env(engine).get("DOCKER_BUILDKIT") == ("0" if engine == "docker"
+                                                         else os.environ.get("DOCKER_BUILDKIT"))
 
 
 def test_export_and_every_runtimes_prepare_commands():
@@ -282,7 +284,8 @@ def test_dockerfile_and_context_rules():
     ignore = (ROOT / ".dockerignore").read_text().split()
     assert {".git", ".venv*", "results", ".snakemake", "build/*", "!build/wheelhouse"} <= set(ignore)
     # every flavour's wheelhouse is in the context (a missing one fails the build's COPY)
-    assert {f"!{flavour.wheelhouse(env)}" for env in BENCH_ENVS.values() for flavour in MPI_FLAVOURS.values()} <= set(ignore)
+    assert {f"!{flavour.wheelhouse(env)}"
+            for env in BENCH_ENVS.values() for flavour in MPI_FLAVOURS.values()} <= set(ignore)
 
 
 def test_podman_conf_script(tmp_path):

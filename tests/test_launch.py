@@ -213,7 +213,8 @@ def test_prepare_plans_every_run_with_the_files_it_needs_and_probes_nothing_unas
     assert sweep.inputs["train_charliecloud_tcp-loopback_1x1_b2_real_rep2"]["image"] == \
         f"{images_dir}/containerbench-latest.ch"
     assert sweep.inputs["train_bare-metal_tcp-loopback_1x1_b2_real_rep1"] == {"data": sample}
-    assert sweep.inputs["netbench_podman_tcp-loopback_1x2_rep1"] == {"image": f"{images_dir}/podman-containerbench-latest.json"}
+    assert sweep.inputs["netbench_podman_tcp-loopback_1x2_rep1"] == {
+        "image": f"{images_dir}/podman-containerbench-latest.json"}
 
 
 def test_prepare_with_probes_skips_what_cannot_run_here_and_says_why(tmp_path, monkeypatch):
@@ -223,7 +224,8 @@ def test_prepare_with_probes_skips_what_cannot_run_here_and_says_why(tmp_path, m
     assert sweep.skipped == {"podman": "podman is not installed (not on PATH)"}
     assert {run.runtime for run in sweep.runs} == {"bare-metal"} and sweep.image_files == {}
     config = tiny_config(tmp_path, runtimes=["bare-metal", "podman"], runtime_policy="require")
-    with pytest.raises(cb_config.ConfigError, match="^config: runtime 'podman' cannot run here: podman is not installed"):
+    with pytest.raises(cb_config.ConfigError,
+                       match="^config: runtime 'podman' cannot run here: podman is not installed"):
         prepare(config, tmp_path)
 
 
@@ -286,7 +288,8 @@ def test_the_example_site_costs_a_slurm_job_per_run_each_to_its_time_limit(root)
     assert cost.runs == len(runs) and cost.local_jobs == len(runs) + 2  # a parse per run, tables, report
     assert cost.allocations == {n: sum(r.nodes == n for r in runs) for n in config["scaling"]["nodes"]}
     assert cost.nodes == sum(r.nodes for r in runs) and cost.slurm
-    assert cost.worst_node_hours == pytest.approx((sum(r.nodes for r in runs) + 2) * config["slurm"]["runtime_minutes"] / 60)
+    assert cost.worst_node_hours == pytest.approx((sum(r.nodes for r in runs) + 2)
+                                                  * config["slurm"]["runtime_minutes"] / 60)
     timeouts = {"train": config["benchmark"]["timeout_s"], "netbench": config["netbench"]["timeout_s"]}
     assert cost.timeout_node_hours == pytest.approx(sum(r.nodes * timeouts[r.kind] for r in runs) / 3600)
     assert cost.expected_node_hours is None and cost.expected_runs == 0 and cost.unmeasured_runs == len(runs)

@@ -43,8 +43,9 @@ CPU_ENV = {"OMPI_MCA_btl": "self,tcp", "NCCL_SOCKET_IFNAME": "lo"}
 CPU = RunRequest(module="containerbench.bench", args=BENCH_ARGS, env=CPU_ENV, workdir="/work/x")
 
 WD = "/scratch/proj/containerbench"
-PASS_RANK_VARS = ["--pass-prefix", "OMPI_", "--pass-prefix", "PMIX_", "--pass-prefix", "PMI_", "--pass-prefix", "SLURM_",
-                  "--pass-prefix", "HYDRA_", "--pass-prefix", "MPI_LOCALRANKID", "--pass-prefix", "MPI_LOCALNRANKS"]
+PASS_RANK_VARS = ["--pass-prefix", "OMPI_", "--pass-prefix", "PMIX_", "--pass-prefix", "PMI_",
+                  "--pass-prefix", "SLURM_", "--pass-prefix", "HYDRA_",
+                  "--pass-prefix", "MPI_LOCALRANKID", "--pass-prefix", "MPI_LOCALNRANKS"]
 PODMAN_RANK_VARS = ["--env", "OMPI_*", "--env", "PMIX_*", "--env", "PMI_*", "--env", "SLURM_*", "--env", "HYDRA_*",
                     "--env", "MPI_LOCALRANKID", "--env", "MPI_LOCALNRANKS"]
 HOST_NS = ["--rm", "--network", "host", "--ipc", "host", "--pid", "host"]
@@ -64,7 +65,8 @@ HPC_RANK_VARS = [*PODMAN_RANK_VARS, "--env", "SLURMD_*"]
 
 
 def container_env(name: str, base: dict, gds: bool = True) -> dict:
-    return {"CONTAINERBENCH_RUNTIME": name, **base, "PYTHONNOUSERSITE": "1", **({"PMIX_MCA_gds": "hash"} if gds else {})}
+    return {"CONTAINERBENCH_RUNTIME": name, **base, "PYTHONNOUSERSITE": "1",
+            **({"PMIX_MCA_gds": "hash"} if gds else {})}
 
 
 def under_srun(runtime):
@@ -98,12 +100,14 @@ RUNTIMES = {
 CASES = {
     # --- docker: the shim adds the rank variables after `run` at rank start ---
     ("docker", "site"): (
-        [HOST_PY, "-m", "containerbench.rankexec", *PASS_RANK_VARS, "--cpuset-from-affinity", "--memory-from-cgroup", "--",
+        [HOST_PY, "-m", "containerbench.rankexec", *PASS_RANK_VARS,
+         "--cpuset-from-affinity", "--memory-from-cgroup", "--",
          "docker", "run", *HOST_NS, "--user", "1000:1000", "--log-driver", "none", "--gpus", "all", *RDMA,
          "--volume", "/tmp:/tmp", *SITE_VOLUMES, "--workdir", WD, *SITE_OWN_ENV, "containerbench:latest", *IN_IMAGE],
         container_env("docker", SITE_ENV)),
     ("docker", "cpu"): (
-        [HOST_PY, "-m", "containerbench.rankexec", *PASS_RANK_VARS, "--cpuset-from-affinity", "--memory-from-cgroup", "--",
+        [HOST_PY, "-m", "containerbench.rankexec", *PASS_RANK_VARS,
+         "--cpuset-from-affinity", "--memory-from-cgroup", "--",
          "docker", "run", *HOST_NS, "--user", "1000:1000", "--log-driver", "none", *NO_GPU,
          "--volume", "/tmp:/tmp", "--volume", "/work/x:/work/x", "--workdir", "/work/x", *CPU_OWN_ENV,
          "containerbench:latest", *IN_IMAGE],
@@ -139,7 +143,8 @@ CASES = {
          "--pass-prefix", "CUDA_VISIBLE_DEVICES", "--",
          "apptainer", "exec", "--cleanenv", "--nv", "--bind", WD, "--bind", "/datasets/imagenet", "--pwd", WD,
          "/images/containerbench.sif", *IN_IMAGE],
-        {"APPTAINERENV_" + k: v for k, v in container_env("apptainer", {**SITE_ENV, "UCX_TLS": "rc,sysv,self"}).items()}),
+        {"APPTAINERENV_" + k: v
+         for k, v in container_env("apptainer", {**SITE_ENV, "UCX_TLS": "rc,sysv,self"}).items()}),
     ("apptainer", "cpu"): (
         [HOST_PY, "-m", "containerbench.rankexec", "--env-prefix", "APPTAINERENV_", *PASS_RANK_VARS,
          "--pass-prefix", "CUDA_VISIBLE_DEVICES", "--",
@@ -151,7 +156,8 @@ CASES = {
          "--pass-prefix", "CUDA_VISIBLE_DEVICES", "--",
          "singularity", "exec", "--cleanenv", "--nv", "--bind", WD, "--bind", "/datasets/imagenet", "--pwd", WD,
          "/images/containerbench.sif", *IN_IMAGE],
-        {"SINGULARITYENV_" + k: v for k, v in container_env("singularity", {**SITE_ENV, "UCX_TLS": "rc,sysv,self"}).items()}),
+        {"SINGULARITYENV_" + k: v
+         for k, v in container_env("singularity", {**SITE_ENV, "UCX_TLS": "rc,sysv,self"}).items()}),
     ("singularity", "cpu"): (
         [HOST_PY, "-m", "containerbench.rankexec", "--env-prefix", "SINGULARITYENV_", *PASS_RANK_VARS,
          "--pass-prefix", "CUDA_VISIBLE_DEVICES", "--",
@@ -170,7 +176,8 @@ CASES = {
     ("shifter", "cpu"): (
         [HOST_PY, "-m", "containerbench.rankexec", "--env-form", "value", "--insert-after", "shifter",
          *PASS_RANK_VARS, "--pass-prefix", "CUDA_VISIBLE_DEVICES",
-         "--pass-name", "CONTAINERBENCH_RUNTIME", "--pass-name", "NCCL_SOCKET_IFNAME", "--pass-name", "PYTHONNOUSERSITE",
+         "--pass-name", "CONTAINERBENCH_RUNTIME", "--pass-name", "NCCL_SOCKET_IFNAME",
+         "--pass-name", "PYTHONNOUSERSITE",
          "--", "shifter", "--clearenv", "--image=id:0123abcd", "--module=mpich", "--workdir=/", "--", *IN_IMAGE],
         container_env("shifter", CPU_ENV)),
     # --- charliecloud: keep only what is needed, then the image's ENV ---
@@ -200,7 +207,8 @@ CASES = {
          "sarus", "run", "--mpi", f"--mount=type=bind,source={WD},destination={WD}",
          "--mount=type=bind,source=/datasets/imagenet,destination=/datasets/imagenet", f"--workdir={WD}",
          "--env", "CONTAINERBENCH_RUNTIME", "--env", "NCCL_IB_HCA", "--env", "OMPI_MCA_pml", "--env", "PMIX_MCA_gds",
-         "--env", "PYTHONNOUSERSITE", "--env", "PYTHONUNBUFFERED", "--env", "UCX_TLS", "containerbench:latest", *IN_IMAGE],
+         "--env", "PYTHONNOUSERSITE", "--env", "PYTHONUNBUFFERED", "--env", "UCX_TLS",
+         "containerbench:latest", *IN_IMAGE],
         container_env("sarus", SITE_ENV)),
     ("sarus", "cpu"): (
         ["sarus", "run", "--mpi", "--mount=type=bind,source=/work/x,destination=/work/x", "--workdir=/work/x",
@@ -342,7 +350,8 @@ def test_shim_adds_the_devices_present_on_the_node(tmp_path):
                       "--device-glob", str(tmp_path / "missing*"), "--",
                       "/bin/sh", "-c", 'echo "$@"', "sh", "run", "img", env={"PATH": "/usr/bin:/bin"})
     assert result.returncode == 0, result.stderr
-    assert result.stdout == f"run --device={tmp_path}/rdma_cm --device={tmp_path}/uverbs0 --device={tmp_path}/uverbs1 img\n"
+    assert result.stdout == (f"run --device={tmp_path}/rdma_cm --device={tmp_path}/uverbs0 "
+                             f"--device={tmp_path}/uverbs1 img\n")
 
 
 def test_shim_gives_docker_the_cpus_the_rank_is_bound_to():
@@ -368,14 +377,16 @@ def test_shim_passes_the_exit_status_and_refuses_a_missing_command():
 
 # --- the factory ---
 
-IMAGES = {"docker": {"image": "containerbench:latest"}, "podman": {"image": "containerbench:latest", "oci_runtime": "runc"},
+IMAGES = {"docker": {"image": "containerbench:latest"},
+          "podman": {"image": "containerbench:latest", "oci_runtime": "runc"},
           "podman-hpc": {"image": "containerbench:latest"}, "apptainer": {"image": "/images/cb.sif"},
           "singularity": {"image": "/images/cb.sif"}, "shifter": {"image": "docker:containerbench:latest",
                                                                  "mpi_model": "native"},
           "charliecloud": {"image": "/images/cb.sqfs", "write_fake": False}, "enroot": {"image": "/images/cb.sqsh"},
           "sarus": {"image": "containerbench:latest", "python": "/opt/venv/bin/python"}}
 CLASSES = {"docker": Docker, "podman": Podman, "podman-hpc": PodmanHPC, "apptainer": Apptainer,
-           "singularity": Singularity, "shifter": Shifter, "charliecloud": Charliecloud, "enroot": Enroot, "sarus": Sarus}
+           "singularity": Singularity, "shifter": Shifter, "charliecloud": Charliecloud, "enroot": Enroot,
+           "sarus": Sarus}
 
 
 @pytest.mark.parametrize("name", sorted(CLASSES))

@@ -226,7 +226,8 @@ def test_frameworks_sweep_both_side_by_side(tmp_path):
     argv = torch_train.argv
     assert argv[argv.index("--runtime"):][:4] == ["--runtime", "bare-metal", "--backend", "auto"]
     net = plan(runs[-1], config).argv
-    assert net[net.index("-m") + 1:][:5] == ["containerbench.netbench", "--max-bytes", "65536", "--backend", "torch-auto"]
+    assert net[net.index("-m") + 1:][:5] == ["containerbench.netbench", "--max-bytes", "65536",
+                                             "--backend", "torch-auto"]
 
 
 def test_the_modes_of_tensorflow_are_one_ddp_point_for_pytorch(tmp_path):

@@ -153,7 +153,8 @@ def check_grpc(check: dict, interface: str | None, address: str | None, evidence
                 "reason": f"{layer}: the fabric asks for interface {_describe(patterns)}, the benchmark bound "
                           f"{interface} ({address})"}
     if patterns and not interface and check["status"] == Check.OK:
-        return {**check, "status": Check.UNVERIFIED, "reason": f"{check['reason']}; {seen}: not an interface of the fabric"}
+        return {**check, "status": Check.UNVERIFIED,
+                "reason": f"{check['reason']}; {seen}: not an interface of the fabric"}
     return {**check, "reason": f"{check['reason']}; {seen}"}
 
 

@@ -194,7 +194,8 @@ def traffic_check(nodes: dict[str, dict], result: dict, spec: dict, fabric: dict
     basis = (f"the all-reduce must send {_bytes(expected)} per step per node ({result['parameters']:,} parameters "
              f"x 4 B x 2({ranks}-1)/{ranks})")
     if short:
-        return verdict(Check.MISMATCH, "; ".join(short) + f": {basis}", expected_bytes_per_step=expected, observed=observed)
+        return verdict(Check.MISMATCH, "; ".join(short) + f": {basis}",
+                       expected_bytes_per_step=expected, observed=observed)
     return verdict(Check.OK, f"every node sent >= {100 * MIN_TRAFFIC_SHARE:.0f}% of it on {names}: {basis}",
                    expected_bytes_per_step=expected, observed=observed)
 

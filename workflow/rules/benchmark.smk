@@ -13,12 +13,16 @@ TELEMETRY_OUTPUT = {"telemetry": f"{RESULTS}/telemetry/{{run_id}}.csv"} if confi
 # reason, as a failed record, instead of vanishing with its job and being submitted again next time.
 ALLOCATES = SWEEP.allocation is launchers.Allocation.PER_RUN
 # Inside a site's allocation instead, runs are its job steps: through the executor plugin, with this shape.
-JOB_SHAPE = {
-    "nodes": lambda wildcards: PLANS[wildcards.run_id].spec["nodes"],
-    "tasks": lambda wildcards: PLANS[wildcards.run_id].spec["ranks"],
-    "mpi": lambda wildcards: launchers.Srun.program if PLANS[wildcards.run_id].spec["ranks"] > 1 else None,
-    **SLURM_RESOURCES,
-} if SWEEP.allocation is launchers.Allocation.STEP else {}
+JOB_SHAPE = (
+    {
+        "nodes": lambda wildcards: PLANS[wildcards.run_id].spec["nodes"],
+        "tasks": lambda wildcards: PLANS[wildcards.run_id].spec["ranks"],
+        "mpi": lambda wildcards: launchers.Srun.program if PLANS[wildcards.run_id].spec["ranks"] > 1 else None,
+        **SLURM_RESOURCES,
+    }
+    if SWEEP.allocation is launchers.Allocation.STEP
+    else {}
+)
 
 for repetition in REPETITIONS:
 

@@ -7,7 +7,19 @@ import sys
 from pathlib import Path
 
 from containerbench import config as cb_config
-from containerbench import cost, fleet, fleetjobs, history, launchers, plans, preflight, processes, results, runtimes, slurm
+from containerbench import (
+    cost,
+    fleet,
+    fleetjobs,
+    history,
+    launchers,
+    plans,
+    preflight,
+    processes,
+    results,
+    runtimes,
+    slurm,
+)
 from containerbench.frameworks import DEFAULT_FRAMEWORK, FRAMEWORKS
 from containerbench.point import Point
 
@@ -75,8 +87,9 @@ if workflow.is_main_process:
         sys.exit(f"containerbench: config: 'history': {error}")
 # Runtimes installed only on the compute nodes: probed by the pre-flight job there, and their
 # images converted by jobs there too (images.smk).
-ON_COMPUTE_NODES = {name for name in PLANNED["runtimes"]
-                    if runtimes.runtime_for(name, PLANNED).available == "compute-nodes"}
+ON_COMPUTE_NODES = {
+    name for name in PLANNED["runtimes"] if runtimes.runtime_for(name, PLANNED).available == "compute-nodes"
+}
 # A one-node, one-task job's resources on Slurm (the pre-flight job, conversions on the nodes).
 ON_A_NODE = {"nodes": 1, "tasks": 1, **SLURM_RESOURCES} if launchers.uses_slurm(config) else {}
 # What the runs need (images, the data sample) is made before the first measurement: otherwise the
@@ -87,7 +100,6 @@ BEFORE_ANY_MEASUREMENT = 1_000_000
 
 wildcard_constraints:
     run_id=Point.run_id_pattern(),  # ids are made by point.Point.run_id
-
 
 
 # What the compute nodes must see (the clone and the bare-metal Python at the same path, the
@@ -109,6 +121,8 @@ onstart:
         processes.record_lock_owner(SNAKEMAKE_LOCKS)
     # Only when something is to be measured (not for `snakemake report`, or images alone); a
     # round of `repetitions: auto` may add runs that are not in the DAG yet.
-    if any(job.rule.name.startswith("measure_") or job.rule.name == "repetition_round"
-           for job in workflow.dag.needrun_jobs()):
+    if any(
+        job.rule.name.startswith("measure_") or job.rule.name == "repetition_round"
+        for job in workflow.dag.needrun_jobs()
+    ):
         preflight.run_before_jobs(PREFLIGHT)

@@ -32,14 +32,15 @@ rule image_base:
     log:
         IMAGE_LOGS / "base.txt",
     params:
-        images=shlex.join(step_argv(PYTHON, ENGINE, TAG, BENCH_PYTHON, REPO, cb_config.BENCH_ENVS[config["benchmark_env"]])),
+        images=shlex.join(
+            step_argv(PYTHON, ENGINE, TAG, BENCH_PYTHON, REPO, cb_config.BENCH_ENVS[config["benchmark_env"]])
+        ),
     localrule: True
     priority: BEFORE_ANY_MEASUREMENT
     resources:
         **IMAGE_STEP,
     shell:
-        "{params.images} --step-timeout {resources.step_timeout_s} "
-        "base --marker {output:q} > {log:q} 2>&1"
+        "{params.images} --step-timeout {resources.step_timeout_s} base --marker {output:q} > {log:q} 2>&1"
 
 
 # Everything below is made once per flavour of the image that the sweep's runs need: per framework
@@ -47,8 +48,9 @@ rule image_base:
 # rules in _torch) and per MPI model (config.MODEL_FLAVOUR: the base's Open MPI for hybrid, the MPICH
 # flavour, -mpich and _mpich, for native). Only what some run needs is built.
 for BENCH_ENV, FLAVOUR in itertools.product(
-        [cb_config.bench_env(config, framework) for framework in config["benchmark"]["frameworks"]],
-        cb_config.MPI_FLAVOURS.values()):
+    [cb_config.bench_env(config, framework) for framework in config["benchmark"]["frameworks"]],
+    cb_config.MPI_FLAVOURS.values(),
+):
     SUFFIX = BENCH_ENV.suffix + FLAVOUR.suffix
     RULE_SUFFIX = SUFFIX.replace("-", "_")  # the rules' names: image_build, image_build_mpich, image_build_torch, ...
     OPEN_MPI_RULE_SUFFIX = BENCH_ENV.suffix.replace("-", "_")  # the rules of the framework's Open MPI flavour
@@ -79,9 +81,7 @@ for BENCH_ENV, FLAVOUR in itertools.product(
         resources:
             **IMAGE_STEP,
         shell:
-            "{params.images} --step-timeout {resources.step_timeout_s} "
-            "wheelhouse --marker {output:q} > {log:q} 2>&1"
-
+            "{params.images} --step-timeout {resources.step_timeout_s} wheelhouse --marker {output:q} > {log:q} 2>&1"
 
     # Build with the configured engine; the stamp records the image id and the provenance hash
     # measured inside the image next to the bare-metal one (refused when they differ).
@@ -110,7 +110,6 @@ for BENCH_ENV, FLAVOUR in itertools.product(
             "{params.images} --step-timeout {resources.step_timeout_s} "
             "build --base-image={params.base:q} --apt-packages={params.apt:q} --stamp {output:q} > {log:q} 2>&1"
 
-
     rule:
         name:
             f"image_archive{RULE_SUFFIX}"
@@ -131,9 +130,7 @@ for BENCH_ENV, FLAVOUR in itertools.product(
         resources:
             **IMAGE_STEP,
         shell:
-            "{params.images} --step-timeout {resources.step_timeout_s} "
-            "export --archive {output:q} > {log:q} 2>&1"
-
+            "{params.images} --step-timeout {resources.step_timeout_s} export --archive {output:q} > {log:q} 2>&1"
 
     for other in set(runtimes.ENGINES) - {ENGINE}:
 
@@ -157,7 +154,6 @@ for BENCH_ENV, FLAVOUR in itertools.product(
                 "{params.images} --step-timeout {resources.step_timeout_s} "
                 "load --into {params.engine} --archive {input:q} --stamp {output:q} > {log:q} 2>&1"
 
-
     rule:
         name:
             f"image_charliecloud{RULE_SUFFIX}"
@@ -178,7 +174,6 @@ for BENCH_ENV, FLAVOUR in itertools.product(
         shell:
             "{params.images} --step-timeout {resources.step_timeout_s} "
             "charliecloud --out {output.image:q} --force > {log:q} 2>&1"
-
 
     if GPU_RUNS:
 
@@ -204,7 +199,6 @@ for BENCH_ENV, FLAVOUR in itertools.product(
                 "{params.images} --step-timeout {resources.step_timeout_s} "
                 "charliecloud-nvidia --out {input:q} --marker {output:q} > {log:q} 2>&1"
 
-
     # containers/Dockerfile as a Singularity definition (spython, corrected), from the same base:
     # a site without Docker builds the same image with Apptainer (the .sif below is made from the
     # built image's archive instead).
@@ -222,8 +216,11 @@ for BENCH_ENV, FLAVOUR in itertools.product(
             python=PYTHON,
             bench_python=FRAMEWORK_PYTHON[BENCH_ENV.framework],
             base=BUILD["base_image"] or imagestep.BASE_IMAGE,
-            flavour=shlex.join(word for name, value in imagebuild.image_build_args(BENCH_ENV, FLAVOUR).items()
-                               for word in ("--build-arg", f"{name}={value}")),
+            flavour=shlex.join(
+                word
+                for name, value in imagebuild.image_build_args(BENCH_ENV, FLAVOUR).items()
+                for word in ("--build-arg", f"{name}={value}")
+            ),
         localrule: True
         priority: BEFORE_ANY_MEASUREMENT
         resources:
@@ -233,13 +230,14 @@ for BENCH_ENV, FLAVOUR in itertools.product(
             "--build-arg BASE_IMAGE={params.base:q} {params.flavour} "
             "--bench-python {params.bench_python:q} --out {output:q} > {log:q} 2>&1"
 
-
     # Runtimes that make their artifact from the archive or the engine's store with their own
     # commands (their classes' prepare_commands): one rule each, made here from the class list.
     # (Runtimes that run the same artifact, apptainer's and singularity's .sif: one rule, the one the
     # sweep names, else the artifact's owner's.)
-    PREFERRED = sorted(cb_images.CONVERTED, key=lambda name: (name in PLANNED["runtimes"],
-                                                              runtimes.CONTAINER_RUNTIMES[name].artifact_owner))
+    PREFERRED = sorted(
+        cb_images.CONVERTED,
+        key=lambda name: (name in PLANNED["runtimes"], runtimes.CONTAINER_RUNTIMES[name].artifact_owner),
+    )
     PREPARED = {FILES[name]: name for name in PREFERRED}
     for runtime in sorted(PREPARED.values()):
         FROM = runtimes.CONTAINER_RUNTIMES[runtime].prepare_from  # the files its prepare step starts from
@@ -249,7 +247,11 @@ for BENCH_ENV, FLAVOUR in itertools.product(
                 f"image_{runtime.replace('-', '_')}{RULE_SUFFIX}"
             input:
                 # the build engine's store (enroot) or the archive, and the definition made beside the .sif
-                image=getattr(rules, f"image_build{RULE_SUFFIX}").output if "store" in FROM else getattr(rules, f"image_archive{RULE_SUFFIX}").output,
+                image=(
+                    getattr(rules, f"image_build{RULE_SUFFIX}").output
+                    if "store" in FROM
+                    else getattr(rules, f"image_archive{RULE_SUFFIX}").output
+                ),
                 definition=getattr(rules, f"singularity_definition{RULE_SUFFIX}").output if "definition" in FROM else [],
             output:
                 FILES[runtime],

@@ -43,11 +43,18 @@ def round_inputs(wildcards):
     """Round r reads repetitions 1..r of the points the previous round sent on (the first round: every point)."""
     round_number = int(wildcards.round)
     if round_number == FEWEST_REPETITIONS:
-        return {"records": [record_path(spec.run_id) for spec in SWEEP.runs
-                            if spec.kind == "train" and spec.repetition <= round_number]}
+        return {
+            "records": [
+                record_path(spec.run_id)
+                for spec in SWEEP.runs
+                if spec.kind == "train" and spec.repetition <= round_number
+            ]
+        }
     going = [Point.id_of(run_id) for run_id in decided_round(round_number - 1)["next"]]
-    return {"records": [record_path(run_id) for point in going for run_id in POINT_RUNS[point][:round_number]],
-            "previous": round_path(round_number - 1)}
+    return {
+        "records": [record_path(run_id) for point in going for run_id in POINT_RUNS[point][:round_number]],
+        "previous": round_path(round_number - 1),
+    }
 
 
 def auto_records(wildcards):

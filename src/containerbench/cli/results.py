@@ -112,7 +112,8 @@ def add_commands(sub) -> None:
     p = sub.add_parser("parse", help="turn a raw log into a run record")
     p.add_argument("log")
     p.add_argument("--out", required=True)
-    p.add_argument("--telemetry", metavar="CSV", help="the run's merged samples (default: the path its launch line names)")
+    p.add_argument("--telemetry", metavar="CSV",
+                   help="the run's merged samples (default: the path its launch line names)")
     p.set_defaults(func=cmd_parse)
 
     p = sub.add_parser("tables", help="aggregate run records into CSV tables")
