@@ -3,7 +3,7 @@
 Side by side in one process per rank count, interleaved round by round so a
 drift of the machine hits every method alike:
 
-- ours:    containerbench.bench's Horovod step and measuring loop (per-step
+- ours:    containerbench.rank.bench's Horovod step and measuring loop (per-step
            timing, per-step sync, rank 0's line per step);
 - horovod: the method of Horovod's examples/tensorflow2/tensorflow2_synthetic_benchmark.py
            (softmax model, SGD, DistributedGradientTape in a tf.function, timeit
@@ -65,7 +65,7 @@ def parse_args(argv=None):
 
 
 def keras_model(tf, name: str, shape, classifier_activation):
-    from containerbench import bench
+    from containerbench.rank import bench
 
     constructor = bench.cnn_smoke if name == "cnn_smoke" else tf.keras.applications.ResNet50
     return constructor(weights=None, input_shape=shape, classes=1000, classifier_activation=classifier_activation)
@@ -84,13 +84,13 @@ def worker(args) -> dict:
     import numpy as np
     import tensorflow as tf
 
-    from containerbench import bench
+    from containerbench.rank import bench
 
     ours_args = bench.parse_args(["--model", args.model, "--image-size", str(args.image_size),
                                   "--batch-size", str(args.batch_size),
                                   "--warmup-steps", "0", "--steps", str(args.steps)])
     bench.configure_devices(tf, bench.local_rank_hint(), 0)
-    from containerbench.distribution import Horovod
+    from containerbench.rank.distribution import Horovod
 
     mode = Horovod(ours_args)
     shape = (args.image_size, args.image_size, 3)

@@ -34,7 +34,7 @@ def sampler_cpu_percent(interval: float, seconds: float, directory: Path) -> flo
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     pids = directory / "node.pids"
     pids.write_text(f"{busy.pid} {os.readlink('/proc/self/ns/pid')}\n")
-    sampler = subprocess.Popen([sys.executable, "-m", "containerbench.telemetry", "--out",
+    sampler = subprocess.Popen([sys.executable, "-m", "containerbench.rank.telemetry", "--out",
                                 str(directory / f"node-{interval}.csv"), "--pids", str(pids),
                                 "--interval", str(interval)])
     try:
@@ -51,7 +51,7 @@ def sampler_cpu_percent(interval: float, seconds: float, directory: Path) -> flo
 
 def training_rate(bench_python: str, telemetry_dir: Path | None, args) -> float:
     command = ["mpirun", "--allow-run-as-root", "-np", "1", "--bind-to", "core", bench_python, "-m",
-               "containerbench.bench", "--model", args.model, "--image-size", str(args.image_size),
+               "containerbench.rank.bench", "--model", args.model, "--image-size", str(args.image_size),
                "--batch-size", str(args.batch_size),
                "--warmup-steps", "2", "--steps", str(args.steps)]
     if telemetry_dir:

@@ -42,7 +42,7 @@ step() {  # name, seconds, command...
     "$PYTHON" -c 'import torch, mpi4py; from mpi4py import MPI; print("torch", torch.__version__, "cuda", torch.version.cuda,
 "nccl", torch.cuda.nccl.version(), "mpi4py", mpi4py.__version__, MPI.Get_library_version().splitlines()[0])'
 } | tee "$OUTDIR/node.txt"
-TRAIN=(-m containerbench.torchbench --model resnet50 --image-size 224 --batch-size 256 --warmup-steps 10 --steps 40)
+TRAIN=(-m containerbench.rank.torchbench --model resnet50 --image-size 224 --batch-size 256 --warmup-steps 10 --steps 40)
 # Most telling first: a step cut short by the caller's own limit loses only the last figures.
 step torchbench-mixed_bfloat16 120 "${LAUNCH[@]}" "$PYTHON" "${TRAIN[@]}" --precision mixed_bfloat16
 for batch in 256 32; do
@@ -52,6 +52,6 @@ done
 for precision in fp32 mixed_float16; do
     step "torchbench-$precision" 120 "${LAUNCH[@]}" "$PYTHON" "${TRAIN[@]}" --precision "$precision"
 done
-step netbench-nccl 60 "$MPIEXEC" -n "$(( GPUS > 1 ? GPUS : 2 ))" "$PYTHON" -m containerbench.netbench --backend torch-nccl \
+step netbench-nccl 60 "$MPIEXEC" -n "$(( GPUS > 1 ? GPUS : 2 ))" "$PYTHON" -m containerbench.rank.netbench --backend torch-nccl \
     --max-bytes $((256 * 1024 * 1024)) --seconds-per-size 0.2
 step torchbench-bf16-compile 200 "${LAUNCH[@]}" "$PYTHON" "${TRAIN[@]}" --precision mixed_bfloat16 --compile

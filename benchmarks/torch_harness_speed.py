@@ -3,7 +3,7 @@
 Side by side in one launch per rank count, interleaved round by round (each first in every other
 round) so that a drift of the machine hits both alike, on one model, optimizer and batch per rank:
 
-- ours:      containerbench.torchbench's step and measuring loop (autocast context, GradScaler, a
+- ours:      containerbench.rank.torchbench's step and measuring loop (autocast context, GradScaler, a
              loss read back every step, per-step timing, rank 0's line per step);
 - reference: the loop of PyTorch's DDP tutorial, written out below: zero_grad, forward, loss,
              backward, step, timed over the round with one synchronisation at its end.
@@ -77,9 +77,9 @@ def reference_round(torch, model, optimizer, images, labels, steps: int, precisi
 def worker(args) -> None:
     import torch
 
-    from containerbench import torchbench
-    from containerbench.distribution import MpiRanks, choose_backend
-    from containerbench.torchmodels import build
+    from containerbench.rank import torchbench
+    from containerbench.rank.distribution import MpiRanks, choose_backend
+    from containerbench.rank.torchmodels import build
 
     ranks = MpiRanks()
     torch.set_num_threads(len(os.sched_getaffinity(0)))

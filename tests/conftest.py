@@ -100,7 +100,7 @@ def imagenet_sample(tmp_path_factory, bench_python):
     """A tiny ImageNet-shaped TFRecord set, written by the generator the workflow uses (both
     frameworks' real-data pipelines read it)."""
     out = tmp_path_factory.mktemp("imagenet-sample")
-    subprocess.run([str(bench_python), "-m", "containerbench.datasets", "generate", str(out), "--images", "24",
+    subprocess.run([str(bench_python), "-m", "containerbench.rank.datasets", "generate", str(out), "--images", "24",
                     "--shards", "3", "--size", "48"], check=True, capture_output=True, timeout=300)
     return out
 

@@ -119,7 +119,7 @@ def example_request(gpus: bool = True, infiniband: bool = True) -> RunRequest:
         env |= {"NCCL_IB_DISABLE": "1", "NCCL_NET": "Socket", "NCCL_SOCKET_IFNAME": "eth0",
                 "OMPI_MCA_pml": "ob1", "OMPI_MCA_btl": "self,vader,tcp", "OMPI_MCA_btl_tcp_if_include": "eth0"}
     args = ("--model", "resnet50", "--batch-size", "64", "--image-size", "224", "--precision", "mixed_float16")
-    return RunRequest(module="containerbench.bench", args=args, env=env, workdir="/scratch/proj/containerbench",
+    return RunRequest(module="containerbench.rank.bench", args=args, env=env, workdir="/scratch/proj/containerbench",
                       gpus=gpus, binds=("/datasets/imagenet",), infiniband=infiniband)
 
 

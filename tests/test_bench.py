@@ -64,7 +64,7 @@ def test_rank_zero_prints_one_human_line_per_step(tiny_runs):
 
 def test_one_rank_runs_without_any_launcher(bench_python, tmp_path):
     completed = subprocess.run(
-        [str(bench_python), "-m", "containerbench.bench", "--model", "cnn_smoke", "--image-size", "32",
+        [str(bench_python), "-m", "containerbench.rank.bench", "--model", "cnn_smoke", "--image-size", "32",
          "--batch-size", "2", "--warmup-steps", "1", "--steps", "1"],  # the launcher's absence, not the model
         capture_output=True, text=True, timeout=600, env={"PATH": "/usr/bin:/bin", "TF_CPP_MIN_LOG_LEVEL": "2"},
     )

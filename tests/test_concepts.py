@@ -72,9 +72,9 @@ def test_the_checker_finds_a_spelling_in_python_and_in_a_rule(tmp_path):
 # runs, so it cannot ask the registry; the tests below keep it and the registry from drifting apart.
 RANK_SIDE = "the rank side is hashed for provenance and imports nothing of the workflow's side"
 FRAMEWORK_SPELLINGS_ALLOWED: dict[tuple[str, str], str] = {
-    ("src/containerbench/bench.py", "tensorflow"): f"TensorFlow's harness names itself in its result: {RANK_SIDE}",
-    ("src/containerbench/torchbench.py", "pytorch"): f"PyTorch's harness names itself in its result: {RANK_SIDE}",
-    ("src/containerbench/provenance.py", "tensorflow"): "a distribution's name in ROOT_DISTRIBUTIONS, the "
+    ("src/containerbench/rank/bench.py", "tensorflow"): f"TensorFlow's harness names itself in its result: {RANK_SIDE}",
+    ("src/containerbench/rank/torchbench.py", "pytorch"): f"PyTorch's harness names itself in its result: {RANK_SIDE}",
+    ("src/containerbench/rank/provenance.py", "tensorflow"): "a distribution's name in ROOT_DISTRIBUTIONS, the "
     f"walk's roots (test_provenance_roots_cover_every_frameworks): {RANK_SIDE}",
 }
 
@@ -99,7 +99,7 @@ def test_the_config_schema_has_each_frameworks_keys(name):
 
 
 def test_provenance_roots_cover_every_frameworks():
-    from containerbench.provenance import ROOT_DISTRIBUTIONS
+    from containerbench.rank.provenance import ROOT_DISTRIBUTIONS
 
     for registered in FRAMEWORKS.values():
         assert set(registered.provenance_roots) <= set(ROOT_DISTRIBUTIONS), registered.name
@@ -108,7 +108,7 @@ def test_provenance_roots_cover_every_frameworks():
 @pytest.mark.parametrize("name", sorted(FRAMEWORKS))
 def test_each_harness_names_its_framework_in_its_result(name):
     # The name the rank side spells (FRAMEWORK_SPELLINGS_ALLOWED) is the registry's, in the registry's harness.
-    harness = PACKAGE / (FRAMEWORKS[name].harness.removeprefix("containerbench.") + ".py")
+    harness = PACKAGE.joinpath(*FRAMEWORKS[name].harness.removeprefix("containerbench.").split(".")).with_suffix(".py")
     assert literal_spellings(harness, {name}), f"{harness.name} does not name {name!r} in its result"
 
 
@@ -117,16 +117,17 @@ def test_each_harness_names_its_framework_in_its_result(name):
 RUNTIME_HOMES = {str(path.relative_to(PACKAGE)) for path in (PACKAGE / "runtimes").glob("*.py")}
 
 # (file relative to the clone, name): why it is spelled there.
+MARKER_FILE = "the container a rank finds itself in, by its marker file"
 RUNTIME_SPELLINGS_ALLOWED: dict[tuple[str, str], str] = {
     # The ranks' side (tests/test_layers.py's BENCHMARK_SIDE) runs in the benchmark venv and cannot import the
     # runtimes: each names the runtime it assumes when CONTAINERBENCH_RUNTIME (Runtime.environment's) is unset.
-    ("src/containerbench/bench.py", "bare-metal"): "the rank's --runtime default, on the ranks' side",
-    ("src/containerbench/torchbench.py", "bare-metal"): "the rank's --runtime default, on the ranks' side",
-    ("src/containerbench/netbench.py", "bare-metal"): "the result line's runtime default, on the ranks' side",
-    ("src/containerbench/telemetry.py", "docker"): "the container a rank finds itself in, by its marker file",
-    ("src/containerbench/telemetry.py", "podman"): "the container a rank finds itself in, by its marker file",
-    ("src/containerbench/telemetry.py", "apptainer"): "the container a rank finds itself in, by its marker file",
-    ("src/containerbench/telemetry.py", "charliecloud"): "the container a rank finds itself in, by its marker file",
+    ("src/containerbench/rank/bench.py", "bare-metal"): "the rank's --runtime default, on the ranks' side",
+    ("src/containerbench/rank/torchbench.py", "bare-metal"): "the rank's --runtime default, on the ranks' side",
+    ("src/containerbench/rank/netbench.py", "bare-metal"): "the result line's runtime default, on the ranks' side",
+    ("src/containerbench/rank/telemetry.py", "docker"): MARKER_FILE,
+    ("src/containerbench/rank/telemetry.py", "podman"): MARKER_FILE,
+    ("src/containerbench/rank/telemetry.py", "apptainer"): MARKER_FILE,
+    ("src/containerbench/rank/telemetry.py", "charliecloud"): MARKER_FILE,
     # Singularity's bootstrap agents (Bootstrap: docker, docker-daemon), not the runtime.
     ("src/containerbench/singularity.py", "docker"): "a Singularity definition's bootstrap agent",
     ("src/containerbench/cli/image.py", "docker"): "singularity-definition --bootstrap's choices, Singularity's agents",
@@ -192,9 +193,9 @@ def test_a_run_status_is_spelled_only_in_status_py():
 # (file relative to the clone, name): why it is spelled there. "none" is a common word: each file below
 # uses it as something else, and none of them names the launcher with it.
 LAUNCHER_SPELLINGS_ALLOWED: dict[tuple[str, str], str] = {
-    ("src/containerbench/bench.py", "srun"): "detect_launcher: the program that started the rank, ranks' side",
-    ("src/containerbench/bench.py", "mpirun"): "detect_launcher: the program that started the rank, ranks' side",
-    ("src/containerbench/bench.py", "none"): "detect_launcher: no launcher's variables, ranks' side",
+    ("src/containerbench/rank/bench.py", "srun"): "detect_launcher: the program that started the rank, ranks' side",
+    ("src/containerbench/rank/bench.py", "mpirun"): "detect_launcher: the program that started the rank, ranks' side",
+    ("src/containerbench/rank/bench.py", "none"): "detect_launcher: no launcher's variables, ranks' side",
     ("src/containerbench/config.py", "none"): "check_runs refuses ranks > 1 under launcher none when the config "
                                               "loads; config sits below launchers (tests/test_layers.py)",
     ("src/containerbench/cli/image.py", "none"): "a build's --network none",
@@ -203,7 +204,7 @@ LAUNCHER_SPELLINGS_ALLOWED: dict[tuple[str, str], str] = {
     ("src/containerbench/runtimes/oci.py", "none"): "docker/podman run --log-driver none",
     ("src/containerbench/runtimes/shifter.py", "none"): "shifter --module none (no modules)",
     ("src/containerbench/slurm.py", "none"): "sinfo's reason none, and a message's empty list",
-    ("src/containerbench/torchbench.py", "none"): "the record's backend none (local mode), ranks' side",
+    ("src/containerbench/rank/torchbench.py", "none"): "the record's backend none (local mode), ranks' side",
     ("src/containerbench/validate.py", "none"): "a message's empty list",
     ("src/containerbench/wheelhouse.py", "none"): "pip download --abi none",
 }
@@ -256,7 +257,7 @@ def test_adding_a_runtime_is_one_module_plus_its_tests(tmp_path, monkeypatch):
         planned = plans.plan(run, config)
         start = planned.argv.index("toy")
         assert planned.argv[start:start + 8] == ["toy", "run", "--bind", str(Path.cwd()), "/srv/images/toy.img",
-                                                 "python3", "-m", "containerbench.bench"]
+                                                 "python3", "-m", "containerbench.rank.bench"]
         assert planned.env["CONTAINERBENCH_RUNTIME"] == "toy"
     finally:
         CONTAINER_RUNTIMES.pop("toy", None)

@@ -15,7 +15,7 @@ import pytest
 import yaml
 from helpers import ROOT, SMOKE_MODEL, TINY, WORKFLOW_IMAGE, give_back, snakemake
 
-from containerbench import markers
+from containerbench.rank import markers
 
 # from scratch the fixture builds the image (debootstrap, build, save, load, ch-convert) first
 pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.containers, pytest.mark.timeout(2700)]
@@ -128,7 +128,7 @@ def test_native_runs_loaded_this_machines_mpich_over_the_images_own(container_ru
     # behind it answers MPI_Get_library_version as the host's Debian MPICH (4.0.2), not as the `mpich`
     # wheel the flavour installed (5.0.2, recorded in provenance.mpi); the record judges it
     # (records.judge_native_mpi) and the fabric is verified from UCX's own lines.
-    from containerbench.telemetry import library_mpi_version
+    from containerbench.rank.telemetry import library_mpi_version
 
     host_version = library_mpi_version(HOST_MPICH)
     assert host_version.startswith("MPICH Version:")

@@ -315,7 +315,7 @@ def run_netbench(netns, bench_python, mca: dict, fabric_env: dict) -> list[str]:
     argv = ["ip", "netns", "exec", netns, "mpirun", "--allow-run-as-root", "-np", "2"]
     for key, value in mca.items():
         argv += ["--mca", key, value]
-    argv += [str(bench_python), "-m", "containerbench.netbench", "--max-bytes", "1024", "--max-iters", "100"]
+    argv += [str(bench_python), "-m", "containerbench.rank.netbench", "--max-bytes", "1024", "--max-iters", "100"]
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), **{k: str(v) for k, v in fabric_env.items()},
            **debug_environment(fabric_env)}
     result = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)

@@ -22,8 +22,9 @@ import yaml
 from helpers import ROOT, fleet_records
 
 from containerbench import config as cb_config
-from containerbench import execution, fleet, fleetjobs, markers, report, slurm
+from containerbench import execution, fleet, fleetjobs, report, slurm
 from containerbench.plans import RunPlan
+from containerbench.rank import markers
 from containerbench.records import parse_log
 
 NODES = [f"n{i:02d}" for i in range(1, 7)]

@@ -89,8 +89,8 @@ def test_the_gpu_venv_has_cuda_tensorflow_and_horovod_with_nccl():
     built = json.loads(done.stdout.splitlines()[-1])
     # nccl_built() is the NCCL version Horovod was built against: 2.16.5, the lock's nvidia-nccl-cu11.
     assert built == {"tf": "2.14.1", "cuda": True, "cuda_version": "11.8", "nccl": 21605, "mpi": True, "gloo": True}
-    provenance = json.loads(subprocess.run([str(GPU_PYTHON), "-m", "containerbench.provenance"], capture_output=True,
-                                           text=True, timeout=300, check=True).stdout)
+    provenance = json.loads(subprocess.run([str(GPU_PYTHON), "-m", "containerbench.rank.provenance"],
+                                           capture_output=True, text=True, timeout=300, check=True).stdout)
     assert provenance["packages"]["nvidia-nccl-cu11"] == "2.16.5" and provenance["packages"]["horovod"] == "0.28.1"
 
 
@@ -98,7 +98,7 @@ def test_the_gpu_venv_has_cuda_tensorflow_and_horovod_with_nccl():
 def test_the_benchmark_trains_on_two_ranks_in_the_gpu_venv(tmp_path):
     # No GPU here: TensorFlow runs the same code on the CPU; Horovod averages over MPI.
     done = run_group(["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2", "--mca", "btl", "self,tcp",
-                      "--mca", "btl_tcp_if_include", "lo", str(GPU_PYTHON), "-m", "containerbench.bench",
+                      "--mca", "btl_tcp_if_include", "lo", str(GPU_PYTHON), "-m", "containerbench.rank.bench",
                       "--model", "resnet50", "--image-size", "32", "--batch-size", "2", "--warmup-steps", "1",
                       "--steps", "2", "--runtime", "bare-metal"], timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -118,7 +118,7 @@ def test_the_gpu_image_builds_offline_with_nccl_and_the_venvs_provenance(tmp_pat
             assert done.returncode == 0, done.stderr[-3000:]
             print(f"GPU image step {step[0]}: {time.monotonic() - started:.0f} s")
         stamp = json.loads((tmp_path / "stamp.json").read_text())
-        host = json.loads(subprocess.run([str(GPU_PYTHON), "-m", "containerbench.provenance"], capture_output=True,
+        host = json.loads(subprocess.run([str(GPU_PYTHON), "-m", "containerbench.rank.provenance"], capture_output=True,
                                          text=True, timeout=300, check=True).stdout)["hash"]
         assert stamp["measured_provenance"] == stamp["host_provenance"] == host  # build_image refuses otherwise
         inside = run_group(["podman", "run", "--rm", "--network", "none", GPU_TAG, "python3", "-c",

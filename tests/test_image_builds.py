@@ -124,7 +124,7 @@ def test_docker_builds_on_the_very_base_podman_made(podman_image, docker_image):
 def test_podman_ranks_under_mpirun(podman_image):
     command = [*MPIRUN, "podman", "run", "--rm", "--network", "host", "--pid", "host", "--ipc", "host",
                "-v", "/tmp:/tmp", "--env", "OMPI_*", "--env", "PMIX_*", podman_image["tag"],
-               "python3", "-m", "containerbench.netbench", "--max-bytes", "4096"]
+               "python3", "-m", "containerbench.rank.netbench", "--max-bytes", "4096"]
     done = run_group(command, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert _result(done.stdout)["ranks"] == 2
@@ -132,10 +132,10 @@ def test_podman_ranks_under_mpirun(podman_image):
 
 def test_docker_ranks_under_mpirun(docker_image):
     # docker has no --env 'OMPI_*': the rank shim names each variable mpirun set
-    command = [*MPIRUN, sys.executable, "-m", "containerbench.rankexec", "--pass-prefix", "OMPI_",
+    command = [*MPIRUN, sys.executable, "-m", "containerbench.rank.rankexec", "--pass-prefix", "OMPI_",
                "--pass-prefix", "PMIX_", "--", "docker", "run", "--rm", "--network", "host", "--pid", "host",
                "--ipc", "host", "-v", "/tmp:/tmp", docker_image["tag"],
-               "python3", "-m", "containerbench.netbench", "--max-bytes", "4096"]
+               "python3", "-m", "containerbench.rank.netbench", "--max-bytes", "4096"]
     done = run_group(command, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert _result(done.stdout)["ranks"] == 2
@@ -147,7 +147,7 @@ def test_charliecloud_ranks_report_host_provenance(podman_image, charliecloud_di
     assert ok, why
     image_dir = charliecloud_dir
     assert not [p for p in (image_dir / "dev").iterdir() if not p.is_dir()]  # no device nodes kept
-    command = [*MPIRUN, "--tag-output", *ch_run_argv(image_dir, ["python3", "-m", "containerbench.provenance"])]
+    command = [*MPIRUN, "--tag-output", *ch_run_argv(image_dir, ["python3", "-m", "containerbench.rank.provenance"])]
     done = run_group(command, timeout=300, env=env)
     assert done.returncode == 0, done.stdout + done.stderr
     # --tag-output prefixes each rank's lines with [job,rank]; the two JSON documents interleave

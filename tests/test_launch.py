@@ -14,9 +14,9 @@ import pytest
 from helpers import BENCH_PYTHON, ROOT, tiny_config
 
 from containerbench import config as cb_config
-from containerbench import markers
 from containerbench.execution import execute
 from containerbench.plans import RunPlan, plan, prepare
+from containerbench.rank import markers
 from containerbench.records import parse_log
 
 BENCH_ARGS = ["--model", "resnet50", "--batch-size", "2", "--image-size", "32", "--warmup-steps", "1",
@@ -49,7 +49,7 @@ def test_mpirun_plan_binds_one_core_per_rank_and_forwards_every_variable(tmp_pat
     forwarded = [arg for name in sorted(env) for arg in ("-x", name)]
     assert run_plan.argv == [
         "mpirun", "-np", "2", "--map-by", "ppr:2:node", "--bind-to", "core", "--report-bindings", *forwarded,
-        str(BENCH_PYTHON), "-m", "containerbench.bench", *BENCH_ARGS,
+        str(BENCH_PYTHON), "-m", "containerbench.rank.bench", *BENCH_ARGS,
         *telemetry_args(config, "train_bare-metal_tcp-loopback_1x2_b2_rep1"),
     ]
     assert run_plan.spec == {"kind": "train", "runtime": "bare-metal", "fabric": "tcp-loopback", "nodes": 1,
@@ -74,7 +74,7 @@ def test_srun_plan_uses_the_configured_mpi_plugin(tmp_path):
 def test_netbench_plan_runs_the_netbench_module_on_two_ranks(tmp_path):
     config = tiny_config(tmp_path)
     run_plan = plan(spec_for(config, kind="netbench"), config)
-    assert run_plan.argv[-9:-4] == [str(BENCH_PYTHON), "-m", "containerbench.netbench", "--max-bytes", "65536"]
+    assert run_plan.argv[-9:-4] == [str(BENCH_PYTHON), "-m", "containerbench.rank.netbench", "--max-bytes", "65536"]
     assert run_plan.argv[-4:] == telemetry_args(config, run_plan.run_id)
     assert run_plan.argv[:3] == ["mpirun", "-np", "2"]
 
@@ -145,7 +145,7 @@ def test_mpirun_as_root_gets_allow_run_as_root(tmp_path):
 def test_a_benchmark_that_crashes_leaves_its_log_and_a_failed_record(tmp_path, bench_python):
     # Real benchmark, bad argument: it exits non-zero before training.
     run_plan = {"run_id": "crash", "spec": {"kind": "train", "ranks": 1},
-                "argv": [str(bench_python), "-m", "containerbench.bench", "--model", "resnet51"],
+                "argv": [str(bench_python), "-m", "containerbench.rank.bench", "--model", "resnet51"],
                 "env": {}, "timeout_s": 120}
     assert execute(RunPlan.from_json(run_plan), tmp_path / "crash.log", echo=None) == 2
     record = parse_log(tmp_path / "crash.log")

@@ -24,18 +24,20 @@ MODULES = sorted(name for name in map(module_name, PACKAGE.rglob("*.py")) if nam
 # Each layer may use the layers before it, never one after it or its own (so no cycle can form).
 # The benchmark side (bench, netbench and what they use) is what the provenance hash covers.
 LAYERS = [
-    ("the words records judge with, the frameworks' registry", {"status", "frameworks"}),
-    ("model definitions", {"torchmodels"}),
+    ("the words records judge with, the frameworks' registry, the rank side's package (a docstring)",
+     {"status", "frameworks", "rank"}),
+    ("model definitions", {"rank.torchmodels"}),
     ("the sweep point", {"point"}),
     ("the layers that pick a network, one class each (fabrics' parts)", {"fabriclayers"}),
-    ("leaves", {"markers", "processes", "provenance", "datasets", "distribution", "fabrics", "config", "telemetry",
-                "intervals"}),
+    ("leaves", {"rank.markers", "processes", "rank.provenance", "rank.datasets", "rank.distribution", "fabrics",
+                "config", "rank.telemetry", "intervals"}),
     ("Slurm", {"slurm"}),
     ("launchers (a runtime asks them what its launcher does)", {"launchers"}),
     ("benchmark, runtimes, recipes, telemetry read back, PyTorch's input, an image step's runner",
-     {"bench", "netbench", "rankexec", "runtimes", "singularity", "usage", "torchdata", "imagestep"}),
+     {"rank.bench", "rank.netbench", "rank.rankexec", "runtimes", "singularity", "usage", "rank.torchdata",
+      "imagestep"}),
     ("the PyTorch harness (bench's record), which image each runtime runs, wheelhouses, records, the pre-flight job",
-     {"torchbench", "images", "wheelhouse", "records", "preflight"}),
+     {"rank.torchbench", "images", "wheelhouse", "records", "preflight"}),
     ("the runs table and its summary", {"runtables"}),
     ("tables that compare runs, loss trajectories", {"comparisons", "losses"}),
     ("plans, tables, image builds", {"plans", "results", "imagebuild"}),
@@ -57,9 +59,9 @@ SUBPACKAGE_LAYERS = {
                  {"runtimes.podman_hpc"},
                  {"runtimes"}],
 }
-# Imported by the ranks, in the benchmark venv (TensorFlow, mpi4py); the rest runs in the workflow venv.
-BENCHMARK_SIDE = {"bench", "netbench", "distribution", "datasets", "provenance", "markers", "telemetry", "torchbench",
-                  "torchmodels", "torchdata"}
+# Imported by the ranks, in the benchmark venv (TensorFlow, mpi4py): the rank/ subpackage, whole. The rest runs
+# in the workflow venv (rank/rankexec.py, the shim, under the host's interpreter too).
+BENCHMARK_SIDE = {module for module in MODULES if module.split(".")[0] == "rank"}
 
 
 def source(module: str):
@@ -162,8 +164,7 @@ def test_each_benchmark_module_imports_alone_in_the_benchmark_venv(module, bench
 
 
 # What a PyTorch rank imports: its harness and what they share with the TensorFlow side, never TensorFlow.
-TORCH_SIDE = {"torchbench", "torchmodels", "torchdata", "datasets", "bench", "netbench", "distribution", "provenance",
-              "markers", "telemetry"}
+TORCH_SIDE = BENCHMARK_SIDE  # bench.py imports TensorFlow only when it trains
 
 
 @pytest.mark.parametrize("module", sorted(TORCH_SIDE))
@@ -177,12 +178,12 @@ def test_log_markers_are_spelled_only_in_markers_py():
             text = path.read_text()
             for marker in ("containerbench-launch ", "containerbench-exit ", "containerbench-result ",
                            "containerbench-failure ", "containerbench-netbench "):
-                assert f'"{marker}' not in text, f"{path.name} spells {marker!r}: use containerbench.markers"
+                assert f'"{marker}' not in text, f"{path.name} spells {marker!r}: use containerbench.rank.markers"
 
 
 def test_the_provenance_hash_covers_every_module_the_benchmark_runs():
     from containerbench.plans import benchmark_modules
-    from containerbench.provenance import BENCH_SOURCES
+    from containerbench.rank.provenance import BENCH_SOURCES
 
     ran, pending = set(), [module.removeprefix("containerbench.") for module in benchmark_modules()]
     while pending:
@@ -190,4 +191,13 @@ def test_the_provenance_hash_covers_every_module_the_benchmark_runs():
         if module not in ran:
             ran.add(module)
             pending += package_imports(module)
-    assert {f"{module}.py" for module in ran} == set(BENCH_SOURCES)
+    # rank/__init__.py is a docstring; every other module a rank runs is a source the hash covers.
+    assert {f"{module.removeprefix('rank.')}.py" for module in ran - {"rank"}} == set(BENCH_SOURCES)
+
+
+def test_the_rank_side_imports_nothing_of_the_workflows_side():
+    """rank/ runs under the benchmark's interpreter, which holds the framework and not the workflow's
+    dependencies: a rank-side module that imported config, runtimes or pandas would fail on the node."""
+    for module in sorted(BENCHMARK_SIDE):
+        outside = sorted(used for used in package_imports(module) if used not in BENCHMARK_SIDE)
+        assert not outside, f"{module} (rank side) imports {outside}"

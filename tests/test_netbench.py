@@ -1,4 +1,4 @@
-"""Runs containerbench.netbench for real: 2 ranks over loopback TCP, and 1 rank without mpirun."""
+"""Runs containerbench.rank.netbench for real: 2 ranks over loopback TCP, and 1 rank without mpirun."""
 
 import json
 import math
@@ -24,7 +24,7 @@ def two_rank_output(bench_python):
     command = [
         "mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2",
         "--mca", "btl", "self,tcp", "--mca", "btl_tcp_if_include", "lo",
-        str(bench_python), "-m", "containerbench.netbench",
+        str(bench_python), "-m", "containerbench.rank.netbench",
         "--max-bytes", "65536", "--target-bytes", "1048576",
     ]
     completed = run_group(command, timeout=TIMEOUT_S)
@@ -65,7 +65,7 @@ def test_two_ranks_human_lines(two_rank_output):
 
 
 def test_single_rank_is_rejected(bench_python):
-    completed = subprocess.run([str(bench_python), "-m", "containerbench.netbench"], capture_output=True,
+    completed = subprocess.run([str(bench_python), "-m", "containerbench.rank.netbench"], capture_output=True,
                                text=True, timeout=TIMEOUT_S)
     assert completed.returncode == 2
     assert "netbench needs at least 2 ranks, got 1" in completed.stderr
@@ -76,7 +76,7 @@ def test_larger_allocations_measure_only_the_allreduce_over_every_rank(bench_pyt
     # What a 4-node netbench run gets (plans.benchmark_args): ping-pong is the first two
     # ranks' pair, which the 2-node run measures, so only the all-reduce spans the rest.
     command = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "3", "--mca", "btl", "self,tcp",
-               "--mca", "btl_tcp_if_include", "lo", str(bench_python), "-m", "containerbench.netbench",
+               "--mca", "btl_tcp_if_include", "lo", str(bench_python), "-m", "containerbench.rank.netbench",
                "--max-bytes", "4096", "--target-bytes", "65536", "--no-pingpong"]
     completed = run_group(command, timeout=TIMEOUT_S)
     assert completed.returncode == 0, completed.stdout + completed.stderr

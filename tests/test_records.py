@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 from helpers import RECORDED_RUNS, ROOT
 
-from containerbench import execution, markers
+from containerbench import execution
 from containerbench.config import load_schema
 from containerbench.plans import RunPlan
+from containerbench.rank import markers
 from containerbench.records import (
     ADDED_KEYS,
     RECORD_FORMAT,
@@ -149,7 +150,7 @@ HOST_MPICH = "/usr/lib/x86_64-linux-gnu/libmpich.so.12"  # scripts/install-syste
 def native_log(rank_version) -> list[str]:
     """A recorded 2-rank netbench log as a native-model run: launched with the host's real MPICH as the
     library to swap in, its ranks reporting `rank_version` (None: what they really reported)."""
-    from containerbench.telemetry import library_mpi_version
+    from containerbench.rank.telemetry import library_mpi_version
 
     def launched(launch):
         launch["spec"]["mpi_model"] = "native"
@@ -165,7 +166,7 @@ def native_log(rank_version) -> list[str]:
 
 @pytest.mark.skipif(not Path(HOST_MPICH).exists(), reason="needs Debian's libmpich12 (make setup installs it as root)")
 def test_a_native_run_whose_ranks_kept_the_images_mpi_is_invalid_with_their_line(tmp_path):
-    from containerbench.telemetry import library_mpi_version
+    from containerbench.rank.telemetry import library_mpi_version
 
     host = library_mpi_version(HOST_MPICH)  # the real library's own answer, before MPI_Init
     assert host.startswith("MPICH Version:")
@@ -180,7 +181,7 @@ def test_a_native_run_whose_ranks_kept_the_images_mpi_is_invalid_with_their_line
 
 
 def test_loaded_mpi_names_the_mapped_library_file_and_its_inode():
-    from containerbench.telemetry import loaded_mpi
+    from containerbench.rank.telemetry import loaded_mpi
 
     maps = ("7f1 r--p 00000000 fd:01 4242 /opt/containerbench/venv/lib/libmpi.so.12\n"
             "7f2 r-xp 00001000 fd:01 4242 /opt/containerbench/venv/lib/libmpi.so.12\n"

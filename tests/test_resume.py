@@ -19,10 +19,11 @@ import pytest
 import yaml
 from helpers import ROOT, SMOKE_MODEL, SNAKEMAKE, TINY, snakemake
 
-from containerbench import markers, processes
+from containerbench import processes
 from containerbench.execution import RunAbandoned, execute
 from containerbench.plans import RunPlan
 from containerbench.processes import kill_session
+from containerbench.rank import markers
 
 
 def command_lines_mentioning(text: str) -> dict[int, str]:

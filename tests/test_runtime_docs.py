@@ -45,10 +45,10 @@ PYXIS = "NVIDIA/pyxis@107519944221822ea1dace4db8e7234b2eaa4cd5"
 TAG = "localhost/containerbench:0123456789abcdef"
 BUILT = BuiltImage(TAG, "podman", "/clone/build/images", gpus=True)
 HOST_PY = "/venv/bin/python"
-DATA = RunRequest(module="containerbench.bench", args=("--data-dir", "/datasets/imagenet"),
+DATA = RunRequest(module="containerbench.rank.bench", args=("--data-dir", "/datasets/imagenet"),
                   env={"UCX_TLS": "rc,sm,self"}, workdir="/scratch/cb", gpus=True, binds=("/datasets/imagenet",),
                   infiniband=True)
-CMD = ["python3", "-m", "containerbench.bench", "--data-dir"]
+CMD = ["python3", "-m", "containerbench.rank.bench", "--data-dir"]
 
 
 def configured(name: str, launcher: str, **options):
@@ -260,7 +260,7 @@ def test_charliecloud_without_extended_globs_is_unusable(tmp_path, monkeypatch):
 def test_a_ranks_cgroup_limits_are_read_from_v1_and_v2(tmp_path, version, files, expected):
     # Linux Documentation/admin-guide/cgroup-v2.rst: memory.max "max" or bytes, cpu.max "$MAX $PERIOD";
     # cgroup-v1/memory.rst memory.limit_in_bytes, scheduler/sched-bwc.rst cpu.cfs_quota_us (-1: none).
-    from containerbench.telemetry import cgroup_limits
+    from containerbench.rank.telemetry import cgroup_limits
 
     [(proc_cgroup, tree)] = files.items()
     for path, text in tree.items():
@@ -288,7 +288,7 @@ def test_the_shim_gives_docker_the_memory_limit_of_the_ranks_cgroup(tmp_path):
     group.mkdir()
     try:
         (group / limit_file).write_text(str(2**30))
-        shown = subprocess.run([sys.executable, "-m", "containerbench.rankexec", "--memory-from-cgroup", "--",
+        shown = subprocess.run([sys.executable, "-m", "containerbench.rank.rankexec", "--memory-from-cgroup", "--",
                                 "/bin/sh", "-c", 'echo "$@"', "sh", "run", "img"], capture_output=True, text=True,
                                preexec_fn=lambda: (group / "cgroup.procs").write_text(str(os.getpid())))
         assert shown.returncode == 0, shown.stderr

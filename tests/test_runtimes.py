@@ -33,14 +33,14 @@ from containerbench.runtimes import (
 
 HOST_PY = "/venv/bin/python"  # the workflow's interpreter, which runs the rankexec shim on the node
 BENCH_ARGS = ("--model", "resnet50", "--batch-size", "64")
-IN_IMAGE = ["python3", "-m", "containerbench.bench", *BENCH_ARGS]
+IN_IMAGE = ["python3", "-m", "containerbench.rank.bench", *BENCH_ARGS]
 
 # (a) a GPU + InfiniBand rank of the example site, (b) a CPU rank on one machine.
 SITE_ENV = {"PYTHONUNBUFFERED": "1", "NCCL_IB_HCA": "mlx5_0,mlx5_1", "UCX_TLS": "rc,sm,self", "OMPI_MCA_pml": "ucx"}
-SITE = RunRequest(module="containerbench.bench", args=BENCH_ARGS, env=SITE_ENV, workdir="/scratch/proj/containerbench",
-                  gpus=True, binds=("/datasets/imagenet",), infiniband=True)
+SITE = RunRequest(module="containerbench.rank.bench", args=BENCH_ARGS, env=SITE_ENV,
+                  workdir="/scratch/proj/containerbench", gpus=True, binds=("/datasets/imagenet",), infiniband=True)
 CPU_ENV = {"OMPI_MCA_btl": "self,tcp", "NCCL_SOCKET_IFNAME": "lo"}
-CPU = RunRequest(module="containerbench.bench", args=BENCH_ARGS, env=CPU_ENV, workdir="/work/x")
+CPU = RunRequest(module="containerbench.rank.bench", args=BENCH_ARGS, env=CPU_ENV, workdir="/work/x")
 
 WD = "/scratch/proj/containerbench"
 PASS_RANK_VARS = ["--pass-prefix", "OMPI_", "--pass-prefix", "PMIX_", "--pass-prefix", "PMI_",
@@ -100,13 +100,13 @@ RUNTIMES = {
 CASES = {
     # --- docker: the shim adds the rank variables after `run` at rank start ---
     ("docker", "site"): (
-        [HOST_PY, "-m", "containerbench.rankexec", *PASS_RANK_VARS,
+        [HOST_PY, "-m", "containerbench.rank.rankexec", *PASS_RANK_VARS,
          "--cpuset-from-affinity", "--memory-from-cgroup", "--",
          "docker", "run", *HOST_NS, "--user", "1000:1000", "--log-driver", "none", "--gpus", "all", *RDMA,
          "--volume", "/tmp:/tmp", *SITE_VOLUMES, "--workdir", WD, *SITE_OWN_ENV, "containerbench:latest", *IN_IMAGE],
         container_env("docker", SITE_ENV)),
     ("docker", "cpu"): (
-        [HOST_PY, "-m", "containerbench.rankexec", *PASS_RANK_VARS,
+        [HOST_PY, "-m", "containerbench.rank.rankexec", *PASS_RANK_VARS,
          "--cpuset-from-affinity", "--memory-from-cgroup", "--",
          "docker", "run", *HOST_NS, "--user", "1000:1000", "--log-driver", "none", *NO_GPU,
          "--volume", "/tmp:/tmp", "--volume", "/work/x:/work/x", "--workdir", "/work/x", *CPU_OWN_ENV,
@@ -139,34 +139,34 @@ CASES = {
         podman_env("podman-hpc", CPU_ENV)),
     # --- apptainer/singularity: --cleanenv, variables through APPTAINERENV_/SINGULARITYENV_ ---
     ("apptainer", "site"): (
-        [HOST_PY, "-m", "containerbench.rankexec", "--env-prefix", "APPTAINERENV_", *PASS_RANK_VARS,
+        [HOST_PY, "-m", "containerbench.rank.rankexec", "--env-prefix", "APPTAINERENV_", *PASS_RANK_VARS,
          "--pass-prefix", "CUDA_VISIBLE_DEVICES", "--",
          "apptainer", "exec", "--cleanenv", "--nv", "--bind", WD, "--bind", "/datasets/imagenet", "--pwd", WD,
          "/images/containerbench.sif", *IN_IMAGE],
         {"APPTAINERENV_" + k: v
          for k, v in container_env("apptainer", {**SITE_ENV, "UCX_TLS": "rc,sysv,self"}).items()}),
     ("apptainer", "cpu"): (
-        [HOST_PY, "-m", "containerbench.rankexec", "--env-prefix", "APPTAINERENV_", *PASS_RANK_VARS,
+        [HOST_PY, "-m", "containerbench.rank.rankexec", "--env-prefix", "APPTAINERENV_", *PASS_RANK_VARS,
          "--pass-prefix", "CUDA_VISIBLE_DEVICES", "--",
          "apptainer", "exec", "--cleanenv", "--bind", "/work/x", "--pwd", "/work/x",
          "/images/containerbench.sif", *IN_IMAGE],
         {"APPTAINERENV_" + k: v for k, v in container_env("apptainer", CPU_ENV).items()}),
     ("singularity", "site"): (
-        [HOST_PY, "-m", "containerbench.rankexec", "--env-prefix", "SINGULARITYENV_", *PASS_RANK_VARS,
+        [HOST_PY, "-m", "containerbench.rank.rankexec", "--env-prefix", "SINGULARITYENV_", *PASS_RANK_VARS,
          "--pass-prefix", "CUDA_VISIBLE_DEVICES", "--",
          "singularity", "exec", "--cleanenv", "--nv", "--bind", WD, "--bind", "/datasets/imagenet", "--pwd", WD,
          "/images/containerbench.sif", *IN_IMAGE],
         {"SINGULARITYENV_" + k: v
          for k, v in container_env("singularity", {**SITE_ENV, "UCX_TLS": "rc,sysv,self"}).items()}),
     ("singularity", "cpu"): (
-        [HOST_PY, "-m", "containerbench.rankexec", "--env-prefix", "SINGULARITYENV_", *PASS_RANK_VARS,
+        [HOST_PY, "-m", "containerbench.rank.rankexec", "--env-prefix", "SINGULARITYENV_", *PASS_RANK_VARS,
          "--pass-prefix", "CUDA_VISIBLE_DEVICES", "--",
          "singularity", "exec", "--cleanenv", "--bind", "/work/x", "--pwd", "/work/x",
          "/images/containerbench.sif", *IN_IMAGE],
         {"SINGULARITYENV_" + k: v for k, v in container_env("singularity", CPU_ENV).items()}),
     # --- shifter (no launcher here: the image, modules and volumes go on the shifter command) ---
     ("shifter", "site"): (
-        [HOST_PY, "-m", "containerbench.rankexec", "--env-form", "value", "--insert-after", "shifter",
+        [HOST_PY, "-m", "containerbench.rank.rankexec", "--env-form", "value", "--insert-after", "shifter",
          *PASS_RANK_VARS, "--pass-prefix", "CUDA_VISIBLE_DEVICES",
          "--pass-name", "CONTAINERBENCH_RUNTIME", "--pass-name", "NCCL_IB_HCA", "--pass-name", "PYTHONNOUSERSITE",
          "--pass-name", "PYTHONUNBUFFERED", "--pass-name", "UCX_TLS", "--",
@@ -174,7 +174,7 @@ CASES = {
          "--workdir=/", "--", *IN_IMAGE],
         container_env("shifter", SITE_ENV)),
     ("shifter", "cpu"): (
-        [HOST_PY, "-m", "containerbench.rankexec", "--env-form", "value", "--insert-after", "shifter",
+        [HOST_PY, "-m", "containerbench.rank.rankexec", "--env-form", "value", "--insert-after", "shifter",
          *PASS_RANK_VARS, "--pass-prefix", "CUDA_VISIBLE_DEVICES",
          "--pass-name", "CONTAINERBENCH_RUNTIME", "--pass-name", "NCCL_SOCKET_IFNAME",
          "--pass-name", "PYTHONNOUSERSITE",
@@ -202,7 +202,7 @@ CASES = {
     ("enroot", "cpu"): (IN_IMAGE, {**container_env("enroot", CPU_ENV, gds=False), "NVIDIA_VISIBLE_DEVICES": "void"}),
     # --- sarus: --env NAME so the benchmark's values win; RDMA devices added on the node ---
     ("sarus", "site"): (
-        [HOST_PY, "-m", "containerbench.rankexec", "--device-glob", "/dev/infiniband/rdma_cm",
+        [HOST_PY, "-m", "containerbench.rank.rankexec", "--device-glob", "/dev/infiniband/rdma_cm",
          "--device-glob", "/dev/infiniband/uverbs*", "--",
          "sarus", "run", "--mpi", f"--mount=type=bind,source={WD},destination={WD}",
          "--mount=type=bind,source=/datasets/imagenet,destination=/datasets/imagenet", f"--workdir={WD}",
@@ -298,16 +298,16 @@ def test_relative_workdir_and_duplicate_binds_are_resolved_once(tmp_path, monkey
 def test_charliecloud_without_write_fake_and_with_extra_args():
     argv = Charliecloud("/img", python="/usr/bin/python3", extra_args=["-v"], write_fake=False).rank_argv(CPU)
     assert "--write-fake" not in argv
-    assert argv[-10:] == ["-v", "/img", "--", "/usr/bin/python3", "-m", "containerbench.bench", *BENCH_ARGS]
+    assert argv[-10:] == ["-v", "/img", "--", "/usr/bin/python3", "-m", "containerbench.rank.bench", *BENCH_ARGS]
 
 
 def test_charliecloud_without_write_fake_binds_a_dataset_at_an_existing_mount_point():
     """ch-run 0.31 cannot create /datasets/imagenet in a read-only image: it goes to /mnt instead."""
-    request = RunRequest(module="containerbench.bench", args=("--data-dir", "/datasets/imagenet"), env=CPU_ENV,
+    request = RunRequest(module="containerbench.rank.bench", args=("--data-dir", "/datasets/imagenet"), env=CPU_ENV,
                          workdir="/work/x", binds=("/datasets/imagenet",))
     argv = Charliecloud("/img", write_fake=False).rank_argv(request)
     assert "--bind=/datasets/imagenet:/mnt" in argv
-    assert argv[-8:] == ["--cd=/", "/img", "--", "python3", "-m", "containerbench.bench", "--data-dir", "/mnt"]
+    assert argv[-8:] == ["--cd=/", "/img", "--", "python3", "-m", "containerbench.rank.bench", "--data-dir", "/mnt"]
     with pytest.raises(ValueError, match="4 binds need --write-fake"):
         Charliecloud("/img", write_fake=False).rank_argv(
             RunRequest(module="m", args=(), env={}, binds=("/a", "/b", "/c", "/d")))
@@ -322,7 +322,7 @@ def test_singularity_is_apptainer_under_its_own_name_and_prefix():
 # --- the rankexec shim, really run (a harmless program stands in for docker) ---
 
 def run_shim(*args: str, env: dict) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "containerbench.rankexec", *args], env=env,
+    return subprocess.run([sys.executable, "-m", "containerbench.rank.rankexec", *args], env=env,
                           capture_output=True, text=True, timeout=60)
 
 
@@ -357,7 +357,7 @@ def test_shim_adds_the_devices_present_on_the_node(tmp_path):
 def test_shim_gives_docker_the_cpus_the_rank_is_bound_to():
     """docker run reference, "--cpuset-cpus": CPUs in which to allow execution (0-3, 0,1)."""
     def shim_on(cpus: str) -> str:
-        done = subprocess.run(["taskset", "-c", cpus, sys.executable, "-m", "containerbench.rankexec",
+        done = subprocess.run(["taskset", "-c", cpus, sys.executable, "-m", "containerbench.rank.rankexec",
                                "--cpuset-from-affinity", "--", "/bin/sh", "-c", 'echo "$@"', "sh", "run", "img"],
                               env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True, timeout=60)
         assert done.returncode == 0, done.stderr
@@ -401,7 +401,7 @@ def test_runtime_for_builds_each_runtime_from_its_images_section(name):
 def test_runtime_for_keeps_bare_metal_as_it_was():
     runtime = runtime_for("bare-metal", {"bare_metal": {"python": "/venv-bench/bin/python"}})
     assert type(runtime) is BareMetal and runtime.rank_argv(CPU) == ["/venv-bench/bin/python", "-m",
-                                                                     "containerbench.bench", *BENCH_ARGS]
+                                                                     "containerbench.rank.bench", *BENCH_ARGS]
     assert runtime.environment(CPU) == {"CONTAINERBENCH_RUNTIME": "bare-metal", **CPU_ENV}
 
 

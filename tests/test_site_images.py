@@ -92,7 +92,7 @@ def test_a_vendor_image_runs_the_clones_benchmark_and_its_difference_is_named(ve
     bare, vendor = (records[name]["result"]["provenance"] for name in ("bare-metal", "podman"))
     assert vendor["code_sha256"] == bare["code_sha256"]  # the clone's benchmark ran in the vendor's image
     assert set(bare["packages"]) - set(vendor["packages"]) == {"google-pasta"}
-    host = subprocess.run([str(BENCH_PYTHON), "-m", "containerbench.provenance"], capture_output=True, text=True,
+    host = subprocess.run([str(BENCH_PYTHON), "-m", "containerbench.rank.provenance"], capture_output=True, text=True,
                           check=True, timeout=300)
     assert json.loads(host.stdout)["hash"] == bare["hash"] != vendor["hash"]
 

@@ -17,8 +17,8 @@ from helpers import SMOKE_MODEL, run_and_parse, tiny_config
 
 from containerbench import config as cb_config
 from containerbench.plans import plan
+from containerbench.rank.telemetry import GpuReader
 from containerbench.results import build_tables
-from containerbench.telemetry import GpuReader
 from containerbench.usage import load_samples, value_at
 
 BUSY_LOOP = [sys.executable, "-c", "while True: pass"]
@@ -63,7 +63,7 @@ def test_the_sampler_follows_the_runs_processes_the_cpus_and_the_network(tmp_pat
         pids = tmp_path / "node.pids"
         pids.write_text(f"{busy.pid} {os.readlink('/proc/self/ns/pid')}\n")  # as telemetry.register_rank writes it
         before_start, started = cpu_seconds(busy.pid), time.monotonic()
-        sampler = subprocess.Popen([sys.executable, "-m", "containerbench.telemetry",
+        sampler = subprocess.Popen([sys.executable, "-m", "containerbench.rank.telemetry",
                                     "--out", str(tmp_path / "node.csv"), "--pids", str(pids), "--interval", "0.1"])
         time.sleep(0.5)
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sender:  # 200 packets over loopback

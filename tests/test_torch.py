@@ -11,10 +11,10 @@ import pytest
 from helpers import ROOT, SMOKE_MODEL, TINY, run_and_parse, tiny_config
 
 from containerbench import config as cb_config
-from containerbench import torchbench, torchdata
 from containerbench.config import ConfigError
-from containerbench.markers import FAILURE
 from containerbench.plans import plan
+from containerbench.rank import torchbench, torchdata
+from containerbench.rank.markers import FAILURE
 
 # torchvision's model pages (pytorch.org/vision/stable/models/generated/torchvision.models.<name>.html),
 # "num_params" of each model's IMAGENET1K_V1 weights (1000 classes).
@@ -31,7 +31,7 @@ def test_models_have_torchvisions_parameter_counts(torch_python):
     smoke = counts.pop("cnn_smoke")
     assert {name: count for name, (count, _) in counts.items()} == TORCHVISION_NUM_PARAMS
     # This venv's torch has no importable torchvision (envs/bench-torch.txt): the plain torch.nn definitions ran.
-    assert {source for _, source in counts.values()} == {"containerbench.torchmodels (torchvision's definition)"}
+    assert {source for _, source in counts.values()} == {"containerbench.rank.torchmodels (torchvision's definition)"}
     assert smoke[0] == SMOKE_WEIGHTS
 
 
@@ -199,7 +199,7 @@ def test_torch_distributed_netbench_on_two_ranks(torch_runs):
 
 
 def test_nccl_without_gpus_is_a_failed_run_with_its_reason(torch_python, root):
-    done = subprocess.run([str(torch_python), "-m", "containerbench.torchbench", "--backend", "nccl",
+    done = subprocess.run([str(torch_python), "-m", "containerbench.rank.torchbench", "--backend", "nccl",
                            "--image-size", "32", "--batch-size", "2", "--steps", "1", "--warmup-steps", "0"],
                           capture_output=True, text=True, timeout=300, cwd=root)
     assert done.returncode == 3
@@ -219,14 +219,14 @@ def test_frameworks_sweep_both_side_by_side(tmp_path):
         "train_bare-metal_tcp-loopback_1x2_b2_pytorch_rep1", "train_bare-metal_tcp-loopback_1x2_b2_pytorch_local_rep1",
         "netbench_bare-metal_tcp-loopback_1x2_rep1", "netbench_bare-metal_tcp-loopback_1x2_pytorch_rep1"]
     torch_train = plan(runs[6], config)
-    python, module = torch_train.argv[torch_train.argv.index("-m") - 1:][:2], "containerbench.torchbench"
+    python, module = torch_train.argv[torch_train.argv.index("-m") - 1:][:2], "containerbench.rank.torchbench"
     assert python == [config["bare_metal"]["torch_python"], "-m"] and module in torch_train.argv
     assert torch_train.spec["framework"] == "pytorch" and torch_train.spec["torch_compile"] is False
     assert "xla" not in torch_train.spec
     argv = torch_train.argv
     assert argv[argv.index("--runtime"):][:4] == ["--runtime", "bare-metal", "--backend", "auto"]
     net = plan(runs[-1], config).argv
-    assert net[net.index("-m") + 1:][:5] == ["containerbench.netbench", "--max-bytes", "65536",
+    assert net[net.index("-m") + 1:][:5] == ["containerbench.rank.netbench", "--max-bytes", "65536",
                                              "--backend", "torch-auto"]
 
 
@@ -280,9 +280,10 @@ def test_pytorch_in_a_container_runs_the_pytorch_flavour_of_the_built_image(tmp_
                                  + "-mpich" * (run.mpi_model == "native"))
         assert image in argv, (run.run_id, argv)
         module = argv[argv.index("-m") + 1]
-        assert module == {"train": {"tensorflow": "containerbench.bench", "pytorch": "containerbench.torchbench"},
-                          "netbench": {"tensorflow": "containerbench.netbench",
-                                       "pytorch": "containerbench.netbench"}}[run.kind][run.framework]
+        assert module == {"train": {"tensorflow": "containerbench.rank.bench",
+                                    "pytorch": "containerbench.rank.torchbench"},
+                          "netbench": {"tensorflow": "containerbench.rank.netbench",
+                                       "pytorch": "containerbench.rank.netbench"}}[run.kind][run.framework]
 
 
 def test_a_site_pytorch_image_is_run_as_it_is_and_a_gpu_sweep_must_name_one(tmp_path):

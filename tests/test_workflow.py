@@ -12,9 +12,10 @@ import pytest
 import yaml
 from helpers import ROOT, SMOKE_MODEL, TINY, recorded_records, snakemake
 
-from containerbench import cli, datasets, history, images
+from containerbench import cli, history, images
 from containerbench import config as cb_config
 from containerbench import fleet as fleet_module
+from containerbench.rank import datasets
 from containerbench.runtimes import select_runtimes
 
 
@@ -99,7 +100,7 @@ def test_a_site_runtime_missing_here_stops_the_workflow(tmp_path):
 
 
 # What each rule's shell command runs, and the parser that must accept its arguments.
-COMMAND_PARSERS = {"containerbench": cli.build_parser, "containerbench.datasets": datasets.parser}
+COMMAND_PARSERS = {"containerbench": cli.build_parser, "containerbench.rank.datasets": datasets.parser}
 
 
 def test_every_shell_command_of_the_workflow_parses(tmp_path):
@@ -125,7 +126,7 @@ def test_every_shell_command_of_the_workflow_parses(tmp_path):
     assert steps == {("containerbench", step) for step in ("launch", "parse", "tables", "store", "report")} | {
         ("containerbench", step) for step in ("base", "wheelhouse", "build", "export", "load", "charliecloud",
                                               "prepare", "singularity-definition")} | {
-        ("containerbench.datasets", "generate")}
+        ("containerbench.rank.datasets", "generate")}
 
 
 @pytest.mark.parametrize("fleet", [False, True], ids=["sweep", "validate_nodes"])

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import pandas as pd
 
-from containerbench.distribution import LOCAL as LOCAL_MODE
 from containerbench.frameworks import DEFAULT_FRAMEWORK, FRAMEWORKS, Framework, framework
 from containerbench.intervals import RatioInterval, ratio_interval
 from containerbench.point import Point, default_mode
-from containerbench.provenance import difference as provenance_difference
+from containerbench.rank.distribution import LOCAL as LOCAL_MODE
+from containerbench.rank.provenance import difference as provenance_difference
 from containerbench.runtables import BASELINE_RUNTIME, cv_percent, ok_runs
 
 

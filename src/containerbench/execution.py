@@ -20,12 +20,13 @@ import threading
 import time
 from pathlib import Path
 
-from containerbench import markers, slurm
+from containerbench import slurm
 from containerbench.launchers import Allocation, Mpirun, Srun
 from containerbench.plans import RunPlan
 from containerbench.processes import die_with_parent, stop_session, watch_controller
+from containerbench.rank import markers
+from containerbench.rank.telemetry import library_mpi_version, rank_context
 from containerbench.runtimes import host_environment
-from containerbench.telemetry import library_mpi_version, rank_context
 
 
 def run_plans(plans: list[RunPlan], logs: list, strategy: Allocation, command: list[str], *,

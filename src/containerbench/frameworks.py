@@ -99,24 +99,25 @@ def _pytorch_netbench_args(config: dict) -> list[str]:
 
 
 TENSORFLOW = Framework(
-    name="tensorflow", label="TensorFlow", short_label="TF", harness="containerbench.bench",
+    name="tensorflow", label="TensorFlow", short_label="TF", harness="containerbench.rank.bench",
     modes=("horovod", "collective", "parameter_server", LOCAL), default_mode="horovod",
     planned_settings=("model", "image_size", "precision", "xla", "data_format", "warmup_steps", "steps"),
     bare_metal_key="python", env=None, image_key_prefix="", venv_side="bench",
-    import_check="import containerbench.provenance, mpi4py, horovod, tensorflow", preflight_option="--bench-python",
+    import_check="import containerbench.rank.provenance, mpi4py, horovod, tensorflow",
+    preflight_option="--bench-python",
     provenance_roots=("tensorflow", "tensorflow-cpu", "horovod"),
     reported_versions=(("TensorFlow", "tensorflow"), ("Horovod", "horovod")),
     mode_args=_tensorflow_mode_args, setting_args=lambda bench: ["--xla"] if bench["xla"] else [],
 )
 PYTORCH = Framework(
-    name="pytorch", label="PyTorch", short_label="PyTorch", harness="containerbench.torchbench",
+    name="pytorch", label="PyTorch", short_label="PyTorch", harness="containerbench.rank.torchbench",
     modes=("ddp", LOCAL), default_mode="ddp",
     planned_settings=("model", "image_size", "precision", "data_format", "warmup_steps", "steps", "torch_compile"),
     bare_metal_key="torch_python", env="torch", image_key_prefix="torch_", venv_side="bench-torch",
-    import_check="import containerbench.provenance, mpi4py, torch", preflight_option="--torch-python",
+    import_check="import containerbench.rank.provenance, mpi4py, torch", preflight_option="--torch-python",
     provenance_roots=("torch", "torchvision", "tfrecord", "pillow"),
     reported_versions=(("PyTorch", "torch"), ("torchvision", "torchvision")),
-    models_module="containerbench.torchmodels", select_modes=_ddp_and_local_if_asked, check=_torch_backend_check,
+    models_module="containerbench.rank.torchmodels", select_modes=_ddp_and_local_if_asked, check=_torch_backend_check,
     setting_args=_pytorch_setting_args, netbench_args=_pytorch_netbench_args,
 )
 

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
-from containerbench import provenance
 from containerbench.config import BenchEnv, MpiFlavour
 from containerbench.images import image_files
 from containerbench.imagestep import (
@@ -30,6 +29,7 @@ from containerbench.imagestep import (
     run_step,
 )
 from containerbench.processes import run_group
+from containerbench.rank import provenance
 from containerbench.runtimes import CONTAINER_RUNTIMES, ENGINES, Charliecloud, Podman, engine_env, engine_usable
 
 DOCKERFILE = Path("containers/Dockerfile")
@@ -53,7 +53,7 @@ class ImageSpec:
 # -- build, inspect, stamp -------------------------------------------------------------------
 
 def host_provenance(bench_python: Path = BENCH_PYTHON) -> dict:
-    out = run_step("provenance (host)", [str(bench_python), "-m", "containerbench.provenance"], capture=True,
+    out = run_step("provenance (host)", [str(bench_python), "-m", "containerbench.rank.provenance"], capture=True,
                    timeout=QUERY_TIMEOUT_S)
     return json.loads(out.stdout)
 
@@ -112,7 +112,7 @@ def image_run_argv(engine: str, tag: str, command: list[str]) -> list[str]:
 
 
 def image_provenance(engine: str, tag: str, timeout: float = DEFAULT_STEP_TIMEOUT_S) -> dict:
-    argv = image_run_argv(engine, tag, ["python3", "-m", "containerbench.provenance"])
+    argv = image_run_argv(engine, tag, ["python3", "-m", "containerbench.rank.provenance"])
     done = run_step("provenance (image)", argv, capture=True, env=engine_env(engine), timeout=timeout)
     return json.loads(done.stdout)
 

@@ -34,7 +34,7 @@ from containerbench.runtimes import (
 # TensorFlow's INFO chatter would bury the lines that matter.
 RANK_ENV = {"PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "1"}
 
-NETBENCH = "containerbench.netbench"
+NETBENCH = "containerbench.rank.netbench"
 
 
 def benchmark_modules() -> tuple[str, ...]:
@@ -46,9 +46,10 @@ def benchmark_args_in(argv) -> tuple[str, ...] | None:
     """What the benchmark was given, from an argv alone: the words after its last `-m <benchmark module>`.
     Only for what keeps no RunPlan: the run records of earlier runs, and plan files read back."""
     argv = list(argv or [])
-    modules = benchmark_modules()
+    # Records from before the rank side had its own package name the modules without `rank.`.
+    unprefixed = {module.replace(".rank.", ".", 1) for module in benchmark_modules()}
     for index in range(len(argv) - 2, -1, -1):
-        if argv[index] == "-m" and argv[index + 1] in modules:
+        if argv[index] == "-m" and argv[index + 1].replace(".rank.", ".", 1) in unprefixed:
             return tuple(argv[index + 2:])
     return None
 

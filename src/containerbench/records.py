@@ -24,10 +24,10 @@ from pathlib import Path
 
 import jsonschema
 
-from containerbench import markers
 from containerbench.config import describe, load_schema
-from containerbench.distribution import LOCAL
 from containerbench.fabrics import check_grpc, verify
+from containerbench.rank import markers
+from containerbench.rank.distribution import LOCAL
 from containerbench.runtimes import BareMetal
 from containerbench.status import Check, Status
 from containerbench.usage import read_telemetry

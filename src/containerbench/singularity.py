@@ -114,6 +114,6 @@ def write_singularity_definition(out: Path, **kwargs) -> Path:
 
 def host_provenance_hash(bench_python: Path) -> str:
     """The benchmark venv's provenance hash, for the image's label (as the image build sets it)."""
-    done = subprocess.run([str(bench_python), "-m", "containerbench.provenance"], capture_output=True, text=True,
+    done = subprocess.run([str(bench_python), "-m", "containerbench.rank.provenance"], capture_output=True, text=True,
                           timeout=300, check=True)
     return json.loads(done.stdout)["hash"]

@@ -16,6 +16,6 @@ rule dataset_sample:
     localrule: True
     priority: BEFORE_ANY_MEASUREMENT
     shell:
-        "{params.python:q} -m containerbench.datasets generate {output:q} "
+        "{params.python:q} -m containerbench.rank.datasets generate {output:q} "
         "--images {params.sample[sample_images]} --shards {params.sample[sample_shards]} "
         "--size {params.sample[sample_jpeg_size]} > {log:q} 2>&1"

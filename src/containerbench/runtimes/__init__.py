@@ -3,7 +3,8 @@
 One small class per runtime (the shape of ReFrame's containers.py), in a module
 of its family; base.py holds what they share, this module the registry and the
 choice of runtimes for a config. A runtime only knows how to start ONE rank; the
-launcher (launch.py) puts mpirun or srun in front, so `srun --mpi=pmix <runtime argv> python3 -m containerbench.bench`
+launcher (launchers.py) puts mpirun or srun in front, so
+`srun --mpi=pmix <runtime argv> python3 -m containerbench.rank.bench`
 composes for every runtime the same way. The MPI model is the hybrid one: the
 MPI library lives in the image and is wired up by the host's srun (PMIx/PMI2)
 or mpirun, so every runtime shares the host's network, PIDs and shared memory.

@@ -18,7 +18,7 @@ from containerbench.launchers import NoLauncher, launcher_class
 RANK_PREFIXES = ("OMPI_", "PMIX_", "PMI_", "SLURM_", "HYDRA_", "MPI_LOCALRANKID", "MPI_LOCALNRANKS")
 # Slurm's per-task GPU binding, for runtimes whose ranks stay in the task's device cgroup.
 SLURM_GPU_VARS = ("CUDA_VISIBLE_DEVICES",)
-RANKEXEC = "containerbench.rankexec"
+RANKEXEC = "containerbench.rank.rankexec"
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
@@ -26,7 +26,7 @@ DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 class RunRequest:
     """What one rank must run, independent of where it runs."""
 
-    module: str  # e.g. "containerbench.bench"
+    module: str  # e.g. "containerbench.rank.bench"
     args: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict)  # fabric and benchmark variables for the rank
     workdir: str = "."  # bound at the same path in containers, and the rank starts there

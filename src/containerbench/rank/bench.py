@@ -7,8 +7,8 @@ trained weights from every rank that proves gradients really were averaged.
 How ranks cooperate is the mode (distribution.py); what they train on is
 synthetic tensors or ImageNet TFRecords (datasets.py).
 
-    python -m containerbench.bench --batch-size 8 --image-size 64 --steps 10
-    mpirun -np 2 python -m containerbench.bench --mode collective --data-dir DIR ...
+    python -m containerbench.rank.bench --batch-size 8 --image-size 64 --steps 10
+    mpirun -np 2 python -m containerbench.rank.bench --mode collective --data-dir DIR ...
 
 Rank 0 prints one human line per measured step and, at the end, one result
 marker line (markers.RESULT + JSON) that the workflow parses into the run record.
@@ -25,8 +25,8 @@ import socket
 import sys
 import time
 
-from containerbench import markers, telemetry
-from containerbench.distribution import MODES  # no TensorFlow import: parsing stays instant
+from containerbench.rank import markers, telemetry
+from containerbench.rank.distribution import MODES  # no TensorFlow import: parsing stays instant
 
 ENTRY_UNIX_TIME = time.time()  # before TensorFlow's import: start-up cost counts
 
@@ -160,7 +160,7 @@ def input_source(tf, mode, args, shape):
     The harness says what the data is (a TFRecord pipeline for a shard, or a random batch);
     the mode says who reads it (every rank its own share, or each worker for the coordinator).
     """
-    from containerbench import datasets
+    from containerbench.rank import datasets
 
     def real_data(shard: int, shards: int):
         return datasets.imagenet_pipeline(tf, args.data_dir, args.batch_size, args.image_size, shard, shards,
@@ -194,7 +194,7 @@ def local_compute_rate(tf, model, images, labels, args) -> float:
     so per-rank step times converge; this probe shows each node's own speed.
     """
 
-    from containerbench.distribution import training_loss
+    from containerbench.rank.distribution import training_loss
 
     @tf.function(jit_compile=args.xla)
     def local_step():
@@ -326,7 +326,7 @@ def run(args) -> dict | None:
     import numpy as np
     import tensorflow as tf
 
-    from containerbench.distribution import mode_for
+    from containerbench.rank.distribution import mode_for
 
     mpi_version = mpi_library()
     # Before any mode starts: TF's own modes start servers that fix the thread pools.
@@ -362,7 +362,7 @@ def run_and_report(args, run, refusals: tuple[type[Exception], ...]) -> int:
     """A harness's life around `run(args)`: the node's sampler, the result line with the provenance hash,
     or, for what this framework cannot do (`refusals`), a failure line with its reason instead of a
     traceback to dig in (exit 3)."""
-    from containerbench.provenance import provenance
+    from containerbench.rank.provenance import provenance
 
     sampler = None
     if args.telemetry_dir:
@@ -383,7 +383,7 @@ def run_and_report(args, run, refusals: tuple[type[Exception], ...]) -> int:
 
 
 def main(argv=None) -> int:
-    from containerbench.distribution import ModeUnsupported
+    from containerbench.rank.distribution import ModeUnsupported
 
     return run_and_report(parse_args(argv), run, (ModeUnsupported,))
 

@@ -22,7 +22,7 @@ rank on it is the run's own CPU, not a stranger's. Each rank also records its ow
 the measured window, its CPU affinity, its cgroup and evidence of the container it runs in
 (`rank_context`).
 
-    python -m containerbench.telemetry --out F.csv --pids F.pids --interval 0.5 --parent PID
+    python -m containerbench.rank.telemetry --out F.csv --pids F.pids --interval 0.5 --parent PID
 """
 
 from __future__ import annotations
@@ -208,7 +208,7 @@ def start_sampler(directory: str, interval: float) -> subprocess.Popen:
     """The node's sampler, a child of this rank that ends with it."""
     host = socket.gethostname()
     Path(directory).mkdir(parents=True, exist_ok=True)
-    return subprocess.Popen([sys.executable, "-m", "containerbench.telemetry", "--out",
+    return subprocess.Popen([sys.executable, "-m", "containerbench.rank.telemetry", "--out",
                              str(Path(directory) / f"{host}.csv"), "--pids", str(pids_file(directory)),
                              "--interval", str(interval), "--parent", str(os.getpid())],
                             stdin=subprocess.DEVNULL)
@@ -363,7 +363,8 @@ def sample_until_stopped(out: str, pids: str, interval: float, parent: int) -> N
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m containerbench.telemetry", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m containerbench.rank.telemetry",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True)
     parser.add_argument("--pids", required=True)
     parser.add_argument("--interval", type=float, default=0.5)

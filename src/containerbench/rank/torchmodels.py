@@ -33,14 +33,14 @@ def build(name: str, num_classes: int = 1000):
     if name not in MODELS:
         raise ValueError(f"model {name!r}: the PyTorch side has {', '.join(MODELS)}")
     if name == "cnn_smoke":
-        return cnn_smoke(num_classes), "containerbench.torchmodels (cnn_smoke, as bench.py's)"
+        return cnn_smoke(num_classes), "containerbench.rank.torchmodels (cnn_smoke, as bench.py's)"
     version = torchvision_version()
     if version:
         import torchvision
 
         return getattr(torchvision.models, name)(weights=None, num_classes=num_classes), f"torchvision {version}"
     model = vgg16(num_classes) if name == "vgg16" else resnet(RESNET_BLOCKS[name], num_classes)
-    return model, "containerbench.torchmodels (torchvision's definition)"
+    return model, "containerbench.rank.torchmodels (torchvision's definition)"
 
 
 def cnn_smoke(num_classes: int = 1000):

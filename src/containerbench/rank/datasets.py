@@ -6,7 +6,7 @@ features `image/encoded` JPEG and `image/class/label` 1..1000). `generate`
 writes a small set of that shape with random JPEGs, so decoding and
 augmentation cost what they cost on ImageNet, only the files are fewer.
 
-    python -m containerbench.datasets generate build/data/imagenet-sample --images 512 --shards 8
+    python -m containerbench.rank.datasets generate build/data/imagenet-sample --images 512 --shards 8
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def train_files(data_dir: str) -> list[str]:
     files = sorted(glob.glob(os.path.join(data_dir, TRAIN_PATTERN)))
     if not files:
         raise FileNotFoundError(f"no ImageNet TFRecords ({TRAIN_PATTERN}) in {data_dir!r}; "
-                                "make a sample with `python -m containerbench.datasets generate DIR`")
+                                "make a sample with `python -m containerbench.rank.datasets generate DIR`")
     return files
 
 
@@ -106,7 +106,7 @@ def generate(out_dir: str, images: int = 512, shards: int = 8, size: int = 256, 
                 writer.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
         os.replace(partial, path)
         paths.append(path)
-    manifest = {"format": "imagenet-tfrecord", "generated_by": "containerbench.datasets", "images": images,
+    manifest = {"format": "imagenet-tfrecord", "generated_by": "containerbench.rank.datasets", "images": images,
                 "jpeg_size": size, "seed": seed,
                 "files": {os.path.basename(p): os.path.getsize(p) for p in paths}}
     with open(os.path.join(out_dir, "manifest.json"), "w") as handle:
@@ -115,7 +115,7 @@ def generate(out_dir: str, images: int = 512, shards: int = 8, size: int = 256, 
 
 
 def parser() -> argparse.ArgumentParser:
-    cli = argparse.ArgumentParser(prog="python -m containerbench.datasets", description=__doc__.split("\n\n")[0])
+    cli = argparse.ArgumentParser(prog="python -m containerbench.rank.datasets", description=__doc__.split("\n\n")[0])
     commands = cli.add_subparsers(dest="command", required=True)
     make = commands.add_parser("generate", help="write a small ImageNet-shaped TFRecord set of random JPEGs")
     make.add_argument("out_dir")

@@ -4,7 +4,7 @@ Some arguments of a rank's container command are only known on the node, when
 the rank starts: the names of the variables mpirun/srun set for it (OMPI_*,
 PMIX_*, SLURM_*...) and the node's device files. The plan (containerbench.runtimes) puts
 
-    <host python> -m containerbench.rankexec [--pass-prefix P]... [--pass-name N]...
+    <host python> -m containerbench.rank.rankexec [--pass-prefix P]... [--pass-name N]...
         [--env-prefix X] [--env-form name|value] [--insert-after WORD]
         [--device-glob G]... -- <command>
 
@@ -32,12 +32,12 @@ import glob
 import os
 import sys
 
-from containerbench.telemetry import cgroup_limits
+from containerbench.rank.telemetry import cgroup_limits
 
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(prog="python -m containerbench.rankexec", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m containerbench.rank.rankexec", description=__doc__.splitlines()[0])
     parser.add_argument("--pass-prefix", action="append", default=[], metavar="PREFIX")
     parser.add_argument("--pass-name", action="append", default=[], metavar="NAME")
     parser.add_argument("--env-form", choices=("name", "value"), default="name")

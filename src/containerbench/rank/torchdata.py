@@ -20,7 +20,7 @@ import itertools
 import math
 import random
 
-from containerbench.datasets import train_files
+from containerbench.rank.datasets import train_files
 
 SHUFFLE_BUFFER = 1024
 AREA_RANGE = (0.08, 1.0)

@@ -5,7 +5,7 @@ torch-nccl, torch-auto): the path PyTorch's gradients take, on GPU buffers with 
 shows InfiniBand against Ethernet on GPU nodes directly. Either way the launcher starts the
 ranks and MPI coordinates them (iteration counts, barriers, the slowest rank's time).
 
-Run with >= 2 ranks, e.g. ``mpirun -np 2 python -m containerbench.netbench``.
+Run with >= 2 ranks, e.g. ``mpirun -np 2 python -m containerbench.rank.netbench``.
 Rank 0 prints a human line and a netbench marker line (JSON) per measurement,
 then one result marker line with the whole result (markers.py).
 """
@@ -20,8 +20,8 @@ import mpi4py
 import numpy as np
 from mpi4py import MPI
 
-from containerbench import markers, telemetry
-from containerbench.provenance import provenance
+from containerbench.rank import markers, telemetry
+from containerbench.rank.provenance import provenance
 
 WARMUP_ITERATIONS = 2
 PINGPONG_TAG = 17
@@ -126,7 +126,7 @@ class TorchTransport:
     def __init__(self, comm, requested: str, nccl_ring: bool):
         import torch
 
-        from containerbench.distribution import MpiRanks, choose_backend, rendezvous
+        from containerbench.rank.distribution import MpiRanks, choose_backend, rendezvous
 
         if nccl_ring:
             os.environ["NCCL_ALGO"] = "Ring"  # before NCCL's communicator is made
@@ -315,7 +315,7 @@ def main(argv=None):
         if options.backend == "mpi":
             run(options, comm)
         else:
-            from containerbench.distribution import BackendUnavailable
+            from containerbench.rank.distribution import BackendUnavailable
 
             try:
                 transport = TorchTransport(comm, options.backend.removeprefix("torch-"), options.nccl_ring)

@@ -9,8 +9,8 @@ Ranks come from the launcher (mpirun, srun, none) through MPI; rank 0 picks the 
 address on the fabric's interface and sends it to the others over MPI, so no host list is
 written anywhere. Backend: nccl on GPUs, gloo on CPUs.
 
-    python -m containerbench.torchbench --batch-size 8 --image-size 64 --steps 10
-    mpirun -np 2 python -m containerbench.torchbench --precision mixed_bfloat16 ...
+    python -m containerbench.rank.torchbench --batch-size 8 --image-size 64 --steps 10
+    mpirun -np 2 python -m containerbench.rank.torchbench --precision mixed_bfloat16 ...
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ import socket
 import sys
 import time
 
-from containerbench import telemetry
-from containerbench.bench import (
+from containerbench.rank import telemetry
+from containerbench.rank.bench import (
     batch_digest_bytes,
     local_rank_hint,
     mpi_library,
@@ -32,7 +32,7 @@ from containerbench.bench import (
     total_line,
     weights_digest,
 )
-from containerbench.distribution import BackendUnavailable, choose_backend, rendezvous
+from containerbench.rank.distribution import BackendUnavailable, choose_backend, rendezvous
 
 ENTRY_UNIX_TIME = time.time()  # before torch's import: start-up cost counts
 
@@ -42,7 +42,7 @@ BACKENDS = ("auto", "gloo", "nccl")
 
 
 def parse_args(argv=None):
-    from containerbench.torchmodels import MODELS
+    from containerbench.rank.torchmodels import MODELS
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", choices=MODELS, default="resnet50")
@@ -90,7 +90,7 @@ def input_batches(torch, args, device, ranks):
     if not args.data_dir:
         batch = synthetic_batch(torch, args, device, ranks.rank)
         return (lambda: batch), "synthetic data"
-    from containerbench import torchdata
+    from containerbench.rank import torchdata
 
     workers = args.data_workers or max(1, len(os.sched_getaffinity(0)) - 1)
     batches = torchdata.loader(args.data_dir, args.batch_size, args.image_size, ranks.rank, ranks.size, args.seed,
@@ -228,7 +228,7 @@ def local_compute_rate(torch, model, batch, args) -> float:
 
 def train(torch, ranks, args, device, backend: str) -> tuple[dict, dict]:
     """This rank's part (bench.train's fields) and the run's distribution settings."""
-    from containerbench.torchmodels import build
+    from containerbench.rank.torchmodels import build
 
     mine = {"rank": ranks.rank, "local_rank": ranks.local_rank, "hostname": socket.gethostname(),
             "entry_unix_time": ENTRY_UNIX_TIME, "cpus": len(os.sched_getaffinity(0)),
@@ -272,7 +272,7 @@ def train(torch, ranks, args, device, backend: str) -> tuple[dict, dict]:
 
 
 def versions(torch, mpi_version: str | None) -> dict:
-    from containerbench.torchmodels import torchvision_version
+    from containerbench.rank.torchmodels import torchvision_version
 
     nccl = ".".join(map(str, torch.cuda.nccl.version())) if torch.cuda.is_available() else None
     return {"python": platform.python_version(), "torch": torch.__version__, "torchvision": torchvision_version(),
@@ -283,8 +283,8 @@ def run(args) -> dict | None:
     """Train on every rank; rank 0 returns the run's result (the others None)."""
     import torch
 
-    from containerbench.bench import run_result
-    from containerbench.distribution import MpiRanks
+    from containerbench.rank.bench import run_result
+    from containerbench.rank.distribution import MpiRanks
 
     mpi_version = mpi_library()
     ranks = MpiRanks()
