@@ -73,7 +73,7 @@ def main() -> None:
     args = parser.parse_args()
     states = {f"n{i:04d}": fleet.NodeState(f"n{i:04d}", "idle") for i in range(1, args.nodes + 1)}
 
-    plan_s, plan = best_of(args.tries, lambda: fleet.plan(states))
+    plan_s, plan = best_of(args.tries, lambda: fleet.plan_batch(states))
     print(f"plan, {args.nodes} nodes: {len(plan.links)} links in {len(plan.rounds)} rounds, {plan.jobs} jobs: "
           f"{plan_s:.3f} s (target {PLAN_TARGET_S:g} s, time/target = {plan_s / PLAN_TARGET_S:.3f})")
 

@@ -17,7 +17,7 @@ import yaml
 
 from containerbench import config as cb_config
 from containerbench.execution import measure
-from containerbench.plans import plan
+from containerbench.plans import plan_run
 from containerbench.processes import run_group
 from containerbench.records import parse_log
 from containerbench.runtimes import RunRequest
@@ -60,7 +60,7 @@ def run_and_parse(runs, config: dict, workdir: Path):
     """Execute each planned run as the workflow does (raw log in workdir), then parse its record."""
     for spec in runs:
         log = workdir / f"{spec.run_id}.log"
-        measure(plan(spec, config), log, echo=None)
+        measure(plan_run(spec, config), log, echo=None)
         yield spec, parse_log(log)
 
 

@@ -225,7 +225,7 @@ def test_adding_a_runtime_is_one_module_plus_its_tests(tmp_path, monkeypatch):
     with @register (and taken out again after the test), and the two schema lines docs/developing.md's
     "Adding a runtime" asks for (its name in the `runtimes` enum, an `images.<name>` entry), made here on a
     copy of the schema that config.load_schema returns instead of the package's file. runtime_for builds
-    it from images.toy, and plans.plan puts its rank argv behind the configured launcher."""
+    it from images.toy, and plans.plan_run puts its rank argv behind the configured launcher."""
     import copy
 
     from containerbench import config as cb_config
@@ -254,7 +254,7 @@ def test_adding_a_runtime_is_one_module_plus_its_tests(tmp_path, monkeypatch):
         runtime = runtime_for("toy", config)
         assert isinstance(runtime, Toy) and runtime.image == "/srv/images/toy.img"
         run = cb_config.plan_runs(config)[0]
-        planned = plans.plan(run, config)
+        planned = plans.plan_run(run, config)
         start = planned.argv.index("toy")
         assert planned.argv[start:start + 8] == ["toy", "run", "--bind", str(Path.cwd()), "/srv/images/toy.img",
                                                  "python3", "-m", "containerbench.rank.bench"]

@@ -1,6 +1,6 @@
 """A third framework is a harness module, one registry entry, a schema enum and a Dockerfile flavour
 (docs/developing.md, "Adding a framework"): a toy one, registered here and nowhere else, is planned
-through the whole planning path (config -> plan_runs -> plans.plan) with its harness, its modes, its
+through the whole planning path (config -> plan_runs -> plans.plan_run) with its harness, its modes, its
 bare-metal interpreter, its image and its arguments, and the pre-flight check asks for its interpreter.
 """
 
@@ -17,7 +17,7 @@ from containerbench import config as cb_config
 from containerbench import preflight
 from containerbench.config import BenchEnv, ImageUse
 from containerbench.frameworks import FRAMEWORKS, Framework
-from containerbench.plans import prepare
+from containerbench.plans import plan_sweep
 from containerbench.point import Point
 
 # A harness prints the result line (bench.run_and_report); the toy one only says what it was given.
@@ -64,7 +64,7 @@ def test_a_framework_registered_in_one_place_is_planned_through_the_whole_path(t
     config = tiny_config(tmp_path, runtimes=["bare-metal", "podman"],
                          benchmark={"frameworks": ["tensorflow", "toy"], "modes": ["horovod", "local"]},
                          bare_metal={"toy_python": sys.executable})
-    sweep = prepare(config, ROOT, probe=False)
+    sweep = plan_sweep(config, ROOT, probe=False)
     mine = [run for run in sweep.runs if run.framework == "toy"]
     assert {(run.kind, run.mode) for run in mine} == {("train", "allreduce"), ("train", "local"),
                                                       ("netbench", "allreduce")}
@@ -82,7 +82,7 @@ def test_a_framework_registered_in_one_place_is_planned_through_the_whole_path(t
     # In a container: its own image key, filled in with its flavour of the image the workflow builds.
     podman = sweep.plans[train.run_id.replace("bare-metal", "podman")]
     assert podman.image == sweep.config["images"]["podman"]["toy_image"] and podman.image.endswith("-toy")
-    assert sweep.image_files[ImageUse("podman", "hybrid", "toy")].endswith("-toy.json")
+    assert sweep.artifacts[ImageUse("podman", "hybrid", "toy")].endswith("-toy.json")
     # The harness module the plan names runs, and is given the plan's arguments.
     ran = subprocess.run([sys.executable, "-m", toy.harness, *bare.benchmark_args], capture_output=True, text=True,
                          check=True, timeout=60)

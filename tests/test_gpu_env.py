@@ -16,7 +16,7 @@ from helpers import ROOT, tiny_config
 
 from containerbench import config as cb_config
 from containerbench import images, wheelhouse
-from containerbench.plans import prepare
+from containerbench.plans import plan_sweep
 from containerbench.processes import run_group
 
 GPU_PYTHON = ROOT / ".venv-bench-gpu" / "bin" / "python"
@@ -35,7 +35,7 @@ def test_each_environment_has_one_lock_for_bare_metal_and_image():
 def test_the_gpu_environment_without_its_horovod_wheel_stops_before_any_job(tmp_path):
     config = tiny_config(tmp_path, benchmark_env="gpu", runtimes=["bare-metal", "podman"])
     with pytest.raises(cb_config.ConfigError) as caught:
-        prepare(config, tmp_path, probe=True)  # a clone where `make gpu-env` has not run
+        plan_sweep(config, tmp_path, probe=True)  # a clone where `make gpu-env` has not run
     assert str(caught.value).splitlines() == [
         "config: 'benchmark_env' = 'gpu' builds its image with the Horovod wheel that `make gpu-env` puts in "
         "build/wheelhouse-gpu (NCCL operations, compiled by CUDA 11.8's nvcc), and there is none; allowed: run "

@@ -15,7 +15,7 @@ from helpers import BENCH_PYTHON, ROOT, tiny_config
 
 from containerbench import config as cb_config
 from containerbench.execution import execute
-from containerbench.plans import RunPlan, plan, prepare
+from containerbench.plans import RunPlan, plan_run, plan_sweep
 from containerbench.rank import markers
 from containerbench.records import parse_log
 
@@ -42,7 +42,7 @@ def spec_for(config, kind="train", ranks_per_node=2):
 
 def test_mpirun_plan_binds_one_core_per_rank_and_forwards_every_variable(tmp_path):
     config = tiny_config(tmp_path)
-    run_plan = plan(spec_for(config), config)
+    run_plan = plan_run(spec_for(config), config)
     env = {"CONTAINERBENCH_RUNTIME": "bare-metal", "PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "1",
            **DEBUG_ENV, **FABRIC_ENV}
     assert run_plan.env == env
@@ -65,7 +65,7 @@ def test_srun_plan_uses_the_configured_mpi_plugin(tmp_path):
     config = tiny_config(tmp_path, launcher={"kind": "srun", "srun_mpi": "pmi2", "bind": "socket",
                                              "extra_args": ["--gpus-per-task=1"]},
                          scaling={"nodes": [2], "ranks_per_node": [4]})
-    run_plan = plan(spec_for(config, ranks_per_node=4), config)
+    run_plan = plan_run(spec_for(config, ranks_per_node=4), config)
     assert run_plan.argv[:10] == ["srun", "--mpi=pmi2", "--nodes=2", "--ntasks=8", "--ntasks-per-node=4",
                                      "--cpus-per-task=1", "--cpu-bind=sockets", "--export=ALL", "--gpus-per-task=1",
                                      str(BENCH_PYTHON)]
@@ -73,7 +73,7 @@ def test_srun_plan_uses_the_configured_mpi_plugin(tmp_path):
 
 def test_netbench_plan_runs_the_netbench_module_on_two_ranks(tmp_path):
     config = tiny_config(tmp_path)
-    run_plan = plan(spec_for(config, kind="netbench"), config)
+    run_plan = plan_run(spec_for(config, kind="netbench"), config)
     assert run_plan.argv[-9:-4] == [str(BENCH_PYTHON), "-m", "containerbench.rank.netbench", "--max-bytes", "65536"]
     assert run_plan.argv[-4:] == telemetry_args(config, run_plan.run_id)
     assert run_plan.argv[:3] == ["mpirun", "-np", "2"]
@@ -82,7 +82,7 @@ def test_netbench_plan_runs_the_netbench_module_on_two_ranks(tmp_path):
 def test_netbench_runs_at_every_node_count_with_ping_pong_on_the_first_pair_only(tmp_path):
     config = cb_config.merge(tiny_config(tmp_path), {"scaling": {"nodes": [1, 2, 4]},
                                                      "launcher": {"kind": "srun", "srun_mpi": "pmix"}})
-    net = {r.nodes: plan(r, config).argv for r in cb_config.plan_runs(config) if r.kind == "netbench"}
+    net = {r.nodes: plan_run(r, config).argv for r in cb_config.plan_runs(config) if r.kind == "netbench"}
     assert sorted(net) == [1, 2, 4]
     assert net[1][:4] == ["srun", "--mpi=pmix", "--nodes=1", "--ntasks=2"] and net[1][-6:-4] == ["--max-bytes", "65536"]
     assert net[2][:4] == ["srun", "--mpi=pmix", "--nodes=2", "--ntasks=2"] and net[2][-6:-4] == ["--max-bytes", "65536"]
@@ -95,7 +95,7 @@ def test_each_runtime_can_name_the_srun_mpi_plugin_its_image_needs(tmp_path):
     config = tiny_config(tmp_path, runtimes=["bare-metal", "apptainer"],
                          launcher={"kind": "srun", "srun_mpi": "pmix"},
                          images={"apptainer": {"image": "/images/mpich.sif", "srun_mpi": "pmi2"}})
-    plugins = {r.runtime: plan(r, config).argv[1] for r in cb_config.plan_runs(config)}
+    plugins = {r.runtime: plan_run(r, config).argv[1] for r in cb_config.plan_runs(config)}
     assert plugins == {"bare-metal": "--mpi=pmix", "apptainer": "--mpi=pmi2"}
 
 
@@ -189,10 +189,10 @@ def test_real_data_and_mode_settings_reach_the_benchmark_and_the_container(tmp_p
                                     "collective_implementation": "nccl", "parameter_servers": 2},
                          dataset={"path": str(dataset)}, images={"podman": {"image": "localhost/cb:test"}})
     runs = {(r.runtime, r.mode): r for r in cb_config.plan_runs(config) if r.kind == "train" and r.ranks == 2}
-    collective = plan(runs[("bare-metal", "collective")], config).argv[:-4]  # the telemetry's last
+    collective = plan_run(runs[("bare-metal", "collective")], config).argv[:-4]  # the telemetry's last
     assert collective[-8:] == ["--mode", "collective", "--runtime", "bare-metal", "--collective", "nccl",
                                "--data-dir", str(dataset)]
-    servers = plan(runs[("podman", "parameter_server")], config).argv
+    servers = plan_run(runs[("podman", "parameter_server")], config).argv
     assert servers[-4:] == telemetry_args(config, runs[("podman", "parameter_server")].run_id)
     assert servers[-10:-4] == ["--runtime", "podman", "--parameter-servers", "2", "--data-dir", str(dataset)]
     # The dataset is bound into the container at the path the benchmark is given.
@@ -202,7 +202,7 @@ def test_real_data_and_mode_settings_reach_the_benchmark_and_the_container(tmp_p
 def test_prepare_plans_every_run_with_the_files_it_needs_and_probes_nothing_unasked(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", "/nonexistent")  # a probe would find no runtime and no sinfo
     config = tiny_config(tmp_path, runtimes=["bare-metal", "podman", "charliecloud"], benchmark={"data": ["real"]})
-    sweep = prepare(config, tmp_path, probe=False)
+    sweep = plan_sweep(config, tmp_path, probe=False)
     assert sweep.skipped == {} and config["runtimes"] == ["bare-metal", "podman", "charliecloud"]
     assert set(sweep.plans) == {run.run_id for run in sweep.runs} == {run.run_id for run in cb_config.plan_runs(config)}
     sample = str(tmp_path / "build" / "data" / "imagenet-sample")
@@ -220,13 +220,13 @@ def test_prepare_plans_every_run_with_the_files_it_needs_and_probes_nothing_unas
 def test_prepare_with_probes_skips_what_cannot_run_here_and_says_why(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", "/nonexistent")
     config = tiny_config(tmp_path, runtimes=["bare-metal", "podman"], runtime_policy="skip-unusable")
-    sweep = prepare(config, tmp_path)
+    sweep = plan_sweep(config, tmp_path)
     assert sweep.skipped == {"podman": "podman is not installed (not on PATH)"}
-    assert {run.runtime for run in sweep.runs} == {"bare-metal"} and sweep.image_files == {}
+    assert {run.runtime for run in sweep.runs} == {"bare-metal"} and sweep.artifacts == {}
     config = tiny_config(tmp_path, runtimes=["bare-metal", "podman"], runtime_policy="require")
     with pytest.raises(cb_config.ConfigError,
                        match="^config: runtime 'podman' cannot run here: podman is not installed"):
-        prepare(config, tmp_path)
+        plan_sweep(config, tmp_path)
 
 
 def test_a_runtime_that_cannot_do_what_the_config_asks_is_refused_in_one_line(tmp_path):
@@ -237,7 +237,7 @@ def test_a_runtime_that_cannot_do_what_the_config_asks_is_refused_in_one_line(tm
                          dataset={"path": str(tmp_path)})
     (tmp_path / "train-00000-of-00001").write_bytes(b"")
     with pytest.raises(cb_config.ConfigError, match=r"^config: runtime 'charliecloud': \d binds need --write-fake"):
-        prepare(config, tmp_path, probe=False)
+        plan_sweep(config, tmp_path, probe=False)
 
 
 
@@ -279,7 +279,7 @@ def test_the_example_site_costs_a_slurm_job_per_run_each_to_its_time_limit(root)
     from containerbench.cost import estimate, one_node_jobs
 
     config = cb_config.load([root / "config" / "site.example.yaml"])
-    sweep = prepare(config, root, probe=False)
+    sweep = plan_sweep(config, root, probe=False)
     # Besides the runs: the pre-flight check, and Apptainer's conversion (the example has Apptainer on the nodes only).
     assert one_node_jobs(sweep) == 2
     cost = estimate(sweep.plans.values(), config, [], node_jobs=2)
@@ -299,7 +299,7 @@ def test_without_slurm_the_worst_case_is_every_run_to_its_own_timeout(tmp_path):
     from containerbench.cost import estimate
 
     config = tiny_config(tmp_path, netbench={"timeout_s": 300})
-    cost = estimate(prepare(config, tmp_path, probe=False).plans.values(), config, [])
+    cost = estimate(plan_sweep(config, tmp_path, probe=False).plans.values(), config, [])
     runs = cb_config.plan_runs(config)
     assert not cost.slurm and cost.timeout_node_hours is None
     timeouts = {"train": 600, "netbench": 300}  # TINY's benchmark.timeout_s, and the override above
@@ -314,7 +314,7 @@ def test_the_expected_cost_is_the_wall_time_of_the_last_ok_run_at_each_point(tmp
     records = loaded(recorded_records_in(tmp_path / "runs"))
     wall = {(r["kind"], r["spec"]["ranks"]): r["wall_s"] for r in records}
     runs = cb_config.plan_runs(config)
-    cost = estimate(prepare(config, tmp_path, probe=False).plans.values(), config, records)
+    cost = estimate(plan_sweep(config, tmp_path, probe=False).plans.values(), config, records)
     assert cost.expected_node_hours == pytest.approx(sum(r.nodes * wall[(r.kind, r.ranks)] for r in runs) / 3600)
     assert (cost.expected_runs, cost.unmeasured_runs, cost.records_used, cost.records_read) == (len(runs), 0, 3, 3)
     assert cost.measured_unix == (min(r["started_unix"] for r in records), max(r["started_unix"] for r in records))
@@ -335,7 +335,7 @@ def test_a_later_ok_run_replaces_an_earlier_one_and_a_failed_run_is_no_measureme
     first_2_ranks = next(r["wall_s"] for r in records if r["run_id"] == "train_bare-metal_tcp-loopback_1x2_b2_rep1"
                          and r["status"] == "ok")
     config = tiny_config(tmp_path, netbench={"enabled": False})
-    cost = estimate(prepare(config, tmp_path, probe=False).plans.values(), config, records)
+    cost = estimate(plan_sweep(config, tmp_path, probe=False).plans.values(), config, records)
     per_point = config["benchmark"]["repetitions"]
     assert cost.expected_node_hours == pytest.approx(per_point * (40.0 + first_2_ranks) / 3600)
     assert cost.records_used == 2 and cost.records_ok == 4 and cost.records_read == 5
@@ -354,7 +354,7 @@ def test_more_steps_than_measured_add_the_measured_step_time(tmp_path):
         steps = [s for rank in (record["result"].get("per_rank") or []) for s in rank["step_s"]]
         expected[(record["kind"], record["spec"]["ranks"])] = record["wall_s"] + (
             more * statistics.median(steps) if more else 0)
-    cost = estimate(prepare(config, tmp_path, probe=False).plans.values(), config, records)
+    cost = estimate(plan_sweep(config, tmp_path, probe=False).plans.values(), config, records)
     runs = cb_config.plan_runs(config)
     assert cost.expected_node_hours == pytest.approx(sum(r.nodes * expected[(r.kind, r.ranks)] for r in runs) / 3600)
     assert cost.unmeasured_runs == 0
@@ -365,13 +365,13 @@ def test_points_never_measured_are_counted_not_guessed(tmp_path):
 
     config = tiny_config(tmp_path, benchmark={"batch_sizes": [4]})  # recorded: batch 2 only
     records = loaded(recorded_records_in(tmp_path / "runs"))
-    cost = estimate(prepare(config, tmp_path, probe=False).plans.values(), config, records)
+    cost = estimate(plan_sweep(config, tmp_path, probe=False).plans.values(), config, records)
     trains = sum(r.kind == "train" for r in cb_config.plan_runs(config))
     netbench = next(r["wall_s"] for r in records if r["kind"] == "netbench")
     assert (cost.expected_runs, cost.unmeasured_runs) == (1, trains)
     assert cost.expected_node_hours == pytest.approx(netbench / 3600)
     other_site = tiny_config(tmp_path, system="elsewhere")  # the same shapes measured on another system
-    cost = estimate(prepare(other_site, tmp_path, probe=False).plans.values(), other_site, records)
+    cost = estimate(plan_sweep(other_site, tmp_path, probe=False).plans.values(), other_site, records)
     assert cost.expected_node_hours is None and cost.records_used == 0
 
 

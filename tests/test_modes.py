@@ -11,7 +11,7 @@ from helpers import SMOKE_MODEL, run_and_parse, tiny_config
 from containerbench import config as cb_config
 from containerbench.config import RunSpec
 from containerbench.execution import execute
-from containerbench.plans import plan
+from containerbench.plans import plan_run
 from containerbench.records import WEIGHT_SPREAD_TOLERANCE, Verdict, judge_batches, judge_weights, parse_log
 from containerbench.results import build_tables
 
@@ -153,7 +153,7 @@ def test_a_mode_the_run_cannot_do_is_a_failed_record_with_its_reason(tmp_path):
     config = tiny_config(tmp_path, benchmark={"parameter_servers": 3})
     spec = RunSpec("train", "bare-metal", "tcp-loopback", 1, 1, 1, 2, "parameter_server", "synthetic")
     log = tmp_path / "ps.log"
-    assert execute(plan(spec, config), log, echo=None) == 3
+    assert execute(plan_run(spec, config), log, echo=None) == 3
     record = parse_log(log)
     assert record["status"] == "failed"
     assert "3 parameter servers need as many ranks; this run has 1" in record["reasons"]

@@ -10,13 +10,13 @@ from helpers import tiny_config
 
 from containerbench import config as cb_config
 from containerbench.launchers import LAUNCHERS, Allocation, allocation_for
-from containerbench.plans import RunPlan, plan, prepare
+from containerbench.plans import RunPlan, plan_run, plan_sweep
 
 
 def test_a_plan_round_trips_through_its_json_and_keeps_the_form_the_workflow_passes(tmp_path):
     config = tiny_config(tmp_path)
     for spec in cb_config.plan_runs(config):
-        run_plan = plan(spec, config)
+        run_plan = plan_run(spec, config)
         assert RunPlan.from_json(run_plan.to_json()) == run_plan
         assert RunPlan.from_json(json.loads(run_plan.to_json())) == run_plan
         # What the benchmark module is given is carried, not found again in argv.
@@ -28,7 +28,7 @@ def test_a_plan_round_trips_through_its_json_and_keeps_the_form_the_workflow_pas
 def test_planning_leaves_the_config_as_the_user_wrote_it(tmp_path):
     config = tiny_config(tmp_path, runtimes=["bare-metal", "podman", "charliecloud"], benchmark={"data": ["real"]})
     before = copy.deepcopy(config)
-    sweep = prepare(config, tmp_path, probe=False)
+    sweep = plan_sweep(config, tmp_path, probe=False)
     assert config == before
     # What planning resolved is in the sweep's config: the built images, the data sample.
     assert sweep.config["dataset"]["path"] == sweep.dataset_sample and not config["dataset"]["path"]
@@ -43,7 +43,7 @@ def test_no_slurm_launcher_allocates_nothing(tmp_path, monkeypatch):
     monkeypatch.setenv("SLURM_JOB_ID", "7")
     config = tiny_config(tmp_path)
     assert allocation_for(config) is Allocation.NONE
-    assert plan(cb_config.plan_runs(config)[0], config).strategy is Allocation.NONE
+    assert plan_run(cb_config.plan_runs(config)[0], config).strategy is Allocation.NONE
 
 
 def srun_config(tmp_path):
@@ -54,7 +54,7 @@ def test_srun_from_outside_any_allocation_asks_salloc_for_each_run(tmp_path, mon
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     config = srun_config(tmp_path)
     assert allocation_for(config) is Allocation.PER_RUN
-    run_plan = plan(cb_config.plan_runs(config)[0], config)
+    run_plan = plan_run(cb_config.plan_runs(config)[0], config)
     assert run_plan.allocation[0] == "salloc" and run_plan.strategy is Allocation.PER_RUN
     assert RunPlan.from_json(run_plan.to_json()).allocation == run_plan.allocation
 
@@ -63,7 +63,7 @@ def test_srun_inside_an_allocation_makes_each_run_a_job_step(tmp_path, monkeypat
     monkeypatch.setenv("SLURM_JOB_ID", "7")
     config = srun_config(tmp_path)
     assert allocation_for(config) is Allocation.STEP
-    run_plan = plan(cb_config.plan_runs(config)[0], config)
+    run_plan = plan_run(cb_config.plan_runs(config)[0], config)
     assert run_plan.allocation is None and run_plan.strategy is Allocation.STEP
 
 
@@ -71,4 +71,4 @@ def test_a_fleet_jobs_runs_share_their_jobs_allocation(tmp_path, monkeypatch):
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     config = srun_config(tmp_path)
     assert allocation_for(config, job_of_runs=True) is Allocation.PER_JOB and Allocation.PER_JOB.asks_salloc
-    assert plan(cb_config.plan_runs(config)[0], config, Allocation.PER_JOB).allocation is None
+    assert plan_run(cb_config.plan_runs(config)[0], config, Allocation.PER_JOB).allocation is None

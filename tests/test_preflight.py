@@ -14,7 +14,7 @@ from helpers import BENCH_PYTHON, ROOT, snakemake, tiny_config
 
 from containerbench import cli, images, preflight, runtimes
 from containerbench import config as cb_config
-from containerbench.plans import prepare, site_image_files
+from containerbench.plans import plan_sweep, site_image_files
 
 
 def run_preflight(tmp_path, *args, path=None):
@@ -107,12 +107,12 @@ COMPUTE_ONLY = {"runtimes": ["bare-metal", "apptainer"], "runtime_policy": "requ
 def test_a_runtime_only_on_compute_nodes_is_not_probed_where_the_workflow_plans(tmp_path):
     assert subprocess.run(["sh", "-c", "command -v apptainer"]).returncode != 0  # as on a login node
     config = tiny_config(tmp_path, **COMPUTE_ONLY)
-    sweep = prepare(config, ROOT, probe=True)  # require: a runtime that cannot run here would be refused
+    sweep = plan_sweep(config, ROOT, probe=True)  # require: a runtime that cannot run here would be refused
     assert {run.runtime for run in sweep.runs} == {"bare-metal", "apptainer"} and sweep.skipped == {}
     everywhere = cb_config.merge(tiny_config(tmp_path, **COMPUTE_ONLY),
                                  {"images": {"apptainer": {"available": "everywhere"}}})
     with pytest.raises(cb_config.ConfigError, match="runtime 'apptainer' cannot run here: apptainer is not installed"):
-        prepare(everywhere, ROOT, probe=True)
+        plan_sweep(everywhere, ROOT, probe=True)
 
 
 def test_under_slurm_the_check_runs_on_one_compute_node_through_srun(tmp_path):
@@ -185,14 +185,14 @@ def test_a_local_engine_accepts_an_image_of_its_own_store(tmp_path, container_en
     # Before any job, in one line.
     with pytest.raises(cb_config.ConfigError, match=r"^config: 'images.podman.image' = "
                                                     r"'localhost/containerbench:never-built' is neither"):
-        prepare(config, ROOT, probe=True)
+        plan_sweep(config, ROOT, probe=True)
 
 
 def test_a_site_image_only_the_nodes_see_is_looked_for_there(tmp_path):
     config = tiny_config(tmp_path, runtimes=["bare-metal", "apptainer"], runtime_policy="require",
                          images={"apptainer": {"image": str(tmp_path / "gone.sif"), "available": "compute-nodes"}})
-    sweep = prepare(config, ROOT, probe=True)  # not refused here: only the nodes see it
-    assert site_image_files(config, sweep.image_files) == [f"{tmp_path}/gone.sif"]
+    sweep = plan_sweep(config, ROOT, probe=True)  # not refused here: only the nodes see it
+    assert site_image_files(config, sweep.artifacts) == [f"{tmp_path}/gone.sif"]
     done = run_preflight(tmp_path, "--repo", str(ROOT), "--sources-digest", preflight.sources_digest(ROOT),
                          "--image-file", str(tmp_path / "gone.sif"))
     assert done.returncode == 1

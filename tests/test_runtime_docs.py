@@ -486,14 +486,14 @@ def test_the_native_example_runs_both_models_side_by_side_with_the_mpich_flavour
     from pathlib import Path
 
     from containerbench import config as cb_config
-    from containerbench.plans import prepare
+    from containerbench.plans import plan_sweep
 
     root = Path(__file__).resolve().parents[1]
     config = cb_config.load([root / "config" / "config.yaml", root / "config" / "native.yaml"])
-    sweep = prepare(config, root, probe=False)
-    assert sorted(sweep.image_files) == [(name, model, "tensorflow") for name in ("charliecloud", "podman")
+    sweep = plan_sweep(config, root, probe=False)
+    assert sorted(sweep.artifacts) == [(name, model, "tensorflow") for name in ("charliecloud", "podman")
                                          for model in ("hybrid", "native")]
-    assert sweep.image_files[("podman", "native", "tensorflow")].endswith(
+    assert sweep.artifacts[("podman", "native", "tensorflow")].endswith(
         "/build/images/podman-containerbench-latest-mpich.json")
     native = sweep.plans["train_podman_tcp-loopback_1x2_b8_native_rep1"]
     assert native.argv[:7] == ["mpiexec.mpich", "-pmi-port", "-n", "2", "-ppn", "2", "-bind-to"]

@@ -19,7 +19,7 @@ from helpers import BENCH_PYTHON, ROOT, SLURM_CLUSTER, cancel_when_running, flee
 from containerbench import config as cb_config
 from containerbench import fleet, slurm
 from containerbench.images import built_image
-from containerbench.plans import plan
+from containerbench.plans import plan_run
 from containerbench.processes import run_group
 from containerbench.records import parse_log
 
@@ -208,7 +208,7 @@ def test_a_run_slurm_gives_no_allocation_is_a_failed_record_with_sallocs_error(c
                                                         "slurm": {"partition": "nosuch"}}))
     config = cb_config.load([ROOT / "tests" / "slurm" / "config.yaml", tmp_path / "site.yaml"])
     spec = next(run for run in cb_config.plan_runs(config) if run.kind == "train" and run.nodes == 1)
-    run_plan = plan(spec, config)
+    run_plan = plan_run(spec, config)
     # salloc(1): the job's shape, time limit and name; the slurm section's partition and account.
     assert run_plan.allocation == [
         "salloc", "--nodes=1", "--exclusive", "--ntasks-per-node=1", "--cpus-per-task=1",
@@ -250,7 +250,7 @@ def test_a_run_on_the_wrong_interface_is_caught(cluster, slurm_run, tmp_path):
     path.write_text(yaml.safe_dump({**config, "bare_metal": {"python": str(BENCH_PYTHON)}}))
     loaded = cb_config.load([str(path)])
     spec = next(r for r in cb_config.plan_runs(loaded) if r.kind == "netbench" and r.fabric == "fast" and r.nodes == 2)
-    run_plan = plan(spec, loaded)
+    run_plan = plan_run(spec, loaded)
     plan_file = tmp_path / "plan.json"
     plan_file.write_text(run_plan.to_json())
     log = tmp_path / "wrong.log"
@@ -278,7 +278,7 @@ def test_training_on_the_wrong_wire_is_caught_by_the_counters(cluster, tmp_path)
     spec = next(r for r in cb_config.plan_runs(loaded) if r.kind == "train" and r.fabric == "fast" and r.nodes == 2
                 and r.runtime == "bare-metal")
     plan_file = tmp_path / "plan.json"
-    plan_file.write_text(plan(spec, loaded).to_json())
+    plan_file.write_text(plan_run(spec, loaded).to_json())
     log = tmp_path / "wrong.log"
     done = on_controller(cluster, "salloc", "-N2", "--ntasks-per-node=1", "-p", "cpu", sys.executable, "-m",
                          "containerbench", "launch", "--plan", f"@{plan_file}", "--log", str(log), timeout=600)
@@ -382,7 +382,7 @@ def test_the_nodes_to_validate_come_from_slurm_and_a_failed_one_is_drained_on_re
         assert states["n2"].state == "drained" and states["n2"].reason.startswith(
             "containerbench: train_bare-metal_tcp-loopback_1x1_b2_n2_rep1 and 2 more failed: Slurm NODE_FAIL (sacct)")
         assert states["n1"].available
-        replanned = fleet.plan(states)  # reported as it is, not waited for
+        replanned = fleet.plan_batch(states)  # reported as it is, not waited for
         assert replanned.nodes == ["n1"] and list(replanned.unavailable) == ["n2"] and replanned.links == []
     finally:
         on_controller(cluster, "scontrol", "update", "NodeName=n2", "State=RESUME")

@@ -16,7 +16,7 @@ import pytest
 from helpers import SMOKE_MODEL, run_and_parse, tiny_config
 
 from containerbench import config as cb_config
-from containerbench.plans import plan
+from containerbench.plans import plan_run
 from containerbench.rank.telemetry import GpuReader
 from containerbench.results import build_tables
 from containerbench.usage import load_samples, value_at
@@ -123,7 +123,7 @@ def test_telemetry_false_plans_no_sampler_and_a_bad_interval_is_one_line(tmp_pat
     config = tiny_config(tmp_path, telemetry=False)
     assert config["telemetry"]["enabled"] is False
     run = next(r for r in cb_config.plan_runs(config) if r.kind == "train")
-    run_plan = plan(run, config)
+    run_plan = plan_run(run, config)
     assert run_plan.telemetry is None and "--telemetry-dir" not in run_plan.argv
     with pytest.raises(cb_config.ConfigError) as caught:
         tiny_config(tmp_path, telemetry={"interval_s": 0})

@@ -12,7 +12,7 @@ from helpers import ROOT, SMOKE_MODEL, TINY, run_and_parse, tiny_config
 
 from containerbench import config as cb_config
 from containerbench.config import ConfigError
-from containerbench.plans import plan
+from containerbench.plans import plan_run
 from containerbench.rank import torchbench, torchdata
 from containerbench.rank.markers import FAILURE
 
@@ -218,14 +218,14 @@ def test_frameworks_sweep_both_side_by_side(tmp_path):
         "train_bare-metal_tcp-loopback_1x1_b2_pytorch_rep1", "train_bare-metal_tcp-loopback_1x1_b2_pytorch_local_rep1",
         "train_bare-metal_tcp-loopback_1x2_b2_pytorch_rep1", "train_bare-metal_tcp-loopback_1x2_b2_pytorch_local_rep1",
         "netbench_bare-metal_tcp-loopback_1x2_rep1", "netbench_bare-metal_tcp-loopback_1x2_pytorch_rep1"]
-    torch_train = plan(runs[6], config)
+    torch_train = plan_run(runs[6], config)
     python, module = torch_train.argv[torch_train.argv.index("-m") - 1:][:2], "containerbench.rank.torchbench"
     assert python == [config["bare_metal"]["torch_python"], "-m"] and module in torch_train.argv
     assert torch_train.spec["framework"] == "pytorch" and torch_train.spec["torch_compile"] is False
     assert "xla" not in torch_train.spec
     argv = torch_train.argv
     assert argv[argv.index("--runtime"):][:4] == ["--runtime", "bare-metal", "--backend", "auto"]
-    net = plan(runs[-1], config).argv
+    net = plan_run(runs[-1], config).argv
     assert net[net.index("-m") + 1:][:5] == ["containerbench.rank.netbench", "--max-bytes", "65536",
                                              "--backend", "torch-auto"]
 
@@ -247,7 +247,7 @@ def test_what_the_pytorch_side_cannot_run_is_refused_in_one_line(tmp_path, overr
     overrides = {**overrides, "benchmark": {"frameworks": ["tensorflow", "pytorch"], **overrides.get("benchmark", {})}}
     config = tiny_config(tmp_path, **overrides)
     with pytest.raises(ConfigError) as refused:
-        cb_config.check_runs(config, cb_config.plan_runs(config))  # as plans.prepare does before any run
+        cb_config.check_runs(config, cb_config.plan_runs(config))  # as plans.plan_sweep does before any run
     assert str(refused.value).startswith(message) and "\n" not in str(refused.value)
 
 
@@ -255,14 +255,14 @@ def test_pytorch_in_a_container_runs_the_pytorch_flavour_of_the_built_image(tmp_
     # One image flavour per framework (containers/Dockerfile with .venv-bench-torch's lock, no Horovod): its
     # tag and files end in -torch (-torch-mpich for the native model), TensorFlow's keep their names.
     from containerbench.config import ImageUse
-    from containerbench.plans import prepare
+    from containerbench.plans import plan_sweep
 
     config = tiny_config(tmp_path, runtimes=["bare-metal", "podman", "charliecloud"],
                          benchmark={"frameworks": ["tensorflow", "pytorch"]},
                          images={"podman": {"mpi_model": ["hybrid", "native"]}})
-    sweep = prepare(config, ROOT, probe=False)
+    sweep = plan_sweep(config, ROOT, probe=False)
     built = ROOT / "build" / "images"
-    assert sweep.image_files == {
+    assert sweep.artifacts == {
         ImageUse("podman", "hybrid", "tensorflow"): f"{built}/podman-containerbench-latest.json",
         ImageUse("podman", "native", "tensorflow"): f"{built}/podman-containerbench-latest-mpich.json",
         ImageUse("podman", "hybrid", "pytorch"): f"{built}/podman-containerbench-latest-torch.json",
@@ -274,7 +274,7 @@ def test_pytorch_in_a_container_runs_the_pytorch_flavour_of_the_built_image(tmp_
         if run.runtime == "bare-metal":
             assert "image" not in needs
             continue
-        assert needs["image"] == sweep.image_files[ImageUse.of(run)]
+        assert needs["image"] == sweep.artifacts[ImageUse.of(run)]
         image = {"podman": "localhost/containerbench:latest", "charliecloud": f"{built}/containerbench-latest.ch"}[
             run.runtime].replace("latest", "latest" + "-torch" * (run.framework == "pytorch")
                                  + "-mpich" * (run.mpi_model == "native"))
@@ -289,18 +289,18 @@ def test_pytorch_in_a_container_runs_the_pytorch_flavour_of_the_built_image(tmp_
 def test_a_site_pytorch_image_is_run_as_it_is_and_a_gpu_sweep_must_name_one(tmp_path):
     from containerbench.config import ImageUse
     from containerbench.images import check_bench_env, resolve_images
-    from containerbench.plans import prepare
+    from containerbench.plans import plan_sweep
 
     config = tiny_config(tmp_path, runtimes=["bare-metal", "podman"], benchmark={"frameworks": ["pytorch"]},
                          images={"podman": {"torch_image": "localhost/site-pytorch:24.10"}})
-    sweep = prepare(config, ROOT, probe=False)  # a PyTorch-only sweep: no TensorFlow image is asked for
-    assert sweep.image_files == {}  # nothing to build: the site's image runs as it is
+    sweep = plan_sweep(config, ROOT, probe=False)  # a PyTorch-only sweep: no TensorFlow image is asked for
+    assert sweep.artifacts == {}  # nothing to build: the site's image runs as it is
     podman = [run for run in sweep.runs if run.runtime == "podman"]
     assert podman and all("localhost/site-pytorch:24.10" in sweep.plans[run.run_id].argv for run in podman)
     bare = [run for run in sweep.runs if run.runtime == "bare-metal"]
     assert all(sweep.plans[run.run_id].argv.count(TINY["bare_metal"]["torch_python"]) for run in bare)
     config = tiny_config(tmp_path, runtimes=["bare-metal", "podman"], benchmark={"frameworks": ["pytorch"]})
-    assert list(prepare(config, ROOT, probe=False).image_files) == [ImageUse("podman", "hybrid", "pytorch")]
+    assert list(plan_sweep(config, ROOT, probe=False).artifacts) == [ImageUse("podman", "hybrid", "pytorch")]
     # A GPU sweep's PyTorch ranks need CUDA's torch; the built flavour has the CPU wheel of envs/bench-torch.lock.txt.
     config = tiny_config(tmp_path, runtimes=["bare-metal", "podman"], benchmark={"frameworks": ["pytorch"]},
                          slurm={"gpus_per_node": 1})

@@ -135,7 +135,7 @@ def test_lint_finds_only_the_explained_warning(tmp_path, fleet):
     # batch to validate (a saved plan: no Slurm needed), the fleet's rules are linted too.
     site = []
     if fleet:
-        plan = fleet_module.plan({f"n{i}": fleet_module.NodeState(f"n{i}", "idle") for i in range(1, 5)})
+        plan = fleet_module.plan_batch({f"n{i}": fleet_module.NodeState(f"n{i}", "idle") for i in range(1, 5)})
         (tmp_path / "plan.json").write_text(json.dumps(plan.as_dict()))
         (tmp_path / "site.yaml").write_text(yaml.safe_dump({"launcher": {"kind": "srun"},
                                                             "validation": {"plan": str(tmp_path / "plan.json")}}))

@@ -278,6 +278,6 @@ def cost_summary(sweep: Sweep, given_records=None) -> str:
 def one_node_jobs(sweep: Sweep) -> int:
     """The jobs besides the runs that hold a node: the pre-flight check, and the image conversions of
     runtimes installed only on the compute nodes (images.smk runs those there)."""
-    converted_on_nodes = {path for use, path in sweep.image_files.items()
+    converted_on_nodes = {path for use, path in sweep.artifacts.items()
                           if runtime_for(use.runtime, sweep.config).available == "compute-nodes"}
     return 1 + len(converted_on_nodes)

@@ -141,7 +141,7 @@ def planned(validation: dict, via: tuple[str, ...] = ()) -> FleetPlan:
                          + ("'validation.nodes'" if validation["nodes"] else "'validation.partition'"))
     if validation["plan"]:
         return FleetPlan.load(validation["plan"], "'validation.plan'")
-    return plan(select(validation["nodes"], validation["partition"], via))
+    return plan_batch(select(validation["nodes"], validation["partition"], via))
 
 
 def format_plan(fleet: FleetPlan) -> str:
@@ -154,7 +154,7 @@ def format_plan(fleet: FleetPlan) -> str:
     return "\n".join(lines)
 
 
-def plan(states: dict[str, NodeState]) -> FleetPlan:
+def plan_batch(states: dict[str, NodeState]) -> FleetPlan:
     nodes = [name for name, state in states.items() if state.available]
     links = link_pairings(nodes)
     return FleetPlan(nodes, {name: state for name, state in states.items() if not state.available}, links,

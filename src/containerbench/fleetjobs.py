@@ -1,6 +1,6 @@
 """The node and link jobs of a fleet validation: each job's runs, its allocation and its file.
 
-A plan's nodes and links (fleet.plan) become jobs as workflow/rules/fleet.smk runs
+A plan's nodes and links (fleet.plan_batch) become jobs as workflow/rules/fleet.smk runs
 them: a node's job is its single-node runs, a link's its two-node runs; each holds
 its nodes exclusively for as long as its runs may take, and waits for the jobs
 before it on its nodes (fleet.job_rounds). `fleet.run_job` runs a job's file.
@@ -125,7 +125,7 @@ class FleetJobs:
         its runs' plans and their raw logs. Files, not arguments: a node's plans can pass the 128 KiB one
         argument may hold, and a thousand nodes' record paths the 2 MiB of a whole command line."""
         from containerbench.launchers import Allocation
-        from containerbench.plans import plan as run_plan
+        from containerbench.plans import plan_run
 
         for path in (Path(plan_path), Path(self.records_list)):
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -134,16 +134,16 @@ class FleetJobs:
         for job, runs in self.runs.items():
             path = Path(self.job_file(job))
             path.parent.mkdir(parents=True, exist_ok=True)
-            plans = [run_plan(spec, self.run_config, Allocation.PER_JOB).as_dict() for spec in runs]
+            plans = [plan_run(spec, self.run_config, Allocation.PER_JOB).as_dict() for spec in runs]
             path.write_text(json.dumps({"allocation": self.allocation(job), "plans": plans, "logs": self.logs(job)},
                                        sort_keys=True) + "\n")
 
     def records(self) -> list[str]:
         return [record_path(log) for job in self.runs for log in self.logs(job)]
 
-    def images(self, image_files: dict) -> list[str]:
+    def images(self, artifacts: dict) -> list[str]:
         """The built images the runs need (config.ImageUse -> file, as the sweep has them)."""
         from containerbench.config import ImageUse
 
-        return sorted({image_files[use] for runs in self.runs.values() for spec in runs
-                       if (use := ImageUse.of(spec)) in image_files})
+        return sorted({artifacts[use] for runs in self.runs.values() for spec in runs
+                       if (use := ImageUse.of(spec)) in artifacts})

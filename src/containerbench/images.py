@@ -69,14 +69,16 @@ _write = write_file  # prepare_runtime's name for it
 
 # -- what each runtime runs, and the commands that make it (owned by its class) ---------------
 
-def built(tag: str, build_dir: Path | str = IMAGES, engine: str = Podman.name, gpus: bool = False) -> BuiltImage:
+def build_outputs(tag: str, build_dir: Path | str = IMAGES, engine: str = Podman.name,
+                  gpus: bool = False) -> BuiltImage:
+    """What the image build makes of `tag`: the image, and where the files made from it go."""
     return BuiltImage(tag, engine, str(build_dir), gpus)
 
 
 def image_files(tag: str, build_dir: Path | str = IMAGES, gpus: bool = False) -> dict[str, str]:
     """Every file the workflow can make from the image `tag`: each runtime's artifact, the archive
     they are converted from, the Singularity definition and Charliecloud's directory."""
-    image = built(tag, build_dir, gpus=gpus)
+    image = build_outputs(tag, build_dir, gpus=gpus)
     files = {name: cls.artifact(image) for name, cls in CONTAINER_RUNTIMES.items() if cls.artifact(image)}
     return {**files, "archive": image.archive, "definition": image.definition,
             "charliecloud-dir": Charliecloud.reference(image)}
@@ -84,7 +86,7 @@ def image_files(tag: str, build_dir: Path | str = IMAGES, gpus: bool = False) ->
 
 def built_image(runtime: str, tag: str, build_dir: Path | str = IMAGES, gpus: bool = False) -> tuple[str, str] | None:
     """(the image reference `runtime` runs, the file its runs depend on), or None if not buildable here."""
-    cls, image = CONTAINER_RUNTIMES.get(runtime), built(tag, build_dir, gpus=gpus)
+    cls, image = CONTAINER_RUNTIMES.get(runtime), build_outputs(tag, build_dir, gpus=gpus)
     if cls is None or cls.artifact(image) is None:
         return None  # bare metal, and Shifter (its gateway serves images; it cannot take a local build)
     return cls.reference(image), cls.artifact(image)
@@ -93,7 +95,7 @@ def built_image(runtime: str, tag: str, build_dir: Path | str = IMAGES, gpus: bo
 def runtime_commands(engine: str, tag: str, registry: str = "REGISTRY", build_dir: Path | str = IMAGES,
                      gpus: bool = False) -> dict[str, list[list[str]]]:
     """Every runtime's prepare commands for the built image (what `images print-commands` shows)."""
-    image = built(tag, build_dir, engine, gpus)
+    image = build_outputs(tag, build_dir, engine, gpus)
     commands = {name: cls.prepare_commands(image, registry) for name, cls in CONTAINER_RUNTIMES.items()}
     return {**commands, "apptainer-def": [Apptainer.build_argv(image.file(".sif"), image.definition)]}
 
@@ -122,11 +124,11 @@ def resolve_images(config: dict, build_dir: Path | str = IMAGES) -> dict[ImageUs
             if settings.get(key) or (models == ("native",) and settings.get(hybrid_key)):
                 continue  # a native-only runtime's `image` is its MPICH-ABI image
             env, flavour = bench_env(config, framework), MPI_FLAVOURS[MODEL_FLAVOUR[model]]
-            built = built_image(runtime, flavour_tag(tag, env, flavour), build_dir, gpus=gpus)
-            if built is None:
+            made = built_image(runtime, flavour_tag(tag, env, flavour), build_dir, gpus=gpus)
+            if made is None:
                 raise ConfigError(f"config: 'images.{runtime}.{key}' is missing; allowed: the image reference "
                                   f"{runtime} runs (the workflow cannot build a {runtime} image locally)")
-            settings[key], artifacts[ImageUse(runtime, model, framework)] = built
+            settings[key], artifacts[ImageUse(runtime, model, framework)] = made
     return artifacts
 
 

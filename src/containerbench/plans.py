@@ -1,6 +1,6 @@
 """Planning: the sweep made ready and each RunSpec turned into a RunPlan (argv + environment).
 
-`prepare` is what the workflow and `containerbench plan` both do before any job: check the config,
+`plan_sweep` is what the workflow and `containerbench plan` both do before any job: check the config,
 resolve each runtime's image, probe the runtimes, expand the sweep and plan every run. It leaves the
 config it is given as it is: what planning resolved (the images, the runtimes that cannot run here,
 the data sample) is in the Sweep it returns, with the config as planned (Sweep.config).
@@ -143,7 +143,7 @@ def telemetry_settings(spec: RunSpec, config: dict) -> dict | None:
                                                 "exclude_disturbed")}}
 
 
-def plan(spec: RunSpec, config: dict, allocation: Allocation | None = None) -> RunPlan:
+def plan_run(spec: RunSpec, config: dict, allocation: Allocation | None = None) -> RunPlan:
     """Everything needed to start the run. `allocation`: the strategy of the sweep's runs (default:
     allocation_for(config)); only a run with an allocation of its own (PER_RUN) carries salloc's argv."""
     allocation = allocation_for(config) if allocation is None else allocation
@@ -198,11 +198,11 @@ class Sweep:
 
     runs: list[RunSpec]
     plans: dict[str, RunPlan]  # run id -> plan
-    image_files: dict[cb_config.ImageUse, str] = field(default_factory=dict)  # who runs a built image -> its file
+    artifacts: dict[cb_config.ImageUse, str] = field(default_factory=dict)  # who runs a built image -> its file
     skipped: dict[str, str] = field(default_factory=dict)  # runtime -> why it cannot run here
     dataset_sample: str | None = None  # the sample directory to generate for real-data runs, if any
     # The config as planned: each runtime's image resolved, the runtimes that cannot run here left out,
-    # the dataset path set to the sample. The config given to prepare stays as the user wrote it.
+    # the dataset path set to the sample. The config given to plan_sweep stays as the user wrote it.
     config: dict = field(default_factory=dict)
     allocation: Allocation = Allocation.NONE  # the runs' Slurm allocation strategy
 
@@ -212,7 +212,7 @@ class Sweep:
         needs = {}
         for run in self.runs:
             needs[run.run_id] = {}
-            image = self.image_files.get(cb_config.ImageUse.of(run))
+            image = self.artifacts.get(cb_config.ImageUse.of(run))
             if image:
                 needs[run.run_id]["image"] = image
             if self.dataset_sample and run.data == "real":
@@ -220,30 +220,30 @@ class Sweep:
         return needs
 
 
-def check_site_images(config: dict, built: dict[cb_config.ImageUse, str]) -> None:
+def check_site_images(config: dict, artifacts: dict[cb_config.ImageUse, str]) -> None:
     """An image the site supplies (not one the workflow builds) exists, or is pinned by digest."""
-    for runtime in site_images(config, built):
+    for runtime in site_images(config, artifacts):
         problem = runtime.site_image_problem()
         if problem:
             raise cb_config.ConfigError(f"config: {problem}")
 
 
-def site_images(config: dict, built: dict[cb_config.ImageUse, str]) -> list:
+def site_images(config: dict, artifacts: dict[cb_config.ImageUse, str]) -> list:
     """The runtimes (one per MPI model and framework) that run an image the site supplies."""
     uses = [cb_config.ImageUse(name, model, framework) for name in config["runtimes"] if name != BareMetal.name
             for framework in config["benchmark"]["frameworks"] for model in cb_config.mpi_models(config, name)]
-    return [runtime_for(use.runtime, config, use.mpi_model, use.framework) for use in uses if use not in built]
+    return [runtime_for(use.runtime, config, use.mpi_model, use.framework) for use in uses if use not in artifacts]
 
 
-def site_image_files(config: dict, built: dict[cb_config.ImageUse, str]) -> list[str]:
+def site_image_files(config: dict, artifacts: dict[cb_config.ImageUse, str]) -> list[str]:
     """The image files the site supplies: the pre-flight check checks that the compute nodes see them."""
-    return sorted({os.path.abspath(runtime.image) for runtime in site_images(config, built)
+    return sorted({os.path.abspath(runtime.image) for runtime in site_images(config, artifacts)
                    if runtime.image_is_file(runtime.image)})
 
 
 
 
-def prepare(config: dict, repo: Path, *, probe: bool = True) -> Sweep:
+def plan_sweep(config: dict, repo: Path, *, probe: bool = True) -> Sweep:
     """Everything checked before any job: runtimes' images and launchers, the dataset, the sweep,
     and (with `probe`) which runtimes can run here and what the Slurm cluster can give.
     `config` must be validated (config.validated) and is left unchanged: the Sweep holds the config
@@ -269,7 +269,7 @@ def prepare(config: dict, repo: Path, *, probe: bool = True) -> Sweep:
             if probe:
                 slurm.check_cluster(planned, runs)
         allocation = allocation_for(planned)
-        plans = {run.run_id: plan(run, planned, allocation) for run in runs}
+        plans = {run.run_id: plan_run(run, planned, allocation) for run in runs}
     except cb_config.ConfigError:
         raise
     except ValueError as error:  # a runtime refusing what the config asks (an option, a launcher, a bind)

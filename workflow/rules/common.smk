@@ -27,7 +27,7 @@ REPO = Path(workflow.basedir)  # the image, the wheelhouse and the data sample b
 try:
     cb_config.validated(config)  # one line naming the key, the value and what is allowed; defaults filled in
     # Probing runtimes and sinfo is for the process that plans; a job re-reads this file on its node.
-    SWEEP = plans.prepare(config, REPO, probe=workflow.is_main_process)
+    SWEEP = plans.plan_sweep(config, REPO, probe=workflow.is_main_process)
     # The config as planned (images resolved, runtimes that cannot run here left out, the data sample):
     # what the rules use; `config` stays as the user wrote it (with defaults), for its digest.
     PLANNED = SWEEP.config
@@ -112,7 +112,7 @@ PREFLIGHT = preflight.check_argv(
     PYTHON,
     {name: FRAMEWORK_PYTHON[name] for name in config["benchmark"]["frameworks"] if BARE_METAL},
     {name: list(runtimes.runtime_for(name, PLANNED).probe) for name in sorted(ON_COMPUTE_NODES)},
-    plans.site_image_files(PLANNED, SWEEP.image_files),
+    plans.site_image_files(PLANNED, SWEEP.artifacts),
 )
 
 

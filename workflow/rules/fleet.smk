@@ -30,7 +30,7 @@ if FLEET_SELECTION and workflow.is_main_process:  # every fleet rule is local: t
 
 if FLEET is not None:
     FLEET_DIR = f"{RESULTS}/fleet"
-    FLEET_IMAGES = FLEET_JOBS.images(SWEEP.image_files)
+    FLEET_IMAGES = FLEET_JOBS.images(SWEEP.artifacts)
 
     rule fleet_plan:
         """What was planned, for the verdict (the nodes measured, those Slurm could not run on, the links),

@@ -1,5 +1,5 @@
 # The one image, from containers/Dockerfile, and what each runtime runs made from it.
-# Only the artifacts some selected runtime needs are built (SWEEP.image_files). Each
+# Only the artifacts some selected runtime needs are built (SWEEP.artifacts). Each
 # step is `python -m containerbench image <step>`, which builds every command as an
 # argv list and stops at images.step_timeout_s; the rules only name files.
 import itertools

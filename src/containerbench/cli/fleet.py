@@ -14,7 +14,7 @@ def cmd_fleet_plan(args) -> int:
     from containerbench import fleet, slurm
 
     try:
-        planned = fleet.plan(fleet.select(args.nodes, args.partition))
+        planned = fleet.plan_batch(fleet.select(args.nodes, args.partition))
     except slurm.QueryError as error:
         print(f"containerbench: fleet: {error}", file=sys.stderr)
         return 2

@@ -66,7 +66,7 @@ def run_image_step(args) -> str:
         remove_image,
     )
     from containerbench.images import (
-        built,
+        build_outputs,
         flavour_tag,
         prepare_runtime,
         runtime_commands,
@@ -112,7 +112,7 @@ def run_image_step(args) -> str:
         write_file(args.marker, f"{args.out}: ch-fromhost --nvidia done\n")
         return str(args.out)
     if args.step == "prepare":
-        return prepare_runtime(args.runtime, built(tag, args.build_dir, args.engine), timeout)
+        return prepare_runtime(args.runtime, build_outputs(tag, args.build_dir, args.engine), timeout)
     if args.step == "remove":
         base = args.tag or default_tag(args.bench_python)
         tags = sorted({flavour_tag(base, each_env, each_flavour) for each_env in BENCH_ENVS.values()

@@ -22,7 +22,7 @@ def cmd_plan(args) -> int:
         one_node_jobs,
         sweep_records,
     )
-    from containerbench.plans import prepare
+    from containerbench.plans import plan_sweep
 
     if args.records and not args.estimate:
         raise cb_config.ConfigError("plan: --records is read only with --estimate")
@@ -31,7 +31,7 @@ def cmd_plan(args) -> int:
         print(every_runtime(config, Path.cwd()))
         return 0
     # What each runtime would run, from this clone; nothing is probed here.
-    sweep = prepare(config, Path.cwd(), probe=False)
+    sweep = plan_sweep(config, Path.cwd(), probe=False)
     if args.estimate:
         if args.run_id and args.run_id not in sweep.plans:
             raise cb_config.ConfigError(f"plan: --run-id {args.run_id!r} is not a run of this sweep")
@@ -92,7 +92,7 @@ def every_runtime(config: dict, repo: Path) -> str:
     import copy
 
     from containerbench import images
-    from containerbench.plans import prepare
+    from containerbench.plans import plan_sweep
     from containerbench.runtimes import CONTAINER_RUNTIMES, MPI_MODELS, RUNTIME_NAMES, BareMetal
 
     blocks = []
@@ -111,7 +111,7 @@ def every_runtime(config: dict, repo: Path) -> str:
                 one["images"][name] = settings
             title = f"{name} ({model})"
             try:
-                sweep = prepare(one, repo, probe=False)
+                sweep = plan_sweep(one, repo, probe=False)
             except cb_config.ConfigError as refused:
                 blocks.append(f"{title}\n  not supported: {str(refused).removeprefix('config: ')}")
                 continue
@@ -122,7 +122,7 @@ def every_runtime(config: dict, repo: Path) -> str:
             prepared = images.runtime_commands(build["engine"], images.flavour_tag(build["tag"], env, flavour),
                                                "REGISTRY", repo / images.IMAGES,
                                                one["slurm"]["gpus_per_node"] > 0).get(name, [])
-            uses_built = any((use.runtime, use.mpi_model) == (name, model) for use in sweep.image_files)
+            uses_built = any((use.runtime, use.mpi_model) == (name, model) for use in sweep.artifacts)
             # A runtime whose image the site supplies still shows how it would take the built one.
             shown = prepared if uses_built or (cls and cls.placeholder_image) else []
             lines = [title, *(f"  prepare: {shlex.join(argv)}" for argv in shown)]

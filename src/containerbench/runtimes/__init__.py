@@ -142,14 +142,14 @@ def check_launchers(config: dict) -> None:
             runtime_for(name, config, model).check_launcher(config["launcher"]["kind"])
 
 
-def select_runtimes(config: dict, built: dict[ImageUse, str]) -> dict[str, str]:
+def select_runtimes(config: dict, artifacts: dict[ImageUse, str]) -> dict[str, str]:
     """Probe each container runtime (and, for those that run the built image, the build engine);
     apply runtime_policy. Return {skipped runtime: reason}.
 
     Under `require` an unusable runtime is a ConfigError; under `skip-unusable` it
     is removed from config["runtimes"] and its reason returned for the report.
     """
-    build_ok, build_reason = engine_usable(config["images"]["build"]["engine"]) if built else (True, "")
+    build_ok, build_reason = engine_usable(config["images"]["build"]["engine"]) if artifacts else (True, "")
     unusable = {}
     for name in config["runtimes"]:
         if name == BareMetal.name:
@@ -158,7 +158,7 @@ def select_runtimes(config: dict, built: dict[ImageUse, str]) -> dict[str, str]:
         if runtime.available == "compute-nodes":
             continue  # the pre-flight check probes it where it runs (containerbench.preflight)
         ok, reason = runtime.usable()
-        runs_built = any(use.runtime == name for use in built)
+        runs_built = any(use.runtime == name for use in artifacts)
         if ok and runs_built and not build_ok:
             ok, reason = False, f"the image cannot be built here: {build_reason}"
         if not ok:
