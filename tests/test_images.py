@@ -89,8 +89,8 @@ def test_definition_from_archive():
 
 def test_definition_command_labels_the_image_with_the_bench_venvs_hash(tmp_path, bench_python):
     out = tmp_path / "containerbench.def"
-    assert singularity.main(["--dockerfile", str(ROOT / "containers" / "Dockerfile"), "--context", str(ROOT),
-                             "--bench-python", str(bench_python), "--out", str(out)]) == 0
+    assert cli.main(["singularity-definition", "--dockerfile", str(ROOT / "containers" / "Dockerfile"),
+                     "--context", str(ROOT), "--bench-python", str(bench_python), "--out", str(out)]) == 0
     assert section(out.read_text(), "%labels") == [
         f"org.containerbench.provenance {singularity.host_provenance_hash(bench_python)}"]
 
