@@ -3,7 +3,7 @@
 #
 #   scripts/test-suite.sh FAST_MARKERS [PYTEST_ARGS...]     (MAKE, VENV and SYSTEM_DEPS from the Makefile)
 #
-# The tests that need only the workflow venv (FAST_MARKERS, `make test-fast`'s) start as soon as that venv
+# Lint and the tests that need only the workflow venv (FAST_MARKERS: `make test-fast`) start as soon as that venv
 # and the system packages are in place, beside the rest of `make ready`: they keep one core busy, and
 # ready's pip installs and compiles leave the second idle much of the time (benchmarks/README.md, Suite timings).
 # Their output is held in a log and shown whole when they end. The other tests need what ready makes,
@@ -24,11 +24,21 @@ mkdir -p "$(dirname "$log")"
 ( "$make" --no-print-directory ready READY_ALSO=test-wheelhouses; echo $? > "$ready_ended" ) &
 ready=$!
 
+# Lint (seconds), then the fast tests, into one log; a lint finding fails the suite, after the tests ran.
+run_fast() {
+  "$make" --no-print-directory lint > "$log" 2>&1
+  local lint_rc=$?
+  "$python" -m pytest -m "$fast" "$@" >> "$log" 2>&1
+  local tests_rc=$?
+  ((lint_rc == 0)) || return "$lint_rc"
+  return "$tests_rc"
+}
+
 # `make -q` answers 0 once both are made and up to date (a stale venv is being remade until then).
 fast_rc=
 until [[ -s $ready_ended ]]; do
   if "$make" --no-print-directory -q "$venv_ready" "$system_deps" 2>/dev/null; then
-    "$python" -m pytest -m "$fast" "$@" > "$log" 2>&1
+    run_fast "$@"
     fast_rc=$?
     break
   fi
@@ -37,11 +47,11 @@ done
 wait "$ready"
 ready_rc=$(cat "$ready_ended")
 if [[ -z $fast_rc ]] && ((ready_rc == 0)); then  # ready was faster than the polling: run them now
-  "$python" -m pytest -m "$fast" "$@" > "$log" 2>&1
+  run_fast "$@"
   fast_rc=$?
 fi
 if [[ -n $fast_rc ]]; then
-  echo "== the tests that need only the workflow venv, run beside make ready ($log) =="
+  echo "== lint and the tests that need only the workflow venv, run beside make ready ($log) =="
   cat "$log"
 fi
 ((ready_rc == 0)) || exit "$ready_rc"
