@@ -64,8 +64,8 @@ def test_each_problem_is_one_line_and_nothing_is_stamped(tmp_path):
 
 def test_a_stale_copy_of_the_clone_is_not_the_clone(tmp_path):
     copy = tmp_path / "copy"
-    (copy / "src" / "containerbench").mkdir(parents=True)
-    (copy / "src" / "containerbench" / "bench.py").write_text("# an older checkout\n")
+    (copy / "src" / "containerbench" / "rank").mkdir(parents=True)
+    (copy / "src" / "containerbench" / "rank" / "bench.py").write_text("# an older checkout\n")
     done = run_preflight(tmp_path, "--repo", str(copy), "--sources-digest", preflight.sources_digest(ROOT))
     assert done.returncode == 1
     assert f"the clone at {copy} differs from the one the workflow planned with" in done.stderr

@@ -109,7 +109,7 @@ def test_the_sampler_follows_the_runs_processes_the_cpus_and_the_network(tmp_pat
 def test_the_sampler_ends_with_the_rank_that_started_it(tmp_path):
     """A rank killed by SIGKILL leaves no sampler behind."""
     rank = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from containerbench import telemetry; "
+        [sys.executable, "-c", "import sys, time; from containerbench.rank import telemetry; "
          f"s = telemetry.start_sampler({str(tmp_path)!r}, 0.1); print(s.pid, flush=True); time.sleep(60)"],
         stdout=subprocess.PIPE, text=True)
     sampler_pid = int(rank.stdout.readline())

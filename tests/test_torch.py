@@ -23,7 +23,7 @@ TORCHVISION_NUM_PARAMS = {"resnet50": 25_557_032, "resnet101": 44_549_160, "resn
 
 
 def test_models_have_torchvisions_parameter_counts(torch_python):
-    code = ("import json; from containerbench import torchmodels as t; "
+    code = ("import json; from containerbench.rank import torchmodels as t; "
             "print(json.dumps({n: [sum(p.numel() for p in t.build(n)[0].parameters()), t.build(n)[1]] "
             "for n in t.MODELS}))")
     counts = json.loads(subprocess.run([str(torch_python), "-c", code], capture_output=True, text=True,
@@ -41,7 +41,7 @@ SMOKE_WEIGHTS = 3 * 3 * 3 * 16 + 3 * 3 * 16 * 32 + 2 * (16 + 32) + 32 * 1000 + 1
 
 
 def test_the_smoke_network_has_the_same_weights_in_tensorflow(bench_python):
-    code = ("import tensorflow as tf; from containerbench import bench; "
+    code = ("import tensorflow as tf; from containerbench.rank import bench; "
             "model = bench.build_model(tf, bench.parse_args(['--model', 'cnn_smoke', '--image-size', '32']))[0]; "
             "print(sum(int(tf.size(v)) for v in model.trainable_variables))")
     done = subprocess.run([str(bench_python), "-c", code], capture_output=True, text=True, check=True, timeout=300)
