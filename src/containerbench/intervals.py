@@ -12,7 +12,14 @@ with Satterthwaite's degrees of freedom for the variance v_a + R^2 v_b, the
 ratio estimate a / b plugged in (Tamhane and Logan 2004; the default of R's
 mratios::ttestratio with var.equal = FALSE). When the denominator's mean is not
 significantly away from zero (t^2 v_b >= b^2) that set is unbounded, and there
-is no interval to give.
+is no interval to give: it is either every ratio, or two rays that leave out a
+gap (gap_low, gap_high). A ratio in that gap is still rejected, so a comparison
+whose null (1) lies there is significant, though it has no interval.
+
+A numerator with no spread at a ratio of 0 (every repetition 0) makes
+Satterthwaite's degrees of freedom 0/0; its limit there is the denominator's,
+n_b - 1, and the set is the single ratio 0 when the denominator's mean is away
+from zero.
 """
 
 from __future__ import annotations
@@ -38,12 +45,18 @@ class RatioInterval:
     high: float
     dof: float  # Satterthwaite's, at the ratio estimate
     no_interval: str | None = None  # why there is none: "n/a: ..."
+    gap_low: float = float("nan")  # an unbounded set of two rays leaves out (gap_low, gap_high); else NaN
+    gap_high: float = float("nan")
 
     def significance(self, null: float = 1.0) -> str:
-        """"significant" when the interval leaves out `null` (1: no difference), else why not."""
+        """"significant" when the set leaves out `null` (1: no difference), else why not."""
         if self.no_interval:
-            return self.no_interval
+            return _unbounded_verdict(self.no_interval) if self.gap_low < null < self.gap_high else self.no_interval
         return "not significant" if self.low <= null <= self.high else "significant"
+
+
+def _unbounded_verdict(no_interval: str) -> str:
+    return f"significant, with no interval: {no_interval.removeprefix('n/a: ')}"
 
 
 @dataclass(frozen=True)
@@ -55,12 +68,17 @@ class RatioIntervals:
     high: np.ndarray
     dof: np.ndarray
     no_interval: np.ndarray  # of str or None: why there is none, "n/a: ..."
+    gap_low: np.ndarray  # where the set is two rays, the gap they leave out; NaN elsewhere
+    gap_high: np.ndarray
 
     def significance(self, null: float = 1.0) -> np.ndarray:
         """Per element, as RatioInterval.significance."""
         inside = (self.low <= null) & (null <= self.high)
         verdict = np.where(inside, "not significant", "significant").astype(object)
-        return np.where(pd.isna(self.no_interval), verdict, self.no_interval)
+        in_gap = (self.gap_low < null) & (null < self.gap_high)
+        unbounded = np.array([_unbounded_verdict(why) if gap else why
+                              for why, gap in zip(self.no_interval, in_gap)], dtype=object)
+        return np.where(pd.isna(self.no_interval), verdict, unbounded)
 
 
 def ratio_intervals(mean_numerator, mean_denominator, var_numerator, var_denominator, n_numerator, n_denominator,
@@ -79,6 +97,7 @@ def ratio_intervals(mean_numerator, mean_denominator, var_numerator, var_denomin
         var_b = np.asarray(var_denominator, dtype=float) / n_b
         var_contrast = var_a + ratio**2 * var_b  # of a - R b at the estimate
         dof = var_contrast**2 / (var_a**2 / (n_a - 1) + ratio**4 * var_b**2 / (n_b - 1))
+        dof = np.where((var_a == 0) & (ratio == 0), n_b - 1, dof)  # 0/0: its limit (module docstring)
         too_few = ~((n_a >= 2) & (n_b >= 2))
         no_spread = ~too_few & (var_a + var_b == 0)
         zero_denominator = ~too_few & ~no_spread & (b == 0)
@@ -95,12 +114,17 @@ def ratio_intervals(mean_numerator, mean_denominator, var_numerator, var_denomin
         half = t * np.sqrt(a**2 * var_b + var_a * leading)
         low = np.where(bounded, (a * b - half) / leading, np.nan)
         high = np.where(bounded, (a * b + half) / leading, np.nan)
+        # Opening downward (leading < 0) with two roots, the set is the rays outside them. leading == 0
+        # (a single ray) is left as every ratio: no verdict claimed.
+        two_rays = unbounded & (leading < 0) & (half > 0)
+        gap_low = np.where(two_rays, (a * b + half) / leading, np.nan)
+        gap_high = np.where(two_rays, (a * b - half) / leading, np.nan)
     indistinct = f"n/a: {denominator_name} mean not distinguishable from 0"
     no_interval = np.select([too_few, no_spread, zero_denominator | unbounded],
                             ["n/a: needs 2+ repetitions each", "n/a: no spread in either side's repetitions",
                              indistinct], None).astype(object)
     # Satterthwaite's dof is reported wherever the t quantile was taken (an unbounded set included).
-    return RatioIntervals(ratio, low, high, np.where(computable, dof, np.nan), no_interval)
+    return RatioIntervals(ratio, low, high, np.where(computable, dof, np.nan), no_interval, gap_low, gap_high)
 
 
 def ratio_interval(numerator, denominator, denominator_name: str = "denominator",
@@ -117,4 +141,5 @@ def ratio_interval(numerator, denominator, denominator_name: str = "denominator"
     intervals = ratio_intervals([x.mean()], [y.mean()], [x.var(ddof=1)], [y.var(ddof=1)], [x.count()], [y.count()],
                                 denominator_name, confidence)
     return RatioInterval(float(intervals.ratio[0]), float(intervals.low[0]), float(intervals.high[0]),
-                         float(intervals.dof[0]), intervals.no_interval[0])
+                         float(intervals.dof[0]), intervals.no_interval[0], float(intervals.gap_low[0]),
+                         float(intervals.gap_high[0]))
