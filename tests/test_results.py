@@ -65,6 +65,15 @@ def test_summary_has_median_spread_and_scaling_per_point(five_runs):
     assert two["scaling_efficiency_percent"] == pytest.approx(100 * 18 / 11 / 2)
 
 
+def test_a_disturbed_run_is_counted_apart_from_the_failed_and_invalid_ones(recorded_runs):
+    one = recorded_runs[("train", 1)]
+    runs = [variant(one, "ok", 10.0, 1), variant(one, "disturbed", 8.0, 2, status="disturbed"),
+            variant(one, "failed", 9.0, 3, status="failed"), variant(one, "invalid", 9.5, 4, status="invalid")]
+    [row] = summary_table(runs_table(runs)).to_dict("records")
+    assert (row["repetitions"], row["failed_or_invalid"], row["disturbed"]) == (1, 2, 1)
+    assert row["images_per_sec_median"] == 10.0  # only the ok run is a figure
+
+
 def test_a_point_whose_runs_all_failed_still_shows_up(recorded_runs):
     failed = variant(recorded_runs[("train", 2)], "two-failed", status="failed")
     summary = summary_table(runs_table([failed]))

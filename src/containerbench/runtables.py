@@ -151,7 +151,9 @@ def summary_table(runs: pd.DataFrame, stops: dict[str, str] | None = None) -> pd
         rows.append({
             **dict(zip(POINT, point)),
             "repetitions": int(rates.count()),
-            "failed_or_invalid": int((group["status"] != Status.OK).sum()),
+            # A disturbed run is a valid measurement left out of the figures, not a failure: counted apart.
+            "failed_or_invalid": int(group["status"].isin([Status.FAILED, Status.INVALID]).sum()),
+            "disturbed": int((group["status"] == Status.DISTURBED).sum()),
             "images_per_sec_median": rates.median(),
             "images_per_sec_mean": rates.mean(),
             "images_per_sec_std": rates.std(ddof=1),
