@@ -223,11 +223,11 @@ def memory_table(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def study_table(summary: pd.DataFrame) -> pd.DataFrame:
-    """The CSCS report's Table 1 shape: ranks, mode, data, images/s (with framework, runtime and fabric)."""
+    """The CSCS report's Table 1 shape: ranks, mode, data, images/s (with framework, runtime and fabric). Its
+    figure is the median over the repetitions, and its headings say so; std is the repetitions' spread."""
+    headings = {"batch_size": "batch/rank", "images_per_sec_median": "img/s median", "images_per_sec_std": "std"}
     if summary.empty:
-        return pd.DataFrame(columns=["framework", "ranks", "mode", "data", "runtime", "fabric", "batch/rank", "img/s",
-                                     "std"])
-    headings = {"batch_size": "batch/rank", "images_per_sec_median": "img/s", "images_per_sec_std": "std"}
+        return pd.DataFrame(columns=["framework", "ranks", "mode", "data", "runtime", "fabric", *headings.values()])
     table = summary[["framework", "ranks", "mode", "data", "runtime", "fabric", "batch_size", "images_per_sec_median",
                      "images_per_sec_std"]].rename(columns=headings)
     return table.sort_values(["framework", "runtime", "fabric", "mode", "data", "ranks"], ignore_index=True)

@@ -91,7 +91,7 @@ def markdown_summary(tables: dict[str, pd.DataFrame]) -> str:
         ("Distribution modes (ratio of means to the framework's baseline, Fieller 95% interval)", tables["modes"]),
         ("Frameworks (PyTorch / TensorFlow, ratio of means, Fieller 95% interval)", tables["frameworks"]),
         ("Input overhead (% of the means, Fieller 95% interval)", tables["input"]),
-        ("Table 1 (ranks, mode, data, images/s)", tables["table1"]),
+        ("Table 1 (ranks, mode, data, images/s: the median over repetitions)", tables["table1"]),
         ("Failed, invalid, disturbed and unreadable runs", tables["failures"]),
     ]
     return "\n\n".join(f"### {title}\n\n{_markdown(frame)}" for title, frame in sections) + "\n"
