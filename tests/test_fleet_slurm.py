@@ -61,9 +61,19 @@ def test_validate_nodes_names_the_slowed_node_the_slowed_link_and_the_cancelled_
     fleet_dir = tmp_path / "results" / "fleet"
     summary = pd.read_csv(fleet_dir / "fleet_summary.csv", keep_default_na=False).set_index("member")
     print(summary.to_string())  # the verdict, for the note (pytest -s)
-    print(pd.read_csv(fleet_dir / "fleet_nodes.csv")[["node", "variable", "value", "fleet_median", "mad",
-                                                        "robust_z", "deviation_percent", "result"]].to_string())
+    nodes = pd.read_csv(fleet_dir / "fleet_nodes.csv")
+    print(nodes[["node", "variable", "value", "fleet_median", "robust_z", "deviation_percent", "spread_percent",
+                 "repeatability_percent", "result"]].to_string())
     assert "fleet: 1 of 4 node(s) failed, 2 of 6 link(s) bad" in output
+    # Four slurmd on one VM's two vCPUs, whose host moves them: a figure whose repetitions on one node
+    # differ by more than the 10% that fails is reported unjudged, in a row of its own, never passed in
+    # silence; the faults injected are far beyond that noise, and fail all the same.
+    unjudged = summary[summary["kind"] == "variable"]
+    assert set(unjudged["result"]) <= {"unjudged"}
+    assert all(reason.startswith("repetitions of one member differ by ") for reason in unjudged["reason"])
+    healthy = nodes[nodes["node"] != SLOW_NODE]
+    assert set(healthy["result"]) <= {"pass", "unjudged"}
+    assert set(healthy.loc[healthy["result"] == "unjudged", "variable"]) <= set(unjudged.index)
     failed = summary[summary["result"] == "fail"]
     assert sorted(failed.index) == sorted([SLOW_NODE, "+".join(SLOW_LINK), CANCELLED_LINK]), summary
     assert summary.loc[SLOW_NODE, "reason"].startswith("images_per_sec ")

@@ -10,6 +10,14 @@ fraction from the median: a homogeneous fleet has a tiny MAD, and 2% off is not 
 fault. Half the median (twice, for a latency) fails whatever the spread, and so
 does a figure outside the site's reference.
 
+A figure is compared only as finely as it repeats: when one member's repetitions
+typically differ by more than the shortfall that fails (the median over the batch
+of each member's range, in % of its median: the measurement's repeatability, as a
+gauge study has it), a difference between members that size is the measurement's
+own noise. Such a variable is "unjudged" against the fleet, and says so; a member
+fails on it only when even its best repetition is under half the others' worst,
+or outside the site's reference.
+
 Links are localised from the pairings: a ring (each node with its neighbours)
 and chords (each node with the one half-way round) put every node of four or
 more in three links or more. Links are set against the links between nodes that
@@ -46,10 +54,15 @@ GROSS_RATIO = 0.5
 
 # deviation_percent: from the fleet median; better_percent: the same, signed so that below 0 is worse
 # whatever the metric (latency up is worse), which is what the charts show.
+# spread_percent: the range of the member's repetitions in % of their median; repeatability_percent: its
+# variable's median spread over the batch (the basis), against which min_shortfall must be resolvable.
 NODE_COLUMNS = ["node", "variable", "value", "unit", "reference", "fleet_median", "mad", "robust_z",
-                "deviation_percent", "better_percent", "result", "reason"]
+                "deviation_percent", "better_percent", "runs", "spread_percent", "repeatability_percent",
+                "result", "reason"]
 LINK_COLUMNS = ["link", "variable", "value", "unit", "reference", "fleet_median", "mad", "robust_z",
-                "deviation_percent", "better_percent", "slow", "blamed_on", "reason"]
+                "deviation_percent", "better_percent", "runs", "spread_percent", "repeatability_percent",
+                "slow", "blamed_on", "reason"]
+UNJUDGED = "unjudged"  # a node table's result: the variable does not repeat finely enough to compare nodes
 SUMMARY_COLUMNS = ["member", "kind", "result", "reason"]
 
 
@@ -194,8 +207,12 @@ def member_values(records: list[dict]) -> pd.DataFrame:
     values = values[values["hosts"].map(len).isin((1, 2))]
     values["member"] = values["hosts"].map(link_name)
     values["scope"] = np.where(values["hosts"].map(len) == 1, "node", "link")
-    return (values.groupby(["scope", "member", "variable", "unit"], as_index=False, sort=False)
-            .agg(value=("value", "median"), runs=("run_id", "nunique")))
+    grouped = (values.groupby(["scope", "member", "variable", "unit"], as_index=False, sort=False)
+               .agg(value=("value", "median"), runs=("run_id", "nunique"), low=("value", "min"),
+                    high=("value", "max")))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        spread = 100 * (grouped["high"] - grouped["low"]) / grouped["value"].abs()
+    return grouped.assign(spread_percent=spread.where(grouped["runs"] > 1))
 
 
 def robust_deviation(values: pd.DataFrame, min_shortfall: float, basis=None) -> pd.DataFrame:
@@ -216,19 +233,44 @@ def robust_deviation(values: pd.DataFrame, min_shortfall: float, basis=None) -> 
                      np.sign(values["value"] - median) * np.inf)
         ratio = np.where(sign > 0, values["value"] / median, median / values["value"])  # below 1: worse
     worse = ((sign * z < -ROBUST_Z_LIMIT) & (sign * deviation < -100 * min_shortfall)) | (ratio < GROSS_RATIO)
+    repeatability, unjudged, best_too_low = _repeatability(values, counted, sign, min_shortfall)
     return values.assign(fleet_median=median, mad=mad, robust_z=z, deviation_percent=deviation,
-                         better_percent=sign * deviation, worse=worse)
+                         better_percent=sign * deviation, repeatability_percent=repeatability, unjudged=unjudged,
+                         worse=np.where(unjudged, best_too_low, worse))
 
 
-def _against(values: pd.DataFrame, references: dict[str, Reference]) -> pd.DataFrame:
+def _repeatability(values: pd.DataFrame, counted: pd.DataFrame, sign, min_shortfall: float):
+    """Each row's variable's repeatability (the median over the basis of a member's spread over its
+    repetitions, in %), whether it is too coarse to resolve `min_shortfall` (unjudged), and whether the
+    row's best repetition is under half the median of the basis' worst ones (a fault however noisy)."""
+    if "spread_percent" not in values:  # one figure per member: no repetitions to tell noise by
+        false = np.zeros(len(values), dtype=bool)
+        return pd.Series(np.nan, index=values.index), false, false
+    repeatability = values["variable"].map(counted.groupby("variable")["spread_percent"].median())
+    unjudged = (repeatability > 100 * min_shortfall).to_numpy()
+    higher_better = sign > 0
+    best = np.where(higher_better, values["high"], values["low"])
+    counted_worst = counted["high"].where(counted["variable"].map(metric_of).isin(LOWER_IS_BETTER), counted["low"])
+    floor = values["variable"].map(counted_worst.groupby(counted["variable"]).median())
+    with np.errstate(divide="ignore", invalid="ignore"):
+        best_ratio = np.where(higher_better, best / floor, floor / best)
+    return repeatability, unjudged, best_ratio < GROSS_RATIO
+
+
+def _against(values: pd.DataFrame, references: dict[str, Reference], min_shortfall: float) -> pd.DataFrame:
     """`bad`: far out in the fleet, or outside the site's reference for the node type (a whole batch
-    equally slow passes the first test and fails this one); `reason` says which."""
+    equally slow passes the first test and fails this one); `reason` says which, or why the fleet could
+    not judge the figure."""
     known = values["variable"].map(references.get)
     outside = [reference is not None and not reference.admits(value)
                for reference, value in zip(known, values["value"])]
     reasons = []
     for row, reference, out in zip(values.itertuples(), known, outside):
         why = [_why(row)] if row.worse else []
+        if row.unjudged and not row.worse:
+            why.append(f"{metric_of(row.variable)} not judged against the fleet: one member's repetitions differ "
+                       f"by {row.repeatability_percent:.0f}% (the batch's median), more than the "
+                       f"{100 * min_shortfall:.0f}% shortfall that fails")
         if out:
             bounds = " and ".join(f"{word} {bound:.4g}" for word, bound in (("at least", reference.lower_bound),
                                                                             ("at most", reference.upper_bound))
@@ -242,8 +284,12 @@ def _against(values: pd.DataFrame, references: dict[str, Reference]) -> pd.DataF
 
 def _why(row) -> str:
     direction = "above" if row.deviation_percent > 0 else "below"
-    return (f"{metric_of(row.variable)} {row.value:.4g} {row.unit}, {abs(row.deviation_percent):.0f}% {direction} "
-            f"the fleet median {row.fleet_median:.4g} (robust z {row.robust_z:.1f})")
+    why = (f"{metric_of(row.variable)} {row.value:.4g} {row.unit}, {abs(row.deviation_percent):.0f}% {direction} "
+           f"the fleet median {row.fleet_median:.4g} (robust z {row.robust_z:.1f})")
+    if row.unjudged:
+        why += (f", and even its best repetition under half the others' worst (repetitions differ by "
+                f"{row.repeatability_percent:.0f}%)")
+    return why
 
 
 @dataclass
@@ -281,15 +327,28 @@ def judge(records: list[dict], fleet: FleetPlan, references: dict[str, Reference
     link_summary, blamed = _link_verdicts(fleet, links, failures, node_fault, culprits)
     links["slow"] = links["bad"]
     links["blamed_on"] = links["member"].map(blamed).fillna("")
+    summary = _node_verdicts(fleet, node_fault) + link_summary + _unjudged_variables(nodes, links, min_shortfall)
     return FleetVerdict(nodes.rename(columns={"member": "node"})[NODE_COLUMNS],
                         links.rename(columns={"member": "link"})[LINK_COLUMNS],
-                        pd.DataFrame(_node_verdicts(fleet, node_fault) + link_summary, columns=SUMMARY_COLUMNS))
+                        pd.DataFrame(summary, columns=SUMMARY_COLUMNS))
+
+
+def _unjudged_variables(nodes: pd.DataFrame, links: pd.DataFrame, min_shortfall: float) -> list[dict]:
+    """A summary row per variable the fleet could not judge (kind "variable"), so that the verdict says
+    which figures it did not compare, and why, rather than passing them in silence."""
+    rows = pd.concat([nodes, links])
+    rows = rows[rows["unjudged"].astype(bool)].drop_duplicates("variable")
+    return [{"member": row.variable, "kind": "variable", "result": UNJUDGED,
+             "reason": f"repetitions of one member differ by {row.repeatability_percent:.0f}% (the batch's median): "
+                       f"too coarse to resolve the {100 * min_shortfall:.0f}% shortfall that fails; only a member "
+                       "whose best repetition is under half the others' worst, or outside a reference, fails on it"}
+            for row in rows.itertuples()]
 
 
 def _node_figures(values: pd.DataFrame, min_shortfall: float, references: dict[str, Reference]) -> pd.DataFrame:
     """Each node's figures against the whole fleet's and the references: `result` fail or pass."""
-    nodes = _against(robust_deviation(values[values["scope"] == "node"], min_shortfall), references)
-    nodes["result"] = np.where(nodes["bad"], "fail", "pass")
+    nodes = _against(robust_deviation(values[values["scope"] == "node"], min_shortfall), references, min_shortfall)
+    nodes["result"] = np.where(nodes["bad"], "fail", np.where(nodes["unjudged"], UNJUDGED, "pass"))
     return nodes
 
 
@@ -326,7 +385,7 @@ def _link_figures(values: pd.DataFrame, node_fault: dict[str, str], min_shortfal
     drag the links' median along."""
     links = values[values["scope"] == "link"]
     healthy = [not set(member.split("+")) & set(node_fault) for member in links["member"]]
-    return _against(robust_deviation(links, min_shortfall, healthy), references)
+    return _against(robust_deviation(links, min_shortfall, healthy), references, min_shortfall)
 
 
 def _slow_networked_nodes(fleet: FleetPlan, links: pd.DataFrame, failures: Failures,

@@ -419,7 +419,7 @@ def node_chart(nodes: pd.DataFrame, min_shortfall: float | None = None) -> str |
                                 squeeze=False, sharex=True)
     for axis, variable in zip(axes[:, 0], variables):
         rows = nodes[nodes["variable"] == variable].set_index("node").reindex(order)
-        colours = ["#c62828" if result == "fail" else "#7986cb" for result in rows["result"]]
+        colours = [{"fail": "#c62828", "unjudged": "#bdbdbd"}.get(result, "#7986cb") for result in rows["result"]]
         axis.bar(range(len(order)), rows["better_percent"].fillna(0), color=colours)
         axis.axhline(0, color="black", linewidth=0.8)
         if min_shortfall:
@@ -469,8 +469,8 @@ def link_matrix(links: pd.DataFrame, order: list[str], unmeasured=()) -> str | N
 FLEET_SUMMARY_COLUMNS = {"kind": "kind", "member": "node or link", "result": "result", "reason": "reason"}
 FLEET_NODE_COLUMNS = {"node": "node", "variable": "variable", "value": "value", "unit": "unit",
                       "reference": "reference", "fleet_median": "fleet median", "mad": "MAD",
-                      "robust_z": "robust z", "deviation_percent": "deviation %", "result": "result",
-                      "reason": "reason"}
+                      "robust_z": "robust z", "deviation_percent": "deviation %",
+                      "repeatability_percent": "repeatability %", "result": "result", "reason": "reason"}
 FLEET_LINK_COLUMNS = {"link": "link", "variable": "variable", "value": "value", "unit": "unit",
                       "fleet_median": "fleet median", "mad": "MAD", "robust_z": "robust z",
                       "deviation_percent": "deviation %", "blamed_on": "blamed on"}
