@@ -82,8 +82,44 @@ class Partition:
     max_minutes: int | None  # MaxTime; None: no limit
 
 
+# One GRES of sinfo's %G, as Slurm writes it (src/interfaces/gres.c, _build_node_gres_str and
+# _core_bitmap2str; bit_fmt in src/common/bitstring.c for the socket list):
+# name[:type][:no_consume]:count[K|M|G|T|P][(S:sockets)], sockets a comma-separated list of numbers and
+# ranges ("0-1", "0,2"); GresUsed writes (IDX:...) in the same place. GRES are separated by commas.
+GRES_ITEM = re.compile(r"(?P<name>[^:,()]+)(?::(?P<type>[^:,()]+))??(?::no_consume)?:(?P<count>\d+)(?P<unit>[KMGTP]?)"
+                       r"(?:\((?:S|IDX):[\d,\-]*\))?(?:,|$)")
+GRES_UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4, "P": 1024**5}
+
+
+def gres_counts(field: str) -> dict[tuple[str, str | None], int]:
+    """sinfo's GRES field (%G) as {(name, type): count}; "(null)" (no GRES) is empty. QueryError, one
+    line naming the field and the text, for what is not Slurm's GRES list."""
+    counts: dict[tuple[str, str | None], int] = {}
+    text, position = field.strip(), 0
+    if text in ("", "(null)"):
+        return counts
+    while position < len(text):
+        item = GRES_ITEM.match(text, position)
+        if item is None or item.end() == position:
+            raise QueryError(f"sinfo's GRES field (%G) {text!r} is not a list of name[:type]:count[(S:sockets)] "
+                             f"at {text[position:]!r}; allowed: what Slurm writes, e.g. gpu:h100:4(S:0-1),nvme:1")
+        key = (item["name"], item["type"])
+        counts[key] = counts.get(key, 0) + int(item["count"]) * GRES_UNITS[item["unit"]]
+        position = item.end()
+    if text.endswith(","):
+        raise QueryError(f"sinfo's GRES field (%G) {text!r} ends with a comma; allowed: what Slurm writes, e.g. "
+                         "gpu:h100:4(S:0-1),nvme:1")
+    return counts
+
+
+def gpus_of(field: str) -> int:
+    """The GPUs one node of sinfo's line has: every type's count of GRES gpu."""
+    return sum(count for (name, _), count in gres_counts(field).items() if name == "gpu")
+
+
 def partitions(via: tuple[str, ...] = ()) -> dict[str, Partition] | None:
-    """Each partition's nodes, GPUs and time limit, from sinfo; None where sinfo cannot answer."""
+    """Each partition's nodes, GPUs (the most on one node) and time limit, from sinfo; None where sinfo
+    cannot answer. QueryError for a GRES field that is not Slurm's."""
     try:
         listing = subprocess.run([*via, "sinfo", "-h", "-o", "%R|%D|%G|%l"], capture_output=True, text=True,
                                  timeout=30)
@@ -94,7 +130,7 @@ def partitions(via: tuple[str, ...] = ()) -> dict[str, Partition] | None:
     found: dict[str, Partition] = {}
     for line in listing.stdout.split():
         name, nodes, gres, limit = line.split("|")
-        gpus = max((int(g.split(":")[-1].split("(")[0]) for g in gres.split(",") if g.startswith("gpu")), default=0)
+        gpus = gpus_of(gres)
         known = found.get(name, Partition(0, 0, time_limit_minutes(limit)))
         found[name] = Partition(known.nodes + int(nodes), max(known.gpus, gpus), known.max_minutes)
     return found
