@@ -95,8 +95,9 @@ def test_a_site_runtime_missing_here_stops_the_workflow(tmp_path):
     assert done.returncode == 1
     errors = [line for line in done.stderr.splitlines() if line.startswith("containerbench:")]
     assert errors == ["containerbench: config: runtime 'enroot' cannot run here: enroot is not installed "
-                      "(not on PATH); allowed: install it, give images.<runtime>.image (and torch_image), or set "
-                      "runtime_policy: skip-unusable"]
+                      "(not on PATH); allowed: install it, set images.enroot.available: compute-nodes where only "
+                      "the compute nodes have it (the pre-flight job probes it there), give images.enroot.image "
+                      "(and torch_image), or set runtime_policy: skip-unusable"]
 
 
 # What each rule's shell command runs, and the parser that must accept its arguments.

@@ -165,7 +165,9 @@ def select_runtimes(config: dict, artifacts: dict[ImageUse, str]) -> dict[str, s
             unusable[name] = reason
     if unusable and config["runtime_policy"] == "require":
         name, reason = next(iter(unusable.items()))
-        raise ConfigError(f"config: runtime {name!r} cannot run here: {reason}; allowed: install it, give "
-                          "images.<runtime>.image (and torch_image), or set runtime_policy: skip-unusable")
+        raise ConfigError(f"config: runtime {name!r} cannot run here: {reason}; allowed: install it, set "
+                          f"images.{name}.available: compute-nodes where only the compute nodes have it (the "
+                          f"pre-flight job probes it there), give images.{name}.image (and torch_image), or set "
+                          "runtime_policy: skip-unusable")
     config["runtimes"] = [name for name in config["runtimes"] if name not in unusable]
     return unusable
