@@ -84,10 +84,14 @@ run: ready
 dry-run: $(VENV)/.containerbench-ready
 	$(VENV)/bin/snakemake --profile $(PROFILE) --dry-run $(SNAKEMAKE_ARGS)
 
+# The make program through a variable of its own: a recipe line that spells $(MAKE) runs even under
+# `make -n`, which would run the suite instead of printing it.
+MAKE_PROGRAM = $(MAKE)
+
 # `make ready` with the MPICH flavour's wheel, and every test but the GPU environment's: those that need only
 # the workflow venv (FAST) run beside the rest of ready, the others after it (scripts/test-suite.sh).
 test:
-	MAKE="$(MAKE)" VENV=$(VENV) SYSTEM_DEPS=$(SYSTEM_DEPS) scripts/test-suite.sh "$(FAST)" $(PYTEST_ARGS)
+	MAKE="$(MAKE_PROGRAM)" VENV=$(VENV) SYSTEM_DEPS=$(SYSTEM_DEPS) scripts/test-suite.sh "$(FAST)" $(PYTEST_ARGS)
 
 # No training, no container engine, no Slurm, no root: what each marker means is in pyproject.toml.
 FAST := not slow and not bench and not root and not containers and not slurm and not netns and not gpu_env
