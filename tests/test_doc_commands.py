@@ -50,10 +50,12 @@ def test_every_snakemake_command_of_the_docs_reads_its_targets_as_targets(doc, l
 def test_make_n_test_prints_the_suite_and_runs_nothing(tmp_path):
     # GNU make runs a recipe line that spells $(MAKE) even under -n ("How the MAKE Variable Works",
     # the GNU make manual): `make -n test` ran the fast tests for real. It must only print.
+    import os
     import subprocess
 
-    done = subprocess.run(["make", "-n", "test", f"VENV={tmp_path / 'no-venv'}"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=60)
+    alone = {key: value for key, value in os.environ.items() if key not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+    done = subprocess.run(["make", "--no-print-directory", "-n", "test", f"VENV={tmp_path / 'no-venv'}"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60, env=alone)  # as typed, not under `make test`
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == [line for line in done.stdout.splitlines() if "scripts/test-suite.sh" in line]
     assert not (tmp_path / "no-venv").exists() and "passed" not in done.stdout

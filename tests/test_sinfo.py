@@ -10,7 +10,9 @@ a node without any shows "(null)". GresUsed writes (IDX:...) where %G writes (S:
 from __future__ import annotations
 
 import pytest
+from helpers import ROOT
 
+from containerbench import config as cb_config
 from containerbench import slurm
 
 
@@ -47,3 +49,10 @@ def test_a_gres_field_slurm_would_not_write_is_refused_in_one_line_naming_it(fie
         slurm.gres_counts(field)
     message = str(refused.value)
     assert message.startswith(f"sinfo's GRES field (%G) {field!r} ") and where in message and "\n" not in message
+
+
+def test_where_sinfo_cannot_answer_the_cluster_check_says_so_in_one_line(capsys):
+    config = cb_config.load([ROOT / "tests" / "slurm" / "config.yaml"])
+    # No sinfo on the PATH of the command that asks (an `env` with an empty PATH): as on a host outside the cluster.
+    slurm.check_cluster(config, cb_config.plan_runs(config), via=("env", "PATH=/nonexistent"))
+    assert capsys.readouterr().err == slurm.NOT_CHECKED + "\n"

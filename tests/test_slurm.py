@@ -4,6 +4,7 @@ the executor plugin, srun with PMIx, two fabrics, and the transport check from t
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -83,15 +84,29 @@ def test_what_the_cluster_cannot_give_is_refused_in_one_line_before_any_job(clus
     config = cb_config.load([ROOT / "tests" / "slurm" / "config.yaml", tmp_path / "site.yaml"])
     via = (str(CLUSTER), "exec", str(cluster))  # the controller's own sinfo
     slurm.check_cluster(config, cb_config.plan_runs(config), via)  # what the test cluster has: fine
+    # Its GPUs are declared with socket affinity (tests/slurm/cluster.sh), as sinfo shows them at a GPU site:
+    # the form that crashed the check (issue 36), read here from Slurm's own sinfo.
+    cpus = len(os.sched_getaffinity(0))
+    assert on_controller(cluster, "sinfo", "-h", "-o", "%G").stdout.split() == [
+        f"gpu:h100:{2 * cpus}(S:0-{cpus - 1})" if cpus > 1 else "gpu:h100:2(S:0)"]
+    assert slurm.partitions(via)["cpu"].gpus == 2 * cpus
     for change, message in (
         ({"slurm": {"partition": "gpu"}}, "'slurm.partition' = 'gpu' is not a partition of this cluster; allowed: cpu"),
         ({"scaling": {"nodes": [4]}}, "'scaling.nodes' asks for 4 nodes, partition 'cpu' has 2; allowed: at most 2"),
-        ({"slurm": {"gpus_per_node": 1}}, "'slurm.gpus_per_node' = 1, nodes of partition 'cpu' have 0 GPU(s)"),
+        ({"slurm": {"gpus_per_node": 2 * cpus + 1}},
+         f"'slurm.gpus_per_node' = {2 * cpus + 1}, nodes of partition 'cpu' have {2 * cpus} GPU(s)"),
     ):
         wanted = cb_config.merge(config, change)
         with pytest.raises(cb_config.ConfigError) as caught:
             slurm.check_cluster(wanted, cb_config.plan_runs(wanted), via)
         assert str(caught.value).startswith(f"config: {message}")
+        # The estimate refuses what the sweep would (it accepted a partition the cluster lacks).
+        (tmp_path / "change.yaml").write_text(yaml.safe_dump(change))
+        configs = [ROOT / "tests" / "slurm" / "config.yaml", tmp_path / "site.yaml", tmp_path / "change.yaml"]
+        estimated = on_controller(cluster, sys.executable, "-m", "containerbench", "plan", "--estimate",
+                                  *(f"--config={path}" for path in configs), cwd=ROOT, timeout=120)
+        assert estimated.returncode == 2 and estimated.stdout == ""
+        assert estimated.stderr.startswith(f"config: {message}") and estimated.stderr.count("\n") == 1
 
 
 def test_every_run_used_slurm_and_the_fabric_it_asked_for(slurm_run):

@@ -141,12 +141,21 @@ def job_partition(settings: dict, found: dict) -> str | None:
     return settings["partition"] or next(iter(found), None)
 
 
+NOT_CHECKED = ("containerbench: note: sinfo cannot answer here: the partition, node count, GPUs and time limit are not "
+               "checked before submitting (Slurm refuses what it cannot give when each job is submitted)")
+
+
 def check_cluster(config: dict, runs: list, via: tuple[str, ...] = ()) -> None:
     """Refuse, before anything is submitted, a partition, node count, GPU count or time limit this
-    cluster cannot give (ConfigError, one line). Nothing is checked where sinfo cannot answer."""
+    cluster cannot give (ConfigError, one line). Where sinfo cannot answer nothing is checked, and one
+    line on stderr says so."""
     slurm = config["slurm"]
-    found = partitions(via)
+    try:
+        found = partitions(via)
+    except QueryError as error:
+        raise ConfigError(f"config: {error}") from None
     if found is None:
+        print(NOT_CHECKED, file=sys.stderr)
         return
     name = job_partition(slurm, found)
     if slurm["partition"] and name not in found:

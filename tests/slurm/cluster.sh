@@ -77,7 +77,7 @@ write_configs() {
   cpus=$(nproc)
   memory=$(( $(awk '/MemTotal/ {print int($2 / 1024)}' /proc/meminfo) / 4 ))
   mkdir -p /etc/slurm "$dir"/{state,log,spool,tmp}
-  for file in slurm.conf slurmdbd.conf; do
+  for file in slurm.conf slurmdbd.conf gres.conf; do
     [ -e "/etc/slurm/$file" ] && [ ! -e "$dir/saved-$file" ] && cp -p "/etc/slurm/$file" "$dir/saved-$file"
   done
   cat > /etc/slurm/slurm.conf <<EOF
@@ -106,8 +106,14 @@ AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost=127.0.0.1
 JobAcctGatherType=jobacct_gather/none
 JobCompType=jobcomp/none
+# GPUs as a GPU site declares them, with socket affinity (gres.conf Cores=), so that sinfo's %G
+# reads gpu:h100:4(S:0-1) as at such a site; no job here asks for one (ttys stand in for the devices).
+# Two sockets of one core each: config_overrides keeps slurmd to this, not to the VM's one socket.
+GresTypes=gpu
+SlurmdParameters=config_overrides
 $(i=0; for node in "${NODES[@]}"; do i=$((i + 1))
-  echo "NodeName=$node NodeHostname=$node NodeAddr=10.77.2.1$i CPUs=$cpus RealMemory=$memory State=UNKNOWN"; done)
+  echo "NodeName=$node NodeHostname=$node NodeAddr=10.77.2.1$i CPUs=$cpus Sockets=$cpus CoresPerSocket=1" \
+       "ThreadsPerCore=1 RealMemory=$memory Gres=gpu:h100:$((2 * cpus)) State=UNKNOWN"; done)
 PartitionName=cpu Nodes=$(IFS=,; echo "${NODES[*]}") Default=YES MaxTime=120 State=UP OverSubscribe=NO
 EOF
   cat > /etc/slurm/slurmdbd.conf <<EOF
@@ -125,6 +131,12 @@ PidFile=$dir/slurmdbd.pid
 LogFile=$dir/log/slurmdbd.log
 EOF
   chmod 600 /etc/slurm/slurmdbd.conf
+  # Two GPUs per socket, each pair bound to its socket's core. Slurm counts a GPU by its device file and
+  # its own tests stand ttys in for them (SchedMD/slurm testsuite/expect/test7.17_configs/*/gres.conf);
+  # a count without a File is reported as 0 and the node set INVAL.
+  for ((core = 0; core < cpus; core++)); do
+    echo "Name=gpu Type=h100 File=/dev/tty[$((2 * core))-$((2 * core + 1))] Cores=$core"
+  done > /etc/slurm/gres.conf
   for node in "${NODES[@]}"; do mkdir -p "$dir/spool/$node" "$dir/tmp/$node"; done
 }
 
@@ -259,7 +271,7 @@ stop() {
     ip netns del "$ns" 2>/dev/null || true
   done
   heal "$dir"
-  for file in slurm.conf slurmdbd.conf; do
+  for file in slurm.conf slurmdbd.conf gres.conf; do
     if [ -e "$dir/saved-$file" ]; then mv "$dir/saved-$file" "/etc/slurm/$file"; else rm -f "/etc/slurm/$file"; fi
   done
   rm -f "$dir/nodes"

@@ -13,6 +13,7 @@ from containerbench.frameworks import FRAMEWORKS
 
 
 def cmd_plan(args) -> int:
+    from containerbench import slurm
     from containerbench.cost import (
         estimate,
         first_plans,
@@ -22,6 +23,7 @@ def cmd_plan(args) -> int:
         one_node_jobs,
         sweep_records,
     )
+    from containerbench.launchers import uses_slurm
     from containerbench.plans import plan_sweep
 
     if args.records and not args.estimate:
@@ -36,6 +38,8 @@ def cmd_plan(args) -> int:
         if args.run_id and args.run_id not in sweep.plans:
             raise cb_config.ConfigError(f"plan: --run-id {args.run_id!r} is not a run of this sweep")
         planned = sweep.config
+        if uses_slurm(planned):  # what the sweep's planning refuses, the estimate refuses too
+            slurm.check_cluster(planned, sweep.runs)
         records, source = sweep_records(planned, args.records)
         # With repetitions auto: the minimum counted, and what the most would cost beside it.
         plans = [sweep.plans[args.run_id]] if args.run_id else first_plans(sweep)
