@@ -50,6 +50,7 @@ def cmd_plan(args) -> int:
         else:
             print(format_estimate(cost, source) + (f"\n{format_most(most, planned)}" if most else ""))
         return 0
+    _say_what_the_workflow_would_not_run(sweep)
     for spec in sweep.runs:
         if args.run_id and spec.run_id != args.run_id:
             continue
@@ -60,6 +61,18 @@ def cmd_plan(args) -> int:
             env = " ".join(f"{k}={v}" for k, v in sorted(run_plan.env.items()))
             print(f"{spec.run_id}\n  env:  {env}\n  argv: {shlex.join(run_plan.argv)}")
     return 0
+
+
+def _say_what_the_workflow_would_not_run(sweep) -> None:
+    """The plan lists every run of the config; a runtime that cannot run from here is probed as the
+    workflow would, and one line each says what the workflow will do with its runs, and why."""
+    from containerbench.runtimes import unusable_here
+
+    policy = sweep.config["runtime_policy"]
+    for name, reason in unusable_here(sweep.config, sweep.artifacts).items():
+        what = ("skips its runs (runtime_policy: skip-unusable)" if policy == "skip-unusable"
+                else "stops before any job (runtime_policy: require)")
+        print(f"containerbench: note: {name} cannot run here: {reason}; the workflow {what}", file=sys.stderr)
 
 
 def cmd_launch(args) -> int:

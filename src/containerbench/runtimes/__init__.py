@@ -142,13 +142,10 @@ def check_launchers(config: dict) -> None:
             runtime_for(name, config, model).check_launcher(config["launcher"]["kind"])
 
 
-def select_runtimes(config: dict, artifacts: dict[ImageUse, str]) -> dict[str, str]:
-    """Probe each container runtime (and, for those that run the built image, the build engine);
-    apply runtime_policy. Return {skipped runtime: reason}.
-
-    Under `require` an unusable runtime is a ConfigError; under `skip-unusable` it
-    is removed from config["runtimes"] and its reason returned for the report.
-    """
+def unusable_here(config: dict, artifacts: dict[ImageUse, str]) -> dict[str, str]:
+    """The container runtimes of the config that cannot run from this host, each with why (its probe,
+    or the build engine's for one that runs the built image); those declared on the compute nodes only
+    are probed there (containerbench.preflight), not here."""
     build_ok, build_reason = engine_usable(config["images"]["build"]["engine"]) if artifacts else (True, "")
     unusable = {}
     for name in config["runtimes"]:
@@ -156,13 +153,24 @@ def select_runtimes(config: dict, artifacts: dict[ImageUse, str]) -> dict[str, s
             continue
         runtime = runtime_for(name, config)
         if runtime.available == "compute-nodes":
-            continue  # the pre-flight check probes it where it runs (containerbench.preflight)
+            continue
         ok, reason = runtime.usable()
         runs_built = any(use.runtime == name for use in artifacts)
         if ok and runs_built and not build_ok:
             ok, reason = False, f"the image cannot be built here: {build_reason}"
         if not ok:
             unusable[name] = reason
+    return unusable
+
+
+def select_runtimes(config: dict, artifacts: dict[ImageUse, str]) -> dict[str, str]:
+    """Probe each container runtime (and, for those that run the built image, the build engine);
+    apply runtime_policy. Return {skipped runtime: reason}.
+
+    Under `require` an unusable runtime is a ConfigError; under `skip-unusable` it
+    is removed from config["runtimes"] and its reason returned for the report.
+    """
+    unusable = unusable_here(config, artifacts)
     if unusable and config["runtime_policy"] == "require":
         name, reason = next(iter(unusable.items()))
         raise ConfigError(f"config: runtime {name!r} cannot run here: {reason}; allowed: install it, set "
