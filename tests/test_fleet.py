@@ -439,3 +439,18 @@ def test_a_node_under_half_the_others_worst_fails_however_noisy_the_figure(recor
     summary = verdict.summary.set_index("member")
     assert "even its best repetition under half the others' worst" in summary.loc["n2", "reason"]
     assert summary.loc["n3", "reason"].startswith("images_per_sec ")  # a figure that repeats: judged as ever
+
+
+def test_what_validating_a_batch_costs_is_its_jobs_held_to_their_time_limits():
+    config = cb_config.load([ROOT / "tests" / "slurm" / "fleet.yaml"])
+    plan = fleet.plan_batch({f"n{i}": fleet.NodeState(f"n{i}", "idle") for i in range(1, 8)})
+    jobs = fleetjobs.FleetJobs(config, plan, "results/fleet")
+    node_minutes = fleetjobs.allocation_minutes(config, jobs.runs[("node", "n1")])
+    link_minutes = fleetjobs.allocation_minutes(config, jobs.runs[("link", "n1+n2")])
+    lines = jobs.cost_summary().splitlines()
+    assert lines[:2] == ["What validating the batch costs:", "  jobs         7 node jobs and 11 link jobs, each its "
+                         "own exclusive allocation, at most 1 at a time (validation.max_jobs)"]
+    assert lines[2] == f"  runs         {7 * 6 + 11 * 3}: each job's runs, validation.repetitions = 3"
+    assert lines[3].startswith(f"  worst case   {(7 * node_minutes + 11 * 2 * link_minutes) / 60:,.0f} node-hours: "
+                               f"every job to its time limit (node jobs {node_minutes} minutes, link jobs "
+                               f"{link_minutes}: the runs' timeouts")

@@ -145,6 +145,12 @@ def test_lint_finds_only_the_explained_warning(tmp_path, fleet):
     lints = re.findall(r"^    \* (.+?):?$", done.stderr, re.M)
     assert lints and set(lints) == {"Specify a conda environment or container for each rule."}
     assert ("Lints for rule fleet_verdict" in done.stderr) is fleet
+    if fleet:  # the batch's cost is said before anything is submitted, beside the sweep's
+        dry = snakemake(tmp_path, "validate_nodes", "--configfile", str(ROOT / "config" / "config.yaml"), *site,
+                        "--dry-run")
+        assert dry.returncode == 0, dry.stderr
+        assert dry.stderr.count("What validating the batch costs:") == 1
+        assert "  jobs         4 node jobs and 6 link jobs, each its own exclusive allocation" in dry.stderr
 
 
 @pytest.mark.parametrize("override,expected", [

@@ -115,6 +115,27 @@ class FleetJobs:
         job = max(self.runs, key=lambda job: allocation_minutes(self.config, self.runs[job]))
         return job[1], allocation_minutes(self.config, self.runs[job])
 
+    def cost_summary(self) -> str:
+        """What the batch may cost, as the sweep's estimate says it: its jobs, and the node-hours if every
+        job held its nodes to its time limit (its runs' timeouts: the allocation salloc asks for)."""
+        minutes = {job: allocation_minutes(self.config, runs) for job, runs in self.runs.items()}
+        nodes = {job: 1 if job[0] == "node" else 2 for job in self.runs}
+        kinds = {kind: [job for job in self.runs if job[0] == kind] for kind in ("node", "link")}
+        longest = {kind: max((minutes[job] for job in jobs), default=0) for kind, jobs in kinds.items()}
+        node_hours = sum(nodes[job] * minutes[job] for job in self.runs) / 60
+        validation = self.config["validation"]
+        return "\n".join([
+            "What validating the batch costs:",
+            f"  jobs         {len(kinds['node'])} node jobs and {len(kinds['link'])} link jobs, each its own "
+            f"exclusive allocation, at most {validation['max_jobs']} at a time (validation.max_jobs)",
+            f"  runs         {sum(map(len, self.runs.values()))}: each job's runs, "
+            f"validation.repetitions = {validation['repetitions']}",
+            f"  worst case   {node_hours:,.0f} node-hours: every job to its time limit (node jobs "
+            f"{longest['node']} minutes, link jobs {longest['link']}: the runs' timeouts, "
+            f"benchmark.timeout_s = {self.config['benchmark']['timeout_s']} s, "
+            f"netbench.timeout_s = {self.config['netbench']['timeout_s']} s)",
+        ])
+
     @property
     def records_list(self) -> str:
         """The file listing every record of the batch, for `fleet judge @FILE` and `store @FILE`."""

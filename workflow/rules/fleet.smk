@@ -25,6 +25,8 @@ if FLEET_SELECTION and workflow.is_main_process:  # every fleet rule is local: t
         fleetjobs.check_time_limit(FLEET_JOBS, config["slurm"], slurm.partitions())
     except slurm.QueryError as error:
         sys.exit(f"containerbench: config: {error}")  # one line, before anything is submitted
+    if PLANS_A_RUN:  # beside the sweep's (common.smk): what `validate_nodes` would hold
+        print(FLEET_JOBS.cost_summary(), file=sys.stderr)
     if "fleet_jobs" not in workflow.global_resources:  # a --resources fleet_jobs=N of the admin wins
         workflow.register_resource("fleet_jobs", config["validation"]["max_jobs"])
 
