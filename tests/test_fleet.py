@@ -454,3 +454,43 @@ def test_what_validating_a_batch_costs_is_its_jobs_held_to_their_time_limits():
     assert lines[3].startswith(f"  worst case   {(7 * node_minutes + 11 * 2 * link_minutes) / 60:,.0f} node-hours: "
                                f"every job to its time limit (node jobs {node_minutes} minutes, link jobs "
                                f"{link_minutes}: the runs' timeouts")
+
+
+@pytest.mark.parametrize("name", ["n1;rm -rf /", "n1 n2", "../n1", "n1+n2", "-n1", "$(reboot)", ""])
+def test_a_node_name_that_is_not_a_hostname_is_refused_in_one_line(name):
+    # Names go into file names, Snakemake wildcards, '+'-joined link names and scontrol drain lines.
+    with pytest.raises(fleet.FleetError) as refused:
+        fleet.plan_batch({"n0": fleet.NodeState("n0", "idle"), name: fleet.NodeState(name, "idle")})
+    assert str(refused.value) == f"Slurm names node {name!r}; allowed: {fleet.NODE_NAME_ALLOWED}"
+
+
+def edited(plan: dict, change) -> dict:
+    change(plan)
+    return plan
+
+
+@pytest.mark.parametrize("change, why", [
+    (lambda plan: plan["nodes"].append("n1"), "node 'n1' is in nodes twice"),
+    (lambda plan: plan["unavailable"].update({"n2": {"state": "down", "reason": ""}}),
+     "node 'n2' is in nodes and unavailable twice"),
+    (lambda plan: plan["nodes"].append("n5;reboot"), "the plan names node 'n5;reboot'; allowed: "),
+    (lambda plan: plan["links"].append(["n1", "n9"]), "link ['n1', 'n9'] is not two different nodes of its 'nodes'"),
+    (lambda plan: plan["links"].append(["n3", "n3"]), "link ['n3', 'n3'] is not two different nodes"),
+    (lambda plan: plan["links"].append(list(reversed(plan["links"][0]))), "a link is in 'links' twice"),
+    (lambda plan: plan["rounds"].pop(), "its 'rounds' do not hold each of its 'links' once"),
+    (lambda plan: plan.update(rounds=[[pair for taken in plan["rounds"] for pair in taken]]),
+     "a round gives a node two jobs at once: "),
+    (lambda plan: plan.pop("links"), "'links'"),
+])
+def test_a_plan_edited_into_one_no_planning_makes_is_refused_in_one_line_and_nothing_is_written(tmp_path, change,
+                                                                                               why):
+    plan = fleet.plan_batch({f"n{i}": fleet.NodeState(f"n{i}", "idle") for i in range(1, 5)})
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(edited(plan.as_dict(), change)))
+    done = subprocess.run([sys.executable, "-m", "containerbench", "fleet", "judge", "--plan", str(path),
+                           "--out-dir", str(tmp_path / "verdict"), str(tmp_path / "none.json")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.startswith(f"containerbench: fleet: --plan = {str(path)!r} is not a readable plan (")
+    assert why in done.stderr and done.stderr.count("\n") == 1
+    assert not (tmp_path / "verdict").exists()

@@ -109,6 +109,19 @@ def test_what_the_cluster_cannot_give_is_refused_in_one_line_before_any_job(clus
         assert estimated.stderr.startswith(f"config: {message}") and estimated.stderr.count("\n") == 1
 
 
+def test_a_hostlist_of_more_nodes_than_slurm_can_have_is_refused_in_one_line(cluster):
+    via = (str(CLUSTER), "exec", str(cluster))
+    # Slurm's scontrol refuses one range of more than 64K hosts (src/common/hostlist.c) but expands any
+    # number of ranges: 80,000 names here, more than a cluster can hold (MAX_SLURM_NODES).
+    with pytest.raises(slurm.QueryError) as refused:
+        slurm.expand_hostlist("a[1-40000],b[1-40000]", via)
+    assert str(refused.value) == ("'validation.nodes' = 'a[1-40000],b[1-40000]' expands to 80,000 names, more nodes "
+                                  "than a Slurm cluster can have (65,536); allowed: the hostlist of the new nodes")
+    with pytest.raises(slurm.QueryError) as refused:
+        slurm.expand_hostlist("n[1-3000000]", via)
+    assert str(refused.value).startswith("'validation.nodes' = 'n[1-3000000]' expands to no node names")
+
+
 def test_every_run_used_slurm_and_the_fabric_it_asked_for(slurm_run):
     records = [json.loads(p.read_text()) for p in sorted((slurm_run / "results" / "runs").glob("*.json"))]
     assert len(records) == 2 * 2 * 2  # runtimes x fabrics x (training, netbench), on 2 nodes

@@ -118,11 +118,37 @@ class FleetPlan:
 
     @classmethod
     def from_dict(cls, data: dict) -> FleetPlan:
-        return cls(list(data["nodes"]),
+        plan = cls(list(data["nodes"]),
                    {name: NodeState(name, state["state"], state["reason"])
                     for name, state in data["unavailable"].items()},
                    [tuple(pair) for pair in data["links"]],
                    [[tuple(pair) for pair in taken] for taken in data["rounds"]])
+        plan.check()
+        return plan
+
+    def check(self) -> None:
+        """ValueError, one line, for a plan no planning makes (one edited by hand): a node named twice or
+        by a name that is not a hostname, a link that is not two of its nodes, rounds that are not its
+        links with no node twice in a round."""
+        for name in [*self.nodes, *self.unavailable]:
+            check_node_name(name, "the plan")
+        for names, what in ((self.nodes, "nodes"), ([*self.nodes, *self.unavailable], "nodes and unavailable")):
+            if len(set(names)) != len(names):
+                twice = next(name for name in names if names.count(name) > 1)
+                raise ValueError(f"node {twice!r} is in {what} twice")
+        measured = set(self.nodes)
+        for pair in self.links:
+            if len(pair) != 2 or pair[0] == pair[1] or not set(pair) <= measured:
+                raise ValueError(f"link {list(pair)} is not two different nodes of its 'nodes'")
+        if len({frozenset(pair) for pair in self.links}) != len(self.links):
+            raise ValueError("a link is in 'links' twice")
+        scheduled = [pair for taken in self.rounds for pair in taken]
+        if sorted(map(in_order, scheduled)) != sorted(map(in_order, self.links)):
+            raise ValueError("its 'rounds' do not hold each of its 'links' once")
+        for taken in self.rounds:
+            members = [node for pair in taken for node in pair]
+            if len(members) != len(set(members)):
+                raise ValueError(f"a round gives a node two jobs at once: {[list(pair) for pair in taken]}")
 
     @classmethod
     def load(cls, path, key: str) -> FleetPlan:
@@ -167,7 +193,20 @@ def format_plan(fleet: FleetPlan) -> str:
     return "\n".join(lines)
 
 
+# A node's name goes into file names, Snakemake wildcards, a link's name (joined by '+') and the drain
+# list's scontrol lines: hostname characters only (RFC 952/1123 labels, dots, and '_', which Slurm allows).
+NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+NODE_NAME_ALLOWED = "letters, digits, '.', '_' and '-', starting with a letter or digit"
+
+
+def check_node_name(name: str, where: str) -> None:
+    if not isinstance(name, str) or not NODE_NAME.fullmatch(name):
+        raise FleetError(f"{where} names node {name!r}; allowed: {NODE_NAME_ALLOWED}")
+
+
 def plan_batch(states: dict[str, NodeState]) -> FleetPlan:
+    for name in states:
+        check_node_name(name, "Slurm")
     nodes = [name for name, state in states.items() if state.available]
     links = link_pairings(nodes)
     return FleetPlan(nodes, {name: state for name, state in states.items() if not state.available}, links,

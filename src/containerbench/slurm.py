@@ -207,12 +207,19 @@ def query(argv: list[str], key: str, value: str, via: tuple[str, ...] = ()) -> s
     return done.stdout
 
 
+# Slurm's own bound (src/common/hostlist.h: MAX_RANGE is MAX_SLURM_NODES, "64K Hosts").
+MAX_SLURM_NODES = 64 * 1024
+
+
 def expand_hostlist(expression: str, via: tuple[str, ...] = ()) -> list[str]:
     """The node names of a Slurm hostlist expression (n[001-064]), in order, each once."""
     names = query(["scontrol", "show", "hostnames", expression], "validation.nodes", expression, via).split()
     if not names or any(set(name) & set("[],") for name in names):
         raise QueryError(f"'validation.nodes' = {expression!r} expands to no node names; "
                          "allowed: a Slurm hostlist such as n[001-064] or n1,n2")
+    if len(names) > MAX_SLURM_NODES:
+        raise QueryError(f"'validation.nodes' = {expression!r} expands to {len(names):,} names, more nodes than a "
+                         f"Slurm cluster can have ({MAX_SLURM_NODES:,}); allowed: the hostlist of the new nodes")
     return list(dict.fromkeys(names))
 
 
