@@ -28,13 +28,13 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from helpers import fleet_records, recorded_records  # noqa: E402
 
-from containerbench import fleet  # noqa: E402
+from containerbench import fleet, fleetplan  # noqa: E402
 
 PLAN_TARGET_S, VERDICT_TARGET_S = 10.0, 2.0
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def dag_seconds(plan: fleet.FleetPlan, tries: int) -> tuple[float, dict[str, int]]:
+def dag_seconds(plan: fleetplan.FleetPlan, tries: int) -> tuple[float, dict[str, int]]:
     """`snakemake -n validate_nodes` on the saved plan: the best time, and the jobs of each rule."""
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "plan.json").write_text(json.dumps(plan.as_dict()))
@@ -73,7 +73,7 @@ def main() -> None:
     args = parser.parse_args()
     states = {f"n{i:04d}": fleet.NodeState(f"n{i:04d}", "idle") for i in range(1, args.nodes + 1)}
 
-    plan_s, plan = best_of(args.tries, lambda: fleet.plan_batch(states))
+    plan_s, plan = best_of(args.tries, lambda: fleetplan.plan_batch(states))
     print(f"plan, {args.nodes} nodes: {len(plan.links)} links in {len(plan.rounds)} rounds, {plan.jobs} jobs: "
           f"{plan_s:.3f} s (target {PLAN_TARGET_S:g} s, time/target = {plan_s / PLAN_TARGET_S:.3f})")
 
@@ -90,7 +90,7 @@ def main() -> None:
     print(f"verdict, {args.nodes} nodes x {args.repetitions} repetitions ({len(records)} records): "
           f"{verdict_s:.3f} s (target {VERDICT_TARGET_S:g} s, time/target = {verdict_s / VERDICT_TARGET_S:.3f})")
     print(f"  failed nodes: {', '.join(verdict.failed_nodes) or 'none'} (slowed: {slow_node}); "
-          f"bad links: {', '.join(verdict.bad_links) or 'none'} (slowed: {fleet.link_name(slow_link)})")
+          f"bad links: {', '.join(verdict.bad_links) or 'none'} (slowed: {fleetplan.link_name(slow_link)})")
 
 
 if __name__ == "__main__":

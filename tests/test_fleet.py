@@ -22,7 +22,7 @@ import yaml
 from helpers import ROOT, fleet_records
 
 from containerbench import config as cb_config
-from containerbench import execution, fleet, fleetjobs, report, slurm
+from containerbench import execution, fleet, fleetjobs, fleetplan, report, slurm
 from containerbench.plans import RunPlan
 from containerbench.rank import markers
 from containerbench.records import parse_log
@@ -37,12 +37,12 @@ SLOW_NODE, BAD_NIC, BAD_LINK = "n04", "n05", ("n02", "n03")
 @pytest.mark.parametrize("count", [4, 5, 6, 7, 16, 63, 64, 1024])
 def test_every_node_is_in_three_links_and_n_nodes_cost_n_plus_half_n_link_jobs(count):
     nodes = [f"n{i}" for i in range(count)]
-    pairs = fleet.link_pairings(nodes)
+    pairs = fleetplan.link_pairings(nodes)
     assert len(pairs) == count + math.ceil(count / 2)
     assert len({frozenset(pair) for pair in pairs}) == len(pairs) and all(a != b for a, b in pairs)
     degree = {node: sum(node in pair for pair in pairs) for node in nodes}
     assert min(degree.values()) >= 3
-    rounds = fleet.job_rounds(pairs)
+    rounds = fleetplan.job_rounds(pairs)
     assert sorted(itertools.chain(*rounds)) == sorted(pairs)
     for taken in rounds:  # never two jobs on one node at a time
         members = [node for pair in taken for node in pair]
@@ -51,10 +51,10 @@ def test_every_node_is_in_three_links_and_n_nodes_cost_n_plus_half_n_link_jobs(c
 
 
 def test_two_and_three_nodes_have_their_ring_only():
-    assert fleet.link_pairings(["a", "b"]) == [("a", "b")]
-    assert fleet.link_pairings(["a", "b", "c"]) == [("a", "b"), ("b", "c"), ("a", "c")]
-    assert fleet.link_pairings(["n9", "n10"]) == [("n9", "n10")]  # natural order: one spelling per link
-    assert fleet.link_pairings(["a"]) == []
+    assert fleetplan.link_pairings(["a", "b"]) == [("a", "b")]
+    assert fleetplan.link_pairings(["a", "b", "c"]) == [("a", "b"), ("b", "c"), ("a", "c")]
+    assert fleetplan.link_pairings(["n9", "n10"]) == [("n9", "n10")]  # natural order: one spelling per link
+    assert fleetplan.link_pairings(["a"]) == []
 
 
 def test_nodes_slurm_cannot_run_on_are_reported_not_planned():
@@ -62,7 +62,7 @@ def test_nodes_slurm_cannot_run_on_are_reported_not_planned():
     states["n07"] = fleet.NodeState("n07", "drained", "bad DIMM")
     states["n08"] = fleet.NodeState("n08", "idle*")  # not responding
     states["n09"] = fleet.NodeState("n09", "mixed")
-    plan = fleet.plan_batch(states)
+    plan = fleetplan.plan_batch(states)
     assert plan.nodes == [*NODES, "n09"] and sorted(plan.unavailable) == ["n07", "n08"]
     assert plan.jobs == 7 + 7 + 4
 
@@ -71,7 +71,7 @@ def test_nodes_slurm_cannot_run_on_are_reported_not_planned():
 def verdict(recorded_runs):
     states = {name: fleet.NodeState(name, "idle") for name in BATCH}
     states[DRAINED] = fleet.NodeState(DRAINED, "drained", "bad DIMM")
-    plan = fleet.plan_batch(states)
+    plan = fleetplan.plan_batch(states)
     records = fleet_records(recorded_runs, plan.nodes, plan.links, compute={SLOW_NODE: 0.7}, network={BAD_NIC: 0.5},
                             slow_links={BAD_LINK: 0.4})
     return fleet.judge(records, plan)
@@ -131,7 +131,7 @@ def test_the_drain_list_drains_failed_nodes_only_and_names_the_bad_link(verdict)
 
 
 def test_a_node_whose_runs_failed_or_left_no_record_fails_with_the_reason(recorded_runs):
-    plan = fleet.plan_batch({name: fleet.NodeState(name, "idle") for name in NODES})
+    plan = fleetplan.plan_batch({name: fleet.NodeState(name, "idle") for name in NODES})
     records = fleet_records(recorded_runs, plan.nodes, plan.links)
     cancelled = [r for r in records if r["result"]["hostnames"] == ["n01"] and r["kind"] == "train"]
     for record in cancelled:
@@ -145,7 +145,7 @@ def test_a_node_whose_runs_failed_or_left_no_record_fails_with_the_reason(record
 
 
 def test_a_homogeneous_fleet_passes_whole(recorded_runs):
-    plan = fleet.plan_batch({name: fleet.NodeState(name, "idle") for name in NODES})
+    plan = fleetplan.plan_batch({name: fleet.NodeState(name, "idle") for name in NODES})
     summary = fleet.judge(fleet_records(recorded_runs, plan.nodes, plan.links), plan).summary
     assert len(summary) == 6 + 9 and set(summary["result"]) == {"pass"}
     assert fleet.format_drain_list(fleet.judge(fleet_records(recorded_runs, plan.nodes, plan.links), plan)) == ""
@@ -153,7 +153,7 @@ def test_a_homogeneous_fleet_passes_whole(recorded_runs):
 
 def test_a_small_shortfall_in_a_tight_fleet_is_not_a_fault(recorded_runs):
     # 5% down with 1% noise is far out by the MAD, but under the 10% a site cares about.
-    plan = fleet.plan_batch({name: fleet.NodeState(name, "idle") for name in NODES})
+    plan = fleetplan.plan_batch({name: fleet.NodeState(name, "idle") for name in NODES})
     verdict = fleet.judge(fleet_records(recorded_runs, plan.nodes, plan.links, compute={"n03": 0.95}), plan)
     row = verdict.nodes[(verdict.nodes["node"] == "n03") & verdict.nodes["variable"].str.endswith("images_per_sec")]
     assert row["robust_z"].iloc[0] < -fleet.ROBUST_Z_LIMIT and row["result"].iloc[0] == "pass"
@@ -172,7 +172,7 @@ def test_which_sinfo_states_take_a_job(state, available):
 
 def test_hyphenated_hostnames_keep_their_links_apart(recorded_runs):
     names = [f"rack-1-n{i}" for i in range(1, 6)]
-    plan = fleet.plan_batch({name: fleet.NodeState(name, "idle") for name in names})
+    plan = fleetplan.plan_batch({name: fleet.NodeState(name, "idle") for name in names})
     records = fleet_records(recorded_runs, plan.nodes, plan.links, slow_links={("rack-1-n2", "rack-1-n3"): 0.4})
     verdict = fleet.judge(records, plan)
     assert verdict.failed_nodes == [] and verdict.bad_links == ["rack-1-n2+rack-1-n3"]
@@ -180,7 +180,7 @@ def test_hyphenated_hostnames_keep_their_links_apart(recorded_runs):
 
 def test_the_command_line_judges_the_records_writes_the_tables_and_only_prints_the_drain_list(recorded_runs, tmp_path):
     states = {name: fleet.NodeState(name, "idle") for name in NODES}
-    plan = fleet.plan_batch(states)
+    plan = fleetplan.plan_batch(states)
     (tmp_path / "plan.json").write_text(json.dumps(plan.as_dict()))
     records = fleet_records(recorded_runs, plan.nodes, plan.links, compute={SLOW_NODE: 0.7})
     for record in records:
@@ -197,7 +197,7 @@ def test_the_command_line_judges_the_records_writes_the_tables_and_only_prints_t
     written = pd.read_csv(tmp_path / "fleet" / "fleet_summary.csv")
     assert len(written) == 15 and written.loc[written["result"] == "fail", "member"].tolist() == [SLOW_NODE]
     assert (tmp_path / "fleet" / "drain.txt").read_text() == lines[4] + "\n"
-    assert fleet.FleetPlan.from_dict(json.loads((tmp_path / "plan.json").read_text())) == plan
+    assert fleetplan.FleetPlan.from_dict(json.loads((tmp_path / "plan.json").read_text())) == plan
     # The page: what failed, the per-node chart, the link matrix, the drain list; read from the tables.
     page = (tmp_path / "fleet" / "fleet.html").read_text()
     assert lines[2] == f"tables and page: {tmp_path / 'fleet'}/fleet_*.csv, {tmp_path / 'fleet' / 'fleet.html'}"
@@ -247,7 +247,7 @@ def judge_cli(tmp_path, plan, records, *options):
 def test_a_batch_slower_as_a_whole_passes_the_fleet_test_and_fails_the_reference_from_good_nodes(
         recorded_runs, tmp_path):
     # The site's good nodes of this type (n01-n06) give the references; one of them was bad that day.
-    good = fleet.plan_batch({name: fleet.NodeState(name, "idle") for name in NODES})
+    good = fleetplan.plan_batch({name: fleet.NodeState(name, "idle") for name in NODES})
     good_records = fleet_records(recorded_runs, good.nodes, good.links, compute={"n03": 0.5})
     for record in good_records:
         (tmp_path / f"{record['run_id']}.json").write_text(json.dumps(record))
@@ -262,7 +262,7 @@ def test_a_batch_slower_as_a_whole_passes_the_fleet_test_and_fails_the_reference
     rate = recorded_runs[("train", 1)]["result"]["images_per_sec"]
     assert yaml.safe_load(written)["systems"]["ci"][one_node]["reference"] == pytest.approx(rate, rel=0.02)
     # A new batch, every node 20% slower: the same as each other, so only the references catch it.
-    new = fleet.plan_batch({f"m{i}": fleet.NodeState(f"m{i}", "idle") for i in range(1, 5)})
+    new = fleetplan.plan_batch({f"m{i}": fleet.NodeState(f"m{i}", "idle") for i in range(1, 5)})
     slow = fleet_records(recorded_runs, new.nodes, new.links, compute={node: 0.8 for node in new.nodes})
     without, _ = judge_cli(tmp_path, new, slow)
     assert without.returncode == 0 and without.stdout.startswith("fleet: 0 of 4 node(s) failed"), without.stdout
@@ -282,7 +282,7 @@ def test_in_four_nodes_a_slow_nodes_links_do_not_hide_a_bad_link(recorded_runs):
     # A node slow in everything (a CPU cap) slows its three links too: half of four nodes' six. The links
     # are set against those between nodes that passed, so the one bad link still stands out.
     nodes = ["n1", "n2", "n3", "n4"]
-    plan = fleet.plan_batch({name: fleet.NodeState(name, "idle") for name in nodes})
+    plan = fleetplan.plan_batch({name: fleet.NodeState(name, "idle") for name in nodes})
     records = fleet_records(recorded_runs, plan.nodes, plan.links, compute={"n3": 0.4}, network={"n3": 0.6},
                             slow_links={("n1", "n2"): 0.4})
     verdict = fleet.judge(records, plan)
@@ -305,7 +305,7 @@ def test_each_node_and_link_job_runs_its_runs_pinned_in_one_exclusive_allocation
     assert link[0].as_dict()["nodelist"] == ["n1", "n2"] and "nodelist" not in cb_config.plan_runs(config)[0].as_dict()
     # salloc(1) OPTIONS: --nodelist, --exclusive, --time in minutes (a bare number is minutes), --partition,
     # --account; the time is the runs' timeouts rounded up, with 2 minutes a run for sacct after a failure.
-    plan = fleet.plan_batch({name: fleet.NodeState(name, "idle") for name in ("n1", "n2")})
+    plan = fleetplan.plan_batch({name: fleet.NodeState(name, "idle") for name in ("n1", "n2")})
     jobs = fleetjobs.FleetJobs(config, plan, "results/fleet")
     minutes = -(-(2 * 600 + 2 * config["netbench"]["timeout_s"]) // 60) + 2 * 4
     assert jobs.allocation(("link", "n1+n2")) == [
@@ -313,7 +313,7 @@ def test_each_node_and_link_job_runs_its_runs_pinned_in_one_exclusive_allocation
         f"--time={minutes}", "--job-name=containerbench-fleet-n1+n2", "--partition=cpu", "--account=cbtest-account"]
     assert jobs.longest()[1] == minutes  # the node jobs run as many runs as long
     limit = {"cpu": slurm.Partition(nodes=2, gpus=0, max_minutes=minutes - 1)}
-    with pytest.raises(fleet.FleetError) as caught:
+    with pytest.raises(fleetplan.FleetError) as caught:
         fleetjobs.check_time_limit(jobs, config["slurm"], limit)
     assert str(caught.value) == (
         f"the job of n1 may take {minutes} minutes (its runs' timeouts, 'benchmark.timeout_s' and "
@@ -332,11 +332,11 @@ def test_sinfos_time_limits_are_read_in_whole_minutes(text, minutes):
 
 def test_a_jobs_file_holds_its_allocation_plans_and_logs_and_a_run_never_started_is_a_failed_record(tmp_path):
     config = cb_config.load([ROOT / "tests" / "slurm" / "fleet.yaml"])
-    plan = fleet.plan_batch({"n1": fleet.NodeState("n1", "idle")})
+    plan = fleetplan.plan_batch({"n1": fleet.NodeState("n1", "idle")})
     jobs = fleetjobs.FleetJobs(config, plan, str(tmp_path / "fleet"))
     jobs.write(plan, tmp_path / "plan.json")
     job = json.loads(Path(jobs.job_file(("node", "n1"))).read_text())
-    assert fleet.FleetPlan.from_dict(json.loads((tmp_path / "plan.json").read_text())) == plan
+    assert fleetplan.FleetPlan.from_dict(json.loads((tmp_path / "plan.json").read_text())) == plan
     assert job["logs"] == jobs.logs(("node", "n1")) and job["allocation"] == jobs.allocation(("node", "n1"))
     # Fleet runs are in their job's allocation, not one each; their telemetry is not collected.
     assert all("allocation" not in run_plan and run_plan["telemetry"] is None for run_plan in job["plans"])
@@ -361,12 +361,12 @@ def test_a_run_whose_allocation_slurm_ended_carries_slurms_state_and_reason(tmp_
 
 def test_a_links_job_waits_for_the_jobs_before_it_on_both_of_its_nodes():
     config = cb_config.load([ROOT / "tests" / "slurm" / "fleet.yaml"])
-    plan = fleet.plan_batch({f"n{i}": fleet.NodeState(f"n{i}", "idle") for i in range(1, 8)})
+    plan = fleetplan.plan_batch({f"n{i}": fleet.NodeState(f"n{i}", "idle") for i in range(1, 8)})
     jobs = fleetjobs.FleetJobs(config, plan, "results/fleet")
     assert len(jobs.runs) == plan.jobs == 7 + 7 + 4
     for node in plan.nodes:
         # This node's jobs in the order they may run: its own, then its links round by round.
-        chain = [("node", node)] + [("link", fleet.link_name(fleet.in_order(pair)))
+        chain = [("node", node)] + [("link", fleetplan.link_name(fleetplan.in_order(pair)))
                                     for taken in plan.rounds for pair in taken if node in pair]
         for before, after in zip(chain, chain[1:]):
             assert jobs.logs(before)[0] in jobs.waits_for(after[1]), (node, before, after)
@@ -398,7 +398,7 @@ VM_PHASES = {"n1": (8600, 1650, 3500), "n2": (1650, 1690, 1700), "n3": (8500, 86
 
 def vm_fleet(recorded_runs, phases, compute=None):
     """A fleet whose intra-node ping-pong bandwidth at each repetition is `phases[node][repetition - 1]`."""
-    plan = fleet.plan_batch({node: fleet.NodeState(node, "idle") for node in phases})
+    plan = fleetplan.plan_batch({node: fleet.NodeState(node, "idle") for node in phases})
     records = fleet_records(recorded_runs, plan.nodes, plan.links, compute=compute)
     for record in records:
         hosts = record["result"]["hostnames"]
@@ -443,7 +443,7 @@ def test_a_node_under_half_the_others_worst_fails_however_noisy_the_figure(recor
 
 def test_what_validating_a_batch_costs_is_its_jobs_held_to_their_time_limits():
     config = cb_config.load([ROOT / "tests" / "slurm" / "fleet.yaml"])
-    plan = fleet.plan_batch({f"n{i}": fleet.NodeState(f"n{i}", "idle") for i in range(1, 8)})
+    plan = fleetplan.plan_batch({f"n{i}": fleet.NodeState(f"n{i}", "idle") for i in range(1, 8)})
     jobs = fleetjobs.FleetJobs(config, plan, "results/fleet")
     node_minutes = fleetjobs.allocation_minutes(config, jobs.runs[("node", "n1")])
     link_minutes = fleetjobs.allocation_minutes(config, jobs.runs[("link", "n1+n2")])
@@ -459,9 +459,9 @@ def test_what_validating_a_batch_costs_is_its_jobs_held_to_their_time_limits():
 @pytest.mark.parametrize("name", ["n1;rm -rf /", "n1 n2", "../n1", "n1+n2", "-n1", "$(reboot)", ""])
 def test_a_node_name_that_is_not_a_hostname_is_refused_in_one_line(name):
     # Names go into file names, Snakemake wildcards, '+'-joined link names and scontrol drain lines.
-    with pytest.raises(fleet.FleetError) as refused:
-        fleet.plan_batch({"n0": fleet.NodeState("n0", "idle"), name: fleet.NodeState(name, "idle")})
-    assert str(refused.value) == f"Slurm names node {name!r}; allowed: {fleet.NODE_NAME_ALLOWED}"
+    with pytest.raises(fleetplan.FleetError) as refused:
+        fleetplan.plan_batch({"n0": fleet.NodeState("n0", "idle"), name: fleet.NodeState(name, "idle")})
+    assert str(refused.value) == f"Slurm names node {name!r}; allowed: {fleetplan.NODE_NAME_ALLOWED}"
 
 
 def edited(plan: dict, change) -> dict:
@@ -484,7 +484,7 @@ def edited(plan: dict, change) -> dict:
 ])
 def test_a_plan_edited_into_one_no_planning_makes_is_refused_in_one_line_and_nothing_is_written(tmp_path, change,
                                                                                                why):
-    plan = fleet.plan_batch({f"n{i}": fleet.NodeState(f"n{i}", "idle") for i in range(1, 5)})
+    plan = fleetplan.plan_batch({f"n{i}": fleet.NodeState(f"n{i}", "idle") for i in range(1, 5)})
     path = tmp_path / "plan.json"
     path.write_text(json.dumps(edited(plan.as_dict(), change)))
     done = subprocess.run([sys.executable, "-m", "containerbench", "fleet", "judge", "--plan", str(path),

@@ -18,7 +18,7 @@ import yaml
 from helpers import BENCH_PYTHON, ROOT, SLURM_CLUSTER, cancel_when_running, fleet_records, on_controller
 
 from containerbench import config as cb_config
-from containerbench import fleet, slurm
+from containerbench import fleetplan, slurm
 from containerbench.images import built_image
 from containerbench.plans import plan_run
 from containerbench.processes import run_group
@@ -396,7 +396,7 @@ def test_the_nodes_to_validate_come_from_slurm_and_a_failed_one_is_drained_on_re
     cli = (sys.executable, "-m", "containerbench", "fleet")
     planned = on_controller(cluster, *cli, "plan", "--partition", "cpu", "--write", str(tmp_path / "plan.json"))
     assert planned.stdout == "2 node(s) to measure, 1 link(s) in 1 round(s): 3 jobs\n  round 1: n1+n2\n", planned.stderr
-    plan = fleet.FleetPlan.from_dict(json.loads((tmp_path / "plan.json").read_text()))
+    plan = fleetplan.FleetPlan.from_dict(json.loads((tmp_path / "plan.json").read_text()))
     records = fleet_records(recorded_runs, plan.nodes, plan.links)
     for record in records:
         if record["kind"] == "train" and record["result"]["hostnames"] == ["n2"]:
@@ -410,7 +410,7 @@ def test_the_nodes_to_validate_come_from_slurm_and_a_failed_one_is_drained_on_re
         assert states["n2"].state == "drained" and states["n2"].reason.startswith(
             "containerbench: train_bare-metal_tcp-loopback_1x1_b2_n2_rep1 and 2 more failed: Slurm NODE_FAIL (sacct)")
         assert states["n1"].available
-        replanned = fleet.plan_batch(states)  # reported as it is, not waited for
+        replanned = fleetplan.plan_batch(states)  # reported as it is, not waited for
         assert replanned.nodes == ["n1"] and list(replanned.unavailable) == ["n2"] and replanned.links == []
     finally:
         on_controller(cluster, "scontrol", "update", "NodeName=n2", "State=RESUME")

@@ -14,7 +14,7 @@ from helpers import ROOT, SMOKE_MODEL, TINY, recorded_records, snakemake
 
 from containerbench import cli, history, images
 from containerbench import config as cb_config
-from containerbench import fleet as fleet_module
+from containerbench import fleetplan as fleetplan_module
 from containerbench.rank import datasets
 from containerbench.runtimes import select_runtimes
 
@@ -136,7 +136,7 @@ def test_lint_finds_only_the_explained_warning(tmp_path, fleet):
     # batch to validate (a saved plan: no Slurm needed), the fleet's rules are linted too.
     site = []
     if fleet:
-        plan = fleet_module.plan_batch({f"n{i}": fleet_module.NodeState(f"n{i}", "idle") for i in range(1, 5)})
+        plan = fleetplan_module.plan_batch({f"n{i}": fleetplan_module.NodeState(f"n{i}", "idle") for i in range(1, 5)})
         (tmp_path / "plan.json").write_text(json.dumps(plan.as_dict()))
         (tmp_path / "site.yaml").write_text(yaml.safe_dump({"launcher": {"kind": "srun"},
                                                             "validation": {"plan": str(tmp_path / "plan.json")}}))

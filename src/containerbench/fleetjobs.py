@@ -12,7 +12,8 @@ import json
 from pathlib import Path
 
 from containerbench.config import RunSpec, mpi_models
-from containerbench.fleet import FleetError, FleetPlan, in_order, link_name, record_path
+from containerbench.fleet import record_path
+from containerbench.fleetplan import FleetError, FleetPlan, in_order, link_name
 from containerbench.slurm import ALLOCATION_SLACK_MINUTES, allocation_argv, job_partition
 
 

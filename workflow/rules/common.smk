@@ -10,6 +10,7 @@ from containerbench import config as cb_config
 from containerbench import (
     cost,
     fleet,
+    fleetplan,
     fleetjobs,
     history,
     launchers,

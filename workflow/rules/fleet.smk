@@ -6,7 +6,7 @@
 # (containerbench fleet run): when Slurm ends the allocation (scancel, time limit, node failure), the
 # runs get Slurm's state and reason from sacct in their logs and become failed records, so the
 # verdict names the node instead of the workflow submitting it again. A link's job waits for the
-# jobs before it on both of its nodes (fleet.job_rounds), so no node ever has two jobs at a time, and
+# jobs before it on both of its nodes (fleetplan.job_rounds), so no node ever has two jobs at a time, and
 # at most validation.max_jobs run at once.
 
 FLEET_SELECTION = {
@@ -16,11 +16,11 @@ FLEET = None
 if FLEET_SELECTION and workflow.is_main_process:  # every fleet rule is local: the planning process runs them
     try:
         if not launchers.uses_slurm(config):
-            raise fleet.FleetError(
+            raise fleetplan.FleetError(
                 f"'validation.{next(iter(FLEET_SELECTION))}' needs launcher.kind srun "
                 f"(it is {config['launcher']['kind']!r}); allowed: a Slurm site's config"
             )
-        FLEET = fleet.planned(config["validation"])
+        FLEET = fleetplan.planned(config["validation"])
         FLEET_JOBS = fleetjobs.FleetJobs(PLANNED, FLEET, f"{RESULTS}/fleet")
         fleetjobs.check_time_limit(FLEET_JOBS, config["slurm"], slurm.partitions())
     except slurm.QueryError as error:

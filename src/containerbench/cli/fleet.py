@@ -11,16 +11,16 @@ from containerbench.cli.results import system_of
 
 
 def cmd_fleet_plan(args) -> int:
-    from containerbench import fleet, slurm
+    from containerbench import fleetplan, slurm
 
     try:
-        planned = fleet.plan_batch(fleet.select(args.nodes, args.partition))
+        planned = fleetplan.plan_batch(fleetplan.select(args.nodes, args.partition))
     except slurm.QueryError as error:
         print(f"containerbench: fleet: {error}", file=sys.stderr)
         return 2
     if args.write:
         Path(args.write).write_text(json.dumps(planned.as_dict(), indent=1) + "\n")
-    print(fleet.format_plan(planned))
+    print(fleetplan.format_plan(planned))
     return 0
 
 
@@ -41,12 +41,12 @@ def cmd_fleet_summary(args) -> int:
 def cmd_fleet_judge(args) -> int:
     import subprocess
 
-    from containerbench import fleet
+    from containerbench import fleet, fleetplan
     from containerbench.records import load_records
 
     try:
-        planned = fleet.FleetPlan.load(args.plan, "--plan")
-    except fleet.FleetError as error:
+        planned = fleetplan.FleetPlan.load(args.plan, "--plan")
+    except fleetplan.FleetError as error:
         print(f"containerbench: fleet: {error}", file=sys.stderr)
         return 2
     records, _ = load_records(args.records)
