@@ -15,7 +15,6 @@ Prints the figures; asserts nothing.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import statistics
@@ -24,6 +23,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from containerbench.rank import markers
 
 ROOT = Path(__file__).resolve().parents[1]
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -58,8 +59,8 @@ def training_rate(bench_python: str, telemetry_dir: Path | None, args) -> float:
         command += ["--telemetry-dir", str(telemetry_dir), "--telemetry-interval", "0.5"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=900, check=True,
                           env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
-    line = next(line for line in done.stdout.splitlines() if line.startswith("containerbench-result "))
-    return json.loads(line.split(" ", 1)[1])["images_per_sec"]
+    [result] = markers.payloads_of(done.stdout.splitlines(), markers.RESULT)
+    return result["images_per_sec"]
 
 
 def main(argv=None) -> None:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import re
 import subprocess
 
 import pytest
+
+from containerbench.rank import markers
 
 pytestmark = pytest.mark.slow
 
@@ -69,5 +70,5 @@ def test_one_rank_runs_without_any_launcher(bench_python, tmp_path):
         capture_output=True, text=True, timeout=600, env={"PATH": "/usr/bin:/bin", "TF_CPP_MIN_LOG_LEVEL": "2"},
     )
     assert completed.returncode == 0, completed.stderr[-2000:]
-    result = json.loads(completed.stdout.splitlines()[-1].removeprefix("containerbench-result "))
+    [result] = markers.payloads_of(completed.stdout.splitlines(), markers.RESULT)
     assert result["launcher"] == "none" and result["ranks"] == 1 and result["images_per_sec"] > 0

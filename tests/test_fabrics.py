@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from containerbench.fabrics import debug_environment, expected_transport, observe_transport, verify
+from containerbench.rank import markers
 
 ROOT = Path(__file__).resolve().parents[1]
 SITE = yaml.safe_load((ROOT / "config" / "site.example.yaml").read_text())["fabrics"]
@@ -320,7 +321,7 @@ def run_netbench(netns, bench_python, mca: dict, fabric_env: dict) -> list[str]:
            **debug_environment(fabric_env)}
     result = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
     output = result.stdout + result.stderr
-    assert result.returncode == 0 and "containerbench-result " in output, output[-3000:]
+    assert result.returncode == 0 and markers.payloads_of(output.splitlines(), markers.RESULT), output[-3000:]
     return output.splitlines()
 
 

@@ -18,6 +18,7 @@ from containerbench import config as cb_config
 from containerbench import images, wheelhouse
 from containerbench.plans import plan_sweep
 from containerbench.processes import run_group
+from containerbench.rank import markers
 
 GPU_PYTHON = ROOT / ".venv-bench-gpu" / "bin" / "python"
 GPU_TAG = "localhost/containerbench:gpu-test"
@@ -102,8 +103,7 @@ def test_the_benchmark_trains_on_two_ranks_in_the_gpu_venv(tmp_path):
                       "--model", "resnet50", "--image-size", "32", "--batch-size", "2", "--warmup-steps", "1",
                       "--steps", "2", "--runtime", "bare-metal"], timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    [result] = [json.loads(line.split(" ", 1)[1]) for line in done.stdout.splitlines()
-                if line.startswith("containerbench-result ")]
+    [result] = markers.payloads_of(done.stdout.splitlines(), markers.RESULT)
     assert result["ranks"] == 2 and result["weights_identical"] and result["versions"]["tensorflow"] == "2.14.1"
 
 

@@ -21,6 +21,7 @@ from containerbench import baseimage, cli, imagebuild, images, imagestep, wheelh
 from containerbench import config as cb_config
 from containerbench.imagebuild import ImageSpec
 from containerbench.processes import run_group
+from containerbench.rank import markers
 from containerbench.results import write_tables
 from containerbench.runtimes import engine_env, engine_usable
 
@@ -96,9 +97,9 @@ def charliecloud_dir(podman_image, tmp_path_factory):
 
 
 def _result(stdout: str) -> dict:
-    lines = [line for line in stdout.splitlines() if line.startswith("containerbench-result ")]
-    assert len(lines) == 1, stdout
-    return json.loads(lines[0].split(" ", 1)[1])
+    results = markers.payloads_of(stdout.splitlines(), markers.RESULT)
+    assert len(results) == 1 and results[0], stdout
+    return results[0]
 
 
 @pytest.mark.parametrize("image", ["podman_image", "docker_image"])

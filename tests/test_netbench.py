@@ -1,6 +1,5 @@
 """Runs containerbench.rank.netbench for real: 2 ranks over loopback TCP, and 1 rank without mpirun."""
 
-import json
 import math
 import re
 import shutil
@@ -9,12 +8,13 @@ import subprocess
 import pytest
 
 from containerbench.processes import run_group
+from containerbench.rank import markers
 
 TIMEOUT_S = 120
 
 
-def prefixed_json(lines, prefix):
-    return [json.loads(line[len(prefix):]) for line in lines if line.startswith(prefix)]
+def prefixed_json(lines, marker):
+    return markers.payloads_of(lines, marker)
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +33,7 @@ def two_rank_output(bench_python):
 
 
 def test_two_ranks_result(two_rank_output):
-    results = prefixed_json(two_rank_output, "containerbench-result ")
+    results = prefixed_json(two_rank_output, markers.RESULT)
     assert len(results) == 1
     result = results[0]
     assert result["kind"] == "netbench"
@@ -51,7 +51,7 @@ def test_two_ranks_result(two_rank_output):
         assert math.isclose(entry["busbw_GBps"], entry["algbw_GBps"] * 2 * (2 - 1) / 2, rel_tol=1e-9)
 
     # Each per-measurement machine line must match the summary, in order.
-    assert prefixed_json(two_rank_output, "containerbench-netbench ") == pingpong + allreduce
+    assert prefixed_json(two_rank_output, markers.NETBENCH) == pingpong + allreduce
 
 
 def test_two_ranks_human_lines(two_rank_output):
@@ -80,7 +80,7 @@ def test_larger_allocations_measure_only_the_allreduce_over_every_rank(bench_pyt
                "--max-bytes", "4096", "--target-bytes", "65536", "--no-pingpong"]
     completed = run_group(command, timeout=TIMEOUT_S)
     assert completed.returncode == 0, completed.stdout + completed.stderr
-    [result] = prefixed_json(completed.stdout.splitlines(), "containerbench-result ")
+    [result] = prefixed_json(completed.stdout.splitlines(), markers.RESULT)
     assert result["ranks"] == 3 and result["pingpong"] == []
     assert [entry["ranks"] for entry in result["allreduce"]] == [3] * 11  # 4 B .. 4 KiB
     assert all(math.isclose(e["busbw_GBps"], e["algbw_GBps"] * 4 / 3) for e in result["allreduce"])

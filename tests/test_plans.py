@@ -21,8 +21,8 @@ def test_a_plan_round_trips_through_its_json_and_keeps_the_form_the_workflow_pas
         assert RunPlan.from_json(json.loads(run_plan.to_json())) == run_plan
         # What the benchmark module is given is carried, not found again in argv.
         assert run_plan.argv[-len(run_plan.benchmark_args):] == list(run_plan.benchmark_args)
-        assert set(run_plan.as_dict()) == {"run_id", "spec", "argv", "env", "timeout_s", "image", "fabric",
-                                           "telemetry"}
+        assert set(run_plan.as_dict()) == {"run_id", "spec", "argv", "env", "timeout_s", "exit_grace_s", "image",
+                                           "fabric", "telemetry"}
 
 
 def test_planning_leaves_the_config_as_the_user_wrote_it(tmp_path):

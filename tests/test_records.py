@@ -18,6 +18,7 @@ from containerbench.rank import markers
 from containerbench.records import (
     ADDED_KEYS,
     RECORD_FORMAT,
+    UNREADABLE_RESULT,
     check_record,
     load_records,
     migrate,
@@ -110,7 +111,8 @@ def test_a_result_line_behind_a_ranks_partial_stderr_line_is_still_read(tmp_path
 def test_an_unreadable_result_line_fails_the_run_and_says_so(tmp_path):
     lines = [line[:80] if line.startswith(markers.RESULT) else line for line in recorded_log("netbench", 2)]
     record = parse_lines(tmp_path, lines)
-    assert record["status"] == "failed" and record["reasons"] == ["result line is not valid JSON"]
+    assert record["status"] == "failed"
+    assert record["reasons"] == [f"{UNREADABLE_RESULT} (line {record['log']['result_line']}: its JSON is not valid)"]
     assert record["log"]["result_line"] is not None
 
 

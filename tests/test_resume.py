@@ -17,13 +17,14 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import ROOT, SMOKE_MODEL, SNAKEMAKE, TINY, snakemake
+from helpers import ROOT, SMOKE_MODEL, SNAKEMAKE, TINY, run_and_parse, snakemake, tiny_config
 
+from containerbench import config as cb_config
 from containerbench import processes
 from containerbench.execution import RunAbandoned, execute
 from containerbench.plans import RunPlan
 from containerbench.processes import kill_session
-from containerbench.rank import markers
+from containerbench.rank import faults, markers
 
 
 def command_lines_mentioning(text: str) -> dict[int, str]:
@@ -110,6 +111,27 @@ def test_a_run_is_abandoned_when_its_controller_is_gone(tmp_path, monkeypatch):
                          "gone: run abandoned")
     assert markers.payload(lines[-1], markers.EXIT)["timed_out"] is False
     assert not command_lines_mentioning("sleep 303")
+
+
+def test_a_run_that_hangs_after_its_result_is_stopped_within_seconds_and_keeps_its_measurement(tmp_path,
+                                                                                                 bench_python):
+    """Issue 34: an MPICH run over UCX's tcp transport printed its result, then deadlocked in its teardown
+    (openucx/ucx#8738) until its 600 s timeout, and its measurement was thrown away. Here real netbench
+    ranks do the same through the benchmark's documented fault switch (rank/faults.py)."""
+    config = tiny_config(tmp_path, netbench={"exit_grace_s": 3})
+    config["fabrics"]["tcp-loopback"]["env"][faults.VARIABLE] = "hang-at-exit"
+    [spec] = [run for run in cb_config.plan_runs(config) if run.kind == "netbench" and run.repetition == 1]
+    started = time.monotonic()
+    [(_, record)] = run_and_parse([spec], config, tmp_path)
+    assert time.monotonic() - started < 60 < config["netbench"]["timeout_s"]
+    assert record["status"] == "ok", record["reasons"]
+    assert record["result"]["pingpong"] and record["returncode"] != 0
+    hung = record["hung_at_exit"]
+    assert hung["grace_s"] == 3 and 3 <= hung["after_result_s"] < 10
+    lines = (tmp_path / f"{spec.run_id}.log").read_text().splitlines()
+    assert lines[-2].startswith("containerbench: the run printed its result and had not exited 3.")
+    assert lines[-2].endswith(" s later: stopped (hung at exit)")
+    assert not command_lines_mentioning("containerbench.rank.netbench")
 
 
 def test_a_controller_elsewhere_is_not_watched(monkeypatch):

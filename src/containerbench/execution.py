@@ -123,7 +123,7 @@ def execute(run_plan: RunPlan, log_path: Path, echo=sys.stdout, allocation: str 
     argv = _final_argv(run_plan.argv)
     header = {**run_plan.as_dict(), "argv": argv, "host": socket.gethostname(), "started_unix": time.time()}
     started = time.monotonic()
-    timed_out, abandoned = threading.Event(), []
+    timed_out, abandoned, guard = threading.Event(), [], None
     with open(log_path, "w") as log:
         log.write(markers.line(markers.LAUNCH, header))
         log.flush()
@@ -142,11 +142,17 @@ def execute(run_plan: RunPlan, log_path: Path, echo=sys.stdout, allocation: str 
             log.write(f"containerbench: cannot start {argv[0]!r}: {error}\n")
             returncode = 127
         else:
-            returncode = _follow(process, log, echo, run_plan.timeout_s, timed_out, abandoned)
+            guard = ExitGuard(process, run_plan.exit_grace_s)
+            returncode = _follow(process, log, echo, run_plan.timeout_s, timed_out, abandoned, guard)
+            if guard.hung:
+                log.write(f"containerbench: the run printed its result and had not exited "
+                          f"{guard.hung['after_result_s']:.1f} s later: stopped (hung at exit)\n")
         if abandoned:
             log.write(f"containerbench: {abandoned[0]}: run abandoned\n")
         footer = {"returncode": returncode, "wall_s": round(time.monotonic() - started, 3),
                   "timed_out": timed_out.is_set(), "ended_unix": time.time()}
+        if guard and guard.hung:
+            footer["hung_at_exit"] = guard.hung
         if returncode != 0 and allocation:  # ended from outside (scancel, time limit, node failure)?
             ended = slurm.job_state(allocation)
             if ended:
@@ -202,11 +208,54 @@ def run_allocated_plans(plans: list[RunPlan], logs: list, allocation: list[str],
     return 0
 
 
-def _follow(process, log, echo, timeout_s: float, timed_out: threading.Event, abandoned: list) -> int:
+class ExitGuard:
+    """Ends a run that printed its whole result and then does not exit: its ranks have all finished
+    (rank 0 gathers from every rank before it prints), so what is left is the launcher's and the MPI
+    library's teardown, which can deadlock (MPICH over UCX's tcp transport, openucx/ucx#8738). The
+    measurement is kept; the exit line says the run hung at exit and when it was stopped."""
+
+    def __init__(self, process, grace_s: float):
+        self.process, self.grace_s = process, grace_s
+        self.lines: list[str] = []  # from the first line of the result on
+        self.watching = 0  # lines still to read after a result line: the rest of a cut part may follow
+        self.result_at: float | None = None
+        self.hung: dict | None = None
+        self._timer: threading.Timer | None = None
+
+    def see(self, line: str) -> None:
+        if self.result_at is not None:
+            return
+        if markers.carries(line, markers.RESULT):
+            self.watching = markers.SPLICE_LINES + 1
+        if not self.lines and not self.watching:
+            return
+        self.lines.append(line.rstrip("\n"))
+        if self.watching:
+            self.watching -= 1
+            if any(found.marker == markers.RESULT and found.payload is not None
+                   for found in markers.read_payloads(self.lines)):
+                self.result_at = time.monotonic()
+                self._timer = threading.Timer(self.grace_s, self._stop)
+                self._timer.daemon = True
+                self._timer.start()
+
+    def _stop(self) -> None:
+        if self.process.poll() is None:
+            self.hung = {"after_result_s": round(time.monotonic() - self.result_at, 3), "grace_s": self.grace_s}
+            stop_session(self.process.pid)
+
+    def cancel(self) -> None:
+        if self._timer:
+            self._timer.cancel()
+
+
+def _follow(process, log, echo, timeout_s: float, timed_out: threading.Event, abandoned: list,
+            guard: ExitGuard) -> int:
     """Copy the run's output until it ends; stop its whole session on a timeout, when the controller
-    is gone (its description appended to `abandoned`), when this process is interrupted, and after."""
+    is gone (its description appended to `abandoned`), when it hangs after its result (`guard`), when
+    this process is interrupted, and after."""
     def time_out():
-        if process.poll() is None:  # a run that ended at its deadline did not time out
+        if process.poll() is None and guard.hung is None:  # a run that ended at its deadline did not time out
             timed_out.set()
             stop_session(process.pid)
 
@@ -223,12 +272,12 @@ def _follow(process, log, echo, timeout_s: float, timed_out: threading.Event, ab
             log.write(line)
             if echo:
                 echo.write(line)
+            guard.see(line)
         return process.wait()
     finally:
         watchdog.cancel()
+        guard.cancel()
         if watch:
             watch.set()
         # Interrupted, or a process of the run still there after it ended: none outlives the run.
         stop_session(process.pid, grace_s=1.0)
-
-

@@ -39,6 +39,7 @@ import numpy as np
 import pandas as pd
 
 from containerbench.fleetplan import FleetPlan, in_order, link_name
+from containerbench.records import UNREADABLE_RESULT
 from containerbench.slurm import NodeState
 from containerbench.status import Status
 from containerbench.validate import LOWER_IS_BETTER, Reference, metric_of, record_variables
@@ -61,6 +62,7 @@ NODE_COLUMNS = ["node", "variable", "value", "unit", "reference", "fleet_median"
 LINK_COLUMNS = ["link", "variable", "value", "unit", "reference", "fleet_median", "mad", "robust_z",
                 "deviation_percent", "better_percent", "runs", "spread_percent", "repeatability_percent",
                 "slow", "blamed_on", "reason"]
+UNREADABLE = "unreadable"  # a summary's result: the member's only runs left results that could not be read
 UNJUDGED = "unjudged"  # a node table's result: the variable does not repeat finely enough to compare nodes
 SUMMARY_COLUMNS = ["member", "kind", "result", "reason"]
 
@@ -196,17 +198,18 @@ def judge(records: list[dict], fleet: FleetPlan, references: dict[str, Reference
     """The verdict on every node and link of `fleet` from its records: a node that did not run, or whose
     runs failed, fails with the reason; a missing row is never a pass."""
     references = references or {}
-    values, failures = member_values(records), _failures(records)
+    values, failures, unreadable_runs = member_values(records), _failures(records), _unreadable(records)
     nodes = _node_figures(values, min_shortfall, references)
-    node_fault = _node_faults(fleet, nodes, failures)
+    node_fault = _node_faults(fleet, nodes, failures, unreadable_runs)
     links = _link_figures(values, node_fault, min_shortfall, references)
     culprits = _slow_networked_nodes(fleet, links, failures, node_fault)
     for name, reason in culprits.items():  # failed too; a fault of their own comes first
         node_fault.setdefault(name, reason)
-    link_summary, blamed = _link_verdicts(fleet, links, failures, node_fault, culprits)
+    link_summary, blamed = _link_verdicts(fleet, links, failures, node_fault, culprits, unreadable_runs)
     links["slow"] = links["bad"]
     links["blamed_on"] = links["member"].map(blamed).fillna("")
-    summary = _node_verdicts(fleet, node_fault) + link_summary + _unjudged_variables(nodes, links, min_shortfall)
+    summary = (_node_verdicts(fleet, node_fault, unreadable_runs) + link_summary
+               + _unjudged_variables(nodes, links, min_shortfall))
     return FleetVerdict(nodes.rename(columns={"member": "node"})[NODE_COLUMNS],
                         links.rename(columns={"member": "link"})[LINK_COLUMNS],
                         pd.DataFrame(summary, columns=SUMMARY_COLUMNS))
@@ -231,11 +234,15 @@ def _node_figures(values: pd.DataFrame, min_shortfall: float, references: dict[s
     return nodes
 
 
-def _node_faults(fleet: FleetPlan, nodes: pd.DataFrame, failures: Failures) -> dict[str, str]:
-    """Why each node failed on its own job's evidence, by name; a node not named passed it."""
+def _node_faults(fleet: FleetPlan, nodes: pd.DataFrame, failures: Failures,
+                 unreadable_runs: Failures) -> dict[str, str]:
+    """Why each node failed on its own job's evidence, by name; a node not named passed it, or left
+    only unreadable results (`unreadable_runs`)."""
     node_rows = {name: rows for name, rows in nodes.groupby("member", sort=False)}
     faults = {}
     for name in [*fleet.nodes, *fleet.unavailable]:
+        if (name,) in unreadable_runs and (name,) not in failures:
+            continue
         fault = _node_fault(name, fleet.unavailable.get(name), node_rows.get(name), failures)
         if fault is not None:
             faults[name] = fault
@@ -294,15 +301,21 @@ def _links_to_passed_nodes(fleet: FleetPlan, measured: set[str], failures: Failu
     return judged
 
 
-def _node_verdicts(fleet: FleetPlan, node_fault: dict[str, str]) -> list[dict]:
+def _node_verdicts(fleet: FleetPlan, node_fault: dict[str, str], unreadable_runs: Failures) -> list[dict]:
     """A summary row per node of the plan, measured or not."""
-    return [{"member": name, "kind": "node", "result": "fail" if name in node_fault else "pass",
-             "reason": node_fault.get(name, "")}
-            for name in [*fleet.nodes, *fleet.unavailable]]
+    rows = []
+    for name in [*fleet.nodes, *fleet.unavailable]:
+        if name in node_fault:
+            rows.append({"member": name, "kind": "node", "result": "fail", "reason": node_fault[name]})
+        elif (name,) in unreadable_runs:
+            rows.append({"member": name, "kind": "node", "result": UNREADABLE, "reason": unreadable_runs[(name,)]})
+        else:
+            rows.append({"member": name, "kind": "node", "result": "pass", "reason": ""})
+    return rows
 
 
-def _link_verdicts(fleet: FleetPlan, links: pd.DataFrame, failures: Failures,
-                   node_fault: dict[str, str], culprits: dict[str, str]) -> tuple[list[dict], dict[str, str]]:
+def _link_verdicts(fleet: FleetPlan, links: pd.DataFrame, failures: Failures, node_fault: dict[str, str],
+                   culprits: dict[str, str], unreadable_runs: Failures) -> tuple[list[dict], dict[str, str]]:
     """A summary row per link of the plan, and whom each slow link is blamed on: a slow link whose
     ends are fine is the link's own fault (a cable, a switch port)."""
     link_rows = {name: rows for name, rows in links.groupby("member", sort=False)}
@@ -317,6 +330,8 @@ def _link_verdicts(fleet: FleetPlan, links: pd.DataFrame, failures: Failures,
             reason = failures.get(pair) or "; ".join(rows.loc[rows["bad"], "reason"])
             summary.append({"member": link, "kind": "link", "result": "explained" if ends else "fail",
                             "reason": f"node {blamed[link]} failed" if ends else reason})
+        elif pair in unreadable_runs:
+            summary.append({"member": link, "kind": "link", "result": UNREADABLE, "reason": unreadable_runs[pair]})
         elif rows is None:
             summary.append({"member": link, "kind": "link", "result": "fail",
                             "reason": "not measured: no record of this link"})
@@ -330,13 +345,33 @@ def _failed_ends(pair: tuple[str, ...], culprits: dict[str, str], node_fault: di
     return [end for end in pair if end in culprits] or [end for end in pair if end in node_fault]
 
 
+def unreadable(record: dict) -> bool:
+    """A run whose result was printed but could not be read back: evidence of nothing about the node or
+    link, neither slow nor fast (its table rows are missing, and its summary row says why)."""
+    return any(reason.startswith(UNREADABLE_RESULT) for reason in record["reasons"])
+
+
+def _unreadable(records: list[dict]) -> Failures:
+    """The members with a kind of run (training, netbench) whose runs left no figure but unreadable ones,
+    and which: run again rather than judged."""
+    measured = {(_members(record), record["kind"]) for record in records if record["status"] == Status.OK}
+    runs: dict[tuple[str, ...], list[str]] = {}
+    for record in records:
+        members = _members(record)
+        if unreadable(record) and len(members) in (1, 2) and (members, record["kind"]) not in measured:
+            runs.setdefault(members, []).append(record["run_id"])
+    return {members: f"result of {', '.join(ids)} unreadable (the launcher's output cut it): not judged, run it again"
+            for members, ids in runs.items()}
+
+
 def _failures(records: list[dict]) -> Failures:
     """Why each node's or link's runs failed, by its members: the record's own reasons (with Slurm's state
-    and reason when the job was ended from outside), each reason once with the runs that gave it."""
+    and reason when the job was ended from outside), each reason once with the runs that gave it. A run
+    whose result is unreadable is no failure of either (_unreadable)."""
     failed: dict[tuple[str, ...], dict[str, list[str]]] = {}
     for record in records:
         members = _members(record)
-        if record["status"] != Status.OK and len(members) in (1, 2):
+        if record["status"] != Status.OK and len(members) in (1, 2) and not unreadable(record):
             why = f"{record['status']}: {'; '.join(record['reasons']) or 'no reason given'}"
             failed.setdefault(members, {}).setdefault(why, []).append(record["run_id"])
     return {members: "; ".join(f"{runs[0]}{f' and {len(runs) - 1} more' if len(runs) > 1 else ''} {why}"
@@ -381,8 +416,10 @@ def write_verdict(verdict: FleetVerdict, out_dir) -> dict[str, Path]:
 def format_verdict(verdict: FleetVerdict) -> str:
     summary = verdict.summary
     counts = {kind: (summary["kind"] == kind).sum() for kind in ("node", "link")}
+    unread = (summary["result"] == UNREADABLE).sum()
     lines = [f"fleet: {len(verdict.failed_nodes)} of {counts['node']} node(s) failed, "
-             f"{len(verdict.bad_links)} of {counts['link']} link(s) bad"]
+             f"{len(verdict.bad_links)} of {counts['link']} link(s) bad"
+             + (f", {unread} not judged: result unreadable, run again" if unread else "")]
     shown = summary[summary["result"] != "pass"]
     width = max([len(member) for member in shown["member"]] or [0])
     lines += [f"  {row.kind:4} {row.member:<{width}}  {row.result:9} {row.reason}" for row in shown.itertuples()]

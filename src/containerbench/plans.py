@@ -72,6 +72,7 @@ class RunPlan:
     native_mpi: dict | None = None  # the host MPICH the ranks load, in the native MPI model
     allocation: list[str] | None = None  # salloc's argv, where the run asks for its own (Allocation.PER_RUN)
     launch_context: dict | None = None  # where the launch ran (execution.measure adds it)
+    exit_grace_s: float = 30.0  # how long a run that printed its result may take to exit (execution.ExitGuard)
 
     OPTIONAL = ("native_mpi", "allocation", "launch_context")
     NOT_WRITTEN = ("benchmark_args",)
@@ -181,6 +182,7 @@ def plan_run(spec: RunSpec, config: dict, allocation: Allocation | None = None) 
         argv=argv,
         env=env,
         timeout_s=timeout,
+        exit_grace_s=config["netbench" if spec.kind == "netbench" else "benchmark"]["exit_grace_s"],
         image=getattr(runtime, "image", None),
         fabric={"name": spec.fabric, "env": fabric_env, "expect": fabric.get("expect")},
         telemetry=telemetry,

@@ -45,6 +45,7 @@ ADDED_KEYS = {
     "started_unix": None,  # 3ea4052
     "launch_context": None,  # 269ee2c
     "telemetry": None,  # 269ee2c
+    "hung_at_exit": None,  # a run stopped after its result (execution.ExitGuard)
 }
 # Ranks that averaged their gradients hold the same weights to rounding; ranks
 # that did not drift apart by orders of magnitude more than this.
@@ -52,6 +53,9 @@ WEIGHT_SPREAD_TOLERANCE = 1e-6
 # What the parser checks against the plan: a run that ran something else is invalid.
 PLANNED_KEYS = ("model", "image_size", "precision", "batch_size", "warmup_steps", "steps", "mode", "data", "framework",
                 "torch_compile")
+
+# The reason of a run whose result was printed but cannot be read back: not a slow run (fleet.py).
+UNREADABLE_RESULT = "result unreadable"
 
 log = logging.getLogger(__name__)
 
@@ -66,23 +70,22 @@ class LogLines:
     result: dict | None = None
     result_line: int | None = None  # 1-based; set even when the JSON on it is unreadable
     failure: str | None = None  # the benchmark's own reason for not running
+    result_problem: str | None = None  # why the result is unreadable
 
     @classmethod
     def read(cls, lines: list[str]) -> LogLines:
         found = cls(lines)
-        for number, line in enumerate(lines, start=1):
+        for line in lines:
             if line.startswith(markers.LAUNCH) and found.launch is None:
                 found.launch = markers.payload(line, markers.LAUNCH)
             elif line.startswith(markers.EXIT):
                 found.exit = markers.payload(line, markers.EXIT)
-            # Rank lines reach the log through the launcher's output forwarding, which can put the
-            # start of the rank's stderr line before them (Horovod's debug log writes its "[" apart):
-            # a measured run is not lost to that, the marker is read where it starts.
-            elif markers.RESULT in line:
-                line = line[line.index(markers.RESULT):]
-                found.result, found.result_line = markers.payload(line, markers.RESULT), number
             elif markers.FAILURE in line and found.failure is None:
                 found.failure = line[line.index(markers.FAILURE) + len(markers.FAILURE):].strip()
+        # The result: a line, or parts put back together (markers.py), read where its marker starts on
+        # the line, as output forwarding can put the start of a rank's stderr line before it.
+        for result in (item for item in markers.read_payloads(lines) if item.marker == markers.RESULT):
+            found.result, found.result_line, found.result_problem = result.payload, result.line, result.problem
         return found
 
 
@@ -143,13 +146,16 @@ def judge_exit(found: LogLines, verdict: Verdict) -> None:
             f" (reason {ended['reason']})" if ended.get("reason") not in (None, "", "None") else "") + " (sacct)")
     elif found.exit.get("timed_out"):
         verdict.fail(f"timed out after {(found.launch or {}).get('timeout_s')} s")
+    elif found.exit.get("hung_at_exit") and found.result is not None:
+        pass  # its ranks all finished and it is measured: stopped in its teardown (hung_at_exit in the record)
     elif found.exit.get("returncode") != 0:
         verdict.fail(f"exit code {found.exit.get('returncode')}")
     if found.failure:
         verdict.reasons.append(found.failure)
     ended_outside = bool(found.exit and (found.exit.get("not_run") or found.exit.get("slurm")))
     if found.result is None and not ended_outside:  # else the reason above says why there is none
-        verdict.fail("no result line" if found.result_line is None else "result line is not valid JSON")
+        verdict.fail("no result line" if found.result_line is None
+                     else f"{UNREADABLE_RESULT} (line {found.result_line}: {found.result_problem})")
 
 
 def judge_against_plan(spec: dict, result: dict, verdict: Verdict) -> None:
@@ -311,6 +317,7 @@ def parse_log(log_path: str | Path, telemetry_file: str | Path | None = None) ->
         "host": launch.get("host"),
         "returncode": (found.exit or {}).get("returncode"),
         "wall_s": (found.exit or {}).get("wall_s"),
+        "hung_at_exit": (found.exit or {}).get("hung_at_exit"),
         "started_unix": launch.get("started_unix"),  # which of a point's runs is the last (cost.estimate)
         "startup_s": startup_seconds(launch, found.result),
         "result": found.result,

@@ -25,7 +25,7 @@ import socket
 import sys
 import time
 
-from containerbench.rank import markers, telemetry
+from containerbench.rank import faults, markers, telemetry
 from containerbench.rank.distribution import MODES  # no TensorFlow import: parsing stays instant
 
 ENTRY_UNIX_TIME = time.time()  # before TensorFlow's import: start-up cost counts
@@ -378,7 +378,8 @@ def run_and_report(args, run, refusals: tuple[type[Exception], ...]) -> int:
         telemetry.stop_sampler(sampler)
     if result is not None:
         result["provenance"] = provenance()
-        print(markers.line(markers.RESULT, result), end="", flush=True)
+        markers.emit(markers.RESULT, result)
+        faults.after_result()
     return 0
 
 

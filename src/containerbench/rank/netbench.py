@@ -20,7 +20,7 @@ import mpi4py
 import numpy as np
 from mpi4py import MPI
 
-from containerbench.rank import markers, telemetry
+from containerbench.rank import faults, markers, telemetry
 from containerbench.rank.provenance import provenance
 
 WARMUP_ITERATIONS = 2
@@ -87,7 +87,7 @@ def iterations_for(size, options, warmup_seconds_per_iteration):
 
 def report(human_line, record):
     print(human_line, flush=True)
-    print(markers.line(markers.NETBENCH, record), end="", flush=True)
+    markers.emit(markers.NETBENCH, record)
 
 
 class MpiTransport:
@@ -296,7 +296,8 @@ def run(options, comm, transport=None):
     }
     result = comm.bcast(result, root=0)  # rank 0 holds the ping-pong view everyone should share
     if comm.Get_rank() == 0:
-        print(markers.line(markers.RESULT, result), end="", flush=True)
+        markers.emit(markers.RESULT, result)
+        faults.after_result()
     return result
 
 
