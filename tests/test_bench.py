@@ -6,8 +6,10 @@ import re
 import subprocess
 
 import pytest
+from helpers import SMOKE_MODEL, run_and_parse, tiny_config
 
-from containerbench.rank import markers
+from containerbench import config as cb_config
+from containerbench.rank import faults, markers
 
 pytestmark = pytest.mark.slow
 
@@ -72,3 +74,16 @@ def test_one_rank_runs_without_any_launcher(bench_python, tmp_path):
     assert completed.returncode == 0, completed.stderr[-2000:]
     [result] = markers.payloads_of(completed.stdout.splitlines(), markers.RESULT)
     assert result["launcher"] == "none" and result["ranks"] == 1 and result["images_per_sec"] > 0
+
+
+def test_a_real_run_whose_gradients_are_not_averaged_on_one_rank_is_invalid(bench_python, tmp_path):
+    """Issue 34: the verdict 'gradients were not averaged' shown on a real run, not an edited log: rank 1
+    takes part in every all-reduce but applies the ranks' sum, not their mean (rank/faults.py)."""
+    config = tiny_config(tmp_path, benchmark={"model": SMOKE_MODEL, "repetitions": 1},
+                         scaling={"nodes": [1], "ranks_per_node": [2]}, netbench={"enabled": False})
+    config["fabrics"]["tcp-loopback"]["env"][faults.VARIABLE] = "summed-gradients-on-rank-1"
+    [spec] = cb_config.plan_runs(config)
+    [(_, record)] = run_and_parse([spec], config, tmp_path)
+    assert record["status"] == "invalid" and record["result"]["weights_identical"] is False
+    assert record["reasons"][0].startswith("ranks ended with different weights (relative spread ")
+    assert record["reasons"][0].endswith("gradients were not averaged, this was not data-parallel training")

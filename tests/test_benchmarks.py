@@ -68,3 +68,9 @@ def test_history_speed_times_compare_over_stored_records(root):
     assert re.search(r"^compare over 2000 stored records: \d+\.\d\d s \(target 2 s, time/target = \d+\.\d\d\)$",
                      out, re.M)
     assert re.search(r"^variables: 200; significant: \d+ of the 50 made 5% faster", out, re.M)
+
+
+def test_killing_the_tables_store_and_report_steps_never_leaves_a_partial_file(root):
+    out = run([sys.executable, "benchmarks/atomic_outputs.py", "--kills", "8", "--records", "60"], root)
+    assert re.search(r"^8 kills \(seed 34\): \d+ while the step ran, \d+ while it was writing .*; "
+                     r"partial outputs read back: 0$", out, re.M), out

@@ -24,13 +24,13 @@ MODULES = sorted(name for name in map(module_name, PACKAGE.rglob("*.py")) if nam
 # Each layer may use the layers before it, never one after it or its own (so no cycle can form).
 # The benchmark side (bench, netbench and what they use) is what the provenance hash covers.
 LAYERS = [
-    ("the words records judge with, the frameworks' registry, the rank side's package (a docstring)",
-     {"status", "frameworks", "rank"}),
+    ("the words records judge with, the frameworks' registry, the rank side's package (a docstring), its test faults",
+     {"status", "frameworks", "rank", "rank.faults"}),
     ("model definitions", {"rank.torchmodels"}),
     ("the sweep point", {"point"}),
     ("the layers that pick a network, one class each (fabrics' parts)", {"fabriclayers"}),
-    ("leaves", {"rank.markers", "rank.faults", "processes", "rank.provenance", "rank.datasets", "rank.distribution",
-                "fabrics", "config", "rank.telemetry", "intervals"}),
+    ("leaves", {"rank.markers", "outputs", "processes", "rank.provenance", "rank.datasets",
+                "rank.distribution", "fabrics", "config", "rank.telemetry", "intervals"}),
     ("Slurm", {"slurm"}),
     ("launchers (a runtime asks them what its launcher does)", {"launchers"}),
     ("benchmark, runtimes, recipes, telemetry read back, PyTorch's input, an image step's runner",

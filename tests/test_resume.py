@@ -228,6 +228,13 @@ def test_a_killed_controller_leaves_nothing_running_and_resumes_without_losing_a
         kept, killed = wait_for(lambda: one_finished_and_the_next_running(results / "runs"), 240,
                                 "one run finished and the next one's mpirun running")
         kept_before = (hashlib.sha256(kept.read_bytes()).hexdigest(), kept.stat().st_mtime_ns)
+        # A second controller started in this directory meanwhile (two validations at once, issue 34) is
+        # refused in one line, and the first goes on.
+        second = snakemake(tmp_path, *configs, timeout=300)
+        assert second.returncode == 1 and second.stderr.strip().splitlines()[-1] == (
+            f"containerbench: workflow controller {controller.pid} is running in this directory; allowed: one at a "
+            f"time (wait for it to end, or stop it: kill {controller.pid})"), second.stderr[-3000:]
+        assert controller.poll() is None
 
         os.kill(controller.pid, signal.SIGKILL)  # the controller alone: its jobs are left to fend for themselves
         controller.wait()

@@ -38,6 +38,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from containerbench import outputs
 from containerbench.fleetplan import FleetPlan, in_order, link_name
 from containerbench.records import UNREADABLE_RESULT
 from containerbench.slurm import NodeState
@@ -406,10 +407,10 @@ def write_verdict(verdict: FleetVerdict, out_dir) -> dict[str, Path]:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {key: out / name for key, name in VERDICT_FILES.items()}
-    verdict.nodes.to_csv(paths["nodes"], index=False)
-    verdict.links.to_csv(paths["links"], index=False)
-    verdict.summary.to_csv(paths["summary"], index=False)
-    paths["drain"].write_text(format_drain_list(verdict))
+    for name in ("nodes", "links", "summary"):
+        with outputs.replacing(paths[name]) as partial:
+            getattr(verdict, name).to_csv(partial, index=False)
+    outputs.write_text(paths["drain"], format_drain_list(verdict))
     return paths
 
 

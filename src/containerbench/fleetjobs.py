@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from containerbench import outputs
 from containerbench.config import RunSpec, mpi_models
 from containerbench.fleet import record_path
 from containerbench.fleetplan import FleetError, FleetPlan, in_order, link_name
@@ -151,14 +152,14 @@ class FleetJobs:
 
         for path in (Path(plan_path), Path(self.records_list)):
             path.parent.mkdir(parents=True, exist_ok=True)
-        Path(plan_path).write_text(json.dumps(fleet.as_dict(), indent=1, sort_keys=True) + "\n")
-        Path(self.records_list).write_text("".join(f"{path}\n" for path in self.records()))
+        outputs.write_text(plan_path, json.dumps(fleet.as_dict(), indent=1, sort_keys=True) + "\n")
+        outputs.write_text(self.records_list, "".join(f"{path}\n" for path in self.records()))
         for job, runs in self.runs.items():
             path = Path(self.job_file(job))
             path.parent.mkdir(parents=True, exist_ok=True)
             plans = [plan_run(spec, self.run_config, Allocation.PER_JOB).as_dict() for spec in runs]
-            path.write_text(json.dumps({"allocation": self.allocation(job), "plans": plans, "logs": self.logs(job)},
-                                       sort_keys=True) + "\n")
+            outputs.write_text(path, json.dumps({"allocation": self.allocation(job), "plans": plans,
+                                                 "logs": self.logs(job)}, sort_keys=True) + "\n")
 
     def records(self) -> list[str]:
         return [record_path(log) for job in self.runs for log in self.logs(job)]

@@ -167,6 +167,20 @@ def record_lock_owner(lock_dir: Path) -> None:
     (lock_dir / LOCK_OWNER).write_text(os.environ[CONTROLLER_VARIABLE] + "\n")
 
 
+def held_by_another(lock_dir: Path) -> str | None:
+    """The one line that refuses a second controller in this directory while the first runs here (its
+    identity recorded beside the locks, record_lock_owner); None when there is none, or it is elsewhere."""
+    try:
+        named = (lock_dir / LOCK_OWNER).read_text().strip()
+    except OSError:
+        return None
+    owner = checkable(named)
+    if owner is None or not running(*owner) or owner[0] == os.getpid():
+        return None
+    return (f"containerbench: workflow controller {owner[0]} is running in this directory; allowed: one at a time "
+            f"(wait for it to end, or stop it: kill {owner[0]})")
+
+
 def processes_of(named: str) -> list[int]:
     """Live processes on this host that carry controller identity `named` in their environment: the
     jobs of that controller, which stop themselves within seconds once it is gone (execution.execute)."""

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import jsonschema
 
+from containerbench import outputs
 from containerbench.config import describe, load_schema
 from containerbench.fabrics import check_grpc, verify
 from containerbench.rank import markers
@@ -331,7 +332,7 @@ def parse_log(log_path: str | Path, telemetry_file: str | Path | None = None) ->
 
 def write_record(log_path: str | Path, out: str | Path, telemetry_file: str | Path | None = None) -> dict:
     record = parse_log(log_path, telemetry_file)
-    Path(out).write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+    outputs.write_text(out, json.dumps(record, indent=1, sort_keys=True) + "\n")
     return record
 
 

@@ -16,6 +16,7 @@ import json
 import math
 from pathlib import Path
 
+from containerbench import outputs
 from containerbench.point import Point
 from containerbench.records import load_records
 from containerbench.runtables import runs_table, summary_table
@@ -82,7 +83,7 @@ def write_round(record_paths, round_number: int, target_ci_percent: float, max_r
         raise ValueError("unreadable records: " + "; ".join(f"{path}: {why}" for path, why in problems))
     earlier = json.loads(Path(previous).read_text()) if previous else None
     decision = decide(records, round_number, target_ci_percent, max_repetitions, earlier)
-    Path(out).write_text(json.dumps(decision, indent=1) + "\n")
+    outputs.write_text(out, json.dumps(decision, indent=1) + "\n")
     return decision
 
 

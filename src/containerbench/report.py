@@ -21,6 +21,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 from jinja2 import Environment, PackageLoader, select_autoescape  # noqa: E402
 
+from containerbench import outputs  # noqa: E402
 from containerbench.frameworks import DEFAULT_FRAMEWORK, FRAMEWORKS  # noqa: E402
 from containerbench.records import load_records  # noqa: E402
 from containerbench.results import TABLES  # noqa: E402
@@ -404,7 +405,7 @@ def render(table_files, record_paths, out_path: str | Path, skipped: dict | None
         skipped=sorted((skipped or {}).items()),
         since_last=since_last_time(history),
     )
-    Path(out_path).write_text(page)
+    outputs.write_text(out_path, page)
 
 
 # The fleet verdict's page (containerbench fleet judge): read from the tables fleet.write_verdict wrote.
@@ -497,4 +498,4 @@ def render_fleet(verdict_dir, out_path, min_shortfall: float | None = None, z_li
         link_table=_table(links[links["slow"]], FLEET_LINK_COLUMNS),
         drain=(folder / "drain.txt").read_text(), z_limit=z_limit,
     )
-    Path(out_path).write_text(page)
+    outputs.write_text(out_path, page)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from containerbench import outputs
 from containerbench.comparisons import (
     fabric_table,
     frameworks_table,
@@ -155,8 +156,9 @@ def write_tables(record_paths, out_dir: str | Path, stops: dict[str, str] | None
     records, problems = load_records(record_paths)
     tables = build_tables(records, problems, stops)
     for name in TABLES:
-        tables[name].to_csv(out_dir / TABLE_FILES[name], index=False, float_format="%.6g")
-    (out_dir / TABLE_FILES["table1_md"]).write_text(_markdown(tables["table1"]) + "\n")
-    (out_dir / TABLE_FILES["summary_md"]).write_text(markdown_summary(tables))
+        with outputs.replacing(out_dir / TABLE_FILES[name]) as partial:
+            tables[name].to_csv(partial, index=False, float_format="%.6g")
+    outputs.write_text(out_dir / TABLE_FILES["table1_md"], _markdown(tables["table1"]) + "\n")
+    outputs.write_text(out_dir / TABLE_FILES["summary_md"], markdown_summary(tables))
     write_tensorboard(tables["losses"], out_dir / TENSORBOARD_DIR)
     return tables

@@ -19,6 +19,7 @@ import jsonschema
 import pandas as pd
 import yaml
 
+from containerbench import outputs
 from containerbench.config import describe, load_schema
 from containerbench.point import Point, runtime_label
 from containerbench.records import load_records
@@ -283,7 +284,7 @@ def write_baseline(measured: pd.DataFrame, system: str, path: str | Path, lower:
               f"of {source or 'a good run'}; edit to suit the site\n"
               "# lower/upper: tolerance as a fraction of the reference (-0.10: at most 10% below); null: no bound\n")
     body = yaml.safe_dump({"systems": {system: entries}}, sort_keys=False, default_flow_style=None, width=1_000_000)
-    Path(path).write_text(header + body)
+    outputs.write_text(path, header + body)
 
 
 @dataclass

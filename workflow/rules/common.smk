@@ -52,6 +52,10 @@ if workflow.is_main_process:
 if RUNS_FOR_REAL:
     if stale := processes.remove_stale_lock(SNAKEMAKE_LOCKS, slurm=launchers.uses_slurm(config)):
         print(stale, file=sys.stderr)
+    # Two controllers in one directory (two validations, a sweep and a validation) would measure beside
+    # each other; Snakemake refuses only overlapping outputs, and with a page of text.
+    if busy := processes.held_by_another(SNAKEMAKE_LOCKS):
+        sys.exit(busy)
 
 if PLANS_A_RUN:
     # What the sweep costs, once, before anything is submitted; on stderr, so a dry run shows it too

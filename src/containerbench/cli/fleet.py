@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+from containerbench import outputs
 from containerbench.cli.results import system_of
 
 
@@ -19,7 +20,7 @@ def cmd_fleet_plan(args) -> int:
         print(f"containerbench: fleet: {error}", file=sys.stderr)
         return 2
     if args.write:
-        Path(args.write).write_text(json.dumps(planned.as_dict(), indent=1) + "\n")
+        outputs.write_text(args.write, json.dumps(planned.as_dict(), indent=1) + "\n")
     print(fleetplan.format_plan(planned))
     return 0
 

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from containerbench import config as cb_config
+from containerbench import outputs
 
 
 def cmd_store(args) -> int:
@@ -36,10 +37,11 @@ def cmd_store(args) -> int:
     print(f"containerbench: {where} in {args.store}: {result.stored} record(s) stored, "
           f"{result.skipped} already stored")
     if args.summary:
-        Path(args.summary).write_text(json.dumps({"store": str(args.store), "stored": result.stored,
-                                                  "skipped": result.skipped, **sessions}, indent=1) + "\n")
+        outputs.write_text(args.summary, json.dumps({"store": str(args.store), "stored": result.stored,
+                                                     "skipped": result.skipped, **sessions}, indent=1) + "\n")
     if args.since_last:
-        changes.to_csv(args.since_last, index=False)
+        with outputs.replacing(args.since_last) as partial:
+            changes.to_csv(partial, index=False)
     return 0
 
 
@@ -67,7 +69,8 @@ def cmd_compare(args) -> int:
         print(f"{name} = {selector}: session(s) {', '.join(map(str, ids if isinstance(ids, list) else [ids]))}")
     print(format_comparison(frame))
     if args.csv:
-        frame.to_csv(args.csv, index=False)
+        with outputs.replacing(args.csv) as partial:
+            frame.to_csv(partial, index=False)
     return 0
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
 from containerbench import config as cb_config
+from containerbench import outputs
 
 
 def cmd_parse(args) -> int:
@@ -78,7 +78,7 @@ def cmd_validate(args) -> int:
     text = format_outcome(outcome)
     print(text)
     if args.out:
-        Path(args.out).write_text(text + "\n")
+        outputs.write_text(args.out, text + "\n")
     return 0 if outcome.passed else 1
 
 

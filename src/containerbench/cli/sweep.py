@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from containerbench import config as cb_config
+from containerbench import outputs
 from containerbench.frameworks import FRAMEWORKS
 
 
@@ -96,7 +97,7 @@ def cmd_preflight(args) -> int:
         return 1
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+        outputs.write_text(args.out, json.dumps(result, indent=2, sort_keys=True) + "\n")
     print(f"containerbench: preflight on {result['host']}: clone, bare-metal Python and "
           f"{len(result['probes'])} runtime probe(s) ok")
     return 0

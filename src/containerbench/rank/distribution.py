@@ -30,6 +30,8 @@ import socket
 import struct
 import time
 
+from containerbench.rank import faults
+
 LOCAL = "local"  # no gradient exchange: each rank trains alone (records and results judge it apart)
 MODES = ("horovod", "collective", "parameter_server", LOCAL)
 
@@ -233,7 +235,8 @@ class Horovod(_EveryRankTrains):
         return contextlib.nullcontext()
 
     def make_step(self, tf, model, optimizer, next_batch, args):
-        return _tape_step(tf, model, optimizer, next_batch, args, exchange=self.hvd.DistributedGradientTape)
+        exchange = faults.gradient_exchange(self.hvd.DistributedGradientTape, self.rank, self.size)  # a test aid
+        return _tape_step(tf, model, optimizer, next_batch, args, exchange=exchange)
 
     def start(self, model, optimizer):
         self.hvd.broadcast_variables(model.variables + optimizer.variables, root_rank=0)

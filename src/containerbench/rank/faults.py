@@ -5,6 +5,10 @@ config), never in a site's. Each fault is real behaviour of the real benchmark, 
 
     hang-at-exit   rank 0 prints its whole result, then does not exit (as a run whose MPI teardown
                    deadlocks): execution.ExitGuard must stop it and keep the measurement.
+    summed-gradients-on-rank-1
+                   Horovod mode: rank 1 takes part in every all-reduce but applies the sum of the
+                   ranks' gradients instead of their mean (the classic op=Sum slip), so its weights
+                   drift from the others': the record must be invalid (records.judge_weights).
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import os
 import time
 
 VARIABLE = "CONTAINERBENCH_TEST_FAULT"
-FAULTS = ("hang-at-exit",)
+FAULTS = ("hang-at-exit", "summed-gradients-on-rank-1")
 
 
 def switched_on(fault: str) -> bool:
@@ -26,3 +30,20 @@ def after_result() -> None:
     if switched_on("hang-at-exit"):
         while True:  # stopped from outside, as a deadlocked teardown would have to be
             time.sleep(60)
+
+
+def gradient_exchange(exchange, rank: int, size: int):
+    """Horovod's DistributedGradientTape as the rank uses it: as is, or, with summed-gradients-on-rank-1
+    on rank 1, its averaged gradients times the number of ranks (their sum)."""
+    if rank != 1 or not switched_on("summed-gradients-on-rank-1"):
+        return exchange
+
+    class Summed:
+        def __init__(self, tape):
+            self.averaged = exchange(tape)
+
+        def gradient(self, target, sources, *args, **kwargs):
+            gradients = self.averaged.gradient(target, sources, *args, **kwargs)
+            return [None if gradient is None else gradient * size for gradient in gradients]
+
+    return Summed
