@@ -8,6 +8,8 @@
 #   tests/slurm/cluster.sh slow-node DIR NODE PERCENT   cap everything NODE's slurmd runs at PERCENT of a CPU
 #   tests/slurm/cluster.sh slow-link DIR NODE NODE RATE   cap what the two send each other on fast0 (htb)
 #   tests/slurm/cluster.sh heal DIR         undo slow-node and slow-link
+#   tests/slurm/cluster.sh restart-controller DIR   stop slurmctld (SIGTERM, by PID) and start it again on its
+#                                           saved state, as an admin's restart does; running jobs go on
 #
 # Each host is a network namespace of its own (cbctl, cbn1, cbn2, ...) with its own
 # hostname (UTS namespace), so records see distinct hosts and distinct
@@ -257,6 +259,13 @@ heal() {
   fi
 }
 
+restart_controller() {
+  local dir=$1
+  stop_pidfile "$dir/slurmctld.pid"
+  in_ns "$NS_CTL" unshare --uts sh -c 'hostname ctl && exec slurmctld'
+  wait_for 60 slurmctld in_ns "$NS_CTL" scontrol ping
+}
+
 stop() {
   local dir=$1
   # The daemons first: a slowed group is removed only once nothing is left in it.
@@ -284,6 +293,7 @@ case "${1:-}" in
   slow-node) slow_node "$2" "${3:?usage: cluster.sh slow-node DIR NODE PERCENT}" "${4:?PERCENT}" ;;
   slow-link) slow_link "$2" "${3:?usage: cluster.sh slow-link DIR NODE NODE RATE}" "${4:?NODE}" "${5:?RATE}" ;;
   heal) heal "${2:?usage: cluster.sh heal DIR}" ;;
+  restart-controller) restart_controller "${2:?usage: cluster.sh restart-controller DIR}" ;;
   start) start "${2:?usage: cluster.sh start DIR}" ;;
   stop) stop "${2:?usage: cluster.sh stop DIR}" ;;
   exec) shift 2; exec nsenter --net=/run/netns/$NS_CTL "$@" ;;
