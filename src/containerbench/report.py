@@ -1,8 +1,7 @@
 """The HTML report: one self-contained file (plots inlined), built from the tables.
 
-It reads the CSV tables (results.py) and the run records (records.py) it is
-given, and nothing upstream of them, so every figure in it traces to a record
-and its raw log.
+It reads the CSV tables (results.py) and the run records (records.py) it is given, and nothing
+upstream of them, so every figure in it traces to a record and its raw log.
 """
 
 from __future__ import annotations
