@@ -124,7 +124,9 @@ def test_a_run_that_hangs_after_its_result_is_stopped_within_seconds_and_keeps_i
     started = time.monotonic()
     [(_, record)] = run_and_parse([spec], config, tmp_path)
     assert time.monotonic() - started < 60 < config["netbench"]["timeout_s"]
-    assert record["status"] == "ok", record["reasons"]
+    # Measured and kept: ok, or disturbed with its measured cause where this machine is busy (issue 34, item 3).
+    assert record["status"] == "ok" or (record["status"] == "disturbed" and all(
+        reason.startswith("disturbed: on ") for reason in record["reasons"])), record["reasons"]
     assert record["result"]["pingpong"] and record["returncode"] != 0
     hung = record["hung_at_exit"]
     assert hung["grace_s"] == 3 and 3 <= hung["after_result_s"] < 10

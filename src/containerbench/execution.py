@@ -20,7 +20,7 @@ import threading
 import time
 from pathlib import Path
 
-from containerbench import slurm
+from containerbench import outputs, slurm
 from containerbench.launchers import Allocation, Mpirun, Srun
 from containerbench.plans import RunPlan
 from containerbench.processes import die_with_parent, stop_session, watch_controller
@@ -63,8 +63,7 @@ def collect_telemetry(run_plan: RunPlan) -> Path | None:
     if not settings:
         return None
     directory, merged = Path(settings["dir"]), Path(settings["file"])
-    partial = merged.with_name(merged.name + ".partial")
-    with open(partial, "w", newline="") as out:
+    with outputs.replacing(merged) as partial, open(partial, "w", newline="") as out:  # whole or not at all
         writer = csv.writer(out)
         writer.writerow(["time_unix", "host", "metric", "device", "value"])
         for node_file in sorted(directory.glob("*.csv")):
@@ -72,7 +71,6 @@ def collect_telemetry(run_plan: RunPlan) -> Path | None:
                 rows = csv.reader(samples)
                 next(rows, None)  # the node file's header
                 writer.writerows([row[0], node_file.stem, *row[1:]] for row in rows if len(row) == 4)
-    partial.replace(merged)  # whole or not at all
     shutil.rmtree(directory, ignore_errors=True)
     return merged
 
