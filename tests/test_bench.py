@@ -76,6 +76,27 @@ def test_one_rank_runs_without_any_launcher(bench_python, tmp_path):
     assert result["launcher"] == "none" and result["ranks"] == 1 and result["images_per_sec"] > 0
 
 
+def test_two_ranks_bound_to_one_core_against_launcher_bind_core_make_a_real_run_invalid(bench_python, tmp_path):
+    """Issue 34: ranks bound a core each (launcher.bind core, the default) never share one by accident. Here
+    the accident is real: mpirun binds each rank to a core of its own (--bind-to core), then a site's wrapper
+    of the interpreter pins whatever it starts to CPU 0 (taskset(1): "-c, --cpu-list: Interpret mask as
+    numerical list of processors"), as a module's python wrapper running numactl or taskset would."""
+    wrapper = tmp_path / "python"
+    wrapper.write_text(f'#!/bin/sh\nexec taskset -c 0 {bench_python} "$@"\n')
+    wrapper.chmod(0o755)
+    config = tiny_config(tmp_path, benchmark={"model": SMOKE_MODEL, "repetitions": 1},
+                         scaling={"nodes": [1], "ranks_per_node": [2]}, netbench={"enabled": False},
+                         bare_metal={"python": str(wrapper)})
+    [spec] = cb_config.plan_runs(config)
+    [(_, record)] = run_and_parse([spec], config, tmp_path)
+    assert [p["context"]["affinity"] for p in record["result"]["processes"]] == [[0], [0]]
+    host = record["result"]["processes"][0]["hostname"]
+    assert record["status"] == "invalid" and record["reasons"] == [
+        f"ranks 0 and 1 on {host} shared CPU 0 though launcher.bind core asked a core each: the launch bound them "
+        "otherwise (an Open MPI cpu set, a wrapper's taskset, a Slurm without task/affinity or task/cgroup)"]
+    assert "MCW rank 1 bound to socket 0[core 1[hwt 0]]" in (tmp_path / f"{spec.run_id}.log").read_text()  # as asked
+
+
 def test_a_real_run_whose_gradients_are_not_averaged_on_one_rank_is_invalid(bench_python, tmp_path):
     """Issue 34: the verdict 'gradients were not averaged' shown on a real run, not an edited log: rank 1
     takes part in every all-reduce but applies the ranks' sum, not their mean (rank/faults.py)."""

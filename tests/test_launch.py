@@ -14,10 +14,12 @@ import pytest
 from helpers import BENCH_PYTHON, ROOT, tiny_config
 
 from containerbench import config as cb_config
+from containerbench import launchers
 from containerbench.execution import execute
 from containerbench.plans import RunPlan, plan_run, plan_sweep
 from containerbench.rank import markers
 from containerbench.records import parse_log
+from containerbench.runtimes import BareMetal, Podman
 
 BENCH_ARGS = ["--model", "resnet50", "--batch-size", "2", "--image-size", "32", "--warmup-steps", "1",
               "--steps", "2", "--precision", "fp32", "--data-format", "channels_last", "--threads", "0",
@@ -30,10 +32,12 @@ DEBUG_ENV = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET,ENV", "UCX_LOG
              "OMPI_MCA_mpi_show_mca_params": "enviro,file"}
 
 
-def telemetry_args(config, run_id):
-    """What every plan appends: where the run's node samplers write (plans.telemetry_settings)."""
+def telemetry_args(config, run_id, runtime=BareMetal, launcher=launchers.Mpirun):
+    """What every plan appends: where the run's node samplers write (plans.telemetry_settings), and the
+    runtime's and launcher's processes they count apart."""
     return ["--telemetry-dir", str(Path(config["results_dir"]).absolute() / "telemetry" / run_id),
-            "--telemetry-interval", "0.5"]
+            "--telemetry-interval", "0.5", "--telemetry-services",
+            ",".join(sorted({*runtime.service_processes, *launcher.service_processes}))]
 
 
 def spec_for(config, kind="train", ranks_per_node=2):
@@ -55,7 +59,8 @@ def test_mpirun_plan_binds_one_core_per_rank_and_forwards_every_variable(tmp_pat
     assert run_plan.spec == {"kind": "train", "runtime": "bare-metal", "fabric": "tcp-loopback", "nodes": 1,
                                 "ranks_per_node": 2, "ranks": 2, "repetition": 1, "batch_size": 2,
                                 "run_id": "train_bare-metal_tcp-loopback_1x2_b2_rep1", "system": "ci",
-                                "launcher": "mpirun", "mpi_model": "host", "model": "resnet50", "image_size": 32,
+                                "launcher": "mpirun", "cpu_bind": "core", "mpi_model": "host", "model": "resnet50",
+                                "image_size": 32,
                                 "precision": "fp32",
                                 "xla": False, "data_format": "channels_last", "warmup_steps": 1, "steps": 2,
                                 "mode": "horovod", "data": "synthetic"}
@@ -74,8 +79,8 @@ def test_srun_plan_uses_the_configured_mpi_plugin(tmp_path):
 def test_netbench_plan_runs_the_netbench_module_on_two_ranks(tmp_path):
     config = tiny_config(tmp_path)
     run_plan = plan_run(spec_for(config, kind="netbench"), config)
-    assert run_plan.argv[-9:-4] == [str(BENCH_PYTHON), "-m", "containerbench.rank.netbench", "--max-bytes", "65536"]
-    assert run_plan.argv[-4:] == telemetry_args(config, run_plan.run_id)
+    assert run_plan.argv[-11:-6] == [str(BENCH_PYTHON), "-m", "containerbench.rank.netbench", "--max-bytes", "65536"]
+    assert run_plan.argv[-6:] == telemetry_args(config, run_plan.run_id)
     assert run_plan.argv[:3] == ["mpirun", "-np", "2"]
 
 
@@ -84,9 +89,9 @@ def test_netbench_runs_at_every_node_count_with_ping_pong_on_the_first_pair_only
                                                      "launcher": {"kind": "srun", "srun_mpi": "pmix"}})
     net = {r.nodes: plan_run(r, config).argv for r in cb_config.plan_runs(config) if r.kind == "netbench"}
     assert sorted(net) == [1, 2, 4]
-    assert net[1][:4] == ["srun", "--mpi=pmix", "--nodes=1", "--ntasks=2"] and net[1][-6:-4] == ["--max-bytes", "65536"]
-    assert net[2][:4] == ["srun", "--mpi=pmix", "--nodes=2", "--ntasks=2"] and net[2][-6:-4] == ["--max-bytes", "65536"]
-    assert net[4][:4] == ["srun", "--mpi=pmix", "--nodes=4", "--ntasks=4"] and net[4][-5] == "--no-pingpong"
+    assert net[1][:4] == ["srun", "--mpi=pmix", "--nodes=1", "--ntasks=2"] and net[1][-8:-6] == ["--max-bytes", "65536"]
+    assert net[2][:4] == ["srun", "--mpi=pmix", "--nodes=2", "--ntasks=2"] and net[2][-8:-6] == ["--max-bytes", "65536"]
+    assert net[4][:4] == ["srun", "--mpi=pmix", "--nodes=4", "--ntasks=4"] and net[4][-7] == "--no-pingpong"
 
 
 def test_each_runtime_can_name_the_srun_mpi_plugin_its_image_needs(tmp_path):
@@ -168,7 +173,7 @@ def test_plan_command_prints_every_run_with_its_argv(root, capsys, monkeypatch):
     assert out[2].endswith("--precision mixed_float16 --data-format channels_last --threads 0 --probe-steps 5 "
                            "--mode horovod --runtime bare-metal --telemetry-dir "
                            f"{Path('results').absolute()}/telemetry/train_bare-metal_infiniband_2x4_b64_rep1 "
-                           "--telemetry-interval 0.5")
+                           "--telemetry-interval 0.5 --telemetry-services slurmstepd,srun")
 
 
 def test_plan_command_rejects_a_bad_config_in_one_line(tmp_path, capsys):
@@ -189,12 +194,12 @@ def test_real_data_and_mode_settings_reach_the_benchmark_and_the_container(tmp_p
                                     "collective_implementation": "nccl", "parameter_servers": 2},
                          dataset={"path": str(dataset)}, images={"podman": {"image": "localhost/cb:test"}})
     runs = {(r.runtime, r.mode): r for r in cb_config.plan_runs(config) if r.kind == "train" and r.ranks == 2}
-    collective = plan_run(runs[("bare-metal", "collective")], config).argv[:-4]  # the telemetry's last
+    collective = plan_run(runs[("bare-metal", "collective")], config).argv[:-6]  # the telemetry's last
     assert collective[-8:] == ["--mode", "collective", "--runtime", "bare-metal", "--collective", "nccl",
                                "--data-dir", str(dataset)]
     servers = plan_run(runs[("podman", "parameter_server")], config).argv
-    assert servers[-4:] == telemetry_args(config, runs[("podman", "parameter_server")].run_id)
-    assert servers[-10:-4] == ["--runtime", "podman", "--parameter-servers", "2", "--data-dir", str(dataset)]
+    assert servers[-6:] == telemetry_args(config, runs[("podman", "parameter_server")].run_id, Podman)
+    assert servers[-12:-6] == ["--runtime", "podman", "--parameter-servers", "2", "--data-dir", str(dataset)]
     # The dataset is bound into the container at the path the benchmark is given.
     assert f"{dataset}:{dataset}" in servers
 

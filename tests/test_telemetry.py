@@ -13,7 +13,7 @@ import time
 
 import pandas as pd
 import pytest
-from helpers import SMOKE_MODEL, run_and_parse, tiny_config
+from helpers import HALF_CORE_LOOP, SMOKE_MODEL, run_and_parse, tiny_config
 
 from containerbench import config as cb_config
 from containerbench.plans import plan_run
@@ -22,15 +22,6 @@ from containerbench.results import build_tables
 from containerbench.usage import load_samples, value_at
 
 BUSY_LOOP = [sys.executable, "-c", "while True: pass"]
-HALF_CORE_LOOP = [sys.executable, "-c", """
-import os, time
-os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(10))
-while True:
-    start = time.perf_counter()
-    while time.perf_counter() - start < 0.02:
-        pass
-    time.sleep(0.02)
-"""]
 
 
 def wait_for(condition, timeout=10.0):
@@ -155,16 +146,19 @@ def test_a_busy_process_on_the_runs_core_marks_it_disturbed_and_a_quiet_run_is_n
     [core] = node["cores"]  # mpirun bound the one rank to one core
     assert quiet["result"]["processes"][0]["context"]["affinity"] == [core]
 
-    # Half of the core, whatever the fair scheduler makes of niceness, autogroups and the rank's
-    # threads: the loop runs under SCHED_FIFO (sched(7): a real-time thread runs until it blocks or
-    # yields, before any normal one), busy 20 ms and asleep 20 ms.
-    busy = subprocess.Popen(HALF_CORE_LOOP, preexec_fn=lambda: os.sched_setaffinity(0, {core}))
-    try:
-        config = tiny_config(busy_dir, **settings)
-        [(_, disturbed)] = run_and_parse(cb_config.plan_runs(config), config, busy_dir)
-    finally:
-        busy.kill()
-        busy.wait()
+    # Half of the rank's core taken by a loop (helpers.HALF_CORE_LOOP).
+    def run_beside_a_loop(named: str, directory) -> dict:
+        busy = subprocess.Popen([*HALF_CORE_LOOP, named], preexec_fn=lambda: os.sched_setaffinity(0, {core}))
+        try:
+            directory.mkdir(exist_ok=True)
+            config = tiny_config(directory, **settings)
+            [(_, record)] = run_and_parse(cb_config.plan_runs(config), config, directory)
+            return record
+        finally:
+            busy.kill()
+            busy.wait()
+
+    disturbed = run_beside_a_loop("", busy_dir)
     assert disturbed["status"] == "disturbed", (disturbed["reasons"], disturbed["telemetry"]["nodes"])
     [node] = disturbed["telemetry"]["nodes"].values()
     assert node["foreign_cpu_share"] > 0.15  # the busy loop took a share of the core
@@ -180,6 +174,14 @@ def test_a_busy_process_on_the_runs_core_marks_it_disturbed_and_a_quiet_run_is_n
     series = tables["telemetry"]
     assert set(series["run_id"]) == {quiet["run_id"]} and len(series) >= 2 * 10
     assert json.loads(json.dumps(disturbed["telemetry"]["series"]))  # the record stays plain JSON
+
+    # The same loop named as a process of the launcher (Open MPI's orted): the cost of running under it,
+    # counted apart as the runtime's and launcher's, not a disturbance.
+    served = run_beside_a_loop("orted", tmp_path / "served")
+    [node] = served["telemetry"]["nodes"].values()
+    assert served["status"] == "ok", (served["reasons"], node)
+    assert node["service_cpu_s"]["orted"] > 0 and node["service_cpu_percent"] > 15, node
+    assert node["foreign_cpu_share"] < config["telemetry"]["disturbed_cpu_share"], node
 
 
 def test_gpus_are_sampled_through_nvidia_smis_query_loop_where_nvml_is_missing(tmp_path, monkeypatch):

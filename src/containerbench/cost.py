@@ -29,7 +29,7 @@ NOT_THE_POINT = {"warmup_steps", "steps"}
 BEYOND_THE_POINT_ID = (*dict.fromkeys(key for each in FRAMEWORKS.values() for key in each.planned_settings
                                       if key not in NOT_THE_POINT), "system", "launcher", "mpi_model", "ranks")
 # Benchmark flags that say where a run writes, not what it measures (the path holds the run id).
-NOT_THE_POINT_FLAGS = ("--telemetry-dir", "--telemetry-interval")
+NOT_THE_POINT_FLAGS = ("--telemetry-dir", "--telemetry-interval", "--telemetry-services")
 
 
 @dataclass(frozen=True)

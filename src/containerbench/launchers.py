@@ -22,6 +22,9 @@ class Launcher(ABC):
     kind: str  # launcher.kind in the config
     program: str | None  # the program a run's argv starts with (None: the rank's own argv)
     slurm_step = False  # its ranks are a Slurm job step: Slurm's plugins (SPANK) and the step's paths reach them
+    # Its own processes on the ranks' nodes (as Runtime.service_processes): they relay the ranks' output
+    # and wire them up, a cost every run under it pays, counted apart from what disturbs a run.
+    service_processes: tuple[str, ...] = ()
 
     @abstractmethod
     def wrap(self, rank_argv: list[str], spec: RunSpec, env_names: list[str], runtime_options=()) -> list[str]:
@@ -51,6 +54,7 @@ class Mpirun(Launcher):
     """Open MPI's mpirun: one node here, or the nodes of the enclosing allocation."""
 
     kind = program = "mpirun"
+    service_processes = ("mpirun", "orterun", "orted", "prterun", "prted")  # Open MPI 4 (ORTE) and 5 (PRRTE)
 
     def __init__(self, bind: str = "core", extra_args=()):
         self.bind, self.extra_args = bind, list(extra_args)
@@ -79,6 +83,7 @@ class Hydra(Launcher):
     it MPI_Init fails, "PMI_Get_appnum returned -1")."""
 
     kind, program = "mpirun", "mpiexec"  # what launcher mpirun starts for native runs (launcher.mpiexec's)
+    service_processes = ("mpiexec", "mpiexec.hydra", "mpiexec.mpich", "hydra_pmi_proxy")
 
     def __init__(self, mpiexec: str = "mpiexec.mpich", bind: str = "core", extra_args=()):
         self.mpiexec, self.bind, self.extra_args = mpiexec, bind, list(extra_args)
@@ -99,6 +104,7 @@ class Srun(Launcher):
 
     kind = program = "srun"
     slurm_step = True
+    service_processes = ("srun", "slurmstepd")
 
     def __init__(self, mpi: str = "pmix", bind: str = "core", extra_args=(), cpus_per_rank: int = 1,
                  gpus_per_node: int = 0):

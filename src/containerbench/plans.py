@@ -160,15 +160,17 @@ def plan_run(spec: RunSpec, config: dict, allocation: Allocation | None = None) 
         binds, rank_env = binds + (source,), {**rank_env, "PYTHONPATH": source}
     arguments = benchmark_args(spec, config)
     telemetry = telemetry_settings(spec, config)
+    launcher = launcher_for(config, runtime)
     if telemetry:
-        arguments += ["--telemetry-dir", telemetry["dir"], "--telemetry-interval", str(telemetry["interval_s"])]
+        services = sorted({*runtime.service_processes, *launcher.service_processes})
+        arguments += ["--telemetry-dir", telemetry["dir"], "--telemetry-interval", str(telemetry["interval_s"]),
+                      *(["--telemetry-services", ",".join(services)] if services else [])]
         binds += (telemetry["dir"],)  # the samplers write it from inside the container
     request = RunRequest(module=module, args=tuple(arguments), env=rank_env,
                          workdir=os.getcwd(), binds=binds,
                          gpus=config["slurm"]["gpus_per_node"] > 0, infiniband=rdma_fabric(fabric),
                          ranks_per_node=spec.ranks_per_node)
     env = runtime.environment(request)
-    launcher = launcher_for(config, runtime)
     argv = launcher.wrap(runtime.rank_argv(request), spec, sorted(env), runtime.launcher_options(request))
     timeout = config["netbench" if spec.kind == "netbench" else "benchmark"]["timeout_s"]
     settings = {}
@@ -178,7 +180,7 @@ def plan_run(spec: RunSpec, config: dict, allocation: Allocation | None = None) 
     return RunPlan(
         run_id=spec.run_id,
         spec={**spec.as_dict(), "system": config["system"], "launcher": config["launcher"]["kind"],
-              "mpi_model": runtime.mpi_model, **settings},
+              "cpu_bind": config["launcher"]["bind"], "mpi_model": runtime.mpi_model, **settings},
         argv=argv,
         env=env,
         timeout_s=timeout,

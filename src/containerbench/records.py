@@ -258,6 +258,28 @@ def judge_native_mpi(launch: dict, spec: dict, result: dict, verdict: Verdict) -
             return
 
 
+def judge_binding(spec: dict, result: dict, verdict: Verdict) -> None:
+    """Ranks bound a core each (launcher.bind core, the default) never share one: two ranks of one node
+    whose CPU affinities, as each saw its own, overlap were bound otherwise than asked, by something in
+    the launch (an Open MPI cpu set from the environment, a wrapper's taskset), and measured each other."""
+    if spec.get("cpu_bind") != "core":
+        return
+    by_host: dict[str, list[dict]] = {}
+    for process in sorted(result.get("processes") or [], key=lambda p: p.get("rank", 0)):
+        if (process.get("context") or {}).get("affinity") is not None:
+            by_host.setdefault(process.get("hostname"), []).append(process)
+    for host, processes in sorted(by_host.items(), key=lambda item: str(item[0])):
+        for i, first in enumerate(processes):
+            for second in processes[i + 1:]:
+                shared = sorted(set(first["context"]["affinity"]) & set(second["context"]["affinity"]))
+                if shared:
+                    verdict.invalidate(f"ranks {first['rank']} and {second['rank']} on {host} shared CPU "
+                                       f"{','.join(map(str, shared))} though launcher.bind core asked a core each: "
+                                       "the launch bound them otherwise (an Open MPI cpu set, a wrapper's "
+                                       "taskset, a Slurm without task/affinity or task/cgroup)")
+                    return
+
+
 def judge_telemetry(launch: dict, found: LogLines, spec: dict, verdict: Verdict,
                     telemetry_file: str | Path | None = None) -> dict | None:
     """The nodes' samples of the measured window: traffic on the wrong wire invalidates, a busy machine disturbs.
@@ -296,6 +318,7 @@ def parse_log(log_path: str | Path, telemetry_file: str | Path | None = None) ->
         judge_batches(found.result, verdict)
         judge_container(launch, spec, found.result, verdict)
         judge_native_mpi(launch, spec, found.result, verdict)
+        judge_binding(spec, found.result, verdict)
     fabric_check = check_fabric(found, spec)
     if fabric_check["status"] == Check.MISMATCH:
         verdict.invalidate(f"fabric: {fabric_check['reason']}")

@@ -276,10 +276,10 @@ def environment_rows(records: list[dict]) -> list[tuple[str, str]]:
 
 
 RUN_COLUMNS = {
-    "run_id": "run", "runtime": "runtime", "fabric": "fabric", "nodes": "nodes", "ranks": "ranks",
-    "status": "status", "images_per_sec": "img/s", "startup_s": "start-up s", "fabric_check": "transport check",
-    "transport": "what the logs show", "cpu_utilisation_percent": "CPU busy %",
-    "foreign_cpu_percent": "others' CPU %", "traffic_check": "traffic check", "hosts": "hosts",
+    "run_id": "run", "runtime": "runtime", "fabric": "fabric", "nodes": "nodes", "ranks": "ranks", "status": "status",
+    "images_per_sec": "img/s", "startup_s": "start-up s", "fabric_check": "transport check",
+    "transport": "what the logs show", "cpu_utilisation_percent": "CPU busy %", "foreign_cpu_percent": "others' CPU %",
+    "service_cpu_percent": "runtime's and launcher's CPU %", "traffic_check": "traffic check", "hosts": "hosts",
 }
 # Each comparison is computed from the means of the repetitions; the column names say so, and the
 # medians stand beside them for reading.

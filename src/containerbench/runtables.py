@@ -26,8 +26,8 @@ SERIES = Point.columns("nodes", "ranks")
 RUN_COLUMNS = ["run_id", "status", "reason", "evidence", "system", *POINT, "repetition", "images_per_sec",
                "rank_images_per_sec_min", "rank_images_per_sec_max", "rank_spread_percent", "step_s_median",
                "peak_host_memory_gib", "peak_gpu_memory_gib", "startup_s", "wall_s", "provenance", "image",
-               "fabric_check", "transport", "cpu_utilisation_percent", "foreign_cpu_percent", "disturbed",
-               "traffic_check", "mpi_model", "mpi_library", "binding", "hosts", "log"]
+               "fabric_check", "transport", "cpu_utilisation_percent", "foreign_cpu_percent", "service_cpu_percent",
+               "disturbed", "traffic_check", "mpi_model", "mpi_library", "binding", "hosts", "log"]
 BASELINE_RUNTIME = BareMetal.name
 
 
@@ -61,6 +61,8 @@ def _usage(record: dict) -> dict:
     return {
         "cpu_utilisation_percent": float(np.mean([n["cpu_utilisation_percent"] for n in nodes])) if nodes else np.nan,
         "foreign_cpu_percent": 100 * max(n["foreign_cpu_share"] for n in nodes) if nodes else np.nan,
+        # A record parsed before the runtime's processes were counted apart has no such figure.
+        "service_cpu_percent": max((n.get("service_cpu_percent", np.nan) for n in nodes), default=np.nan),
         "disturbed": telemetry.get("disturbed"),
         "traffic_check": (telemetry.get("traffic_check") or {}).get("status"),
     }

@@ -5,7 +5,8 @@ together with each rank's measured window (wall clock, its own CPU seconds, its 
 affinity) from the run's result, and answers, per node:
 
 - how busy the run's CPUs were, and how much of them processes outside the run took
-  (node CPU time on the run's cores - the ranks' own CPU time - the sampler's), and steal;
+  (node CPU time on the run's cores - the ranks' own CPU time - the sampler's - the runtime's and
+  launcher's processes'), and steal;
 - the bytes and packets per measured step on each interface and InfiniBand port;
 - GPU utilisation, memory of the ranks and of the node.
 
@@ -122,7 +123,11 @@ def summarise_node(samples: dict, window: dict, steps: int | None) -> dict:
     # The run's own CPU: what the sampler saw of the ranks' processes, or what the ranks reported for
     # the window where that is more (a rank the sampler cannot see, in another PID namespace).
     own = max(between("run_cpu_s"), window["cpu_s"] * span / seconds)
-    foreign = max(0.0, busy - own - sampler)
+    # The runtime's and launcher's processes (dockerd, conmon, orted) on the run's cores: the cost of
+    # running this way, not a disturbance.
+    service = sum(between("service_cpu_s", f"cpu{c}") for c in cores)
+    services = {device: between(metric, device) for metric, device in samples if metric == "service_cpu_by_name_s"}
+    foreign = max(0.0, busy - own - sampler - service)
     per_step = max(steps or 1, 1)
     traffic = {}
     for (metric, device), points in samples.items():
@@ -137,6 +142,8 @@ def summarise_node(samples: dict, window: dict, steps: int | None) -> dict:
         "window_s": round(seconds, 3), "coverage": round(min(coverage, 1.0), 3), "cores": cores,
         "ranks": window["ranks"], "cpu_utilisation_percent": 100 * busy / capacity,
         "run_cpu_percent": 100 * own / capacity, "foreign_cpu_share": foreign / capacity,
+        "service_cpu_percent": 100 * service / capacity,
+        "service_cpu_s": {name: round(value, 3) for name, value in sorted(services.items())},
         "steal_share": steal / capacity, "sampler_cpu_percent_of_a_core": 100 * sampler / span,
         "traffic": traffic,
         "gpu_util_percent": {d: sum(v) / len(v) for d, v in gpus.items() if v},

@@ -62,6 +62,8 @@ def parse_args(argv=None):
     parser.add_argument("--runtime", default=os.environ.get("CONTAINERBENCH_RUNTIME", "bare-metal"))
     parser.add_argument("--telemetry-dir", help="each node's local rank 0 samples the node into DIR/<host>.csv")
     parser.add_argument("--telemetry-interval", type=float, default=0.5, help="seconds between samples")
+    parser.add_argument("--telemetry-services", default="",
+                        help="comma-separated names of the runtime's and launcher's processes on the node")
     args = parser.parse_args(argv)
     for name in ("batch_size", "image_size", "steps", "warmup_steps", "probe_steps", "parameter_servers"):
         if getattr(args, name) < (0 if name in ("warmup_steps", "probe_steps") else 1):
@@ -368,7 +370,8 @@ def run_and_report(args, run, refusals: tuple[type[Exception], ...]) -> int:
     if args.telemetry_dir:
         telemetry.register_rank(args.telemetry_dir)
         if local_rank_hint() == 0:
-            sampler = telemetry.start_sampler(args.telemetry_dir, args.telemetry_interval)
+            sampler = telemetry.start_sampler(args.telemetry_dir, args.telemetry_interval,
+                                                args.telemetry_services)
     try:
         result = run(args)
     except refusals as error:

@@ -53,6 +53,8 @@ def build_parser():
     parser.add_argument("--no-allreduce", action="store_true")
     parser.add_argument("--telemetry-dir", help="each node's local rank 0 samples the node into DIR/<host>.csv")
     parser.add_argument("--telemetry-interval", type=float, default=0.5, help="seconds between samples")
+    parser.add_argument("--telemetry-services", default="",
+                        help="comma-separated names of the runtime's and launcher's processes on the node")
     return parser
 
 
@@ -311,7 +313,8 @@ def main(argv=None):
     if options.telemetry_dir:
         telemetry.register_rank(options.telemetry_dir)
         if comm.Split_type(MPI.COMM_TYPE_SHARED).Get_rank() == 0:  # one sampler per node
-            sampler = telemetry.start_sampler(options.telemetry_dir, options.telemetry_interval)
+            sampler = telemetry.start_sampler(options.telemetry_dir, options.telemetry_interval,
+                                                options.telemetry_services)
     try:
         if options.backend == "mpi":
             run(options, comm)

@@ -9,6 +9,8 @@ value), flushed per sample so a crash keeps what was sampled:
     cpu_busy_s / cpu_idle_s / cpu_steal_s   per core, from /proc/stat (host-wide: not namespaced)
     run_cpu_s, run_rss_bytes                the run's registered rank processes (/proc/<pid>/stat, statm)
     sampler_cpu_s                           the sampler itself, so its cost is known
+    service_cpu_s, service_cpu_by_name_s    the runtime's and launcher's processes (dockerd, conmon, orted),
+                                            per core they ran on and per name, accumulated by the sampler
     load1, mem_used_bytes                   /proc/loadavg, /proc/meminfo
     net_{rx,tx}_{bytes,packets}             per interface, /proc/net/dev
     ib_{rx,tx}_{bytes,packets}              per InfiniBand port, /sys/class/infiniband/*/ports/*/counters
@@ -22,7 +24,8 @@ rank on it is the run's own CPU, not a stranger's. Each rank also records its ow
 the measured window, its CPU affinity, its cgroup and evidence of the container it runs in
 (`rank_context`).
 
-    python -m containerbench.rank.telemetry --out F.csv --pids F.pids --interval 0.5 --parent PID
+    python -m containerbench.rank.telemetry --out F.csv --pids F.pids --interval 0.5 --parent PID \
+        --services dockerd,conmon
 """
 
 from __future__ import annotations
@@ -204,13 +207,14 @@ def register_rank(directory: str) -> None:
         os.close(fd)
 
 
-def start_sampler(directory: str, interval: float) -> subprocess.Popen:
-    """The node's sampler, a child of this rank that ends with it."""
+def start_sampler(directory: str, interval: float, services: str = "") -> subprocess.Popen:
+    """The node's sampler, a child of this rank that ends with it. `services`: comma-separated names
+    of the runtime's and launcher's processes, whose CPU it counts apart (service_cpu_s)."""
     host = socket.gethostname()
     Path(directory).mkdir(parents=True, exist_ok=True)
     return subprocess.Popen([sys.executable, "-m", "containerbench.rank.telemetry", "--out",
                              str(Path(directory) / f"{host}.csv"), "--pids", str(pids_file(directory)),
-                             "--interval", str(interval), "--parent", str(os.getpid())],
+                             "--interval", str(interval), "--parent", str(os.getpid()), "--services", services],
                             stdin=subprocess.DEVNULL)
 
 
@@ -225,8 +229,13 @@ def stop_sampler(sampler: subprocess.Popen | None) -> None:
 
 
 class Sampler:
-    def __init__(self, pids_file: str):
+    def __init__(self, pids_file: str, services: frozenset[str] = frozenset()):
         self.pids_file = Path(pids_file)
+        self.services = services
+        self.service_seen: dict[str, float] = {}  # PID -> its CPU seconds at the last sample
+        self.service_sampled = False
+        self.service_by_core: dict[str, float] = {}
+        self.service_by_name: dict[str, float] = dict.fromkeys(services, 0.0)
         self.own_pid_ns = _namespace("pid")
         self.gpus = GpuReader()
 
@@ -241,6 +250,38 @@ class Sampler:
             if pid and namespace in ("-", self.own_pid_ns):
                 pids.append(pid)
         return pids
+
+    def service_cpu(self) -> list[tuple[str, str, float]]:
+        """CPU seconds of the node's processes named in `services`, accumulated since the first sample:
+        by the core each was last on (the runtime's processes are not bound, so it matters which of the
+        run's cores they took) and by name. Each sample adds a process's CPU time since the last one,
+        so one that ends loses nothing already counted. Visible where the sampler shares the host's PID
+        namespace (bare metal, and containers run with --pid host or without a PID namespace of their own)."""
+        if not self.services:
+            return []
+        first, self.service_sampled = not self.service_sampled, True
+        seen = {}
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            try:
+                stat = Path(entry.path, "stat").read_text()
+            except OSError:  # ended meanwhile
+                continue
+            name, _, rest = stat.partition(" (")[2].rpartition(")")
+            if name not in self.services:
+                continue
+            fields = rest.split()
+            seconds = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime, stime (proc(5))
+            seen[entry.name] = seconds
+            # A process already running at the first sample counts from there; a later one, whole.
+            before = self.service_seen.get(entry.name, seconds if first else 0.0)
+            core = f"cpu{fields[36]}"  # "processor": the CPU it last ran on
+            self.service_by_core[core] = self.service_by_core.get(core, 0.0) + seconds - before
+            self.service_by_name[name] = self.service_by_name.get(name, 0.0) + seconds - before
+        self.service_seen = seen
+        return ([("service_cpu_s", core, value) for core, value in sorted(self.service_by_core.items())]
+                + [("service_cpu_by_name_s", name, value) for name, value in sorted(self.service_by_name.items())])
 
     def sample(self) -> list[tuple[str, str, float]]:
         rows = []
@@ -262,6 +303,7 @@ class Sampler:
             except (OSError, IndexError, ValueError):  # the rank has ended
                 continue
         own = os.times()
+        rows += self.service_cpu()
         rows += [("run_cpu_s", "node", run_cpu), ("run_rss_bytes", "node", run_rss),
                  ("run_processes", "node", len(pids)), ("sampler_cpu_s", "node", own.user + own.system),
                  ("load1", "node", float(Path("/proc/loadavg").read_text().split()[0]))]
@@ -336,7 +378,7 @@ class GpuReader:
             self.loop.terminate()
 
 
-def sample_until_stopped(out: str, pids: str, interval: float, parent: int) -> None:
+def sample_until_stopped(out: str, pids: str, interval: float, parent: int, services: frozenset[str]) -> None:
     # Off the rank's own core (its binding is inherited): the sampler is the node's, and wherever
     # it runs its CPU time is counted apart. The kernel keeps the mask inside the job's cpuset.
     try:
@@ -345,7 +387,7 @@ def sample_until_stopped(out: str, pids: str, interval: float, parent: int) -> N
         pass
     stopping = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())
-    sampler = Sampler(pids)
+    sampler = Sampler(pids, services)
     with open(out, "a", newline="") as handle:
         writer = csv.writer(handle)
         if handle.tell() == 0:
@@ -369,10 +411,12 @@ def main(argv=None) -> None:
     parser.add_argument("--pids", required=True)
     parser.add_argument("--interval", type=float, default=0.5)
     parser.add_argument("--parent", type=int, default=os.getppid())
+    parser.add_argument("--services", default="", help="comma-separated process names counted apart")
     args = parser.parse_args(argv)
     if args.interval <= 0:
         parser.error(f"--interval must be positive, got {args.interval}")
-    sample_until_stopped(args.out, args.pids, args.interval, args.parent)
+    sample_until_stopped(args.out, args.pids, args.interval, args.parent,
+                         frozenset(filter(None, args.services.split(","))))
 
 
 if __name__ == "__main__":

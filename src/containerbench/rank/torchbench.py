@@ -68,6 +68,8 @@ def parse_args(argv=None):
     parser.add_argument("--runtime", default=os.environ.get("CONTAINERBENCH_RUNTIME", "bare-metal"))
     parser.add_argument("--telemetry-dir", help="each node's local rank 0 samples the node into DIR/<host>.csv")
     parser.add_argument("--telemetry-interval", type=float, default=0.5, help="seconds between samples")
+    parser.add_argument("--telemetry-services", default="",
+                        help="comma-separated names of the runtime's and launcher's processes on the node")
     args = parser.parse_args(argv)
     for name in ("batch_size", "image_size", "steps", "warmup_steps", "probe_steps", "data_workers"):
         if getattr(args, name) < (0 if name in ("warmup_steps", "probe_steps", "data_workers") else 1):

@@ -130,6 +130,9 @@ class Runtime(abc.ABC):
     # None: it cannot.
     native_support: str | None = None
     probe: tuple[str, ...] = ()  # a quick command that succeeds only where the runtime can run here
+    # Host processes that serve its containers while they run (names as /proc/PID/stat gives them, cut to
+    # 15 characters): their CPU is this runtime's cost, counted apart, not as a disturbance of the run.
+    service_processes: tuple[str, ...] = ()
 
     def __init__(self, *, launcher: str = NoLauncher.kind, mpi_model: str | None = None, srun_mpi: str | None = None,
                  available: str = "everywhere", package: str = "image", native_mpi: NativeMpi = NativeMpi()):

@@ -103,6 +103,9 @@ class Docker(OciEngine):
     name = binary = "docker"
     probe = ("docker", "info", "--format", "{{.ServerVersion}}")  # the daemon must answer
     in_local_store = ("docker", "image", "inspect", "--format", "{{.Id}}")
+    # The client relays the container's output from dockerd, which has it from the container's
+    # containerd-shim-runc-v2 (cut to 15 characters in /proc), started by containerd.
+    service_processes = ("docker", "dockerd", "containerd", "containerd-shim")
 
     def __init__(self, image: str, python: str = "python3", extra_args=(), uid: int | None = None,
                  gid: int | None = None, host_python: str = sys.executable, **settings):
@@ -142,6 +145,7 @@ class Podman(OciEngine):
     name = binary = "podman"
     probe = ("podman", "info", "--format", "{{.Host.OCIRuntime.Name}}")
     in_local_store = ("podman", "image", "exists")  # podman-image-exists(1)
+    service_processes = ("podman", "conmon")  # the attached client, and the container's monitor (conmon(8))
     shared_paths = ("/tmp", "/dev/shm")  # podman-hpc's MPI modules bind /dev/shm besides --ipc=host
     save_options = ("--format", "docker-archive")  # readable by docker, sarus, apptainer
 
