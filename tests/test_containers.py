@@ -8,14 +8,21 @@ machine's Debian MPICH bound over its libmpi, under MPICH's mpiexec)."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import yaml
-from helpers import ROOT, SMOKE_MODEL, TINY, WORKFLOW_IMAGE, give_back, snakemake
+from helpers import ROOT, SMOKE_MODEL, TINY, WORKFLOW_IMAGE, give_back, snakemake, undisturbed_records
 
+from containerbench import config as cb_config
+from containerbench import launchers
+from containerbench.execution import measure
+from containerbench.plans import plan_run
 from containerbench.rank import markers
+from containerbench.records import parse_log
+from containerbench.runtimes import CONTAINER_RUNTIMES, BareMetal
 
 # from scratch the fixture builds the image (debootstrap, build, save, load, ch-convert) first
 pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.containers, pytest.mark.timeout(2700)]
@@ -30,29 +37,28 @@ def container_run(container_engines, tmp_path_factory):
     workdir = tmp_path_factory.mktemp("containers")
     # The image is the repository's (its build context and build/ cache live there);
     # the results of this run go to the temporary directory.
-    # Here 2 ranks fill both cores of a CI machine that also runs dockerd, podman's conmon and the
-    # workflow: those take up to ~12% of the cores in a window, over the 10% that marks a run
-    # disturbed; and a shared VM's hypervisor steals time (13% of one netbench run's CPUs, measured on
-    # 2026-11-25, over the 5% limit). The verdicts themselves are proven in test_telemetry; this run raises
-    # both limits so that the identity of the benchmark, which this module checks, does not hang on the
-    # machine's quiet.
+    # At the default disturbance limits (issue 34): 2 ranks fill both cores of a machine that also runs the
+    # workflow, and a shared VM's hypervisor steals time (13% of one netbench run's CPUs was measured on
+    # 2026-11-25, over the 5% limit). dockerd, containerd's shim and podman's conmon relay the ranks' output:
+    # that is the runtime's cost, counted apart (usage.py), not a disturbance. A run still disturbed says so
+    # with its measured cause, and is measured again alone (helpers.undisturbed_records).
     # Two ranks only: what a container changes for MPI shows there, and one rank less per point keeps the
     # whole suite under its time (the one-rank path is the same argv with -np 1, run bare metal elsewhere).
     # The smoke network: what is proven here is that each runtime ran the same benchmark, not ResNet-50's
     # figures (ResNet-50 itself trains bare metal in test_bench and test_workflow).
     config = {**TINY, "runtimes": RUNTIMES, "runtime_policy": "require", "results_dir": str(workdir / "results"),
               "benchmark": {**TINY["benchmark"], "model": SMOKE_MODEL, "repetitions": 2},
-              "telemetry": {"disturbed_cpu_share": 0.3, "max_steal_share": 0.3},
               "scaling": {"nodes": [1], "ranks_per_node": [2]},
               "images": {name: {"mpi_model": ["hybrid", "native"]} for name in NATIVE},
               # The workflow runs in the clone (its image and build cache); its results store does not.
               "history": {"store": str(workdir / "history.sqlite")}}
     (workdir / "tiny.yaml").write_text(yaml.safe_dump(config))
     # In the clone (its image and build cache), its results in the temporary directory.
-    done = snakemake(ROOT, "--configfile", str(ROOT / "config" / "config.yaml"), str(workdir / "tiny.yaml"),
-                     timeout=2400, env=container_engines)
+    configs = ["--configfile", str(ROOT / "config" / "config.yaml"), str(workdir / "tiny.yaml")]
+    done = snakemake(ROOT, *configs, timeout=2400, env=container_engines)
     try:
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+        undisturbed_records(ROOT, workdir / "results", *configs, timeout=1200, env=container_engines)
         yield workdir
     finally:
         # No later module runs the MPICH flavour or docker: their 6 GB go back before the next images come.
@@ -118,6 +124,12 @@ def test_every_run_has_telemetry_and_each_rank_proves_where_it_ran(container_run
             else:  # its own mount namespace, whatever markers the host itself carries
                 assert process["context"]["mnt_ns"] != host["mnt_ns"], record["run_id"]
             assert len(process["context"]["affinity"]) == 1  # mpirun --bind-to core, in every runtime
+        # The runtime's and launcher's own processes, counted apart (usage.py): the sampler saw them by name
+        # from inside every runtime (docker and podman run with --pid host).
+        launcher = launchers.Hydra if record["spec"]["mpi_model"] == "native" else launchers.Mpirun
+        runtime = CONTAINER_RUNTIMES.get(record["spec"]["runtime"], BareMetal)
+        assert set(node["service_cpu_s"]) == {*runtime.service_processes, *launcher.service_processes}
+        assert 0 <= node["service_cpu_percent"] <= 100
     series = pd.read_csv(results / "telemetry.csv")
     assert set(series["run_id"]) == {r["run_id"] for r in records}
     assert 'alt="CPU use and packets per node over time"' in (results / "report.html").read_text()
@@ -156,3 +168,31 @@ def test_native_runs_loaded_this_machines_mpich_over_the_images_own(container_ru
     assert hybrid and all(r["result"]["provenance"]["mpi"] == {} for r in hybrid)
     runs = pd.read_csv(container_run / "results" / "runs.csv")
     assert set(runs.loc[runs["mpi_model"] == "native", "mpi_library"]) == {host_version}
+
+
+def test_a_native_run_whose_runtime_kept_the_images_libmpi_is_invalid(container_run, tmp_path, monkeypatch):
+    """Issue 34: the native model's verdict on a real run whose runtime really kept the image's MPI. The
+    native Charliecloud run's own plan, with only its bind of the host's MPICH over the image's libmpi left
+    out (ch-run(1), -b/--bind SRC:DST), as a site's wrapper that drops binds would: the ranks load the
+    image's MPICH 5.0.2 wheel under the host's Hydra, and the record says so from each rank's own answer."""
+    from containerbench.rank.telemetry import library_mpi_version
+
+    monkeypatch.chdir(ROOT)  # the images' paths (build/) are the clone's, as in the workflow
+    config = cb_config.load([ROOT / "config" / "config.yaml", container_run / "tiny.yaml"])
+    config["results_dir"] = str(tmp_path / "results")
+    [spec] = [run for run in cb_config.plan_runs(config) if run.runtime == "charliecloud"
+              and run.mpi_model == "native" and run.kind == "netbench"]
+    plan = plan_run(spec, config)
+    bind = f"--bind={HOST_MPICH}:/opt/containerbench/venv/lib/libmpi.so.12"
+    assert plan.argv.count(bind) == 1
+    log = tmp_path / f"{spec.run_id}.log"
+    measure(replace(plan, argv=[word for word in plan.argv if word != bind]), log, echo=None)
+    record = parse_log(log)
+    assert record["status"] == "invalid", (record["reasons"], log.read_text()[-3000:])
+    [process, *_] = sorted(record["result"]["processes"], key=lambda p: p["rank"])
+    [image_library] = process["context"]["mpi"]["files"]
+    assert image_library["path"] == "/opt/containerbench/venv/lib/libmpi.so.12"
+    assert process["context"]["mpi"]["version"] == "MPICH Version:\t5.0.2"  # the image's wheel answered
+    assert (f"native MPI not swapped in: rank 0 on {process['hostname']} loaded "
+            f"{image_library['path']} (inode {image_library['inode']}), which reports 'MPICH Version:\\t5.0.2', "
+            f"not the host's {library_mpi_version(HOST_MPICH)!r} ({HOST_MPICH})") in record["reasons"]

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from containerbench import config as cb_config
 from containerbench import (
+    attempts,
     cost,
     fleet,
     fleetplan,

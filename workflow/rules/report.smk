@@ -3,6 +3,9 @@
 RECORDS = auto_records if AUTO_REPETITIONS else expand(f"{RESULTS}/runs/{{run_id}}.json", run_id=PLANS)
 # With auto, the tables read why each point's repetitions stopped from the last round (rounds.smk).
 REPETITION_STOPS = {"stops": lambda wildcards: repetition_rounds()[1]} if AUTO_REPETITIONS else {}
+# Runs set aside to be measured again (`containerbench remeasure`, attempts.py): the index it rewrites is
+# newer than the tables, so Snakemake remakes them, and with them the records that are missing.
+SET_ASIDE = {"set_aside": f"{RESULTS}/{attempts.INDEX}"} if Path(RESULTS, attempts.INDEX).exists() else {}
 
 
 rule tables:
@@ -11,6 +14,7 @@ rule tables:
     input:
         records=RECORDS,
         **REPETITION_STOPS,
+        **SET_ASIDE,
     # fmt: on
     output:
         # Every file `containerbench tables` writes, by name (results.TABLE_FILES).

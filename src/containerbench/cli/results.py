@@ -1,5 +1,6 @@
-"""`containerbench parse`, `tables`, `round`, `report`, `validate` and `baseline`: a run's raw log
-made a record, records made tables and a report, and records judged against references."""
+"""`containerbench parse`, `tables`, `round`, `report`, `remeasure`, `validate` and `baseline`: a run's
+raw log made a record, records made tables and a report, runs set aside to be measured again, and
+records judged against references."""
 
 from __future__ import annotations
 
@@ -109,6 +110,21 @@ def cmd_baseline(args) -> int:
     return 0
 
 
+def cmd_remeasure(args) -> int:
+    from containerbench.attempts import RemeasureError, set_aside
+
+    try:
+        moved = set_aside(args.results, args.status)
+    except RemeasureError as error:
+        print(f"containerbench: {error}", file=sys.stderr)
+        return 2
+    for run_id, status, attempt in moved:
+        print(f"containerbench: {run_id} ({status}) set aside in {attempt}: the next snakemake measures it again")
+    if not moved:
+        print(f"containerbench: no run in {args.results} is {' or '.join(args.status)}")
+    return 0
+
+
 def add_commands(sub) -> None:
     p = sub.add_parser("parse", help="turn a raw log into a run record")
     p.add_argument("log")
@@ -141,6 +157,13 @@ def add_commands(sub) -> None:
     p.add_argument("--history", nargs=2, metavar=("SUMMARY_JSON", "SINCE_LAST_CSV"),
                    help="what `containerbench store --summary --since-last` wrote: the report's 'Since last time'")
     p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("remeasure", help="set the runs of these statuses aside, so the next snakemake measures them "
+                                         "again (nothing is deleted)")
+    p.add_argument("--results", default="results", help="the workflow's results directory (default: results)")
+    p.add_argument("--status", nargs="+", default=["disturbed"], metavar="STATUS",
+                   help="the records' statuses to measure again (default: disturbed)")
+    p.set_defaults(func=cmd_remeasure)
 
     p = sub.add_parser("validate", help="judge a run against reference values: exit 0 only if all pass")
     p.add_argument("records", nargs="+")
