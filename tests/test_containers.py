@@ -19,7 +19,7 @@ from helpers import ROOT, SMOKE_MODEL, TINY, WORKFLOW_IMAGE, give_back, snakemak
 from containerbench import config as cb_config
 from containerbench import launchers
 from containerbench.execution import measure
-from containerbench.plans import plan_run
+from containerbench.plans import plan_sweep
 from containerbench.rank import markers
 from containerbench.records import parse_log
 from containerbench.runtimes import CONTAINER_RUNTIMES, BareMetal
@@ -180,12 +180,12 @@ def test_a_native_run_whose_runtime_kept_the_images_libmpi_is_invalid(container_
     monkeypatch.chdir(ROOT)  # the images' paths (build/) are the clone's, as in the workflow
     config = cb_config.load([ROOT / "config" / "config.yaml", container_run / "tiny.yaml"])
     config["results_dir"] = str(tmp_path / "results")
-    [spec] = [run for run in cb_config.plan_runs(config) if run.runtime == "charliecloud"
-              and run.mpi_model == "native" and run.kind == "netbench"]
-    plan = plan_run(spec, config)
+    sweep = plan_sweep(config, ROOT, probe=False)  # the images the workflow built, resolved as it does
+    [plan] = [plan for plan in sweep.plans.values() if plan.spec["runtime"] == "charliecloud"
+              and plan.spec["mpi_model"] == "native" and plan.spec["kind"] == "netbench"]
     bind = f"--bind={HOST_MPICH}:/opt/containerbench/venv/lib/libmpi.so.12"
     assert plan.argv.count(bind) == 1
-    log = tmp_path / f"{spec.run_id}.log"
+    log = tmp_path / f"{plan.run_id}.log"
     measure(replace(plan, argv=[word for word in plan.argv if word != bind]), log, echo=None)
     record = parse_log(log)
     assert record["status"] == "invalid", (record["reasons"], log.read_text()[-3000:])

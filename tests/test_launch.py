@@ -59,8 +59,7 @@ def test_mpirun_plan_binds_one_core_per_rank_and_forwards_every_variable(tmp_pat
     assert run_plan.spec == {"kind": "train", "runtime": "bare-metal", "fabric": "tcp-loopback", "nodes": 1,
                                 "ranks_per_node": 2, "ranks": 2, "repetition": 1, "batch_size": 2,
                                 "run_id": "train_bare-metal_tcp-loopback_1x2_b2_rep1", "system": "ci",
-                                "launcher": "mpirun", "cpu_bind": "core", "mpi_model": "host", "model": "resnet50",
-                                "image_size": 32,
+                                "launcher": "mpirun", "mpi_model": "host", "model": "resnet50", "image_size": 32,
                                 "precision": "fp32",
                                 "xla": False, "data_format": "channels_last", "warmup_steps": 1, "steps": 2,
                                 "mode": "horovod", "data": "synthetic"}
@@ -477,3 +476,17 @@ def test_plan_piped_into_head_stops_quietly():
     # the workflow then did not run, in silence).
     assert done.stderr.splitlines() == ["containerbench: note: enroot cannot run here: enroot is not installed (not "
                                         "on PATH); the workflow stops before any job (runtime_policy: require)"]
+
+
+@pytest.mark.parametrize("kind", ["mpirun", "srun"])
+@pytest.mark.parametrize("bind", ["core", "socket", "none"])
+def test_the_record_reads_from_the_launch_line_whether_a_core_per_rank_was_asked(tmp_path, kind, bind):
+    """records.judge_binding holds the ranks to a core each only where the run's own argv asked for it:
+    mpirun --bind-to core, MPICH's Hydra -bind-to core (native runs), srun --cpu-bind=cores."""
+    from containerbench.records import asks_a_core_per_rank
+
+    config = tiny_config(tmp_path, launcher={"kind": kind, "bind": bind}, runtimes=["bare-metal", "podman"],
+                         images={"podman": {"image": "localhost/cb:test", "mpi_model": ["hybrid", "native"]}})
+    plans = [plan_run(spec, config) for spec in cb_config.plan_runs(config) if spec.ranks == 2]
+    assert {plan.argv[0] for plan in plans} == ({"mpirun", "mpiexec.mpich"} if kind == "mpirun" else {"srun"})
+    assert {asks_a_core_per_rank(plan.argv) for plan in plans} == {bind == "core"}

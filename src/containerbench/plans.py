@@ -180,7 +180,7 @@ def plan_run(spec: RunSpec, config: dict, allocation: Allocation | None = None) 
     return RunPlan(
         run_id=spec.run_id,
         spec={**spec.as_dict(), "system": config["system"], "launcher": config["launcher"]["kind"],
-              "cpu_bind": config["launcher"]["bind"], "mpi_model": runtime.mpi_model, **settings},
+              "mpi_model": runtime.mpi_model, **settings},
         argv=argv,
         env=env,
         timeout_s=timeout,

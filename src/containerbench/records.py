@@ -258,11 +258,21 @@ def judge_native_mpi(launch: dict, spec: dict, result: dict, verdict: Verdict) -
             return
 
 
-def judge_binding(spec: dict, result: dict, verdict: Verdict) -> None:
+# How each launcher's argv asks a core per rank (launchers.py): mpirun's and Hydra's option, srun's.
+CORE_BINDING = (("--bind-to", "core"), ("-bind-to", "core"), ("--cpu-bind=cores", None))
+
+
+def asks_a_core_per_rank(argv: list[str] | None) -> bool:
+    words = argv or []
+    return any(word == option and (value is None or words[i + 1:i + 2] == [value])
+               for i, word in enumerate(words) for option, value in CORE_BINDING)
+
+
+def judge_binding(argv: list[str] | None, result: dict, verdict: Verdict) -> None:
     """Ranks bound a core each (launcher.bind core, the default) never share one: two ranks of one node
-    whose CPU affinities, as each saw its own, overlap were bound otherwise than asked, by something in
-    the launch (an Open MPI cpu set from the environment, a wrapper's taskset), and measured each other."""
-    if spec.get("cpu_bind") != "core":
+    whose CPU affinities, as each saw its own, overlap were bound otherwise than the launch line asked, by
+    something in the launch (a wrapper's taskset, an Open MPI cpu set), and measured each other."""
+    if not asks_a_core_per_rank(argv):
         return
     by_host: dict[str, list[dict]] = {}
     for process in sorted(result.get("processes") or [], key=lambda p: p.get("rank", 0)):
@@ -318,7 +328,7 @@ def parse_log(log_path: str | Path, telemetry_file: str | Path | None = None) ->
         judge_batches(found.result, verdict)
         judge_container(launch, spec, found.result, verdict)
         judge_native_mpi(launch, spec, found.result, verdict)
-        judge_binding(spec, found.result, verdict)
+        judge_binding(launch.get("argv"), found.result, verdict)
     fabric_check = check_fabric(found, spec)
     if fabric_check["status"] == Check.MISMATCH:
         verdict.invalidate(f"fabric: {fabric_check['reason']}")
