@@ -93,7 +93,8 @@ def test_two_ranks_bound_to_one_core_against_launcher_bind_core_make_a_real_run_
     host = record["result"]["processes"][0]["hostname"]
     assert record["status"] == "invalid" and record["reasons"] == [
         f"ranks 0 and 1 on {host} shared CPU 0 though launcher.bind core asked a core each: the launch bound them "
-        "otherwise (an Open MPI cpu set, a wrapper's taskset, a Slurm without task/affinity or task/cgroup)"]
+        "otherwise (a wrapper's taskset, an Open MPI cpu set, a Slurm without task/affinity or task/cgroup, two "
+        "tasks on one core's hardware threads: srun --hint=nomultithread)"]
     assert "MCW rank 1 bound to socket 0[core 1[hwt 0]]" in (tmp_path / f"{spec.run_id}.log").read_text()  # as asked
 
 

@@ -124,12 +124,18 @@ def test_every_run_has_telemetry_and_each_rank_proves_where_it_ran(container_run
             else:  # its own mount namespace, whatever markers the host itself carries
                 assert process["context"]["mnt_ns"] != host["mnt_ns"], record["run_id"]
             assert len(process["context"]["affinity"]) == 1  # mpirun --bind-to core, in every runtime
-        # The runtime's and launcher's own processes, counted apart (usage.py): the sampler saw them by name
-        # from inside every runtime (docker and podman run with --pid host).
+        # The runtime's and launcher's own processes, counted apart (usage.py), each by its name.
         launcher = launchers.Hydra if record["spec"]["mpi_model"] == "native" else launchers.Mpirun
         runtime = CONTAINER_RUNTIMES.get(record["spec"]["runtime"], BareMetal)
         assert set(node["service_cpu_s"]) == {*runtime.service_processes, *launcher.service_processes}
         assert 0 <= node["service_cpu_percent"] <= 100
+    # The sampler saw them from inside the containers (docker and podman run with --pid host): over each
+    # run, what dockerd and its shim, or conmon, spent relaying the ranks' output.
+    samples = pd.concat(pd.read_csv(results / "telemetry" / f"{r['run_id']}.csv").assign(runtime=r["spec"]["runtime"])
+                        for r in records)
+    by_name = samples[samples["metric"] == "service_cpu_by_name_s"].groupby(["runtime", "device"])["value"].max()
+    assert by_name["docker"][["dockerd", "containerd-shim"]].sum() > 0, by_name["docker"]
+    assert by_name["podman"]["conmon"] > 0, by_name["podman"]
     series = pd.read_csv(results / "telemetry.csv")
     assert set(series["run_id"]) == {r["run_id"] for r in records}
     assert 'alt="CPU use and packets per node over time"' in (results / "report.html").read_text()

@@ -4,10 +4,11 @@ A disturbed run is a valid measurement of a machine that was busy with something
 compared. Where the noise has passed (a neighbour's job ended, the hypervisor calmed), a site measures
 those points again, and only those. `set_aside` moves every file of each such run (its raw log, record,
 telemetry, launch and parse logs) under RESULTS/superseded/RUN_ID/attempt-N/, with the same relative
-paths, and lists the attempt in RESULTS/superseded/index.json. The workflow's tables depend on that
-index, so the next `snakemake` remakes them, measuring first the runs whose records are missing, and
-then the report. Nothing measured is deleted, and the attempt keeps what
-traces its figures to its log.
+paths, and lists every attempt in RESULTS/superseded/index.json. The workflow's tables depend on that
+index, so the next `snakemake` remakes them, measuring first the runs of its plan whose records are
+missing, and then the report. With `benchmark.repetitions: auto` the rounds are decided again from the
+new records, so a point may get more repetitions. Run it while no workflow runs in that directory.
+Nothing measured is deleted, and each attempt keeps what traces its figures to its log.
 
     containerbench remeasure --results results --status disturbed
 """
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import json
 import os
-import time
+import re
 from pathlib import Path
 
 from containerbench import outputs
@@ -27,6 +28,7 @@ INDEX = f"{SUPERSEDED}/index.json"  # every attempt set aside; the workflow's ta
 # A run's files, relative to the results directory, by what they hold.
 RUN_FILES = ("runs/{}.json", "runs/{}.log", "telemetry/{}.csv", "logs/launch/{}.txt", "logs/parse/{}.txt")
 ALLOWED = tuple(status for status in Status if status is not Status.OK)
+ATTEMPT = re.compile(r"attempt-\d+")
 
 
 class RemeasureError(ValueError):
@@ -35,13 +37,27 @@ class RemeasureError(ValueError):
 
 def attempts(results: Path, run_id: str) -> list[Path]:
     """The run's attempts set aside so far, oldest first."""
-    kept = results / SUPERSEDED / run_id
-    return sorted(kept.glob("attempt-*"), key=lambda path: int(path.name.partition("-")[2]))
+    kept = [path for path in (results / SUPERSEDED / run_id).glob("attempt-*") if ATTEMPT.fullmatch(path.name)]
+    return sorted(kept, key=lambda path: int(path.name.partition("-")[2]))
+
+
+def index(results: Path) -> list[dict]:
+    """Every attempt set aside, read from the directories themselves (so an interrupted remeasure, or an
+    index file lost, leaves nothing unlisted): run id, attempt directory, the status its record had."""
+    entries = []
+    for run in sorted(path for path in (results / SUPERSEDED).glob("*") if path.is_dir()):
+        for attempt in attempts(results, run.name):
+            try:
+                status = json.loads((attempt / RUN_FILES[0].format(run.name)).read_text())["status"]
+            except (OSError, ValueError, KeyError, TypeError):
+                status = None  # set aside before its record was, or a record no longer readable
+            entries.append({"run_id": run.name, "attempt": str(attempt.relative_to(results)), "status": status})
+    return entries
 
 
 def set_aside(results: str | Path, statuses: list[str]) -> list[tuple[str, str, Path]]:
-    """Move the files of every run whose record has one of `statuses` into its next attempt
-    directory: (run_id, status, attempt directory) for each, in run-id order."""
+    """Move the files of every run whose record has one of `statuses` into a new attempt directory:
+    (run_id, status, attempt directory) for each, in run-id order. Nothing is ever overwritten."""
     results = Path(results)
     for status in statuses:
         if status not in ALLOWED:
@@ -60,22 +76,14 @@ def set_aside(results: str | Path, statuses: list[str]) -> list[tuple[str, str, 
     moved = []
     for run_id, status in chosen:
         done = attempts(results, run_id)
-        if done and not (done[-1] / RUN_FILES[0].format(run_id)).exists():
-            attempt = done[-1]  # one set aside when it was interrupted: finished there
-        else:
-            attempt = results / SUPERSEDED / run_id / f"attempt-{len(done) + 1}"
-        # The record last: a run interrupted here still has a record, and is chosen again next time.
+        attempt = results / SUPERSEDED / run_id / f"attempt-{int(done[-1].name.partition('-')[2]) + 1 if done else 1}"
+        # The record last: a run interrupted here still has its record, and is chosen again next time
+        # (into an attempt of its own: the files already moved stay where they went).
         for pattern in reversed(RUN_FILES):
-            source = results / pattern.format(run_id)
+            source, target = results / pattern.format(run_id), attempt / pattern.format(run_id)
             if source.exists():
-                target = attempt / pattern.format(run_id)
                 target.parent.mkdir(parents=True, exist_ok=True)
                 os.replace(source, target)
         moved.append((run_id, status, attempt))
-    if moved:
-        index = results / INDEX
-        entries = json.loads(index.read_text()) if index.exists() else []
-        entries += [{"run_id": run_id, "status": status, "attempt": str(attempt.relative_to(results)),
-                     "set_aside_unix": round(time.time(), 3)} for run_id, status, attempt in moved]
-        outputs.write_text(index, json.dumps(entries, indent=1) + "\n")
+        outputs.write_text(results / INDEX, json.dumps(index(results), indent=1) + "\n")  # after each run
     return moved

@@ -285,8 +285,9 @@ def judge_binding(argv: list[str] | None, result: dict, verdict: Verdict) -> Non
                 if shared:
                     verdict.invalidate(f"ranks {first['rank']} and {second['rank']} on {host} shared CPU "
                                        f"{','.join(map(str, shared))} though launcher.bind core asked a core each: "
-                                       "the launch bound them otherwise (an Open MPI cpu set, a wrapper's "
-                                       "taskset, a Slurm without task/affinity or task/cgroup)")
+                                       "the launch bound them otherwise (a wrapper's taskset, an Open MPI cpu "
+                                       "set, a Slurm without task/affinity or task/cgroup, two tasks on one core's "
+                                       "hardware threads: srun --hint=nomultithread)")
                     return
 
 

@@ -119,7 +119,8 @@ def cmd_remeasure(args) -> int:
         print(f"containerbench: {error}", file=sys.stderr)
         return 2
     for run_id, status, attempt in moved:
-        print(f"containerbench: {run_id} ({status}) set aside in {attempt}: the next snakemake measures it again")
+        print(f"containerbench: {run_id} ({status}) set aside in {attempt}: the next snakemake measures it again "
+              "(where its sweep still plans it)")
     if not moved:
         print(f"containerbench: no run in {args.results} is {' or '.join(args.status)}")
     return 0

@@ -10,7 +10,7 @@ value), flushed per sample so a crash keeps what was sampled:
     run_cpu_s, run_rss_bytes                the run's registered rank processes (/proc/<pid>/stat, statm)
     sampler_cpu_s                           the sampler itself, so its cost is known
     service_cpu_s, service_cpu_by_name_s    the runtime's and launcher's processes (dockerd, conmon, orted),
-                                            per core they ran on and per name, accumulated by the sampler
+                                            per core their threads ran on and per name, accumulated
     load1, mem_used_bytes                   /proc/loadavg, /proc/meminfo
     net_{rx,tx}_{bytes,packets}             per interface, /proc/net/dev
     ib_{rx,tx}_{bytes,packets}              per InfiniBand port, /sys/class/infiniband/*/ports/*/counters
@@ -232,7 +232,7 @@ class Sampler:
     def __init__(self, pids_file: str, services: frozenset[str] = frozenset()):
         self.pids_file = Path(pids_file)
         self.services = services
-        self.service_seen: dict[str, float] = {}  # PID -> its CPU seconds at the last sample
+        self.service_seen: dict[tuple[str, str], float] = {}  # (thread id, start) -> CPU s at the last sample
         self.service_sampled = False
         self.service_by_core: dict[str, float] = {}
         self.service_by_name: dict[str, float] = dict.fromkeys(services, 0.0)
@@ -251,34 +251,41 @@ class Sampler:
                 pids.append(pid)
         return pids
 
-    def service_cpu(self) -> list[tuple[str, str, float]]:
-        """CPU seconds of the node's processes named in `services`, accumulated since the first sample:
-        by the core each was last on (the runtime's processes are not bound, so it matters which of the
-        run's cores they took) and by name. Each sample adds a process's CPU time since the last one,
-        so one that ends loses nothing already counted. Visible where the sampler shares the host's PID
-        namespace (bare metal, and containers run with --pid host or without a PID namespace of their own)."""
+    def service_cpu(self, cores: list[str]) -> list[tuple[str, str, float]]:
+        """CPU seconds of the node's processes named in `services`, accumulated since the first sample, by
+        the core each of their threads last ran on (they are not bound, and a daemon's threads spread: it
+        matters which of the run's cores they took) and by name. Each sample adds a thread's CPU time since
+        the last one; a thread is known by its id and start time, so one that ends loses nothing already
+        counted and a reused id starts afresh. Every core starts at 0, so a core first used mid-window is
+        counted whole. Visible where the sampler shares the host's PID namespace (bare metal, and
+        containers run with --pid host or without a PID namespace of their own)."""
         if not self.services:
             return []
         first, self.service_sampled = not self.service_sampled, True
+        if first:
+            self.service_by_core = dict.fromkeys(cores, 0.0)
         seen = {}
-        for entry in os.scandir("/proc"):
-            if not entry.name.isdigit():
+        for process in os.scandir("/proc"):
+            if not process.name.isdigit():
                 continue
             try:
-                stat = Path(entry.path, "stat").read_text()
+                name = Path(process.path, "comm").read_text().rstrip("\n")
+                threads = list(os.scandir(Path(process.path, "task"))) if name in self.services else []
             except OSError:  # ended meanwhile
                 continue
-            name, _, rest = stat.partition(" (")[2].rpartition(")")
-            if name not in self.services:
-                continue
-            fields = rest.split()
-            seconds = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime, stime (proc(5))
-            seen[entry.name] = seconds
-            # A process already running at the first sample counts from there; a later one, whole.
-            before = self.service_seen.get(entry.name, seconds if first else 0.0)
-            core = f"cpu{fields[36]}"  # "processor": the CPU it last ran on
-            self.service_by_core[core] = self.service_by_core.get(core, 0.0) + seconds - before
-            self.service_by_name[name] = self.service_by_name.get(name, 0.0) + seconds - before
+            for thread in threads:
+                try:
+                    fields = Path(thread.path, "stat").read_text().rpartition(")")[2].split()
+                except OSError:
+                    continue
+                key = (thread.name, fields[19])  # thread id, start time (proc(5))
+                seconds = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime, stime
+                # A thread already running at the first sample counts from there; a later one, whole.
+                added = max(0.0, seconds - self.service_seen.get(key, seconds if first else 0.0))
+                seen[key] = seconds
+                core = f"cpu{fields[36]}"  # "processor": the CPU it last ran on
+                self.service_by_core[core] = self.service_by_core.get(core, 0.0) + added
+                self.service_by_name[name] = self.service_by_name.get(name, 0.0) + added
         self.service_seen = seen
         return ([("service_cpu_s", core, value) for core, value in sorted(self.service_by_core.items())]
                 + [("service_cpu_by_name_s", name, value) for name, value in sorted(self.service_by_name.items())])
@@ -303,7 +310,7 @@ class Sampler:
             except (OSError, IndexError, ValueError):  # the rank has ended
                 continue
         own = os.times()
-        rows += self.service_cpu()
+        rows += self.service_cpu([device for metric, device, _ in rows if metric == "cpu_busy_s"])
         rows += [("run_cpu_s", "node", run_cpu), ("run_rss_bytes", "node", run_rss),
                  ("run_processes", "node", len(pids)), ("sampler_cpu_s", "node", own.user + own.system),
                  ("load1", "node", float(Path("/proc/loadavg").read_text().split()[0]))]

@@ -145,7 +145,10 @@ class Podman(OciEngine):
     name = binary = "podman"
     probe = ("podman", "info", "--format", "{{.Host.OCIRuntime.Name}}")
     in_local_store = ("podman", "image", "exists")  # podman-image-exists(1)
-    service_processes = ("podman", "conmon")  # the attached client, and the container's monitor (conmon(8))
+    # The attached client, the container's monitor (conmon(8)), its init where --init asks for one
+    # (podman-run(1) --init: catatonit) and rootless storage's mount program (containers-storage.conf(5)
+    # mount_program: fuse-overlayfs).
+    service_processes = ("podman", "conmon", "catatonit", "fuse-overlayfs")
     shared_paths = ("/tmp", "/dev/shm")  # podman-hpc's MPI modules bind /dev/shm besides --ipc=host
     save_options = ("--format", "docker-archive")  # readable by docker, sarus, apptainer
 
