@@ -125,7 +125,7 @@ def summarise_node(samples: dict, window: dict, steps: int | None) -> dict:
     own = max(between("run_cpu_s"), window["cpu_s"] * span / seconds)
     # The runtime's and launcher's processes (dockerd, conmon, orted) on the run's cores: the cost of
     # running this way, not a disturbance.
-    service = sum(between("service_cpu_s", f"cpu{c}") for c in cores)
+    service = max(0.0, sum(between("service_cpu_s", f"cpu{c}") for c in cores))  # not -1e-14 from rounding
     services = {device: between(metric, device) for metric, device in samples if metric == "service_cpu_by_name_s"}
     foreign = max(0.0, busy - own - sampler - service)
     per_step = max(steps or 1, 1)
