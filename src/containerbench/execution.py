@@ -151,7 +151,10 @@ def execute(run_plan: RunPlan, log_path: Path, echo=sys.stdout, allocation: str 
                   "timed_out": timed_out.is_set(), "ended_unix": time.time()}
         if guard and guard.hung:
             footer["hung_at_exit"] = guard.hung
-        if returncode != 0 and allocation:  # ended from outside (scancel, time limit, node failure)?
+        # Ended from outside (scancel, time limit, node failure)? srun can exit 0 when the node under its
+        # step failed ("srun: error: Node failure on n3", seen in the chaos sweep), so a run that left no
+        # whole result asks Slurm too.
+        if allocation and (returncode != 0 or guard is None or guard.result_at is None):
             ended = slurm.job_state(allocation)
             if ended:
                 footer["slurm"] = ended
@@ -182,7 +185,8 @@ def run_in_allocation(plans: list[RunPlan], logs: list, echo=sys.stdout) -> int:
         if why:
             write_not_run(run_plan, log, why)
             continue
-        if measure(run_plan, Path(log), echo, allocation=allocation) != 0 and allocation:
+        measure(run_plan, Path(log), echo, allocation=allocation)
+        if allocation:
             last = (Path(log).read_text(errors="replace").splitlines() or [""])[-1]
             ended = (markers.payload(last, markers.EXIT) or {}).get("slurm") if last.startswith(markers.EXIT) else None
             if ended:
