@@ -99,10 +99,16 @@ def test_the_report_has_an_overhead_row_per_runtime(container_run):
 def test_runtimes_are_measured_interleaved_by_repetition(container_run):
     # The image is made before the first measurement (on a fresh clone, in this very workflow run):
     # every runtime's first repetition starts before any second one, so no runtime is measured
-    # alone at another time of the machine's day.
-    starts: dict[int, list[float]] = {}
-    for log in (container_run / "results" / "runs").glob("*.log"):
+    # alone at another time of the machine's day. A run measured again after a disturbance
+    # (helpers.undisturbed_records) counts by its first attempt, the one the workflow scheduled.
+    results = container_run / "results"
+    first: dict[str, dict] = {}
+    for log in [*results.glob("runs/*.log"), *results.glob("superseded/*/attempt-*/runs/*.log")]:
         launch = markers.payload(log.read_text().splitlines()[0], markers.LAUNCH)
+        if log.stem not in first or launch["started_unix"] < first[log.stem]["started_unix"]:
+            first[log.stem] = launch
+    starts: dict[int, list[float]] = {}
+    for launch in first.values():
         starts.setdefault(launch["spec"]["repetition"], []).append(launch["started_unix"])
     assert sorted(starts) == [1, 2]
     assert max(starts[1]) < min(starts[2])
