@@ -25,6 +25,7 @@ class Launcher(ABC):
     # Its own processes on the ranks' nodes (as Runtime.service_processes): they relay the ranks' output
     # and wire them up, a cost every run under it pays, counted apart from what disturbs a run.
     service_processes: tuple[str, ...] = ()
+    core_per_rank: tuple[str, ...] = ()  # the words of its argv that bind each rank to a core of its own
 
     @abstractmethod
     def wrap(self, rank_argv: list[str], spec: RunSpec, env_names: list[str], runtime_options=()) -> list[str]:
@@ -55,6 +56,7 @@ class Mpirun(Launcher):
 
     kind = program = "mpirun"
     service_processes = ("mpirun", "orterun", "orted", "prterun", "prted")  # Open MPI 4 (ORTE) and 5 (PRRTE)
+    core_per_rank = ("--bind-to", "core")
 
     def __init__(self, bind: str = "core", extra_args=()):
         self.bind, self.extra_args = bind, list(extra_args)
@@ -84,6 +86,7 @@ class Hydra(Launcher):
 
     kind, program = "mpirun", "mpiexec"  # what launcher mpirun starts for native runs (launcher.mpiexec's)
     service_processes = ("mpiexec", "mpiexec.hydra", "mpiexec.mpich", "hydra_pmi_proxy")
+    core_per_rank = ("-bind-to", "core")
 
     def __init__(self, mpiexec: str = "mpiexec.mpich", bind: str = "core", extra_args=()):
         self.mpiexec, self.bind, self.extra_args = mpiexec, bind, list(extra_args)
@@ -105,6 +108,7 @@ class Srun(Launcher):
     kind = program = "srun"
     slurm_step = True
     service_processes = ("srun", "slurmstepd")
+    core_per_rank = ("--cpu-bind=cores",)
 
     def __init__(self, mpi: str = "pmix", bind: str = "core", extra_args=(), cpus_per_rank: int = 1,
                  gpus_per_node: int = 0):
@@ -129,6 +133,13 @@ class Srun(Launcher):
         mpi = getattr(runtime, "srun_mpi", None) or settings.get("srun_mpi", "pmix")  # a runtime may name its own
         return cls(mpi, settings.get("bind", "core"), settings.get("extra_args", []),
                    slurm_settings["cpus_per_rank"], slurm_settings["gpus_per_node"])
+
+
+def asks_a_core_per_rank(argv: list[str] | None) -> bool:
+    """Does this launch line bind each rank to a core of its own, in any launcher's words?"""
+    words = argv or []
+    return any(words[i:i + len(cls.core_per_rank)] == list(cls.core_per_rank)
+               for cls in (Mpirun, Hydra, Srun) for i in range(len(words)))
 
 
 # launcher.kind -> its launcher (Hydra is what kind mpirun starts for native MPI runs).

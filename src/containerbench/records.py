@@ -27,6 +27,7 @@ import jsonschema
 from containerbench import outputs
 from containerbench.config import describe, load_schema
 from containerbench.fabrics import check_grpc, verify
+from containerbench.launchers import asks_a_core_per_rank
 from containerbench.rank import markers
 from containerbench.rank.distribution import LOCAL
 from containerbench.runtimes import BareMetal
@@ -256,16 +257,6 @@ def judge_native_mpi(launch: dict, spec: dict, result: dict, verdict: Verdict) -
                                f"loaded {files}, which reports {mpi.get('version')!r}, not the host's "
                                f"{host['version']!r} ({host['library']})")
             return
-
-
-# How each launcher's argv asks a core per rank (launchers.py): mpirun's and Hydra's option, srun's.
-CORE_BINDING = (("--bind-to", "core"), ("-bind-to", "core"), ("--cpu-bind=cores", None))
-
-
-def asks_a_core_per_rank(argv: list[str] | None) -> bool:
-    words = argv or []
-    return any(word == option and (value is None or words[i + 1:i + 2] == [value])
-               for i, word in enumerate(words) for option, value in CORE_BINDING)
 
 
 def judge_binding(argv: list[str] | None, result: dict, verdict: Verdict) -> None:
