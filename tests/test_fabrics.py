@@ -214,7 +214,7 @@ def test_ucx_endpoint_lines():
     assert (ucx.transport, ucx.interfaces) == ("ib", ("mlx5_0:1", "mlx5_1:1"))
     both = fabric_with(INFINIBAND, UCX_NET_DEVICES="mlx5_0:1,mlx5_1:1")
     assert verify(UCX_IB, both).ok  # the MPI layer, served by UCX under pml ucx
-    only_first = verify(UCX_IB, INFINIBAND)  # asks for mlx5_0:1 alone
+    only_first = verify(UCX_IB, fabric_with(INFINIBAND, UCX_NET_DEVICES="mlx5_0:1"))  # one rail alone
     assert only_first.status == "mismatch" and "mlx5_1:1" in only_first.reason
     assert one(observe_transport(UCX_IB_NEW), "ucx").interfaces == ("mlx5_2:1", "mlx5_0:1", "mlx5_1:1", "mlx5_3:1")
     assert verify(UCX_IB, ETHERNET).status == "mismatch"
@@ -245,8 +245,9 @@ def test_expectations_derived_from_the_example_configs():
     ib = expected_transport(INFINIBAND)
     assert (ib.transport, ib.declared) == ("ib", False)
     assert {layer: e.transport for layer, e in ib.layers.items()} == {"nccl": "ib", "ucx": "ib", "mpi": "ib"}
-    assert ib.layers["nccl"].interfaces == {"ib": ("=mlx5_0", "=mlx5_1")}  # the example says exact names
-    assert ib.layers["ucx"].interfaces == {"ib": ("=mlx5_0:1",)}
+    rails = range(4)  # the example's H100 nodes: four NDR rails
+    assert ib.layers["nccl"].interfaces == {"ib": tuple(f"=mlx5_{r}" for r in rails)}  # the example: exact names
+    assert ib.layers["ucx"].interfaces == {"ib": tuple(f"=mlx5_{r}:1" for r in rails)}
     eth = expected_transport(ETHERNET)
     assert {layer: e.transport for layer, e in eth.layers.items()} == {"nccl": "tcp", "ucx": "tcp", "mpi": "tcp",
                                                                        "gloo": "tcp"}

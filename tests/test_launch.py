@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 from helpers import BENCH_PYTHON, ROOT, tiny_config
 
 from containerbench import config as cb_config
@@ -284,15 +285,16 @@ def test_the_example_site_costs_a_slurm_job_per_run_each_to_its_time_limit(root)
 
     config = cb_config.load([root / "config" / "site.example.yaml"])
     sweep = plan_sweep(config, root, probe=False)
-    # Besides the runs: the pre-flight check, and Apptainer's conversion (the example has Apptainer on the nodes only).
-    assert one_node_jobs(sweep) == 2
-    cost = estimate(sweep.plans.values(), config, [], node_jobs=2)
+    # Besides the runs: the pre-flight check, and the conversions of Apptainer's and Enroot's images
+    # (the example has both on the compute nodes only).
+    assert one_node_jobs(sweep) == 3
+    cost = estimate(sweep.plans.values(), config, [], node_jobs=3)
     runs = cb_config.plan_runs(cb_config.load([root / "config" / "site.example.yaml"]))
     assert cost.jobs == {kind: sum(r.kind == kind for r in runs) for kind in ("train", "netbench")}
     assert cost.runs == len(runs) and cost.local_jobs == len(runs) + 2  # a parse per run, tables, report
     assert cost.allocations == {n: sum(r.nodes == n for r in runs) for n in config["scaling"]["nodes"]}
     assert cost.nodes == sum(r.nodes for r in runs) and cost.slurm
-    assert cost.worst_node_hours == pytest.approx((sum(r.nodes for r in runs) + 2)
+    assert cost.worst_node_hours == pytest.approx((sum(r.nodes for r in runs) + 3)
                                                   * config["slurm"]["runtime_minutes"] / 60)
     timeouts = {"train": config["benchmark"]["timeout_s"], "netbench": config["netbench"]["timeout_s"]}
     assert cost.timeout_node_hours == pytest.approx(sum(r.nodes * timeouts[r.kind] for r in runs) / 3600)
@@ -466,16 +468,24 @@ def test_plan_estimate_names_records_it_cannot_read_in_one_line(tmp_path, capsys
                    "or a glob that matches some\n")
 
 
-def test_plan_piped_into_head_stops_quietly():
+def test_plan_piped_into_head_stops_quietly(tmp_path):
+    # Enroot where the workflow plans, as a site without Pyxis on the compute nodes would declare it.
+    here = tmp_path / "enroot-here.yaml"
+    here.write_text("images: {enroot: {available: everywhere}}\n")
     done = subprocess.run(f"{shlex.quote(sys.executable)} -m containerbench plan --config config/site.example.yaml "
-                          "| head -1", shell=True, cwd=ROOT, capture_output=True, text=True, timeout=120,
-                          executable="/bin/bash")
+                          f"--config {here} | head -1", shell=True, cwd=ROOT, capture_output=True, text=True,
+                          timeout=120, executable="/bin/bash")
     assert done.stdout == "train_bare-metal_infiniband_1x4_b64_rep1\n"
     # Quietly: no second error at exit. The one line is what the workflow would do with Enroot here
     # (not installable on this machine), said before the runs it lists (issue 36: the plan listed runs
     # the workflow then did not run, in silence).
     assert done.stderr.splitlines() == ["containerbench: note: enroot cannot run here: enroot is not installed (not "
                                         "on PATH); the workflow stops before any job (runtime_policy: require)"]
+    # The example as written has Enroot on the compute nodes only: nothing to say where it plans.
+    done = subprocess.run(f"{shlex.quote(sys.executable)} -m containerbench plan --config config/site.example.yaml "
+                          "| head -1", shell=True, cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          executable="/bin/bash")
+    assert (done.stdout, done.stderr) == ("train_bare-metal_infiniband_1x4_b64_rep1\n", "")
 
 
 @pytest.mark.parametrize("kind", ["mpirun", "srun"])
@@ -490,3 +500,26 @@ def test_the_record_reads_from_the_launch_line_whether_a_core_per_rank_was_asked
     plans = [plan_run(spec, config) for spec in cb_config.plan_runs(config) if spec.ranks == 2]
     assert {plan.argv[0] for plan in plans} == ({"mpirun", "mpiexec.mpich"} if kind == "mpirun" else {"srun"})
     assert {asks_a_core_per_rank(plan.argv) for plan in plans} == {bind == "core"}
+
+
+def test_a_site_names_a_newer_nccl_and_every_runtime_of_the_example_loads_it(tmp_path):
+    # docs/slurm.md, "The GPU environment": the site's libnccl.so.2 preloaded by the fabrics' env and its
+    # directory bound. How each runtime passes a variable and a bind in is held against its own docs in
+    # test_runtime_docs.py; here, that the two keys the docs give reach every runtime of the example.
+    site = tmp_path / "site.yaml"
+    config = yaml.safe_load((ROOT / "config" / "site.example.yaml").read_text())
+    config["images"]["binds"] = ["/sw/nccl/2.21.5"]
+    for fabric in config["fabrics"].values():
+        fabric["env"]["LD_PRELOAD"] = "/sw/nccl/2.21.5/lib/libnccl.so.2"
+    site.write_text(yaml.safe_dump(config))
+    sweep = plan_sweep(cb_config.load([site]), ROOT, probe=False)
+    for runtime, loaded, bound in (
+            ("bare-metal", "LD_PRELOAD", None),
+            ("apptainer", "APPTAINERENV_LD_PRELOAD", ["--bind", "/sw/nccl/2.21.5"]),
+            ("enroot", "LD_PRELOAD", None)):
+        for fabric in ("infiniband", "ethernet"):
+            plan = sweep.plans[f"train_{runtime}_{fabric}_2x4_b64_rep1"]
+            assert plan.env[loaded] == "/sw/nccl/2.21.5/lib/libnccl.so.2", (runtime, fabric)
+            words = " ".join(plan.argv)
+            assert (" ".join(bound) in words if bound else
+                    runtime == "bare-metal" or "/sw/nccl/2.21.5:/sw/nccl/2.21.5" in words), (runtime, words)

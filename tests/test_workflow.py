@@ -47,26 +47,26 @@ def test_dry_run_of_the_default_config(tmp_path):
 
 
 def test_dry_run_of_the_example_site_config(tmp_path):
-    # Enroot is not installable here: skipped (a site keeps `require`). Apptainer is declared to be on
-    # the compute nodes only, so it is not probed here: its image is converted by a job on a node.
+    # Apptainer and Enroot are declared to be on the compute nodes only, so neither is probed here:
+    # their images are converted by jobs on a node.
     # The example's GPU environment needs the Horovod wheel of `make gpu-env` (opt-in, test_gpu_env.py);
     # the environment changes what is installed, not what is planned.
     relaxed = tmp_path / "relaxed.yaml"
     relaxed.write_text("runtime_policy: skip-unusable\nbenchmark_env: cpu\n")
     done = snakemake(tmp_path, "--configfile", str(ROOT / "config" / "site.example.yaml"), str(relaxed), "--dry-run")
     assert done.returncode == 0, done.stderr
-    # Bare metal and Apptainer, each: 2 fabrics x 4 node counts x 2 batch sizes = 16 runs per
+    # Bare metal, Apptainer and Enroot, each: 2 fabrics x 4 node counts x 2 batch sizes = 16 runs per
     # repetition (5), plus netbench at each of the 4 node counts over 2 fabrics in repetitions 1-3.
     counts = job_counts(done.stdout)
     for made_once in ("image_wheelhouse", "image_base"):  # made once per clone: by an earlier test or not yet
         counts.pop(made_once, None)
-    assert counts == {"measure_rep1": 48, "measure_rep2": 48, "measure_rep3": 48,
-                      "measure_rep4": 32, "measure_rep5": 32, "parse_run": 208, "image_build": 1,
-                      "image_archive": 1, "singularity_definition": 1, "image_apptainer": 1, "tables": 1,
-                      "store_history": 1, "report": 1, "all": 1}
+    assert counts == {"measure_rep1": 72, "measure_rep2": 72, "measure_rep3": 72,
+                      "measure_rep4": 48, "measure_rep5": 48, "parse_run": 312, "image_build": 1,
+                      "image_archive": 1, "singularity_definition": 1, "image_apptainer": 1, "image_enroot": 1,
+                      "tables": 1, "store_history": 1, "report": 1, "all": 1}
     assert "results/runs/train_apptainer_infiniband_8x4_b128_rep5.log" in done.stdout
+    assert "results/runs/train_enroot_ethernet_1x4_b64_rep1.log" in done.stdout
     assert "results/runs/netbench_bare-metal_ethernet_2x1_rep3.log" in done.stdout
-    assert "train_enroot_" not in done.stdout
     # What the sweep costs, said once before anything is submitted, for the runs this dry run lists.
     measured = sum(count for rule, count in job_counts(done.stdout).items() if rule.startswith("measure_"))
     assert done.stderr.count("What this sweep costs:") == 1
@@ -91,7 +91,9 @@ def test_a_site_config_is_the_whole_config_as_containerbench_plan_reads_it(tmp_p
 
 
 def test_a_site_runtime_missing_here_stops_the_workflow(tmp_path):
-    done = snakemake(tmp_path, "--configfile", str(ROOT / "config" / "site.example.yaml"), "--dry-run")
+    here = tmp_path / "enroot-here.yaml"  # as a site whose login node is meant to have Enroot declares it
+    here.write_text("images: {enroot: {available: everywhere}}\n")
+    done = snakemake(tmp_path, "--configfile", str(ROOT / "config" / "site.example.yaml"), str(here), "--dry-run")
     assert done.returncode == 1
     errors = [line for line in done.stderr.splitlines() if line.startswith("containerbench:")]
     assert errors == ["containerbench: config: runtime 'enroot' cannot run here: enroot is not installed "
@@ -218,8 +220,8 @@ def test_the_workflow_runs_end_to_end_and_then_has_nothing_to_do(tmp_path):
     done = snakemake(tmp_path, *configs)
     assert done.returncode == 0, done.stderr[-4000:]
     # The pre-flight check ran before any job (here: this machine is the compute node).
-    assert f"containerbench: preflight on {os.uname().nodename}: clone, bare-metal Python and 0 runtime probe(s) ok" \
-        in done.stderr
+    assert (f"containerbench: preflight on {os.uname().nodename}: clone, bare-metal Python, 0 runtime probe(s), "
+            "4 fabric device(s) and the ranks' CPUs and GPUs ok") in done.stderr
 
     results = tmp_path / "results"
     logs, records = sorted((results / "runs").glob("*.log")), sorted((results / "runs").glob("*.json"))
