@@ -6,13 +6,15 @@ a stub on PATH (Apptainer cannot be installed here); its probe is Apptainer's do
 
 import json
 import os
+import socket
 import subprocess
 import sys
+from dataclasses import asdict
 
 import pytest
 from helpers import BENCH_PYTHON, ROOT, snakemake, tiny_config
 
-from containerbench import cli, images, preflight, runtimes
+from containerbench import cli, fabrics, images, preflight, runtimes
 from containerbench import config as cb_config
 from containerbench.plans import plan_sweep, site_image_files
 
@@ -199,3 +201,118 @@ def test_a_site_image_only_the_nodes_see_is_looked_for_there(tmp_path):
     assert done.stderr.splitlines() == [f"containerbench: preflight on {os.uname().nodename}: the image "
                                         f"{tmp_path}/gone.sif does not exist on this node; allowed: an image on a "
                                         "filesystem the compute nodes mount"]
+
+
+# --- the nodes' own devices and room for the ranks (issue 36, item 4) -------------------------------
+
+SITE = cb_config.load([str(ROOT / "config" / "site.example.yaml")])
+
+
+def test_the_devices_each_fabric_names_are_read_as_each_layer_reads_its_list():
+    requests = {(each.key.split(".", 1)[1], each.name, each.port, each.exact)
+                for each in fabrics.named_devices(SITE["fabrics"])}
+    # NCCL reads NCCL_IB_HCA and NCCL_SOCKET_IFNAME as prefixes, exact names after "=" and ports after ":"
+    # (NCCL's "Environment Variables", System configuration: NCCL_SOCKET_IFNAME, NCCL_IB_HCA); UCX_NET_DEVICES
+    # takes device:port or an interface (UCX's FAQ, "Which network devices does UCX use?").
+    assert requests == {
+        *(("infiniband.env.NCCL_IB_HCA", f"mlx5_{rail}", "", True) for rail in range(4)),
+        *(("infiniband.env.UCX_NET_DEVICES", f"mlx5_{rail}", "1", True) for rail in range(4)),
+        ("ethernet.env.NCCL_SOCKET_IFNAME", "eth0", "", False),
+        ("ethernet.env.UCX_NET_DEVICES", "eth0", "", True),
+        ("ethernet.env.OMPI_MCA_btl_tcp_if_include", "eth0", "", True),
+        ("ethernet.env.HOROVOD_GLOO_IFACE", "eth0", "", True),
+    }
+    # An exclusion, a subnet or "all" names no device the node must have.
+    assert fabrics.named_devices({"x": {"env": {"NCCL_SOCKET_IFNAME": "^docker,lo", "UCX_NET_DEVICES": "all",
+                                               "OMPI_MCA_btl_tcp_if_include": "10.0.0.0/8"}}}) == []
+
+
+def infiniband_tree(root, ports: dict[str, str]):
+    """/sys/class/infiniband as the kernel writes it: a port's state is "4: ACTIVE" (drivers/infiniband/
+    core/sysfs.c, state_show: "%d: %s" of the port state and its name)."""
+    for device_port, state in ports.items():
+        device, port = device_port.split(":")
+        (root / "class" / "infiniband" / device / "ports" / port).mkdir(parents=True)
+        (root / "class" / "infiniband" / device / "ports" / port / "state").write_text(state + "\n")
+    return root
+
+
+def test_an_hca_missing_or_not_active_is_named_with_the_key_that_asks_for_it(tmp_path):
+    sys_root = infiniband_tree(tmp_path, {"mlx5_0:1": "4: ACTIVE", "mlx5_1:1": "4: ACTIVE",
+                                          "mlx5_2:1": "1: DOWN"})  # mlx5_3 missing: a rail not cabled, say
+    requests = [each for each in fabrics.named_devices(SITE["fabrics"]) if ".infiniband." in each.key]
+    problems = preflight.check_devices(requests, sys_root, interfaces={"lo": "up", "eth0": "up"})
+    hca, ucx = "'fabrics.infiniband.env.NCCL_IB_HCA' = '=mlx5_0,mlx5_1,mlx5_2,mlx5_3'", \
+        "'fabrics.infiniband.env.UCX_NET_DEVICES' = 'mlx5_0:1,mlx5_1:1,mlx5_2:1,mlx5_3:1'"
+    assert problems == [
+        f"{hca}: no port is ACTIVE on this node (mlx5_2 port 1: 1: DOWN)",
+        f"{hca} names the InfiniBand device mlx5_3, which this node does not have (InfiniBand devices here: "
+        "mlx5_0, mlx5_1, mlx5_2); allowed: a device `ibv_devinfo -l` lists on the nodes",
+        f"{ucx}: no port is ACTIVE on this node (mlx5_2 port 1: 1: DOWN)",
+        f"{ucx} names mlx5_3:1, which this node has neither as an InfiniBand device nor as an "
+        "interface (InfiniBand devices here: mlx5_0, mlx5_1, mlx5_2; interfaces here: eth0, lo); allowed: "
+        "`ibv_devinfo -l` or `ip -br link` on the nodes",
+    ]
+    healthy = infiniband_tree(tmp_path / "healthy", {f"mlx5_{rail}:1": "4: ACTIVE" for rail in range(4)})
+    assert preflight.check_devices(requests, healthy, interfaces={}) == []
+
+
+def test_this_nodes_interfaces_are_read_from_its_own_network_namespace():
+    # lo is in every namespace; the check asks the kernel (if_nameindex, SIOCGIFFLAGS), not sysfs.
+    states = preflight.interface_states()
+    assert states["lo"] == "up" and set(states) == {name for _, name in socket.if_nameindex()}
+    lo = fabrics.named_devices({"tcp-loopback": {"env": {"OMPI_MCA_btl_tcp_if_include": "lo",
+                                                        "NCCL_SOCKET_IFNAME": "l"}}})  # a prefix of lo
+    assert preflight.check_devices(lo) == []
+    missing = fabrics.named_devices({"tcp": {"env": {"HOROVOD_GLOO_IFACE": "cb-no-such0"}}})
+    assert preflight.check_devices(missing) == [
+        "'fabrics.tcp.env.HOROVOD_GLOO_IFACE' = 'cb-no-such0' names the interface cb-no-such0, which this node does "
+        f"not have (interfaces here: {', '.join(sorted(states))}); allowed: an interface `ip -br link` lists on "
+        "the nodes"]
+
+
+@pytest.mark.netns
+def test_an_interface_that_is_down_on_the_node_stops_the_sweep_before_any_run(tmp_path):
+    # A fresh network namespace has one interface, lo, and it is down (network_namespaces(7)): a node
+    # whose fabric interface is down, for real. The check runs in it as it would on that node.
+    devices = json.dumps([asdict(each) for each in fabrics.named_devices(
+        {"tcp-loopback": {"env": {"OMPI_MCA_btl_tcp_if_include": "lo", "UCX_NET_DEVICES": "eth0"}}})])
+    done = subprocess.run(["unshare", "--net", sys.executable, "-m", "containerbench", "preflight", "--repo", str(ROOT),
+                           "--sources-digest", preflight.sources_digest(ROOT), "--devices", devices],
+                          capture_output=True, text=True, timeout=120)
+    host = os.uname().nodename
+    assert done.returncode == 1 and done.stderr.splitlines() == [
+        f"containerbench: preflight on {host}: 'fabrics.tcp-loopback.env.UCX_NET_DEVICES' = 'eth0' names eth0, which "
+        "this node has neither as an InfiniBand device nor as an interface (no InfiniBand devices here; interfaces "
+        "here: lo); allowed: `ibv_devinfo -l` or `ip -br link` on the nodes",
+        f"containerbench: preflight on {host}: 'fabrics.tcp-loopback.env.OMPI_MCA_btl_tcp_if_include' = 'lo': the "
+        "interface is not up on this node (lo down)"]
+
+
+def test_more_ranks_than_the_node_has_cpus_or_gpus_is_refused_with_what_the_node_has(tmp_path):
+    cpus = os.cpu_count()
+    done = run_preflight(tmp_path, "--repo", str(ROOT), "--sources-digest", preflight.sources_digest(ROOT),
+                         f"--ranks-per-node={cpus}", "--cpus-per-rank=2", "--gpus-per-node=4")
+    host = os.uname().nodename
+    assert done.returncode == 1 and done.stderr.splitlines() == [
+        f"containerbench: preflight on {host}: 'scaling.ranks_per_node' = {cpus} ranks x 'slurm.cpus_per_rank' = 2 "
+        f"CPUs is {2 * cpus} CPUs, and this node has {cpus}; allowed: at most {cpus} CPUs per node",
+        f"containerbench: preflight on {host}: 'slurm.gpus_per_node' = 4, but this node has no NVIDIA driver (no "
+        "/proc/driver/nvidia/gpus); allowed: GPU nodes, or slurm.gpus_per_node: 0"]
+    # The driver's /proc interface has a directory per GPU, named by its PCI address (the NVIDIA driver's
+    # README, "Using the /proc File System Interface": /proc/driver/nvidia/gpus/domain:bus:device.function).
+    for bus in ("0000:18:00.0", "0000:2a:00.0", "0000:3a:00.0", "0000:5d:00.0"):
+        (tmp_path / "proc" / "driver" / "nvidia" / "gpus" / bus).mkdir(parents=True)
+    gpus = preflight.count_gpus(tmp_path / "proc")
+    assert gpus == 4 and preflight.check_layout(4, 8, 4, cpus=112, gpus=gpus) == []
+    assert preflight.check_layout(8, 8, 4, cpus=112, gpus=gpus) == [
+        "'scaling.ranks_per_node' = 8 ranks, and this node has 4 GPUs (/proc/driver/nvidia/gpus): ranks would share "
+        "a GPU; allowed: at most one rank per GPU"]
+
+
+def test_the_workflow_asks_the_node_for_the_sweeps_devices_and_its_busiest_node(tmp_path):
+    sweep = plan_sweep(SITE, ROOT, probe=False)
+    argv = preflight.check_argv(SITE, ROOT, sys.executable, {}, {}, (), sweep.runs)
+    sent = [fabrics.DeviceRequest(**each) for each in json.loads(argv[argv.index("--devices") + 1])]
+    assert sent == fabrics.named_devices(SITE["fabrics"])
+    assert argv[-3:] == ["--ranks-per-node=4", "--cpus-per-rank=8", "--gpus-per-node=4"]

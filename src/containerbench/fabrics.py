@@ -235,3 +235,45 @@ def _unconfirmed(expected: Expectation, observations: list[Observation], require
 def _served_by(layer: str) -> tuple[str, ...]:
     """The layers whose lines speak for `layer` (a name no Layer has: itself)."""
     return BY_NAME[layer].served_by if layer in BY_NAME else (layer,)
+
+
+# --- the devices a fabric names, which every node must have ----------------------------------------
+
+# The variables that name a node's device, each read as its own layer reads it: NCCL's lists are
+# prefixes unless "=" (NCCL's environment variables, NCCL_SOCKET_IFNAME and NCCL_IB_HCA), the others
+# exact names. UCX_NET_DEVICES names an HCA port (mlx5_0:1) or an interface (eth0), "all" by default.
+DEVICE_VARIABLES = {
+    "NCCL_IB_HCA": ("hca", False),
+    "NCCL_SOCKET_IFNAME": ("netdev", False),
+    "UCX_NET_DEVICES": ("any", True),
+    "OMPI_MCA_btl_tcp_if_include": ("netdev", True),
+    "HOROVOD_GLOO_IFACE": ("netdev", True),
+    "GLOO_SOCKET_IFNAME": ("netdev", True),
+}
+
+
+@dataclass(frozen=True)
+class DeviceRequest:
+    key: str          # the config key that names it, e.g. fabrics.infiniband.env.NCCL_IB_HCA
+    value: str        # as written
+    kind: str         # "hca" (an InfiniBand/RoCE device), "netdev" (a network interface) or "any"
+    name: str         # the device, without port
+    port: str         # "" : any port
+    exact: bool       # False: a prefix, as NCCL reads its lists
+
+
+def named_devices(fabrics: dict[str, dict]) -> list[DeviceRequest]:
+    """Every device the fabrics' variables name; lists that exclude ("^"), subnets and "all" name none."""
+    requests = []
+    for fabric_name, fabric in sorted(fabrics.items()):
+        for variable, (kind, exact) in DEVICE_VARIABLES.items():
+            value = str((fabric.get("env") or {}).get(variable, "")).strip()
+            if not value or value.lower() == "all" or value.startswith("^"):
+                continue
+            for pattern in interface_patterns(value, exact=exact):
+                if "/" in pattern:  # Open MPI's subnet form names no device
+                    continue
+                name, _, port = pattern.lstrip("=").partition(":")
+                requests.append(DeviceRequest(f"fabrics.{fabric_name}.env.{variable}", value, kind, name, port,
+                                              pattern.startswith("=")))
+    return requests

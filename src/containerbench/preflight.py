@@ -10,28 +10,36 @@ with one line per problem:
 - the bare-metal interpreter exists there and imports the benchmark's packages;
 - the runtimes installed only there (`available: compute-nodes`) answer their
   probe there (they are not probed when planning);
-- the image files the site supplies (a SIF, a squashfs) are there.
+- the image files the site supplies (a SIF, a squashfs) are there;
+- every device the fabrics name (an HCA port, a network interface) is there and up;
+- a node holds the ranks the sweep puts on it: a GPU each, and the CPUs each asks for.
 
 It is not a rule: a job that every measurement depended on would, whenever it ran
 again (after a code or config change), make every finished measurement run again.
 
     python -m containerbench preflight --repo R --sources-digest D --bench-python P [--torch-python T] \
-        --probes '{"apptainer": ["apptainer", "--version"]}' [--out preflight.json]
+        --probes '{"apptainer": ["apptainer", "--version"]}' [--devices JSON] [--ranks-per-node N \\
+        --cpus-per-rank C --gpus-per-node G] [--out preflight.json]
 
 (each framework's interpreter under its own option, Framework.preflight_option).
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
+import os
 import shlex
 import socket
+import struct
 import subprocess
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
+from containerbench.fabrics import DeviceRequest, named_devices
 from containerbench.frameworks import FRAMEWORKS, framework
 from containerbench.launchers import Srun, uses_slurm
 from containerbench.runtimes import run_probe
@@ -80,10 +88,118 @@ def check_bench_python(python: str, timeout: float = 300, framework_name: str | 
     return None
 
 
+# An InfiniBand port carries traffic when it is ACTIVE, which drivers/infiniband/core/sysfs.c
+# (state_show) writes as "4: ACTIVE" in /sys/class/infiniband/DEVICE/ports/N/state.
+ACTIVE_PORT = "ACTIVE"
+# SIOCGIFFLAGS (netdevice(7)): IFF_UP, administratively up; IFF_RUNNING, operationally up (carrier).
+SIOCGIFFLAGS, IFF_UP, IFF_RUNNING = 0x8913, 0x1, 0x40
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text().strip()
+    except OSError as error:
+        return f"unreadable ({error.strerror})"
+
+
+def interface_states() -> dict[str, str]:
+    """This node's network interfaces, "up", "down" or "no carrier", as the kernel gives them to this
+    process's network namespace (if_nameindex(3) and SIOCGIFFLAGS, netdevice(7)). Not /sys/class/net:
+    sysfs shows the namespace of whoever mounted it, which a container or a test node may not share."""
+    states = {}
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        for _, name in socket.if_nameindex():
+            request = struct.pack("16sh22x", name.encode()[:15], 0)
+            flags = struct.unpack("16sh22x", fcntl.ioctl(probe.fileno(), SIOCGIFFLAGS, request))[1]
+            states[name] = ("up" if flags & IFF_UP and flags & IFF_RUNNING else
+                            "no carrier" if flags & IFF_UP else "down")
+    return states
+
+
+def _has(names, what: str) -> str:
+    return f"{what} here: {', '.join(sorted(names))}" if names else f"no {what} here"
+
+
+def check_devices(requests: list[DeviceRequest], sys_root: Path = Path("/sys"),
+                  interfaces: dict[str, str] | None = None) -> list[str]:
+    """Each device a fabric names, present and up on this node; one line per one that is not.
+    `interfaces`: name -> state (default: this node's, interface_states)."""
+    ib_dir = sys_root / "class" / "infiniband"
+    interfaces = interface_states() if interfaces is None else interfaces
+    hcas = {path.name: {port.name: _read(port / "state") for port in sorted((path / "ports").glob("*"))}
+            for path in sorted(ib_dir.glob("*"))}
+    problems = []
+    for request in requests:
+        def named(devices, request=request):
+            return [d for d in devices if d == request.name or (not request.exact and d.startswith(request.name))]
+
+        kind = request.kind if request.kind != "any" else "hca" if named(hcas) else "netdev"
+        said = f"'{request.key}' = {request.value!r}"
+        if kind == "hca":
+            found = named(hcas)
+            if not found:
+                problems.append(f"{said} names the InfiniBand device {request.name}, which this node does not "
+                                f"have ({_has(hcas, 'InfiniBand devices')}); allowed: a device `ibv_devinfo -l` "
+                                "lists on the nodes")
+                continue
+            ports = {f"{hca} port {port}": state for hca in found for port, state in hcas[hca].items()
+                     if not request.port or port == request.port}
+            if not ports:
+                problems.append(f"{said}: {', '.join(found)} has no port {request.port} on this node")
+            elif not any(state.partition(": ")[2] == ACTIVE_PORT for state in ports.values()):
+                problems.append(f"{said}: no port is ACTIVE on this node ("
+                                + ", ".join(f"{port}: {state}" for port, state in ports.items()) + ")")
+        else:
+            found = named(interfaces)
+            if not found and request.kind == "any":
+                port = f":{request.port}" if request.port else ""
+                problems.append(f"{said} names {request.name}{port}, which this node has neither as an InfiniBand "
+                                f"device nor as an interface ({_has(hcas, 'InfiniBand devices')}; "
+                                f"{_has(interfaces, 'interfaces')}); allowed: `ibv_devinfo -l` or `ip -br link` "
+                                "on the nodes")
+            elif not found:
+                problems.append(f"{said} names the interface {request.name}, which this node does not have "
+                                f"({_has(interfaces, 'interfaces')}); allowed: an interface "
+                                "`ip -br link` lists on the nodes")
+            elif not any(interfaces[name] == "up" for name in found):
+                problems.append(f"{said}: the interface is not up on this node ("
+                                + ", ".join(f"{name} {interfaces[name]}" for name in found) + ")")
+    return problems
+
+
+def count_gpus(proc_root: Path = Path("/proc")) -> int | None:
+    """The NVIDIA GPUs the driver knows on this node: one directory each under /proc/driver/nvidia/gpus
+    (the driver's README, "Using the /proc File System Interface"), whatever the job's cgroup lets it
+    open. None: no NVIDIA driver."""
+    gpus = proc_root / "driver" / "nvidia" / "gpus"
+    return len([path for path in gpus.iterdir() if path.is_dir()]) if gpus.is_dir() else None
+
+
+def check_layout(ranks_per_node: int, cpus_per_rank: int, gpus_per_node: int, cpus: int | None = None,
+                 gpus: int | None = None) -> list[str]:
+    """Does this node hold the ranks the sweep puts on one node: the CPUs they ask for, and a GPU each?"""
+    problems = []
+    cpus = cpus if cpus is not None else os.cpu_count()
+    if ranks_per_node * cpus_per_rank > cpus:
+        problems.append(f"'scaling.ranks_per_node' = {ranks_per_node} ranks x 'slurm.cpus_per_rank' = "
+                        f"{cpus_per_rank} CPUs is {ranks_per_node * cpus_per_rank} CPUs, and this node has "
+                        f"{cpus}; allowed: at most {cpus} CPUs per node")
+    if gpus_per_node:
+        if gpus is None:
+            problems.append(f"'slurm.gpus_per_node' = {gpus_per_node}, but this node has no NVIDIA driver "
+                            "(no /proc/driver/nvidia/gpus); allowed: GPU nodes, or slurm.gpus_per_node: 0")
+        elif ranks_per_node > gpus:
+            problems.append(f"'scaling.ranks_per_node' = {ranks_per_node} ranks, and this node has {gpus} "
+                            "GPUs (/proc/driver/nvidia/gpus): ranks would share a GPU; allowed: at most one rank "
+                            "per GPU")
+    return problems
+
+
 def run_checks(repo: Path, expected_digest: str, pythons: dict[str, str | None],
-               probes: dict[str, list[str]], image_files=()) -> dict:
+               probes: dict[str, list[str]], image_files=(), devices=(), layout: dict | None = None) -> dict:
     """Every check, run here; the result names each problem in one line. `pythons`: framework -> its
-    bare-metal interpreter, where the sweep runs it."""
+    bare-metal interpreter, where the sweep runs it; `layout`: ranks_per_node, cpus_per_rank and
+    gpus_per_node, as check_layout takes them."""
     started = time.time()
     problems = []
     if problem := check_clone(repo, expected_digest):
@@ -95,6 +211,9 @@ def run_checks(repo: Path, expected_digest: str, pythons: dict[str, str | None],
         if not Path(image).exists():
             problems.append(f"the image {image} does not exist on this node; allowed: an image on a filesystem "
                             "the compute nodes mount")
+    problems += check_devices(list(devices))
+    if layout:
+        problems += check_layout(**layout, gpus=count_gpus() if layout["gpus_per_node"] else None)
     probed = {}
     for runtime, argv in sorted(probes.items()):
         ok, detail = run_probe(argv, timeout=60)
@@ -103,18 +222,26 @@ def run_checks(repo: Path, expected_digest: str, pythons: dict[str, str | None],
             problems.append(f"runtime {runtime!r} cannot run on this node: {detail}")
     return {"host": socket.gethostname(), "repo": str(repo), "sources_digest": expected_digest,
             **{each.python_key: pythons.get(each.name) for each in FRAMEWORKS.values()},
-            "image_files": list(image_files), "probes": probed, "problems": problems,
+            "image_files": list(image_files), "devices": [asdict(each) for each in devices], "layout": layout,
+            "probes": probed, "problems": problems,
             "seconds": round(time.time() - started, 3)}
 
 
 def check_argv(config: dict, repo: Path, python: str, pythons: dict[str, str | None], probes: dict[str, list[str]],
-               image_files=()) -> list[str]:
+               image_files=(), runs=()) -> list[str]:
     """The check's command line: on one compute node through srun when the runs use srun, else here.
-    `pythons`: framework -> its bare-metal interpreter (None, or left out: not checked)."""
+    `pythons`: framework -> its bare-metal interpreter (None, or left out: not checked); `runs`: the
+    sweep's, whose fabrics' devices and busiest node are checked (none: neither)."""
     interpreters = [word for each in FRAMEWORKS.values() if pythons.get(each.name)
                     for word in (each.preflight_option, str(pythons[each.name]))]
     argv = [python, "-m", "containerbench", "preflight", "--repo", str(repo), "--sources-digest", sources_digest(repo),
             *interpreters, "--probes", json.dumps(probes), *(f"--image-file={path}" for path in image_files)]
+    if runs:
+        fabrics = {run.fabric: config["fabrics"][run.fabric] for run in runs}
+        argv += ["--devices", json.dumps([asdict(each) for each in named_devices(fabrics)]),
+                 f"--ranks-per-node={max(run.ranks_per_node for run in runs)}",
+                 f"--cpus-per-rank={config['slurm']['cpus_per_rank']}",
+                 f"--gpus-per-node={config['slurm']['gpus_per_node']}"]
     if not uses_slurm(config):
         return argv
     slurm = config["slurm"]

@@ -109,7 +109,8 @@ wildcard_constraints:
 
 
 # What the compute nodes must see (the clone and the bare-metal Python at the same path, the
-# runtimes installed only there, the site's image files), checked on one of them before any job
+# runtimes installed only there, the site's image files, the fabrics' devices, room for a node's
+# ranks), checked on one of them before any job
 # is submitted; not in a dry run. A hook, not a rule: see containerbench/preflight.py.
 BARE_METAL = runtimes.BareMetal.name in PLANNED["runtimes"]
 PREFLIGHT = preflight.check_argv(
@@ -119,6 +120,7 @@ PREFLIGHT = preflight.check_argv(
     {name: FRAMEWORK_PYTHON[name] for name in config["benchmark"]["frameworks"] if BARE_METAL},
     {name: list(runtimes.runtime_for(name, PLANNED).probe) for name in sorted(ON_COMPUTE_NODES)},
     plans.site_image_files(PLANNED, SWEEP.artifacts),
+    SWEEP.runs,
 )
 
 

@@ -90,7 +90,13 @@ def cmd_preflight(args) -> int:
     from containerbench.preflight import run_checks
 
     pythons = {each.name: getattr(args, each.python_key) for each in FRAMEWORKS.values()}
-    result = run_checks(args.repo, args.sources_digest, pythons, json.loads(args.probes), args.image_files)
+    from containerbench.fabrics import DeviceRequest
+
+    devices = [DeviceRequest(**each) for each in json.loads(args.devices)]
+    layout = ({"ranks_per_node": args.ranks_per_node, "cpus_per_rank": args.cpus_per_rank,
+               "gpus_per_node": args.gpus_per_node} if args.ranks_per_node else None)
+    result = run_checks(args.repo, args.sources_digest, pythons, json.loads(args.probes), args.image_files,
+                        devices, layout)
     for problem in result["problems"]:
         print(f"containerbench: preflight on {result['host']}: {problem}", file=sys.stderr)
     if result["problems"]:
@@ -98,8 +104,8 @@ def cmd_preflight(args) -> int:
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         outputs.write_text(args.out, json.dumps(result, indent=2, sort_keys=True) + "\n")
-    print(f"containerbench: preflight on {result['host']}: clone, bare-metal Python and "
-          f"{len(result['probes'])} runtime probe(s) ok")
+    print(f"containerbench: preflight on {result['host']}: clone, bare-metal Python, "
+          f"{len(result['probes'])} runtime probe(s), {len(devices)} fabric device(s) and the ranks' CPUs and GPUs ok")
     return 0
 
 
@@ -182,5 +188,9 @@ def add_commands(sub) -> None:
     p.add_argument("--probes", default="{}", help="JSON {runtime: probe argv} to run on this node")
     p.add_argument("--image-file", action="append", default=[], dest="image_files",
                    help="an image file the site supplies, which the node must see (repeatable)")
+    p.add_argument("--devices", default="[]", help="JSON list of the devices the fabrics name (fabrics.named_devices)")
+    p.add_argument("--ranks-per-node", type=int, default=0, help="the most ranks the sweep puts on one node")
+    p.add_argument("--cpus-per-rank", type=int, default=1, help="slurm.cpus_per_rank")
+    p.add_argument("--gpus-per-node", type=int, default=0, help="slurm.gpus_per_node (0: the ranks use no GPU)")
     p.add_argument("--out", type=Path, help="also write the result as JSON here")
     p.set_defaults(func=cmd_preflight)
