@@ -213,3 +213,19 @@ def test_a_native_run_whose_runtime_kept_the_images_libmpi_is_invalid(container_
     assert (f"native MPI not swapped in: rank 0 on {process['hostname']} loaded "
             f"{image_library['path']} (inode {image_library['inode']}), which reports {image_version!r}, "
             f"not the host's {library_mpi_version(HOST_MPICH)!r} ({HOST_MPICH})") in record["reasons"]
+
+
+def test_the_readmes_remeasure_command_runs_podman_without_makes_environment(container_run, container_engines):
+    """Issue 36: the README's `.venv/bin/snakemake --profile profiles/local --forcerun results/runs/<run_id>.log`,
+    typed after `make run`, made every podman run fail ("runc create failed: ... error setting rlimit type 7"):
+    the engine settings came from the Makefile's CONTAINERS_CONF alone. The workflow sets them itself now."""
+    run_id = "netbench_podman_tcp-loopback_1x2_rep1"
+    log = container_run / "results" / "runs" / f"{run_id}.log"
+    before = log.stat().st_mtime_ns
+    typed = {name: value for name, value in container_engines.items() if name != "CONTAINERS_CONF"}
+    configs = ["--configfile", str(ROOT / "config" / "config.yaml"), str(container_run / "tiny.yaml")]
+    done = snakemake(ROOT, *configs, "--forcerun", str(log), timeout=1200, env=typed)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    assert log.stat().st_mtime_ns > before and "rlimit" not in log.read_text()
+    record = json.loads(log.with_suffix(".json").read_text())
+    assert record["status"] == "ok" or (record["status"] == "disturbed" and record["reasons"]), record["reasons"]

@@ -436,3 +436,15 @@ def test_runtime_for_gives_the_launch_settings_to_the_constructor():
     expected = Podman("x", launcher="srun", mpi_model="native", srun_mpi="pmi2", available="compute-nodes",
                       native_mpi=NativeMpi(library="/host/libmpich.so.12"))
     assert vars(runtime_for("podman", config)) == vars(expected)
+
+
+def test_the_clones_podman_settings_reach_podman_however_the_workflow_is_started(tmp_path):
+    # containers.conf(5): CONTAINERS_CONF names the file podman reads. `make setup` writes ours
+    # (scripts/container-engines.sh podman-conf); snakemake or containerbench called without make used to
+    # run podman without it (issue 36: "error setting rlimit type 7" in every podman run).
+    assert Podman.engine_environment(tmp_path, environ={}) == {}  # a clone without it: the site's own settings
+    conf = tmp_path / "build" / "engines" / "containers.conf"
+    conf.parent.mkdir(parents=True)
+    conf.write_text('[engine]\nruntime = "runc"\n')
+    assert Podman.engine_environment(tmp_path, environ={}) == {"CONTAINERS_CONF": str(conf)}
+    assert Podman.engine_environment(tmp_path, environ={"CONTAINERS_CONF": "/etc/mine.conf"}) == {}  # the user's wins

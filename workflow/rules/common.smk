@@ -26,6 +26,9 @@ from containerbench.frameworks import DEFAULT_FRAMEWORK, FRAMEWORKS
 from containerbench.point import Point
 
 REPO = Path(workflow.basedir)  # the image, the wheelhouse and the data sample belong to the clone
+# The clone's podman settings (runtimes.Podman.engine_environment): every job and probe inherits them,
+# whether Snakemake was started by `make` or not.
+os.environ.update(runtimes.Podman.engine_environment(REPO))
 try:
     cb_config.validated(config)  # one line naming the key, the value and what is allowed; defaults filled in
     # Probing runtimes and sinfo is for the process that plans; a job re-reads this file on its node.

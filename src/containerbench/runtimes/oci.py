@@ -7,6 +7,7 @@ import abc
 import os
 import shutil
 import sys
+from pathlib import Path
 
 from containerbench.runtimes.base import (
     RANK_PREFIXES,
@@ -151,6 +152,17 @@ class Podman(OciEngine):
     service_processes = ("podman", "conmon", "catatonit", "fuse-overlayfs")
     shared_paths = ("/tmp", "/dev/shm")  # podman-hpc's MPI modules bind /dev/shm besides --ipc=host
     save_options = ("--format", "docker-archive")  # readable by docker, sarus, apptainer
+    # The engine settings `make setup` writes for a host without systemd (scripts/container-engines.sh
+    # podman-conf: runc, cgroupfs, ulimits within the host's), found through CONTAINERS_CONF
+    # (containers.conf(5)). The workflow and the command line set it themselves, so that snakemake or
+    # containerbench called directly run podman as `make run` does.
+    engine_conf = Path("build") / "engines" / "containers.conf"
+
+    @classmethod
+    def engine_environment(cls, repo, environ=os.environ) -> dict[str, str]:
+        """CONTAINERS_CONF for the clone's engine settings, where they exist and no other is set."""
+        conf = Path(repo) / cls.engine_conf
+        return {"CONTAINERS_CONF": str(conf)} if conf.is_file() and "CONTAINERS_CONF" not in environ else {}
 
     def __init__(self, image: str, python: str = "python3", extra_args=(), uid: int | None = None,
                  gid: int | None = None, oci_runtime: str | None = None, **settings):
