@@ -61,7 +61,8 @@ def main() -> None:
         started = time.perf_counter()
         for label, factor in (("before", np.ones_like(speedup)), ("after", speedup)):
             rows, measurements = synthetic_session(label, args.records // 2, factor, rng)
-            history.write_session(path, {"tag": label, "created": "2026-11-25T00:00:00+00:00"}, rows, measurements)
+            history.write_session(path, {"kind": "sweep", "tag": label, "created": "2026-11-25T00:00:00+00:00"}, rows,
+                                  measurements)
         stored_s = time.perf_counter() - started
         history.compare(path, "before", "after")  # imports (scipy.stats) out of the timing
         times = []

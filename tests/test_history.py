@@ -270,8 +270,8 @@ def test_store_history_and_compare_from_the_command_line(recorded_runs, tmp_path
     listed = containerbench("history", "--store", store)
     assert listed.returncode == 0
     lines = listed.stdout.splitlines()
-    assert lines[0].split()[:3] == ["id", "created", "(UTC)"] and len(lines) == 3
-    assert lines[1].split()[0] == "1" and " before " in lines[1] and " after " in lines[2]
+    assert lines[0].split()[:4] == ["id", "kind", "created", "(UTC)"] and len(lines) == 3
+    assert lines[1].split()[:2] == ["1", "sweep"] and " before " in lines[1] and " after " in lines[2]
 
     csv = tmp_path / "compare.csv"
     compared = containerbench("compare", "--store", store, "previous", "latest", "--csv", csv)
@@ -285,7 +285,7 @@ def test_store_history_and_compare_from_the_command_line(recorded_runs, tmp_path
     assert unknown.returncode == 2 and unknown.stdout == ""
     assert unknown.stderr.splitlines() == [f"containerbench: {store}: no session matches 'nonesuch'; allowed: a "
                                            "session id 1..2, a tag (after, before), a date YYYY-MM-DD "
-                                           f"({lines[1].split()[1][:10]}..{lines[1].split()[1][:10]}), latest, "
+                                           f"({lines[1].split()[2][:10]}..{lines[1].split()[2][:10]}), latest, "
                                            "previous"]
 
     corrupt = tmp_path / "corrupt.sqlite"
@@ -372,3 +372,52 @@ def test_two_different_records_of_one_run_in_one_session_are_refused_in_one_line
                                  "in one session; allowed: one record a run (store the results of two directories "
                                  "as two sessions)")
     assert history.sessions(tmp_path / "history.sqlite").empty
+
+
+def fleet_batch(recorded_runs, label: str) -> list[dict]:
+    """Copies of the recorded runs as a fleet batch's jobs: each pinned to its node (RunSpec.nodelist)."""
+    batch = repetitions(recorded_runs, label)
+    for record in batch:
+        record["spec"]["nodelist"] = ["n1"] if record["spec"]["nodes"] == 1 else ["n1", "n2"]
+    return batch
+
+
+def test_a_fleet_batch_is_compared_with_fleet_batches_and_a_sweep_with_sweeps(recorded_runs, tmp_path):
+    # Issue 36: sweeps and validate_nodes batches share one store and one tag, so "previous latest" could
+    # set a sweep against a batch of new nodes.
+    path = tmp_path / "history.sqlite"
+    history.store(path, repetitions(recorded_runs, "sweep1"), tag="site")
+    history.store(path, fleet_batch(recorded_runs, "batch1"), tag="site")  # a fleet's, by its pinned runs
+    sweep2 = repetitions(recorded_runs, "sweep2", speedup=1.2)
+    history.store(path, sweep2, tag="site", kind="sweep")
+    history.store(path, fleet_batch(recorded_runs, "batch2"), tag="site", kind="fleet")
+    assert list(history.sessions(path)["kind"]) == ["sweep", "fleet", "sweep", "fleet"]
+    # The report's "since last time": the sweep before, not the batch stored between them.
+    assert history.since_last(path, sweep2)[0]["previous"]["id"] == 1
+    assert (history.resolve(path, "previous"), history.resolve(path, "latest")) == (3, 4)
+    assert (history.resolve(path, "previous", "fleet"), history.resolve(path, "latest", "fleet")) == (2, 4)
+    assert (history.resolve(path, "previous", "sweep"), history.resolve(path, "latest", "sweep")) == (1, 3)
+    assert history.resolve(path, "site", "fleet") == [2, 4]
+    # docs/history.md's command for this batch against the one before it.
+    compared = containerbench("compare", "--store", path, "--kind", "fleet", "previous", "latest")
+    assert compared.returncode == 0 and compared.stdout.splitlines()[:2] == [
+        "A = previous: session(s) 2", "B = latest: session(s) 4"]
+    with pytest.raises(HistoryError, match=r"no session matches '5' among the fleet sessions; allowed: a session "
+                                           r"id 2..4"):
+        history.resolve(path, "5", "fleet")
+    with pytest.raises(HistoryError, match=r"^kind 'batch' is not a kind of session; allowed: sweep, fleet$"):
+        history.store(path, repetitions(recorded_runs, "x"), kind="batch")
+
+
+def test_a_store_of_schema_1_gains_each_sessions_kind_once(recorded_runs, tmp_path):
+    path = tmp_path / "history.sqlite"
+    history.store(path, repetitions(recorded_runs, "sweep1"))
+    history.store(path, fleet_batch(recorded_runs, "batch1"))
+    with sqlite3.connect(path) as connection:  # the store as schema 1 left it: no kind column
+        connection.execute("ALTER TABLE sessions DROP COLUMN kind")
+        connection.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
+    assert list(history.sessions(path)["kind"]) == ["sweep", "fleet"]  # read from each session's records
+    with sqlite3.connect(path) as connection:
+        assert connection.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == ("2",)
+    assert history.store(path, repetitions(recorded_runs, "sweep2")).session_id == 3
+    assert list(history.sessions(path)["kind"]) == ["sweep", "fleet", "sweep"]

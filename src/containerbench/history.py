@@ -1,7 +1,8 @@
 """The results store: every run record, from every workflow run, kept in one SQLite file, and
 what changed between two stored sessions, with a 95% interval.
 
-A session is the records one `store` call added: its tag, system, UTC date, the git commit of
+A session is the records one `store` call added: its kind (a sweep, or a fleet batch of
+`validate_nodes`), tag, system, UTC date, the git commit of
 this clone, the provenance hashes and nodes the records name, and the digest of the config.
 Each record is kept whole (zlib-compressed JSON) beside its performance variables
 (validate.record_variables: one row per run and variable, not aggregated), which `compare`
@@ -32,7 +33,10 @@ import pandas as pd
 from containerbench.records import migrate
 
 STORE_FORMAT = "containerbench-results"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: sessions.kind
+# What a session holds: a sweep's runs, or a fleet batch's node and link jobs (validate_nodes). Compared
+# only with their own kind: a batch of new nodes is not the sweep before it.
+KINDS = ("sweep", "fleet")
 SQLITE_HEADER = b"SQLite format 3\x00"
 # Seconds a writer waits for another writer's transaction (two workflows storing at once).
 BUSY_TIMEOUT_S = 30
@@ -41,7 +45,7 @@ SCHEMA = """
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE sessions (
     id INTEGER PRIMARY KEY, tag TEXT, system TEXT, created TEXT NOT NULL, git_commit TEXT,
-    config_digest TEXT, provenance_hashes TEXT, nodes TEXT, records INTEGER NOT NULL);
+    config_digest TEXT, provenance_hashes TEXT, nodes TEXT, records INTEGER NOT NULL, kind TEXT);
 CREATE TABLE records (
     session INTEGER NOT NULL REFERENCES sessions(id), run_id TEXT NOT NULL,
     log_sha256 TEXT NOT NULL UNIQUE, status TEXT, body BLOB NOT NULL);
@@ -51,8 +55,8 @@ CREATE TABLE measurements (
 CREATE INDEX measurements_by_variable ON measurements (session, variable);
 """
 
-SESSION_COLUMNS = ["id", "tag", "system", "created", "git_commit", "config_digest", "provenance_hashes", "nodes",
-                   "records"]
+SESSION_COLUMNS = ["id", "kind", "tag", "system", "created", "git_commit", "config_digest", "provenance_hashes",
+                   "nodes", "records"]
 COMPARISON_COLUMNS = ["variable", "unit", "n_a", "n_b", "mean_a", "mean_b", "change_percent", "ci_low_percent",
                       "ci_high_percent", "significant"]
 DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
@@ -126,7 +130,28 @@ def _open(path: str | Path, create: bool) -> sqlite3.Connection | None:
         connection.close()
         raise _refuse(path, f"schema version {meta['schema_version']}, this containerbench reads up to "
                             f"{SCHEMA_VERSION}")
+    if int(meta["schema_version"]) < 2:
+        _add_kinds(connection)
     return connection
+
+
+def kind_of(records: list[dict]) -> str:
+    """A fleet batch's runs are pinned to their nodes (RunSpec.nodelist); a sweep's are not."""
+    return "fleet" if any(record["spec"].get("nodelist") for record in records) else "sweep"
+
+
+def _add_kinds(connection: sqlite3.Connection) -> None:
+    """Schema 1 to 2, once, in one transaction: each session's kind, from its first record."""
+    with connection:
+        connection.execute("BEGIN IMMEDIATE")
+        if connection.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] != "1":
+            return  # another process did it while this one waited for the lock
+        connection.execute("ALTER TABLE sessions ADD COLUMN kind TEXT")
+        firsts = connection.execute("SELECT session, body FROM records WHERE rowid IN "
+                                    "(SELECT MIN(rowid) FROM records GROUP BY session)").fetchall()
+        connection.executemany("UPDATE sessions SET kind = ? WHERE id = ?",
+                               [(kind_of([json.loads(zlib.decompress(body))]), session) for session, body in firsts])
+        connection.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
 
 
 def check_store(path: str | Path) -> None:
@@ -168,6 +193,11 @@ def check_tag(tag: str | None) -> None:
                            f"a date YYYY-MM-DD, {' or '.join(NAMED_SELECTORS)}")
 
 
+def check_kind(kind: str | None) -> None:
+    if kind is not None and kind not in KINDS:
+        raise HistoryError(f"kind {kind!r} is not a kind of session; allowed: {', '.join(KINDS)}")
+
+
 def write_session(path: str | Path, session: dict, records: list[tuple[str, str, str, bytes]],
                   measurements: pd.DataFrame) -> StoreResult:
     """Add one session in one transaction: `records` are (run_id, log_sha256, status, body) rows,
@@ -198,9 +228,9 @@ def write_session(path: str | Path, session: dict, records: list[tuple[str, str,
             raise HistoryError(f"{path}: two different records of run {twice!r} in one session; allowed: one "
                                "record a run (store the results of two directories as two sessions)")
         cursor = connection.execute(
-            "INSERT INTO sessions (tag, system, created, git_commit, config_digest, provenance_hashes, nodes, records)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            [session.get(key) for key in ("tag", "system", "created", "git_commit", "config_digest",
+            "INSERT INTO sessions (kind, tag, system, created, git_commit, config_digest, provenance_hashes, nodes, "
+            "records) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [session.get(key) for key in ("kind", "tag", "system", "created", "git_commit", "config_digest",
                                           "provenance_hashes", "nodes")] + [len(new)])
         session_id = cursor.lastrowid
         connection.executemany("INSERT INTO records (session, run_id, log_sha256, status, body) VALUES (?, ?, ?, ?, ?)",
@@ -215,13 +245,16 @@ def write_session(path: str | Path, session: dict, records: list[tuple[str, str,
 
 
 def store(path: str | Path, records: list[dict], tag: str | None = None, system: str | None = None,
-          config_digest: str | None = None, git_commit: str | None = None) -> StoreResult:
-    """Store run records as one new session (records already stored are skipped, and counted)."""
+          config_digest: str | None = None, git_commit: str | None = None, kind: str | None = None) -> StoreResult:
+    """Store run records as one new session (records already stored are skipped, and counted); its
+    kind, unless given, is what the records are (kind_of)."""
     from containerbench.validate import record_variables
 
     check_tag(tag)
+    check_kind(kind)
     results = [record["result"] or {} for record in records]  # null: the run left no result line
     session = {
+        "kind": kind or kind_of(records),
         "tag": tag,
         "system": system or _joined(record["spec"].get("system") for record in records),
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -260,11 +293,14 @@ def _as_list(ids) -> list[int]:
     return [ids] if isinstance(ids, (int, np.integer)) else list(ids)
 
 
-def resolve(path: str | Path, selector: str | int) -> int | list[int]:
+def resolve(path: str | Path, selector: str | int, kind: str | None = None) -> int | list[int]:
     """The session(s) a selector names: an id, a tag (several sessions with one tag: all of them),
     a UTC date YYYY-MM-DD (every session of that day, as a list), `latest`, or `previous`
-    (the one before the latest)."""
+    (the one before the latest); among the sessions of `kind` only, when given."""
+    check_kind(kind)
     table = sessions(path)
+    if kind is not None:
+        table = table[table["kind"] == kind]
     text = str(selector).strip()
     ids = list(table["id"].astype(int))
     found: int | list[int] | None = None
@@ -280,7 +316,8 @@ def resolve(path: str | Path, selector: str | int) -> int | list[int]:
         tagged = [int(i) for i in table.loc[table["tag"] == text, "id"]]
         found = (tagged[0] if len(tagged) == 1 else tagged) or None
     if found is None:
-        raise HistoryError(f"{path}: no session matches {text!r}; allowed: {_allowed(table)}")
+        among = f" among the {kind} sessions" if kind else ""
+        raise HistoryError(f"{path}: no session matches {text!r}{among}; allowed: {_allowed(table)}")
     return found
 
 
@@ -318,11 +355,12 @@ def _variable_summary(values: pd.DataFrame) -> pd.DataFrame:
     return values.groupby(["variable", "unit"], sort=False)["value"].agg(["count", "mean", "var"])
 
 
-def compare(path: str | Path, a: str | int, b: str | int) -> pd.DataFrame:
-    """Each performance variable of sessions A and B: the runs and mean on each side, the change
-    of B's mean from A's in percent, Fieller's 95% interval for it, and whether it is significant.
-    A variable measured on one side only is listed with the reason there is no change."""
-    ids_a, ids_b = _as_list(resolve(path, a)), _as_list(resolve(path, b))
+def compare(path: str | Path, a: str | int, b: str | int, kind: str | None = None) -> pd.DataFrame:
+    """Each performance variable of sessions A and B (selected among `kind`'s, when given): the runs
+    and mean on each side, the change of B's mean from A's in percent, Fieller's 95% interval for it,
+    and whether it is significant. A variable measured on one side only is listed with the reason
+    there is no change."""
+    ids_a, ids_b = _as_list(resolve(path, a, kind)), _as_list(resolve(path, b, kind))
     with closing(_open(path, create=False)) as connection:
         return _compared(_session_values(connection, ids_a), _session_values(connection, ids_b), a, b)
 
@@ -376,7 +414,7 @@ def format_sessions(frame: pd.DataFrame) -> str:
     """The stored sessions as an aligned text table (commits and digests shortened)."""
     if frame.empty:
         return "no sessions stored"
-    header = ["id", "created (UTC)", "tag", "system", "records", "nodes", "git commit", "config", "provenance"]
+    header = ["id", "kind", "created (UTC)", "tag", "system", "records", "nodes", "git commit", "config", "provenance"]
 
     def short(value, width=12):
         return "-" if value is None or pd.isna(value) else str(value)[:width]
@@ -384,15 +422,15 @@ def format_sessions(frame: pd.DataFrame) -> str:
     def commit(value):
         return short(value) + ("-dirty" if str(value).endswith("-dirty") else "")
 
-    rows = [[str(row.id), row.created, short(row.tag, 40), short(row.system, 40), str(row.records),
+    rows = [[str(row.id), short(row.kind), row.created, short(row.tag, 40), short(row.system, 40), str(row.records),
              short(row.nodes, 40), commit(row.git_commit), short(row.config_digest), short(row.provenance_hashes, 40)]
             for row in frame.itertuples()]
-    return _table(header, rows, right={0, 4})
+    return _table(header, rows, right={0, 5})
 
 
 def since_last(path: str | Path, records: list[dict]) -> tuple[dict, pd.DataFrame]:
-    """This run's records against last time: the system's newest session from before any of them
-    was stored (a run measured again in part is still compared with the run before it, not with
+    """This run's records against last time: the system's newest session of the same kind from before
+    any of them was stored (a run measured again in part is still compared with the run before it, not with
     itself). Returns both sessions' descriptions (`session`: the newest holding these records) and
     compare()'s table for the variables these records measured, empty with nothing before."""
     digests = list(dict.fromkeys(record_digest(record) for record in records))
@@ -408,8 +446,9 @@ def since_last(path: str | Path, records: list[dict]) -> tuple[dict, pd.DataFram
                               f"({','.join('?' * len(chunk))})", chunk)})
         if not holding:
             return {"session": None, "previous": None}, pd.DataFrame(columns=COMPARISON_COLUMNS)
-        system = table.loc[table["id"] == holding[-1], "system"].iloc[0]
-        earlier = table.loc[(table["id"] < holding[0]) & (table["system"] == system), "id"]
+        newest = table.loc[table["id"] == holding[-1]].iloc[0]
+        earlier = table.loc[(table["id"] < holding[0]) & (table["system"] == newest["system"])
+                            & (table["kind"] == newest["kind"]), "id"]
         previous = int(earlier.max()) if not earlier.empty else None
 
         def described(session_id):  # plain JSON types, NaN as None

@@ -144,7 +144,7 @@ if FLEET is not None:
             digest=CONFIG_DIGEST,
         localrule: True
         shell:
-            "{params.cb} store @{input.listed:q} --store {params.store:q} {params.tag:q} --config-digest "
+            "{params.cb} store @{input.listed:q} --store {params.store:q} --kind fleet {params.tag:q} --config-digest "
             "{params.digest} --summary {output.summary:q} --since-last {output.since_last:q} > {log:q} 2>&1"
 
     rule validate_nodes:

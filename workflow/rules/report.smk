@@ -49,8 +49,9 @@ rule store_history:
         digest=CONFIG_DIGEST,
     localrule: True
     shell:
-        "{params.cb} store {input:q} --store {params.store:q} {params.tag:q} --config-digest {params.digest} "
-        "--summary {output.summary:q} --since-last {output.since_last:q} > {log:q} 2>&1"
+        "{params.cb} store {input:q} --store {params.store:q} --kind sweep {params.tag:q} "
+        "--config-digest {params.digest} --summary {output.summary:q} --since-last {output.since_last:q} "
+        "> {log:q} 2>&1"
 
 
 rule report:

@@ -28,7 +28,8 @@ def cmd_store(args) -> int:
         print(f"containerbench: no run records to store ({len(problems)} unreadable)", file=sys.stderr)
         return 1
     try:
-        result = store(args.store, records, tag=args.tag, system=args.system, config_digest=config_digest)
+        result = store(args.store, records, tag=args.tag, system=args.system, config_digest=config_digest,
+                       kind=args.kind)
         sessions, changes = since_last(args.store, records) if args.since_last or args.summary else ({}, None)
     except HistoryError as error:
         print(f"containerbench: {error}", file=sys.stderr)
@@ -60,8 +61,9 @@ def cmd_compare(args) -> int:
     from containerbench.history import HistoryError, compare, format_comparison, resolve
 
     try:
-        sides = {name: resolve(args.store, selector) for name, selector in (("A", args.a), ("B", args.b))}
-        frame = compare(args.store, args.a, args.b)
+        sides = {name: resolve(args.store, selector, args.kind)
+                 for name, selector in (("A", args.a), ("B", args.b))}
+        frame = compare(args.store, args.a, args.b, args.kind)
     except HistoryError as error:
         print(f"containerbench: {error}", file=sys.stderr)
         return 2
@@ -75,10 +77,14 @@ def cmd_compare(args) -> int:
 
 
 def add_commands(sub) -> None:
+    from containerbench.history import KINDS
+
     p = sub.add_parser("store", help="add run records to the results store as one session")
     p.add_argument("records", nargs="+", metavar="RECORD.json", help="run records, or @FILE listing them")
     p.add_argument("--store", required=True, help="the SQLite results store (made when missing)")
     p.add_argument("--tag", help="a name to select this session by")
+    p.add_argument("--kind", choices=KINDS, help="what the session holds: a sweep's runs, or a fleet batch's node "
+                   "and link jobs (default: what the records are, a fleet's being pinned to their nodes)")
     p.add_argument("--system", help="the system measured (default: the one the records name)")
     p.add_argument("--config", dest="config_file", metavar="CONFIG",
                    help="the config file of the run: its sha256 is stored with the session")
@@ -96,5 +102,7 @@ def add_commands(sub) -> None:
     p.add_argument("a", metavar="A", help="a session id, tag, date YYYY-MM-DD (all that day's), latest or previous")
     p.add_argument("b", metavar="B", help="the same, for the side compared against A")
     p.add_argument("--store", required=True)
+    p.add_argument("--kind", choices=KINDS, help="select A and B among the sessions of this kind only: "
+                   "`--kind fleet previous latest` is this batch against the one before it")
     p.add_argument("--csv", metavar="FILE", help="also write the comparison as CSV")
     p.set_defaults(func=cmd_compare)
