@@ -24,6 +24,10 @@ lock_path="$root/${lock:-}"
 # BENCH_LOCK: another lock, e.g. what a vendor's image carries (containerbench freeze-image); its
 # Horovod, compiled against its TensorFlow, gets a wheelhouse of its own.
 if [ -n "${BENCH_LOCK:-}" ]; then
+  if [ ! -f "$BENCH_LOCK" ]; then  # before the venv is made: nothing half-built is left
+    echo "setup-venv: BENCH_LOCK=$BENCH_LOCK is not a file; allowed: a lock that containerbench freeze-image wrote" >&2
+    exit 2
+  fi
   lock_path=$(realpath "$BENCH_LOCK")
   wheelhouse="$root/build/wheelhouse-$(basename "$lock_path" .txt)"
 fi

@@ -238,8 +238,9 @@ def _parse_sinfo(text: str) -> dict[str, NodeState]:
 def node_states(names: list[str], via: tuple[str, ...] = ()) -> dict[str, NodeState]:
     """sinfo's state of each named node, in the order given; a name Slurm does not know is refused."""
     joined = ",".join(names)
+    said = joined if len(names) <= 4 else f"{names[0]},...,{names[-1]} ({len(names):,} nodes)"  # one line, short
     states = _parse_sinfo(query(["sinfo", "--noheader", "--Node", "--nodes", joined, "--format", SINFO_FORMAT],
-                                "validation.nodes", joined, via))
+                                "validation.nodes", said, via))
     unknown = [name for name in names if name not in states]
     if unknown:
         in_all = f" ({len(unknown)} unknown in all)" if len(unknown) > 1 else ""
