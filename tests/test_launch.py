@@ -281,7 +281,7 @@ def loaded(directory):
 
 
 def test_the_example_site_costs_a_slurm_job_per_run_each_to_its_time_limit(root):
-    from containerbench.cost import estimate, one_node_jobs
+    from containerbench.cost import estimate, format_estimate, one_node_jobs
 
     config = cb_config.load([root / "config" / "site.example.yaml"])
     sweep = plan_sweep(config, root, probe=False)
@@ -299,6 +299,12 @@ def test_the_example_site_costs_a_slurm_job_per_run_each_to_its_time_limit(root)
     timeouts = {"train": config["benchmark"]["timeout_s"], "netbench": config["netbench"]["timeout_s"]}
     assert cost.timeout_node_hours == pytest.approx(sum(r.nodes * timeouts[r.kind] for r in runs) / 3600)
     assert cost.expected_node_hours is None and cost.expected_runs == 0 and cost.unmeasured_runs == len(runs)
+    # At one node the ethernet runs measure what the infiniband runs do (issue 36): said before submitting.
+    assert cost.one_node_repeats == sum(r.nodes == 1 and r.fabric == "ethernet" for r in runs) > 0
+    assert cost.one_node_fabrics == ("infiniband", "ethernet")
+    assert (f"  one node     {cost.one_node_repeats} runs at one node repeat another fabric's measurement (infiniband, "
+            "ethernet): a node's ranks talk through shared memory, not the network; the report marks these rows"
+            ) in format_estimate(cost, "nowhere").splitlines()
 
 
 def test_without_slurm_the_worst_case_is_every_run_to_its_own_timeout(tmp_path):

@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from containerbench.comparisons import ONE_NODE_NOTE
 from containerbench.intervals import ratio_interval, t_quantile
 from containerbench.records import load_records
 from containerbench.results import (
@@ -293,6 +294,11 @@ def test_fabric_ratio_and_input_overhead_at_the_same_point(recorded_runs):
     synthetic = fabrics[fabrics["data"] == "synthetic"].iloc[0]
     assert (synthetic["faster_fabric"], synthetic["slower_fabric"]) == ("infiniband", "ethernet")
     assert synthetic["ratio_of_means"] == pytest.approx(1.3)
+    # Issue 36: on one node no fabric carries the traffic; the row says so. Across two nodes it is a comparison.
+    assert synthetic["nodes"] == 1 and synthetic["note"] == ONE_NODE_NOTE
+    across = build_tables([variant(two, "ib2", 130.0, 1, fabric="infiniband", nodes=2),
+                           variant(two, "eth2", 100.0, 1, fabric="ethernet", nodes=2)])["fabrics"]
+    assert across.loc[0, "nodes"] == 2 and across.loc[0, "note"] == ""
     inputs = tables["input"]
     assert len(inputs) == 1 and inputs.loc[0, "fabric"] == "infiniband"
     assert inputs.loc[0, "input_overhead_percent_of_means"] == pytest.approx(20.0)  # (130 - 104) / 130

@@ -91,22 +91,30 @@ def overhead_table(runs: pd.DataFrame, provenance: dict[str, dict],
     return pd.DataFrame(rows, columns=columns)
 
 
+# On one node the ranks' traffic never reaches a network: NCCL and MPI carry it through shared memory
+# (NVLink, PCIe) whatever the fabric asks of the network, so two fabrics there are one measurement twice.
+ONE_NODE_NOTE = "one node: the traffic stays in the node, so this is not a comparison of the fabrics"
+
+
 def fabric_table(runs: pd.DataFrame) -> pd.DataFrame:
     """Throughput ratio of each pair of fabrics at the same point: faster over slower, of the means of
-    the repetitions, with Fieller's 95% interval ("significant": it leaves out 1)."""
+    the repetitions, with Fieller's 95% interval ("significant": it leaves out 1). A one-node point's
+    row says it compares no network (ONE_NODE_NOTE)."""
     others = Point.columns("fabric")
     columns = [*others, "faster_fabric", "slower_fabric", "faster_runs", "slower_runs", "faster_median",
                "slower_median", "faster_mean", "slower_mean", "ratio_of_means", "ratio_ci95_low", "ratio_ci95_high",
-               "significance"]
+               "significance", "note"]
     rows = []
     for point, group in ok_runs(runs).groupby(others, dropna=False, sort=True):
         rates = {fabric: series for fabric, series in group.groupby("fabric", dropna=False)["images_per_sec"]}
         ranked = sorted(rates, key=lambda fabric: rates[fabric].mean(), reverse=True)
         for i, fast in enumerate(ranked):
             for slow in ranked[i + 1:]:
+                one_node = dict(zip(others, point))["nodes"] == 1
                 rows.append({**dict(zip(others, point)), "faster_fabric": fast, "slower_fabric": slow,
                              **_basis("faster", rates[fast]), **_basis("slower", rates[slow]),
-                             **_ratio_columns("ratio", ratio_interval(rates[fast], rates[slow], slow))})
+                             **_ratio_columns("ratio", ratio_interval(rates[fast], rates[slow], slow)),
+                             "note": ONE_NODE_NOTE if one_node else ""})
     return pd.DataFrame(rows, columns=columns)
 
 

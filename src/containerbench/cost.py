@@ -8,7 +8,7 @@ from __future__ import annotations
 import glob
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from containerbench import config as cb_config
@@ -52,6 +52,10 @@ class Estimate:
     records_ok: int
     records_used: int  # the records the expected figure came from: the last ok one at each point
     measured_unix: tuple[float, float] | None  # when the first and the last of those records started
+    # One-node runs over a second (third, ...) fabric: their traffic stays in the node, so they measure what
+    # the point's first fabric measures (comparisons.ONE_NODE_NOTE); fabrics is every fabric that has them.
+    one_node_repeats: int = 0
+    one_node_fabrics: tuple[str, ...] = ()
 
     @property
     def runs(self) -> int:
@@ -158,6 +162,7 @@ def estimate(plans, config: dict, records, node_jobs: int = 1) -> Estimate:
             covered += 1
             used[measured[0]["run_id"]] = measured[0]
     starts = [r["started_unix"] for r in used.values() if r["started_unix"]]
+    repeats, fabrics = _one_node_repeats(plans, list(config["fabrics"]))
     return Estimate(
         jobs=dict(sorted(jobs.items(), key=lambda item: item[0] != "train")), local_jobs=len(plans) + 2,
         node_jobs=node_jobs,
@@ -166,7 +171,20 @@ def estimate(plans, config: dict, records, node_jobs: int = 1) -> Estimate:
         expected_node_hours=expected if covered else None,
         expected_runs=covered, unmeasured_runs=len(plans) - covered, records_read=len(records),
         records_ok=sum(r["status"] == Status.OK for r in records), records_used=len(used),
-        measured_unix=(min(starts), max(starts)) if starts else None)
+        measured_unix=(min(starts), max(starts)) if starts else None, one_node_repeats=repeats,
+        one_node_fabrics=fabrics)
+
+
+def _one_node_repeats(plans: list[RunPlan], fabric_order: list[str]) -> tuple[int, tuple[str, ...]]:
+    """The one-node runs at a point another fabric measures first (config order), and the fabrics involved."""
+    at_one_node: dict[tuple, set[str]] = {}
+    for run_plan in plans:
+        if run_plan.spec["nodes"] == 1:
+            point, repetition = Point.parse_run_id(run_plan.run_id)
+            at_one_node.setdefault((replace(point, fabric=""), repetition), set()).add(point.fabric)
+    repeats = sum(len(fabrics) - 1 for fabrics in at_one_node.values())
+    involved = {fabric for fabrics in at_one_node.values() if len(fabrics) > 1 for fabric in fabrics}
+    return repeats, tuple(fabric for fabric in fabric_order if fabric in involved)
 
 
 def _node_hours(hours: float) -> str:
@@ -203,6 +221,10 @@ def format_estimate(cost: Estimate, source: str) -> str:
                    "no figure for those" if cost.unmeasured_runs else "")
         lines.append(f"  expected     {_node_hours(cost.expected_node_hours)} node-hours for {cost.expected_runs} "
                      f"of {cost.runs} runs, from the last ok run at each point{missing}")
+    if cost.one_node_repeats:
+        lines.append(f"  one node     {_plural(cost.one_node_repeats, 'run')} at one node repeat another fabric's "
+                     f"measurement ({', '.join(cost.one_node_fabrics)}): a node's ranks talk through shared memory, "
+                     "not the network; the report marks these rows")
     if cost.records_read == 0:
         lines.append(f"  rates from   no run records in {source}")
     else:

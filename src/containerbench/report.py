@@ -301,7 +301,7 @@ FABRIC_COLUMNS = {"runtime": "runtime", "ranks": "ranks", "batch_size": "batch/r
                   "faster_median": "faster img/s median", "slower_median": "slower img/s median",
                   "faster_mean": "faster img/s mean", "slower_mean": "slower img/s mean",
                   "ratio_of_means": "ratio (of means)", "ratio_ci95_low": "95% CI low",
-                  "ratio_ci95_high": "95% CI high", "significance": "significance"}
+                  "ratio_ci95_high": "95% CI high", "significance": "significance", "note": "note"}
 MODE_COLUMNS = {"framework": "framework", "runtime": "runtime", "fabric": "fabric", "data": "data", "ranks": "ranks",
                 "batch_size": "batch/rank", "mode": "mode", "baseline_mode": "baseline",
                 "baseline_runs": "baseline runs", "mode_runs": "mode runs",
