@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from containerbench.intervals import ratio_interval, ratio_intervals, t_quantile
+from containerbench.intervals import median_interval, ratio_interval, ratio_intervals, t_quantile
 
 GRID = np.linspace(-60, 60, 240_001)  # steps of 0.0005
 
@@ -95,3 +95,32 @@ def test_the_vectorised_form_gives_the_same_sets_and_verdicts():
         for field in ("ratio", "low", "high", "dof", "gap_low", "gap_high"):
             assert getattr(many, field)[index] == pytest.approx(getattr(single, field), nan_ok=True)
     assert list(many.significance()) == [single.significance() for single in singles]
+
+
+def sign_pattern_coverage(n: int, k: int) -> float:
+    """Brute force: over every one of the 2^n equally likely patterns of values below and above the true
+    median of a continuous distribution, the share in which (x_(k), x_(n+1-k)) holds it: at least k below
+    and at least k above."""
+    import itertools
+
+    hits = sum(k <= sum(pattern) <= n - k for pattern in itertools.product((0, 1), repeat=n))
+    return hits / 2 ** n
+
+
+@pytest.mark.parametrize("n", range(1, 15))
+def test_the_median_interval_is_the_widest_order_statistics_that_cover_95_percent(n):
+    values = np.arange(1.0, n + 1)[::-1]  # given unsorted
+    low, high = median_interval(values)
+    if n <= 5:  # even (min, max) covers 1 - 2/2^n < 95%
+        assert np.isnan(low) and np.isnan(high) and sign_pattern_coverage(n, 1) < 0.95
+        return
+    k = int(low)  # the values are 1..n, so x_(k) = k
+    assert high == n + 1 - k
+    assert sign_pattern_coverage(n, k) >= 0.95 and (k + 1 > n // 2 or sign_pattern_coverage(n, k + 1) < 0.95)
+
+
+def test_the_median_interval_covers_a_skewed_distributions_median_as_often_as_it_says():
+    rng = np.random.default_rng(7)
+    samples = rng.lognormal(0.0, 1.0, size=(4000, 10))  # median exp(0) = 1
+    covered = np.mean([low <= 1.0 <= high for low, high in map(median_interval, samples)])
+    assert covered == pytest.approx(sign_pattern_coverage(10, 2), abs=0.01)  # 0.979 at n = 10

@@ -37,6 +37,10 @@ def test_report_shows_throughput_scaling_network_and_failures(recorded_runs, tmp
     assert page.count("<table") == 6  # environment, summary, memory, table 1, runs, failures (the rest: no rows here)
     assert "transport check" in page and "not applicable" in page  # one rank: no traffic to check
     assert "scaling eff. %" in page and "img/s median" in page and "peak host GiB/rank" in page
+    # Each figure beside its own interval (issue 37): the median's distribution-free, the mean's Student's t.
+    assert all(label in page for label in ("median CI95 low", "img/s mean", "mean CI95 high"))
+    assert ('<p class="headline">No container runtime was measured against bare metal at the same point.</p>'
+            in page)  # bare metal only here; tests/test_results.py has the sentence with runtimes
     assert "fabric tcp-loopback" in page and "OMPI_MCA_btl=self,tcp" in page
     assert "command of train_" in page and "containerbench.bench" in page  # the recorded runs predate rank/
     assert "2.15.1" in page and "0.28.1" in page  # versions shown

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from containerbench.comparisons import ONE_NODE_NOTE
+from containerbench.comparisons import ONE_NODE_NOTE, headline
 from containerbench.intervals import ratio_interval, t_quantile
 from containerbench.records import load_records
 from containerbench.results import (
@@ -126,6 +126,15 @@ def test_container_overhead_with_interval_and_significance(recorded_runs):
     assert charliecloud["overhead_percent_of_means"] == pytest.approx(0.0)
     assert charliecloud["overhead_ci95_low"] < 0 < charliecloud["overhead_ci95_high"]
     assert charliecloud["significance"] == "not significant"
+    # The answer in one sentence (issue 37): each runtime at its largest point, with its interval and verdict.
+    low, high = charliecloud["overhead_ci95_low"], charliecloud["overhead_ci95_high"]
+    assert headline(build_tables(records)["overhead"]) == (
+        "Container overhead against bare metal (of the mean throughputs, 95% interval): charliecloud +0.0% "
+        f"({low:+.1f} to {high:+.1f}%) at 1 ranks, batch 2: not significant; podman +10.0% "
+        f"({podman['overhead_ci95_low']:+.1f} to {podman['overhead_ci95_high']:+.1f}%) at 1 ranks, batch 2: "
+        "significant.")
+    assert headline(build_tables(records[:3])["overhead"]) == (
+        "No container runtime was measured against bare metal at the same point.")
 
 
 def test_zero_spread_on_both_sides_gives_no_interval_and_no_verdict(recorded_runs):
@@ -137,6 +146,8 @@ def test_zero_spread_on_both_sides_gives_no_interval_and_no_verdict(recorded_run
     assert row["overhead_percent_of_means"] == pytest.approx(1.0)
     assert np.isnan(row["overhead_ci95_low"]) and np.isnan(row["overhead_ci95_high"])
     assert row["significance"] == "n/a: no spread in either side's repetitions"
+    assert headline(build_tables(records)["overhead"]).endswith(
+        "podman +1.0% (no interval) at 1 ranks, batch 2: n/a: no spread in either side's repetitions.")
 
 
 def test_the_step_time_median_of_an_even_count_is_the_mean_of_the_middle_two(recorded_runs):

@@ -5,6 +5,7 @@ interval of each ratio of means (intervals.py); and memory per batch size, the s
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
 from containerbench.frameworks import DEFAULT_FRAMEWORK, FRAMEWORKS, Framework, framework
@@ -239,3 +240,20 @@ def study_table(summary: pd.DataFrame) -> pd.DataFrame:
     table = summary[["framework", "ranks", "mode", "data", "runtime", "fabric", "batch_size", "images_per_sec_median",
                      "images_per_sec_std"]].rename(columns=headings)
     return table.sort_values(["framework", "runtime", "fabric", "mode", "data", "ranks"], ignore_index=True)
+
+
+def headline(overhead: pd.DataFrame) -> str:
+    """The answer in one sentence, for the top of the report and of summary.md: each runtime's overhead
+    against bare metal at its largest measured point (most ranks, then the smallest batch), of the means,
+    with its 95% interval and whether it is significant."""
+    measured = overhead.dropna(subset=["overhead_percent_of_means"]) if "runtime" in overhead else overhead
+    if measured.empty:
+        return "No container runtime was measured against bare metal at the same point."
+    parts = []
+    for runtime, rows in measured.groupby("runtime", sort=True):
+        row = rows.sort_values(["ranks", "batch_size"], ascending=[False, True], kind="stable").iloc[0]
+        low, high = row["overhead_ci95_low"], row["overhead_ci95_high"]
+        interval = f"{low:+.1f} to {high:+.1f}%" if np.isfinite([low, high]).all() else "no interval"
+        parts.append(f"{runtime} {row['overhead_percent_of_means']:+.1f}% ({interval}) at {int(row['ranks'])} "
+                     f"ranks, batch {int(row['batch_size'])}: {row['significance']}")
+    return "Container overhead against bare metal (of the mean throughputs, 95% interval): " + "; ".join(parts) + "."

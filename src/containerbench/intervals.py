@@ -143,3 +143,21 @@ def ratio_interval(numerator, denominator, denominator_name: str = "denominator"
     return RatioInterval(float(intervals.ratio[0]), float(intervals.low[0]), float(intervals.high[0]),
                          float(intervals.dof[0]), intervals.no_interval[0], float(intervals.gap_low[0]),
                          float(intervals.gap_high[0]))
+
+
+def median_interval(values, confidence: float = 0.95) -> tuple[float, float]:
+    """A distribution-free interval for the median: the order statistics (x_(k), x_(n+1-k)) with the
+    largest k whose coverage, P(k <= B <= n-k) for B ~ Binomial(n, 1/2), is at least `confidence`
+    (the sign-test interval; Hollander, Wolfe and Chicken, Nonparametric Statistical Methods, 3.6).
+    NaN, NaN when even the widest, (min, max), covers less: 5 values or fewer at 95%."""
+    from scipy import stats
+
+    ordered = np.sort(np.asarray(pd.Series(values).dropna(), dtype=float))
+    n = len(ordered)
+    best = None
+    for k in range(1, n // 2 + 1):
+        coverage = stats.binom.cdf(n - k, n, 0.5) - stats.binom.cdf(k - 1, n, 0.5)
+        if coverage < confidence:
+            break
+        best = k
+    return (float(ordered[best - 1]), float(ordered[n - best])) if best else (np.nan, np.nan)

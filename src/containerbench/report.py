@@ -21,6 +21,7 @@ import pandas as pd  # noqa: E402
 from jinja2 import Environment, PackageLoader, select_autoescape  # noqa: E402
 
 from containerbench import outputs  # noqa: E402
+from containerbench.comparisons import headline  # noqa: E402
 from containerbench.frameworks import DEFAULT_FRAMEWORK, FRAMEWORKS  # noqa: E402
 from containerbench.records import load_records  # noqa: E402
 from containerbench.results import TABLES  # noqa: E402
@@ -29,10 +30,10 @@ from containerbench.status import Status  # noqa: E402
 SUMMARY_COLUMNS = {
     "framework": "framework",
     "runtime": "runtime", "fabric": "fabric", "mode": "mode", "data": "data", "nodes": "nodes", "ranks": "ranks",
-    "batch_size": "batch/rank",
-    "repetitions": "reps", "failed_or_invalid": "failed", "disturbed": "disturbed",
-    "images_per_sec_median": "img/s median",
-    "images_per_sec_std": "std", "cv_percent": "CV %", "ci95_low": "95% CI low", "ci95_high": "95% CI high",
+    "batch_size": "batch/rank", "repetitions": "reps", "failed_or_invalid": "failed", "disturbed": "disturbed",
+    "images_per_sec_median": "img/s median", "median_ci95_low": "median CI95 low",
+    "median_ci95_high": "median CI95 high", "images_per_sec_mean": "img/s mean", "ci95_low": "mean CI95 low",
+    "ci95_high": "mean CI95 high", "images_per_sec_std": "std", "cv_percent": "CV %",
     "images_per_sec_min": "min", "images_per_sec_max": "max", "per_rank_median": "img/s per rank",
     "speedup": "speedup", "scaling_efficiency_percent": "scaling eff. %",
     "repetitions_stop": "reps stopped",  # repetitions: auto only (why the point stopped)
@@ -85,8 +86,7 @@ def throughput_plot(summary: pd.DataFrame) -> str | None:
     return _png(figure)
 
 
-# Utilisation and traffic over time: at most this many runs, one row of plots each.
-USAGE_PLOT_RUNS = 6
+USAGE_PLOT_RUNS = 6  # utilisation and traffic over time: at most this many runs, one row of plots each
 
 
 def usage_runs(telemetry: pd.DataFrame) -> list[str]:
@@ -382,7 +382,7 @@ def render(table_files, record_paths, out_path: str | Path, skipped: dict | None
         generated=time.strftime("%Y-%m-%d %H:%M %Z"),
         counts={status.value: sum(r["status"] == status for r in records) for status in Status},
         environment=environment_rows(records),
-        summary_table=_table(tables["summary"], SUMMARY_COLUMNS),
+        headline=headline(tables["overhead"]), summary_table=_table(tables["summary"], SUMMARY_COLUMNS),
         throughput_plot=throughput_plot(tables["summary"]) if not tables["summary"].empty else None,
         overhead_table=_table(tables["overhead"], OVERHEAD_COLUMNS),
         loss_plot=loss_plot(tables["losses"]),

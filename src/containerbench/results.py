@@ -24,6 +24,9 @@ from containerbench.comparisons import (
     overhead_table,
     study_table,
 )
+from containerbench.comparisons import (
+    headline as headline_sentence,
+)
 from containerbench.losses import losses_table, trajectory_table
 from containerbench.point import Point, runtime_label
 from containerbench.records import load_records
@@ -95,7 +98,8 @@ def markdown_summary(tables: dict[str, pd.DataFrame]) -> str:
         ("Table 1 (ranks, mode, data, images/s: the median over repetitions)", tables["table1"]),
         ("Failed, invalid, disturbed and unreadable runs", tables["failures"]),
     ]
-    return "\n\n".join(f"### {title}\n\n{_markdown(frame)}" for title, frame in sections) + "\n"
+    return (f"{headline_sentence(tables['overhead'])}\n\n"
+            + "\n\n".join(f"### {title}\n\n{_markdown(frame)}" for title, frame in sections) + "\n")
 
 
 def build_tables(records: list[dict], problems=(), stops: dict[str, str] | None = None) -> dict[str, pd.DataFrame]:
