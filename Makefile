@@ -75,8 +75,8 @@ $(BENCH_VENV)/.containerbench-ready: envs/bench.lock.txt envs/bench.txt envs/bui
 $(TORCH_VENV)/.containerbench-ready: envs/bench-torch.lock.txt envs/bench-torch.txt envs/build-tools.txt pyproject.toml scripts/setup-venv.sh | $(SYSTEM_DEPS)
 	PYTHON=$(PYTHON) scripts/setup-venv.sh bench-torch $(TORCH_VENV)
 
-# For the scripts make runs; the workflow and `containerbench` set it themselves (runtimes.Podman.
-# engine_environment). A CONTAINERS_CONF of the user's own wins over ours.
+# For the scripts make runs (the base image); the workflow sets it itself when its runs are launched
+# here (runtimes.Podman.engine_environment). A CONTAINERS_CONF of the user's own wins over ours.
 export CONTAINERS_CONF ?= $(CURDIR)/build/engines/containers.conf
 
 run: ready

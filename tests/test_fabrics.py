@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from containerbench.fabrics import debug_environment, expected_transport, observe_transport, verify
+from containerbench.fabrics import debug_environment, expected_transport, keeps_shared_memory, observe_transport, verify
 from containerbench.rank import markers
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -423,3 +423,16 @@ def test_grpc_traffic_of_tensorflow_modes_is_checked_against_the_fabric():
     assert unknown["status"] == "unverified"
     assert "grpc: tcp over the hostname (node1): not an interface" in unknown["reason"]
     assert check_grpc({**base, "expected": {"interface": []}}, None, "node1")["status"] == "ok"
+
+
+@pytest.mark.parametrize("env, keeps", [
+    (INFINIBAND["env"], True),   # UCX_TLS rc,sm,self: UCX's shared memory inside a node
+    (ETHERNET["env"], True),     # OMPI_MCA_btl self,vader,tcp: vader, Open MPI 4's shared-memory BTL
+    (LOCAL["tcp-loopback"]["env"], False),  # btl self,tcp and UCX_TLS tcp: every byte through TCP, on one node too
+    ({"UCX_TLS": "^sm"}, False), ({"UCX_TLS": "^ib"}, True), ({"OMPI_MCA_btl": "^vader"}, False),
+    # NCCL's "Environment Variables": NCCL_SHM_DISABLE and NCCL_P2P_DISABLE, both, leave it the network.
+    ({"NCCL_SHM_DISABLE": "1", "NCCL_P2P_DISABLE": "1"}, False), ({"NCCL_SHM_DISABLE": "1"}, True), ({}, True),
+])
+def test_a_fabric_that_shuts_shared_memory_out_crosses_its_network_on_one_node_too(env, keeps):
+    # UCX's FAQ, "which transports": sm/shm name every shared-memory transport (posix, sysv, cma, ...).
+    assert keeps_shared_memory(env) is keeps

@@ -403,10 +403,16 @@ def test_a_fleet_batch_is_compared_with_fleet_batches_and_a_sweep_with_sweeps(re
     assert compared.returncode == 0 and compared.stdout.splitlines()[:2] == [
         "A = previous: session(s) 2", "B = latest: session(s) 4"]
     with pytest.raises(HistoryError, match=r"no session matches '5' among the fleet sessions; allowed: a session "
-                                           r"id 2..4"):
+                                           r"id 2, 4, a tag \(site\)"):
         history.resolve(path, "5", "fleet")
     with pytest.raises(HistoryError, match=r"^kind 'batch' is not a kind of session; allowed: sweep, fleet$"):
         history.store(path, repetitions(recorded_runs, "x"), kind="batch")
+
+
+def test_the_command_line_offers_the_stores_kinds():
+    from containerbench.cli import history as history_cli
+
+    assert history_cli.KINDS == history.KINDS
 
 
 def test_a_store_of_schema_1_gains_each_sessions_kind_once(recorded_runs, tmp_path):
@@ -421,3 +427,8 @@ def test_a_store_of_schema_1_gains_each_sessions_kind_once(recorded_runs, tmp_pa
         assert connection.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == ("2",)
     assert history.store(path, repetitions(recorded_runs, "sweep2")).session_id == 3
     assert list(history.sessions(path)["kind"]) == ["sweep", "fleet", "sweep"]
+    empty = tmp_path / "sweeps-only.sqlite"
+    history.store(empty, repetitions(recorded_runs, "only"))
+    with pytest.raises(HistoryError, match=r"allowed: nothing yet, the store holds no fleet session \(1 of other "
+                                           r"kinds\)$"):
+        history.resolve(empty, "latest", "fleet")

@@ -302,9 +302,13 @@ def test_the_example_site_costs_a_slurm_job_per_run_each_to_its_time_limit(root)
     # At one node the ethernet runs measure what the infiniband runs do (issue 36): said before submitting.
     assert cost.one_node_repeats == sum(r.nodes == 1 and r.fabric == "ethernet" for r in runs) > 0
     assert cost.one_node_fabrics == ("infiniband", "ethernet")
-    assert (f"  one node     {cost.one_node_repeats} runs at one node repeat another fabric's measurement (infiniband, "
-            "ethernet): a node's ranks talk through shared memory, not the network; the report marks these rows"
-            ) in format_estimate(cost, "nowhere").splitlines()
+    assert (f"  one node     {cost.one_node_repeats} runs at one node over a second fabric (infiniband, ethernet): "
+            "their ranks talk through shared memory, not a network, so they compare no fabric; the report marks "
+            "these rows") in format_estimate(cost, "nowhere").splitlines()
+    # A fabric that shuts shared memory out crosses its network stack on one node too: not counted.
+    tcp_only = cb_config.merge(config, {"fabrics": {"ethernet": {"env": {"OMPI_MCA_btl": "self,tcp",
+                                                                          "UCX_TLS": "tcp,self"}}}})
+    assert estimate(plan_sweep(tcp_only, root, probe=False).plans.values(), tcp_only, []).one_node_repeats == 0
 
 
 def test_without_slurm_the_worst_case_is_every_run_to_its_own_timeout(tmp_path):

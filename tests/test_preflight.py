@@ -245,10 +245,12 @@ def test_an_hca_missing_or_not_active_is_named_with_the_key_that_asks_for_it(tmp
     hca, ucx = "'fabrics.infiniband.env.NCCL_IB_HCA' = '=mlx5_0,mlx5_1,mlx5_2,mlx5_3'", \
         "'fabrics.infiniband.env.UCX_NET_DEVICES' = 'mlx5_0:1,mlx5_1:1,mlx5_2:1,mlx5_3:1'"
     assert problems == [
-        f"{hca}: no port is ACTIVE on this node (mlx5_2 port 1: 1: DOWN)",
+        f"{hca}: no port is ACTIVE on this node (mlx5_2 port 1: 1: DOWN); allowed: a port the subnet manager made "
+        "ACTIVE (`ibstat`)",
         f"{hca} names the InfiniBand device mlx5_3, which this node does not have (InfiniBand devices here: "
         "mlx5_0, mlx5_1, mlx5_2); allowed: a device `ibv_devinfo -l` lists on the nodes",
-        f"{ucx}: no port is ACTIVE on this node (mlx5_2 port 1: 1: DOWN)",
+        f"{ucx}: no port is ACTIVE on this node (mlx5_2 port 1: 1: DOWN); allowed: a port the subnet manager made "
+        "ACTIVE (`ibstat`)",
         f"{ucx} names mlx5_3:1, which this node has neither as an InfiniBand device nor as an "
         "interface (InfiniBand devices here: mlx5_0, mlx5_1, mlx5_2; interfaces here: eth0, lo); allowed: "
         "`ibv_devinfo -l` or `ip -br link` on the nodes",
@@ -286,7 +288,7 @@ def test_an_interface_that_is_down_on_the_node_stops_the_sweep_before_any_run(tm
         "this node has neither as an InfiniBand device nor as an interface (no InfiniBand devices here; interfaces "
         "here: lo); allowed: `ibv_devinfo -l` or `ip -br link` on the nodes",
         f"containerbench: preflight on {host}: 'fabrics.tcp-loopback.env.OMPI_MCA_btl_tcp_if_include' = 'lo': the "
-        "interface is not up on this node (lo down)"]
+        "interface is not up on this node (lo down); allowed: an interface that is up with a carrier (`ip -br link`)"]
 
 
 def test_more_ranks_than_the_node_has_cpus_or_gpus_is_refused_with_what_the_node_has(tmp_path):
@@ -294,11 +296,14 @@ def test_more_ranks_than_the_node_has_cpus_or_gpus_is_refused_with_what_the_node
     done = run_preflight(tmp_path, "--repo", str(ROOT), "--sources-digest", preflight.sources_digest(ROOT),
                          f"--ranks-per-node={cpus}", "--cpus-per-rank=2", "--gpus-per-node=4")
     host = os.uname().nodename
-    assert done.returncode == 1 and done.stderr.splitlines() == [
+    gpus_here = preflight.count_gpus()  # a CPU node here; a GPU host gives its own count
+    assert done.returncode == 1 and done.stderr.splitlines()[0] == (
         f"containerbench: preflight on {host}: 'scaling.ranks_per_node' = {cpus} ranks x 'slurm.cpus_per_rank' = 2 "
-        f"CPUs is {2 * cpus} CPUs, and this node has {cpus}; allowed: at most {cpus} CPUs per node",
-        f"containerbench: preflight on {host}: 'slurm.gpus_per_node' = 4, but this node has no NVIDIA driver (no "
-        "/proc/driver/nvidia/gpus); allowed: GPU nodes, or slurm.gpus_per_node: 0"]
+        f"CPUs is {2 * cpus} CPUs, and this node has {cpus}; allowed: at most {cpus} CPUs per node")
+    if gpus_here is None:
+        assert done.stderr.splitlines()[1:] == [
+            f"containerbench: preflight on {host}: 'slurm.gpus_per_node' = 4, but this node has no NVIDIA driver "
+            "(no /proc/driver/nvidia/gpus); allowed: GPU nodes, or slurm.gpus_per_node: 0"]
     # The driver's /proc interface has a directory per GPU, named by its PCI address (the NVIDIA driver's
     # README, "Using the /proc File System Interface": /proc/driver/nvidia/gpus/domain:bus:device.function).
     for bus in ("0000:18:00.0", "0000:2a:00.0", "0000:3a:00.0", "0000:5d:00.0"):
@@ -306,8 +311,13 @@ def test_more_ranks_than_the_node_has_cpus_or_gpus_is_refused_with_what_the_node
     gpus = preflight.count_gpus(tmp_path / "proc")
     assert gpus == 4 and preflight.check_layout(4, 8, 4, cpus=112, gpus=gpus) == []
     assert preflight.check_layout(8, 8, 4, cpus=112, gpus=gpus) == [
-        "'scaling.ranks_per_node' = 8 ranks, and this node has 4 GPUs (/proc/driver/nvidia/gpus): ranks would share "
-        "a GPU; allowed: at most one rank per GPU"]
+        "'scaling.ranks_per_node' = 8 ranks, and each job asks for 'slurm.gpus_per_node' = 4 GPUs (this node has 4): "
+        "ranks would share a GPU; allowed: at most one rank per GPU"]
+    # Half an 8-GPU node's GPUs asked for, and twice as many ranks: they share, though the node has enough.
+    assert preflight.check_layout(8, 8, 4, cpus=112, gpus=8)[0].startswith(
+        "'scaling.ranks_per_node' = 8 ranks, and each job asks for 'slurm.gpus_per_node' = 4 GPUs (this node has 8)")
+    assert preflight.check_layout(4, 8, 8, cpus=112, gpus=4) == [
+        "'slurm.gpus_per_node' = 8, and this node has 4 GPUs (/proc/driver/nvidia/gpus); allowed: at most 4"]
 
 
 def test_the_workflow_asks_the_node_for_the_sweeps_devices_and_its_busiest_node(tmp_path):

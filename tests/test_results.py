@@ -130,9 +130,9 @@ def test_container_overhead_with_interval_and_significance(recorded_runs):
     low, high = charliecloud["overhead_ci95_low"], charliecloud["overhead_ci95_high"]
     assert headline(build_tables(records)["overhead"]) == (
         "Container overhead against bare metal (of the mean throughputs, 95% interval): charliecloud +0.0% "
-        f"({low:+.1f} to {high:+.1f}%) at 1 ranks, batch 2: not significant; podman +10.0% "
-        f"({podman['overhead_ci95_low']:+.1f} to {podman['overhead_ci95_high']:+.1f}%) at 1 ranks, batch 2: "
-        "significant.")
+        f"({low:+.1f} to {high:+.1f}%) at 1 ranks over tcp-loopback, batch 2: not significant; podman +10.0% "
+        f"({podman['overhead_ci95_low']:+.1f} to {podman['overhead_ci95_high']:+.1f}%) at 1 ranks over tcp-loopback, "
+        "batch 2: significant.")
     assert headline(build_tables(records[:3])["overhead"]) == (
         "No container runtime was measured against bare metal at the same point.")
 
@@ -147,7 +147,8 @@ def test_zero_spread_on_both_sides_gives_no_interval_and_no_verdict(recorded_run
     assert np.isnan(row["overhead_ci95_low"]) and np.isnan(row["overhead_ci95_high"])
     assert row["significance"] == "n/a: no spread in either side's repetitions"
     assert headline(build_tables(records)["overhead"]).endswith(
-        "podman +1.0% (no interval) at 1 ranks, batch 2: n/a: no spread in either side's repetitions.")
+        "podman +1.0% (no interval) at 1 ranks over tcp-loopback, batch 2: n/a: no spread in either side's "
+        "repetitions.")
 
 
 def test_the_step_time_median_of_an_even_count_is_the_mean_of_the_middle_two(recorded_runs):
@@ -305,11 +306,14 @@ def test_fabric_ratio_and_input_overhead_at_the_same_point(recorded_runs):
     synthetic = fabrics[fabrics["data"] == "synthetic"].iloc[0]
     assert (synthetic["faster_fabric"], synthetic["slower_fabric"]) == ("infiniband", "ethernet")
     assert synthetic["ratio_of_means"] == pytest.approx(1.3)
-    # Issue 36: on one node no fabric carries the traffic; the row says so. Across two nodes it is a comparison.
-    assert synthetic["nodes"] == 1 and synthetic["note"] == ONE_NODE_NOTE
-    across = build_tables([variant(two, "ib2", 130.0, 1, fabric="infiniband", nodes=2),
-                           variant(two, "eth2", 100.0, 1, fabric="ethernet", nodes=2)])["fabrics"]
-    assert across.loc[0, "nodes"] == 2 and across.loc[0, "note"] == ""
+    # Issue 36: these two ranks' traffic went over TCP on lo (their transport check says so): a network stack
+    # even on one node, so the row stands. One rank's runs used no network at all: that row says so.
+    assert synthetic["nodes"] == 1 and "tcp over lo" in two["fabric_check"]["reason"] and synthetic["note"] == ""
+    one = recorded_runs[("train", 1)]
+    assert one["fabric_check"]["status"] == "not applicable"
+    alone = build_tables([variant(one, "ib1", 13.0, 1, fabric="infiniband"),
+                          variant(one, "eth1", 10.0, 1, fabric="ethernet")])["fabrics"]
+    assert alone.loc[0, "nodes"] == 1 and alone.loc[0, "note"] == ONE_NODE_NOTE
     inputs = tables["input"]
     assert len(inputs) == 1 and inputs.loc[0, "fabric"] == "infiniband"
     assert inputs.loc[0, "input_overhead_percent_of_means"] == pytest.approx(20.0)  # (130 - 104) / 130

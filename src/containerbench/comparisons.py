@@ -8,12 +8,14 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from containerbench.fabrics import SHARED_MEMORY_ONLY
 from containerbench.frameworks import DEFAULT_FRAMEWORK, FRAMEWORKS, Framework, framework
 from containerbench.intervals import RatioInterval, ratio_interval
 from containerbench.point import Point, default_mode
 from containerbench.rank.distribution import LOCAL as LOCAL_MODE
 from containerbench.rank.provenance import difference as provenance_difference
 from containerbench.runtables import BASELINE_RUNTIME, cv_percent, ok_runs
+from containerbench.status import Check
 
 
 def _basis(side: str, rates: pd.Series) -> dict:
@@ -92,15 +94,23 @@ def overhead_table(runs: pd.DataFrame, provenance: dict[str, dict],
     return pd.DataFrame(rows, columns=columns)
 
 
-# On one node the ranks' traffic never reaches a network: NCCL and MPI carry it through shared memory
-# (NVLink, PCIe) whatever the fabric asks of the network, so two fabrics there are one measurement twice.
-ONE_NODE_NOTE = "one node: the traffic stays in the node, so this is not a comparison of the fabrics"
+# On one node the ranks' traffic may never reach a network: NCCL and MPI carry it through shared memory
+# (NVLink, PCIe) whatever the fabric asks of the network. Where every run's transport check says so (or
+# there was one rank), the row compares no network. A fabric that shuts shared memory out (btl self,tcp)
+# does cross its network stack on one node, and its row stands.
+ONE_NODE_NOTE = "one node: the traffic stayed in the node, so this is not a comparison of the fabrics"
+
+
+def _network_unused(runs: pd.DataFrame) -> bool:
+    """Did none of these runs' traffic use a network, by their own transport checks?"""
+    return bool(((runs["fabric_check"] == Check.NOT_APPLICABLE)
+                 | runs["transport"].fillna("").str.contains(SHARED_MEMORY_ONLY, regex=False)).all())
 
 
 def fabric_table(runs: pd.DataFrame) -> pd.DataFrame:
     """Throughput ratio of each pair of fabrics at the same point: faster over slower, of the means of
-    the repetitions, with Fieller's 95% interval ("significant": it leaves out 1). A one-node point's
-    row says it compares no network (ONE_NODE_NOTE)."""
+    the repetitions, with Fieller's 95% interval ("significant": it leaves out 1). A one-node point
+    whose runs used no network says so (ONE_NODE_NOTE)."""
     others = Point.columns("fabric")
     columns = [*others, "faster_fabric", "slower_fabric", "faster_runs", "slower_runs", "faster_median",
                "slower_median", "faster_mean", "slower_mean", "ratio_of_means", "ratio_ci95_low", "ratio_ci95_high",
@@ -111,7 +121,8 @@ def fabric_table(runs: pd.DataFrame) -> pd.DataFrame:
         ranked = sorted(rates, key=lambda fabric: rates[fabric].mean(), reverse=True)
         for i, fast in enumerate(ranked):
             for slow in ranked[i + 1:]:
-                one_node = dict(zip(others, point))["nodes"] == 1
+                one_node = dict(zip(others, point))["nodes"] == 1 and _network_unused(
+                    group[group["fabric"].isin([fast, slow])])
                 rows.append({**dict(zip(others, point)), "faster_fabric": fast, "slower_fabric": slow,
                              **_basis("faster", rates[fast]), **_basis("slower", rates[slow]),
                              **_ratio_columns("ratio", ratio_interval(rates[fast], rates[slow], slow)),
@@ -244,8 +255,8 @@ def study_table(summary: pd.DataFrame) -> pd.DataFrame:
 
 def headline(overhead: pd.DataFrame) -> str:
     """The answer in one sentence, for the top of the report and of summary.md: each runtime's overhead
-    against bare metal at its largest measured point (most ranks, then the smallest batch), of the means,
-    with its 95% interval and whether it is significant."""
+    against bare metal at its largest measured point (most ranks, then the smallest batch; its fabric
+    named), of the means, with its 95% interval and whether it is significant."""
     measured = overhead.dropna(subset=["overhead_percent_of_means"]) if "runtime" in overhead else overhead
     if measured.empty:
         return "No container runtime was measured against bare metal at the same point."
@@ -255,5 +266,5 @@ def headline(overhead: pd.DataFrame) -> str:
         low, high = row["overhead_ci95_low"], row["overhead_ci95_high"]
         interval = f"{low:+.1f} to {high:+.1f}%" if np.isfinite([low, high]).all() else "no interval"
         parts.append(f"{runtime} {row['overhead_percent_of_means']:+.1f}% ({interval}) at {int(row['ranks'])} "
-                     f"ranks, batch {int(row['batch_size'])}: {row['significance']}")
+                     f"ranks over {row['fabric']}, batch {int(row['batch_size'])}: {row['significance']}")
     return "Container overhead against bare metal (of the mean throughputs, 95% interval): " + "; ".join(parts) + "."

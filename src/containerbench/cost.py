@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from containerbench import config as cb_config
+from containerbench.fabrics import keeps_shared_memory
 from containerbench.frameworks import FRAMEWORKS
 from containerbench.launchers import uses_slurm
 from containerbench.plans import RunPlan, Sweep, benchmark_args_in
@@ -162,7 +163,7 @@ def estimate(plans, config: dict, records, node_jobs: int = 1) -> Estimate:
             covered += 1
             used[measured[0]["run_id"]] = measured[0]
     starts = [r["started_unix"] for r in used.values() if r["started_unix"]]
-    repeats, fabrics = _one_node_repeats(plans, list(config["fabrics"]))
+    repeats, fabrics = _one_node_repeats(plans, config["fabrics"])
     return Estimate(
         jobs=dict(sorted(jobs.items(), key=lambda item: item[0] != "train")), local_jobs=len(plans) + 2,
         node_jobs=node_jobs,
@@ -175,16 +176,18 @@ def estimate(plans, config: dict, records, node_jobs: int = 1) -> Estimate:
         one_node_fabrics=fabrics)
 
 
-def _one_node_repeats(plans: list[RunPlan], fabric_order: list[str]) -> tuple[int, tuple[str, ...]]:
-    """The one-node runs at a point another fabric measures first (config order), and the fabrics involved."""
+def _one_node_repeats(plans: list[RunPlan], fabrics: dict[str, dict]) -> tuple[int, tuple[str, ...]]:
+    """The one-node runs at a point another fabric measures first (config order), over fabrics that leave
+    the ranks their shared memory (fabrics.keeps_shared_memory), and the fabrics involved."""
     at_one_node: dict[tuple, set[str]] = {}
+    shared = {name for name, fabric in fabrics.items() if keeps_shared_memory(fabric.get("env") or {})}
     for run_plan in plans:
-        if run_plan.spec["nodes"] == 1:
+        if run_plan.spec["nodes"] == 1 and run_plan.spec["fabric"] in shared:
             point, repetition = Point.parse_run_id(run_plan.run_id)
             at_one_node.setdefault((replace(point, fabric=""), repetition), set()).add(point.fabric)
     repeats = sum(len(fabrics) - 1 for fabrics in at_one_node.values())
     involved = {fabric for fabrics in at_one_node.values() if len(fabrics) > 1 for fabric in fabrics}
-    return repeats, tuple(fabric for fabric in fabric_order if fabric in involved)
+    return repeats, tuple(fabric for fabric in fabrics if fabric in involved)
 
 
 def _node_hours(hours: float) -> str:
@@ -222,9 +225,9 @@ def format_estimate(cost: Estimate, source: str) -> str:
         lines.append(f"  expected     {_node_hours(cost.expected_node_hours)} node-hours for {cost.expected_runs} "
                      f"of {cost.runs} runs, from the last ok run at each point{missing}")
     if cost.one_node_repeats:
-        lines.append(f"  one node     {_plural(cost.one_node_repeats, 'run')} at one node repeat another fabric's "
-                     f"measurement ({', '.join(cost.one_node_fabrics)}): a node's ranks talk through shared memory, "
-                     "not the network; the report marks these rows")
+        lines.append(f"  one node     {_plural(cost.one_node_repeats, 'run')} at one node over a second fabric "
+                     f"({', '.join(cost.one_node_fabrics)}): their ranks talk through shared memory, not a network, "
+                     "so they compare no fabric; the report marks these rows")
     if cost.records_read == 0:
         lines.append(f"  rates from   no run records in {source}")
     else:

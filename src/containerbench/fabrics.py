@@ -38,6 +38,25 @@ from containerbench.fabriclayers import (
 )
 from containerbench.status import Check
 
+# What the transport check says of a run whose ranks never used a network (comparisons.fabric_table reads it).
+SHARED_MEMORY_ONLY = "all traffic stayed in shared memory on one node"
+# Open MPI's shared-memory BTLs, UCX's shared-memory transports (`ucx_info -d`, UCX_TLS aliases).
+SHM_BTLS, SHM_TLS = {"vader", "sm", "smcuda"}, {"sm", "shm", "posix", "sysv", "cma", "xpmem", "knem", "all"}
+
+
+def keeps_shared_memory(env: dict) -> bool:
+    """Does a fabric leave the ranks of one node their shared-memory path, so that one node measures no
+    network? False when its MPI BTLs, its UCX transports or NCCL's SHM and P2P are all without it."""
+    def listed(name):
+        value = str(env.get(name, "")).strip().lower()
+        return (value.startswith("^"), {item.strip() for item in value.lstrip("^").split(",") if item.strip()})
+
+    for name, shared in (("OMPI_MCA_btl", SHM_BTLS), ("UCX_TLS", SHM_TLS)):
+        excluding, items = listed(name)
+        if items and (bool(items & shared) == excluding):
+            return False
+    return not (str(env.get("NCCL_SHM_DISABLE")) == "1" and str(env.get("NCCL_P2P_DISABLE")) == "1")
+
 
 @dataclass
 class Expectation:
@@ -224,7 +243,7 @@ def _unconfirmed(expected: Expectation, observations: list[Observation], require
                     "(debug variables missing, or the layer never connected)")
         network = [o for o in mine if o.transport not in ("shm", "gpu")]
         if not network:
-            return f"{layer}: all traffic stayed in shared memory on one node; the fabric was not exercised"
+            return f"{layer}: {SHARED_MEMORY_ONLY}; the fabric was not exercised"
         for o in network:
             want = expected.layers.get(o.layer) or LayerExpectation(None)
             if (want.interfaces.get(o.transport) or want.interfaces.get("*")) and not o.interfaces:

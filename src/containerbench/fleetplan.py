@@ -119,7 +119,7 @@ def select(nodes: str | None = None, partition: str | None = None, via: tuple[st
         raise FleetError("give one of 'validation.nodes' (a Slurm hostlist) and 'validation.partition'; "
                          f"got {'both' if nodes else 'neither'}")
     if nodes:
-        return node_states(expand_hostlist(nodes, via), via)
+        return node_states(expand_hostlist(nodes, via), via, expression=nodes)
     states = partition_states(partition, via)
     return {name: states[name] for name in in_order(states)}
 

@@ -131,13 +131,18 @@ def _open(path: str | Path, create: bool) -> sqlite3.Connection | None:
         raise _refuse(path, f"schema version {meta['schema_version']}, this containerbench reads up to "
                             f"{SCHEMA_VERSION}")
     if int(meta["schema_version"]) < 2:
-        _add_kinds(connection)
+        try:
+            _add_kinds(connection)
+        except sqlite3.DatabaseError as error:  # a read-only file, a lock held past the busy timeout
+            connection.close()
+            raise HistoryError(f"{path}: schema 1, and its sessions' kinds could not be added (SQLite: {error}); "
+                               "allowed: a store this user may write, not in use") from None
     return connection
 
 
 def kind_of(records: list[dict]) -> str:
     """A fleet batch's runs are pinned to their nodes (RunSpec.nodelist); a sweep's are not."""
-    return "fleet" if any(record["spec"].get("nodelist") for record in records) else "sweep"
+    return "fleet" if any((record.get("spec") or {}).get("nodelist") for record in records) else "sweep"
 
 
 def _add_kinds(connection: sqlite3.Connection) -> None:
@@ -298,9 +303,8 @@ def resolve(path: str | Path, selector: str | int, kind: str | None = None) -> i
     a UTC date YYYY-MM-DD (every session of that day, as a list), `latest`, or `previous`
     (the one before the latest); among the sessions of `kind` only, when given."""
     check_kind(kind)
-    table = sessions(path)
-    if kind is not None:
-        table = table[table["kind"] == kind]
+    every = sessions(path)
+    table = every[every["kind"] == kind] if kind is not None else every
     text = str(selector).strip()
     ids = list(table["id"].astype(int))
     found: int | list[int] | None = None
@@ -317,17 +321,22 @@ def resolve(path: str | Path, selector: str | int, kind: str | None = None) -> i
         found = (tagged[0] if len(tagged) == 1 else tagged) or None
     if found is None:
         among = f" among the {kind} sessions" if kind else ""
-        raise HistoryError(f"{path}: no session matches {text!r}{among}; allowed: {_allowed(table)}")
+        raise HistoryError(f"{path}: no session matches {text!r}{among}; allowed: "
+                           f"{_allowed(table, kind, len(every) - len(table))}")
     return found
 
 
-def _allowed(table: pd.DataFrame) -> str:
+def _allowed(table: pd.DataFrame, kind: str | None = None, others: int = 0) -> str:
     if table.empty:
-        return "nothing yet, the store holds no sessions (containerbench store adds one)"
+        return (f"nothing yet, the store holds no {kind} session ({others} of other kinds)" if kind else
+                "nothing yet, the store holds no sessions (containerbench store adds one)")
     tags = sorted(set(table["tag"].dropna()))
     dates = sorted(set(table["created"].str[:10]))
     shown_tags = ", ".join(tags[:5]) + (", ..." if len(tags) > 5 else "")
-    return (f"a session id {table['id'].min()}..{table['id'].max()}, "
+    ids = [int(i) for i in table["id"]]
+    shown_ids = (", ".join(map(str, ids[:8])) + (", ..." if len(ids) > 8 else "") if kind
+                 else f"{ids[0]}..{ids[-1]}")  # a kind's ids need not run on
+    return (f"a session id {shown_ids}, "
             + (f"a tag ({shown_tags}), " if tags else "")
             + f"a date YYYY-MM-DD ({dates[0]}..{dates[-1]}), latest, previous")
 

@@ -110,7 +110,10 @@ def interface_states() -> dict[str, str]:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
         for _, name in socket.if_nameindex():
             request = struct.pack("16sh22x", name.encode()[:15], 0)
-            flags = struct.unpack("16sh22x", fcntl.ioctl(probe.fileno(), SIOCGIFFLAGS, request))[1]
+            try:
+                flags = struct.unpack("16sh22x", fcntl.ioctl(probe.fileno(), SIOCGIFFLAGS, request))[1]
+            except OSError:  # gone since it was listed (a container's veth): not an interface of this node
+                continue
             states[name] = ("up" if flags & IFF_UP and flags & IFF_RUNNING else
                             "no carrier" if flags & IFF_UP else "down")
     return states
@@ -125,7 +128,8 @@ def check_devices(requests: list[DeviceRequest], sys_root: Path = Path("/sys"),
     """Each device a fabric names, present and up on this node; one line per one that is not.
     `interfaces`: name -> state (default: this node's, interface_states)."""
     ib_dir = sys_root / "class" / "infiniband"
-    interfaces = interface_states() if interfaces is None else interfaces
+    if interfaces is None:
+        interfaces = interface_states() if any(each.kind != "hca" for each in requests) else {}
     hcas = {path.name: {port.name: _read(port / "state") for port in sorted((path / "ports").glob("*"))}
             for path in sorted(ib_dir.glob("*"))}
     problems = []
@@ -145,10 +149,13 @@ def check_devices(requests: list[DeviceRequest], sys_root: Path = Path("/sys"),
             ports = {f"{hca} port {port}": state for hca in found for port, state in hcas[hca].items()
                      if not request.port or port == request.port}
             if not ports:
-                problems.append(f"{said}: {', '.join(found)} has no port {request.port} on this node")
+                ports_here = sorted({port for hca in found for port in hcas[hca]})
+                problems.append(f"{said}: {', '.join(found)} has no port {request.port} on this node; allowed: "
+                                f"{_has(ports_here, 'ports')}")
             elif not any(state.partition(": ")[2] == ACTIVE_PORT for state in ports.values()):
                 problems.append(f"{said}: no port is ACTIVE on this node ("
-                                + ", ".join(f"{port}: {state}" for port, state in ports.items()) + ")")
+                                + ", ".join(f"{port}: {state}" for port, state in ports.items())
+                                + "); allowed: a port the subnet manager made ACTIVE (`ibstat`)")
         else:
             found = named(interfaces)
             if not found and request.kind == "any":
@@ -163,7 +170,8 @@ def check_devices(requests: list[DeviceRequest], sys_root: Path = Path("/sys"),
                                 "`ip -br link` lists on the nodes")
             elif not any(interfaces[name] == "up" for name in found):
                 problems.append(f"{said}: the interface is not up on this node ("
-                                + ", ".join(f"{name} {interfaces[name]}" for name in found) + ")")
+                                + ", ".join(f"{name} {interfaces[name]}" for name in found)
+                                + "); allowed: an interface that is up with a carrier (`ip -br link`)")
     return problems
 
 
@@ -188,10 +196,13 @@ def check_layout(ranks_per_node: int, cpus_per_rank: int, gpus_per_node: int, cp
         if gpus is None:
             problems.append(f"'slurm.gpus_per_node' = {gpus_per_node}, but this node has no NVIDIA driver "
                             "(no /proc/driver/nvidia/gpus); allowed: GPU nodes, or slurm.gpus_per_node: 0")
-        elif ranks_per_node > gpus:
-            problems.append(f"'scaling.ranks_per_node' = {ranks_per_node} ranks, and this node has {gpus} "
-                            "GPUs (/proc/driver/nvidia/gpus): ranks would share a GPU; allowed: at most one rank "
-                            "per GPU")
+        elif gpus_per_node > gpus:
+            problems.append(f"'slurm.gpus_per_node' = {gpus_per_node}, and this node has {gpus} GPUs "
+                            f"(/proc/driver/nvidia/gpus); allowed: at most {gpus}")
+        elif ranks_per_node > gpus_per_node:  # each job gets --gres=gpu:gpus_per_node of the node's GPUs
+            problems.append(f"'scaling.ranks_per_node' = {ranks_per_node} ranks, and each job asks for "
+                            f"'slurm.gpus_per_node' = {gpus_per_node} GPUs (this node has {gpus}): ranks would "
+                            "share a GPU; allowed: at most one rank per GPU")
     return problems
 
 

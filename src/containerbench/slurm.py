@@ -235,12 +235,12 @@ def _parse_sinfo(text: str) -> dict[str, NodeState]:
     return states
 
 
-def node_states(names: list[str], via: tuple[str, ...] = ()) -> dict[str, NodeState]:
-    """sinfo's state of each named node, in the order given; a name Slurm does not know is refused."""
+def node_states(names: list[str], via: tuple[str, ...] = (), expression: str | None = None) -> dict[str, NodeState]:
+    """sinfo's state of each named node, in the order given; a name Slurm does not know is refused.
+    `expression`: the hostlist as the config gave it, which a refusal names (else the names)."""
     joined = ",".join(names)
-    said = joined if len(names) <= 4 else f"{names[0]},...,{names[-1]} ({len(names):,} nodes)"  # one line, short
     states = _parse_sinfo(query(["sinfo", "--noheader", "--Node", "--nodes", joined, "--format", SINFO_FORMAT],
-                                "validation.nodes", said, via))
+                                "validation.nodes", expression or joined, via))
     unknown = [name for name in names if name not in states]
     if unknown:
         in_all = f" ({len(unknown)} unknown in all)" if len(unknown) > 1 else ""

@@ -26,9 +26,12 @@ from containerbench.frameworks import DEFAULT_FRAMEWORK, FRAMEWORKS
 from containerbench.point import Point
 
 REPO = Path(workflow.basedir)  # the image, the wheelhouse and the data sample belong to the clone
-# The clone's podman settings (runtimes.Podman.engine_environment): every job and probe inherits them,
-# whether Snakemake was started by `make` or not.
-os.environ.update(runtimes.Podman.engine_environment(REPO))
+# The clone's podman settings for this host (runtimes.Podman.engine_environment), when the runs are
+# launched here: every job and probe inherits them, whether Snakemake was started by `make` or not. Not
+# on Slurm: CONTAINERS_CONF replaces every other containers.conf (containers.conf(5)), and the compute
+# nodes' podman is the site's, configured there.
+if not launchers.uses_slurm(config):
+    os.environ.update(runtimes.Podman.engine_environment(REPO))
 try:
     cb_config.validated(config)  # one line naming the key, the value and what is allowed; defaults filled in
     # Probing runtimes and sinfo is for the process that plans; a job re-reads this file on its node.

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from pathlib import Path
 
 from containerbench import config as cb_config
 from containerbench.cli import fleet, history, image, results, sweep
@@ -28,9 +27,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    from containerbench.runtimes import Podman
-
-    os.environ.update(Podman.engine_environment(Path.cwd()))  # run from the clone: its podman settings
     if getattr(args, "config", "unset") is None:
         args.config = ["config/config.yaml"]
     try:

@@ -76,9 +76,12 @@ def cmd_compare(args) -> int:
     return 0
 
 
-def add_commands(sub) -> None:
-    from containerbench.history import KINDS
+# history.KINDS, spelled here so that building the parser imports no pandas (every job's command line
+# builds it); tests/test_history.py holds the two equal.
+KINDS = ("sweep", "fleet")
 
+
+def add_commands(sub) -> None:
     p = sub.add_parser("store", help="add run records to the results store as one session")
     p.add_argument("records", nargs="+", metavar="RECORD.json", help="run records, or @FILE listing them")
     p.add_argument("--store", required=True, help="the SQLite results store (made when missing)")

@@ -154,8 +154,8 @@ class Podman(OciEngine):
     save_options = ("--format", "docker-archive")  # readable by docker, sarus, apptainer
     # The engine settings `make setup` writes for a host without systemd (scripts/container-engines.sh
     # podman-conf: runc, cgroupfs, ulimits within the host's), found through CONTAINERS_CONF
-    # (containers.conf(5)). The workflow and the command line set it themselves, so that snakemake or
-    # containerbench called directly run podman as `make run` does.
+    # (containers.conf(5)). The workflow sets it itself when its runs are launched on this host, so that
+    # snakemake called directly runs podman as `make run` does.
     engine_conf = Path("build") / "engines" / "containers.conf"
 
     @classmethod
