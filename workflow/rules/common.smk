@@ -26,14 +26,14 @@ from containerbench.frameworks import DEFAULT_FRAMEWORK, FRAMEWORKS
 from containerbench.point import Point
 
 REPO = Path(workflow.basedir)  # the image, the wheelhouse and the data sample belong to the clone
-# The clone's podman settings for this host (runtimes.Podman.engine_environment), when the runs are
-# launched here: every job and probe inherits them, whether Snakemake was started by `make` or not. Not
-# on Slurm: CONTAINERS_CONF replaces every other containers.conf (containers.conf(5)), and the compute
-# nodes' podman is the site's, configured there.
-if not launchers.uses_slurm(config):
-    os.environ.update(runtimes.Podman.engine_environment(REPO))
 try:
     cb_config.validated(config)  # one line naming the key, the value and what is allowed; defaults filled in
+    # The clone's podman settings for this host (runtimes.Podman.engine_environment), when the runs are
+    # launched here, before the runtimes are probed: every job inherits them, whether Snakemake was started
+    # by `make` or not. Not on Slurm: CONTAINERS_CONF replaces every other containers.conf (containers.conf(5)),
+    # and the compute nodes' podman is the site's, configured there.
+    if not launchers.uses_slurm(config):
+        os.environ.update(runtimes.Podman.engine_environment(REPO))
     # Probing runtimes and sinfo is for the process that plans; a job re-reads this file on its node.
     SWEEP = plans.plan_sweep(config, REPO, probe=workflow.is_main_process)
     # The config as planned (images resolved, runtimes that cannot run here left out, the data sample):
