@@ -533,3 +533,38 @@ def test_a_site_names_a_newer_nccl_and_every_runtime_of_the_example_loads_it(tmp
             words = " ".join(plan.argv)
             assert (" ".join(bound) in words if bound else
                     runtime == "bare-metal" or "/sw/nccl/2.21.5:/sw/nccl/2.21.5" in words), (runtime, words)
+
+
+def test_plan_estimate_reads_the_systems_last_sweeps_in_the_results_store_too(tmp_path, capsys):
+    # Issue 36: the expected cost from the history when it has the points, though results/ is new.
+    from containerbench import history
+
+    store = tmp_path / "store.sqlite"
+    config = tiny_config(tmp_path, results_dir=str(tmp_path / "fresh-results"), history={"store": str(store)})
+    records = loaded(recorded_records_in(tmp_path / "measured"))
+    history.store(store, records)  # an earlier sweep of system ci
+    runs = cb_config.plan_runs(config)
+    configs = ["--config", str(ROOT / "config" / "config.yaml"), "--config", str(tmp_path / "tiny.yaml")]
+    returncode, out, _ = plan_estimate(configs, capsys)
+    assert returncode == 0
+    assert (f"  rates from   3 of 3 records in {tmp_path}/fresh-results/runs/*.json and {store} (1 session of "
+            "system ci) (3 ok), measured ") in out
+    assert f"node-hours for {len(runs)} of {len(runs)} runs, from the last ok run at each point" in out
+    # A run that is both in results/ and stored counts once.
+    recorded_records_in(tmp_path / "fresh-results" / "runs")
+    returncode, out, _ = plan_estimate(configs, capsys)
+    assert "  rates from   3 of 3 records in" in out
+    # Another system's sweeps, and fleet batches, are not this sweep's history.
+    (tmp_path / "other").mkdir()
+    other = tiny_config(tmp_path / "other", system="elsewhere", history={"store": str(store)})
+    assert cost_records_of(other) == []
+    history.store(store, [{**record, "run_id": f"{record['run_id']}-node", "log": {**record["log"], "sha256": "f" * 64},
+                           "spec": {**record["spec"], "nodelist": ["n1"]}} for record in records[:1]])
+    assert history.sessions(store)["kind"].tolist() == ["sweep", "fleet"]
+    assert len(cost_records_of(config)) == 3  # the fleet batch's record is not read
+
+
+def cost_records_of(config):
+    from containerbench.cost import stored_sweep_records
+
+    return stored_sweep_records(config)[0]

@@ -240,10 +240,31 @@ def format_estimate(cost: Estimate, source: str) -> str:
     return "\n".join(lines)
 
 
+# The newest sweep sessions of the system an estimate reads from the results store: the freshest
+# measurement of each point is what it wants, and a store may hold years of sessions.
+STORED_SESSIONS = 5
+
+
+def stored_sweep_records(config: dict) -> tuple[list[dict], str]:
+    """Records of the system's newest sweep sessions in the config's results store (history.store, by
+    default history.sqlite here), and what they were; none where there is no store yet."""
+    from containerbench import history
+
+    store = config["history"]["store"] or "history.sqlite"
+    try:
+        sessions = history.sessions(store)
+        mine = sessions[(sessions["kind"] == "sweep") & (sessions["system"] == config["system"])].tail(STORED_SESSIONS)
+        records = history.stored_records(store, [int(i) for i in mine["id"]]) if not mine.empty else []
+    except history.HistoryError as error:
+        raise cb_config.ConfigError(f"config: 'history.store': {error}") from None
+    return records, (f"{store} ({_plural(len(mine), 'session')} of system {config['system']})" if records else "")
+
+
 def sweep_records(config: dict, given=None) -> tuple[list[dict], str]:
     """The run records an estimate reads, and where they came from: each of `given` (a directory's
-    *.json, a record file, or a glob), else the config's own <results_dir>/runs/*.json, if any.
-    Raises ConfigError naming a given path that does not exist or a glob that matches nothing."""
+    *.json, a record file, or a glob), else the config's own <results_dir>/runs/*.json, if any, and
+    the system's newest sweeps in the results store (stored_sweep_records). Raises ConfigError naming a
+    given path that does not exist or a glob that matches nothing."""
     paths = []
     if given:
         for name in given:
@@ -265,7 +286,15 @@ def sweep_records(config: dict, given=None) -> tuple[list[dict], str]:
         paths = sorted(runs.glob("*.json"))
         source = f"{runs}/*.json"
     records, problems = load_records(paths)
-    return records, source + (f" ({_plural(len(problems), 'unreadable file')} skipped)" if problems else "")
+    source += f" ({_plural(len(problems), 'unreadable file')} skipped)" if problems else ""
+    if not given:
+        from containerbench.history import record_digest
+
+        stored, where = stored_sweep_records(config)
+        seen = {record_digest(record) for record in records}  # a run both in results/ and stored: once
+        records += [record for record in stored if record_digest(record) not in seen]
+        source += f" and {where}" if stored else ""
+    return records, source
 
 
 def first_plans(sweep: Sweep) -> list[RunPlan]:
