@@ -565,6 +565,6 @@ def test_plan_estimate_reads_the_systems_last_sweeps_in_the_results_store_too(tm
 
 
 def cost_records_of(config):
-    from containerbench.cost import stored_sweep_records
+    from containerbench.cli.sweep import stored_sweeps
 
-    return stored_sweep_records(config)[0]
+    return stored_sweeps(config)[0]

@@ -240,31 +240,12 @@ def format_estimate(cost: Estimate, source: str) -> str:
     return "\n".join(lines)
 
 
-# The newest sweep sessions of the system an estimate reads from the results store: the freshest
-# measurement of each point is what it wants, and a store may hold years of sessions.
-STORED_SESSIONS = 5
-
-
-def stored_sweep_records(config: dict) -> tuple[list[dict], str]:
-    """Records of the system's newest sweep sessions in the config's results store (history.store, by
-    default history.sqlite here), and what they were; none where there is no store yet."""
-    from containerbench import history
-
-    store = config["history"]["store"] or "history.sqlite"
-    try:
-        sessions = history.sessions(store)
-        mine = sessions[(sessions["kind"] == "sweep") & (sessions["system"] == config["system"])].tail(STORED_SESSIONS)
-        records = history.stored_records(store, [int(i) for i in mine["id"]]) if not mine.empty else []
-    except history.HistoryError as error:
-        raise cb_config.ConfigError(f"config: 'history.store': {error}") from None
-    return records, (f"{store} ({_plural(len(mine), 'session')} of system {config['system']})" if records else "")
-
-
-def sweep_records(config: dict, given=None) -> tuple[list[dict], str]:
+def sweep_records(config: dict, given=None, stored: tuple[list[dict], str] = ([], "")) -> tuple[list[dict], str]:
     """The run records an estimate reads, and where they came from: each of `given` (a directory's
     *.json, a record file, or a glob), else the config's own <results_dir>/runs/*.json, if any, and
-    the system's newest sweeps in the results store (stored_sweep_records). Raises ConfigError naming a
-    given path that does not exist or a glob that matches nothing."""
+    `stored` (records, what they are), the system's newest sweeps in the results store, which the
+    caller reads (history.newest_sweep_records). Raises ConfigError naming a given path that does not
+    exist or a glob that matches nothing."""
     paths = []
     if given:
         for name in given:
@@ -287,13 +268,11 @@ def sweep_records(config: dict, given=None) -> tuple[list[dict], str]:
         source = f"{runs}/*.json"
     records, problems = load_records(paths)
     source += f" ({_plural(len(problems), 'unreadable file')} skipped)" if problems else ""
-    if not given:
-        from containerbench.history import record_digest
-
-        stored, where = stored_sweep_records(config)
-        seen = {record_digest(record) for record in records}  # a run both in results/ and stored: once
-        records += [record for record in stored if record_digest(record) not in seen]
-        source += f" and {where}" if stored else ""
+    stored_records, where = stored
+    if not given and stored_records:
+        seen = {record["log"]["sha256"] for record in records}  # a run both in results/ and stored: once
+        records += [record for record in stored_records if record["log"]["sha256"] not in seen]
+        source += f" and {where}"
     return records, source
 
 
@@ -319,11 +298,11 @@ def format_most(most: Estimate, config: dict) -> str:
             f"{_node_hours(most.worst_node_hours)} node-hours worst case")
 
 
-def cost_summary(sweep: Sweep, given_records=None) -> str:
+def cost_summary(sweep: Sweep, given_records=None, stored: tuple[list[dict], str] = ([], "")) -> str:
     """The estimate of the whole sweep (as planned: Sweep.config), from the records of earlier runs, as
     format_estimate prints it (with `repetitions: auto`: of the minimum, and a line for the most)."""
     config = sweep.config
-    records, source = sweep_records(config, given_records)
+    records, source = sweep_records(config, given_records, stored)
     text = format_estimate(estimate(first_plans(sweep), config, records, one_node_jobs(sweep)), source)
     most = most_estimate(sweep, records)
     return text if most is None else f"{text}\n{format_most(most, config)}"

@@ -282,6 +282,18 @@ def sessions(path: str | Path) -> pd.DataFrame:
         return pd.read_sql_query(f"SELECT {', '.join(SESSION_COLUMNS)} FROM sessions ORDER BY id", connection)
 
 
+def newest_sweep_records(path: str | Path, system: str, sessions_read: int = 5) -> tuple[list[dict], str]:
+    """The records of `system`'s newest sweep sessions (not fleet batches), for an estimate's expected
+    cost (cost.sweep_records), and what they are; none where there is no store yet. A store may hold
+    years of sessions: the freshest measurement of each point is what an estimate wants."""
+    table = sessions(path)
+    mine = table[(table["kind"] == "sweep") & (table["system"] == system)].tail(sessions_read)
+    if mine.empty:
+        return [], ""
+    what = f"{path} ({len(mine)} session{'' if len(mine) == 1 else 's'} of system {system})"
+    return stored_records(path, [int(i) for i in mine["id"]]), what
+
+
 def stored_records(path: str | Path, session_ids) -> list[dict]:
     """The records of the given sessions, as they were stored, migrated to the current shape (records.migrate)."""
     ids = _as_list(session_ids)

@@ -64,10 +64,6 @@ if RUNS_FOR_REAL:
     if busy := processes.held_by_another(SNAKEMAKE_LOCKS):
         sys.exit(busy)
 
-if PLANS_A_RUN:
-    # What the sweep costs, once, before anything is submitted; on stderr, so a dry run shows it too
-    # (here, not in onstart: Snakemake runs no hook in a dry run).
-    print(cost.cost_summary(SWEEP), file=sys.stderr)
 
 PLANS = SWEEP.plans
 RESULTS = config["results_dir"]
@@ -97,6 +93,13 @@ if workflow.is_main_process:
         history.check_store(HISTORY_STORE)
     except history.HistoryError as error:
         sys.exit(f"containerbench: config: 'history': {error}")
+if PLANS_A_RUN:
+    # What the sweep costs, once, before anything is submitted; on stderr, so a dry run shows it too
+    # (here, not in onstart: Snakemake runs no hook in a dry run). Its expected figure reads the system's
+    # last sweeps in the results store, checked above.
+    print(
+        cost.cost_summary(SWEEP, stored=history.newest_sweep_records(HISTORY_STORE, config["system"])), file=sys.stderr
+    )
 # Runtimes installed only on the compute nodes: probed by the pre-flight job there, and their
 # images converted by jobs there too (images.smk).
 ON_COMPUTE_NODES = {

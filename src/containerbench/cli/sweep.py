@@ -41,7 +41,7 @@ def cmd_plan(args) -> int:
         planned = sweep.config
         if uses_slurm(planned):  # what the sweep's planning refuses, the estimate refuses too
             slurm.check_cluster(planned, sweep.runs)
-        records, source = sweep_records(planned, args.records)
+        records, source = sweep_records(planned, args.records, stored_sweeps(planned))
         # With repetitions auto: the minimum counted, and what the most would cost beside it.
         plans = [sweep.plans[args.run_id]] if args.run_id else first_plans(sweep)
         cost = estimate(plans, planned, records, one_node_jobs(sweep))
@@ -84,6 +84,17 @@ def cmd_launch(args) -> int:
     return run_plans([run_plan], [args.log], run_plan.strategy, ["launch", "--plan", args.plan, "--log", args.log],
                      salloc=run_plan.allocation, inside=args.in_allocation)
 
+
+
+def stored_sweeps(config: dict) -> tuple[list[dict], str]:
+    """The system's newest sweeps in the config's results store (history.store, by default
+    history.sqlite here), for the estimate; a file there that is not a store is refused in one line."""
+    from containerbench import history
+
+    try:
+        return history.newest_sweep_records(config["history"]["store"] or "history.sqlite", config["system"])
+    except history.HistoryError as error:
+        raise cb_config.ConfigError(f"config: 'history': {error}") from None
 
 
 def cmd_preflight(args) -> int:
