@@ -98,9 +98,11 @@ while True:
 """]
 
 
-# A disturbed run's reasons as usage.disturbance words them: the measured share, its cores, the limit.
-DISTURBED_CAUSE = re.compile(r"disturbed: on \S+ (processes outside the run took \d+% of its CPUs \(cores [\d,]+\) in "
-                             r"the measured window|the hypervisor stole \d+% of the run's CPUs), limit \d+%")
+# A disturbed run's reasons as usage.disturbance words them: each measured share, its cores, the limit.
+_CAUSE = (r"on \S+ (processes outside the run took \d+% of its CPUs \(cores [\d,]+\) in the measured window"
+          r"|processes outside the run took \d+% of the SMT siblings of its CPUs \(cores [\d,]+, which share their "
+          r"execution units\) in the measured window|the hypervisor stole \d+% of the run's CPUs), limit \d+%")
+DISTURBED_CAUSE = re.compile(rf"disturbed: {_CAUSE}(; {_CAUSE})*")
 CONTAINERBENCH = Path(sys.executable).with_name("containerbench")  # beside this interpreter, as SNAKEMAKE
 
 
