@@ -200,7 +200,7 @@ LAUNCHER_SPELLINGS_ALLOWED: dict[tuple[str, str], str] = {
                                               "loads; config sits below launchers (tests/test_layers.py)",
     ("src/containerbench/cli/image.py", "none"): "a build's --network none",
     ("src/containerbench/imagebuild.py", "none"): "a build's and a run's --network none",
-    ("src/containerbench/report.py", "none"): "matplotlib's facecolors none",
+    ("src/containerbench/fleetreport.py", "none"): "matplotlib's facecolors none",
     ("src/containerbench/runtimes/oci.py", "none"): "docker/podman run --log-driver none",
     ("src/containerbench/runtimes/shifter.py", "none"): "shifter --module none (no modules)",
     ("src/containerbench/slurm.py", "none"): "sinfo's reason none, and a message's empty list",

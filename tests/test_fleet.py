@@ -22,7 +22,7 @@ import yaml
 from helpers import ROOT, fleet_records
 
 from containerbench import config as cb_config
-from containerbench import execution, fleet, fleetjobs, fleetplan, report, slurm
+from containerbench import execution, fleet, fleetjobs, fleetplan, fleetreport, slurm
 from containerbench.plans import RunPlan
 from containerbench.rank import markers
 from containerbench.records import parse_log
@@ -229,7 +229,7 @@ def test_the_charts_sign_every_metric_so_that_below_zero_is_worse(verdict):
         ~nodes["variable"].str.contains("latency"), -nodes["deviation_percent"])).all()
     latency = links[(links["link"] == "n02+n03") & links["variable"].str.contains("latency")].iloc[0]
     assert latency["deviation_percent"] > 100 and latency["better_percent"] == -latency["deviation_percent"]
-    assert report.node_chart(nodes.iloc[0:0]) is None and report.link_matrix(links.iloc[0:0], BATCH) is None
+    assert fleetreport.node_chart(nodes.iloc[0:0]) is None and fleetreport.link_matrix(links.iloc[0:0], BATCH) is None
 
 
 def judge_cli(tmp_path, plan, records, *options):

@@ -43,7 +43,7 @@ LAYERS = [
     ("plans, tables, image builds", {"plans", "results", "imagebuild"}),
     ("runs executed, their cost, report, validation, repetition rounds, the base image",
      {"execution", "cost", "report", "validate", "repetitions", "baseimage"}),
-    ("the plan of a batch of nodes to validate", {"fleetplan"}),
+    ("the plan of a batch of nodes to validate, the fleet verdict's page", {"fleetplan", "fleetreport"}),
     ("fleet verdicts, the results history", {"fleet", "history"}),
     ("the fleet's node and link jobs", {"fleetjobs"}),
     ("command groups", {"cli.sweep", "cli.results", "cli.history", "cli.image"}),

@@ -13,13 +13,14 @@ import time
 
 import pandas as pd
 import pytest
-from helpers import HALF_CORE_LOOP, SMOKE_MODEL, run_and_parse, tiny_config
+from helpers import HALF_CORE_LOOP, RECORDED_RUNS, SMOKE_MODEL, run_and_parse, tiny_config
 
 from containerbench import config as cb_config
 from containerbench.plans import plan_run
-from containerbench.rank.telemetry import GpuReader
+from containerbench.rank.telemetry import GpuReader, cpu_list, smt_cores
+from containerbench.records import parse_log
 from containerbench.results import build_tables
-from containerbench.usage import load_samples, value_at
+from containerbench.usage import disturbance_check, load_samples, summarise_node, value_at
 
 BUSY_LOOP = [sys.executable, "-c", "while True: pass"]
 
@@ -95,6 +96,98 @@ def test_the_sampler_follows_the_runs_processes_the_cpus_and_the_network(tmp_pat
     assert own[-1][1] - own[0][1] < 0.1 * elapsed
     middle = (run_cpu[0][0] + run_cpu[-1][0]) / 2
     assert run_cpu[0][1] <= value_at(run_cpu, middle) <= run_cpu[-1][1]
+
+
+def merged_samples(node_csv, merged) -> dict:
+    """One node's samples as the parser reads them, after the host column execution.collect_telemetry adds."""
+    rows = pd.read_csv(node_csv)
+    rows.insert(1, "host", "here")
+    rows.to_csv(merged, index=False)
+    return load_samples(merged)["here"]
+
+
+def test_the_sampler_knows_which_cpus_share_a_core():
+    # The ABI file's own example of its list format (Linux Documentation/ABI/stable/sysfs-devices-system-cpu,
+    # topology/core_cpus_list: "The format is like 0-3, 8-11, 14,17").
+    assert cpu_list("0-3, 8-11, 14,17") == [0, 1, 2, 3, 8, 9, 10, 11, 14, 17]
+    assert cpu_list("0,64\n") == [0, 64]
+    # The same grouping of CPUs into cores as lscpu's (util-linux reads the same sysfs, through its own code).
+    listed = subprocess.run(["lscpu", "--parse=CPU,CORE"], capture_output=True, text=True, check=True).stdout
+    lscpu_cores: dict[str, set[int]] = {}
+    for line in listed.splitlines():
+        if not line.startswith("#"):
+            cpu, core = line.split(",")
+            lscpu_cores.setdefault(core, set()).add(int(cpu))
+    ours: dict[int, set[int]] = {}
+    for cpu, core in smt_cores().items():
+        ours.setdefault(core, set()).add(int(cpu[3:]))
+    assert sorted(map(sorted, ours.values())) == sorted(map(sorted, lscpu_cores.values()))
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs: the run's and a stranger's")
+def test_a_stranger_on_an_smt_sibling_disturbs_the_run_and_a_window_too_short_to_tell_is_unjudged(tmp_path):
+    """A real sampler while a loop holds CPU 1 and the "run" has CPU 0. This machine has no SMT (each CPU its own
+    core, as the test above shows); on one whose sysfs puts CPUs 0 and 1 on one core (core_cpus_list "0-1") the
+    sampler's topology rows say so, and only those rows are set that way here: every CPU figure is measured."""
+    busy = subprocess.Popen(BUSY_LOOP, preexec_fn=lambda: os.sched_setaffinity(0, {1}))
+    try:
+        (tmp_path / "node.pids").write_text("")
+        sampler = subprocess.Popen([sys.executable, "-m", "containerbench.rank.telemetry", "--out",
+                                    str(tmp_path / "node.csv"), "--pids", str(tmp_path / "node.pids"),
+                                    "--interval", "0.1"])
+        time.sleep(0.3)
+        start = time.time()
+        time.sleep(1.2)
+        end = time.time()
+        sampler.send_signal(signal.SIGTERM)
+        assert sampler.wait(timeout=10) == 0
+    finally:
+        busy.kill()
+        busy.wait()
+    samples = merged_samples(tmp_path / "node.csv", tmp_path / "merged.csv")
+    settings = {"interval_s": 0.1, "disturbed_cpu_share": 0.1, "max_steal_share": 1.0}  # steal is not tested here
+    window = {"start_unix": start, "end_unix": end, "cpu_s": 0.0, "cores": [0], "ranks": 1}
+
+    node = summarise_node(samples, window, steps=10)
+    assert node["smt_siblings"] == [] and node["sibling_foreign_cpu_share"] is None  # no SMT: nothing beside CPU 0
+    assert node["samples_inside"] >= 3 and node["coverage"] >= 0.5
+    assert disturbance_check({"here": node}, [], settings)["status"] != "unjudged"
+
+    for cpu in ("cpu0", "cpu1"):  # an SMT machine's topology: CPUs 0 and 1 on core 0
+        samples[("smt_core", cpu)] = [(t, 0.0) for t, _ in samples[("smt_core", cpu)]]
+    node = summarise_node(samples, window, steps=10)
+    assert node["smt_siblings"] == [1]
+    assert node["sibling_foreign_cpu_share"] > 0.5, node  # the loop held CPU 1 all along
+    check = disturbance_check({"here": node}, [], settings)
+    assert check["status"] == "disturbed"
+    assert (f"on here processes outside the run took {100 * node['sibling_foreign_cpu_share']:.0f}% of the SMT "
+            "siblings of its CPUs (cores 1, which share their execution units) in the measured window, limit 10%"
+            in check["reason"])
+
+    # A window shorter than two sampling intervals holds too few samples: not judged, and said.
+    middle = (start + end) / 2
+    short = summarise_node(samples, {**window, "start_unix": middle, "end_unix": middle + 0.15}, steps=1)
+    assert short["samples_inside"] < 3 and short["coverage"] == 0
+    assert disturbance_check({"here": short}, [], settings) == {
+        "status": "unjudged",
+        "reason": f"on here the measured window of 0.15 s held {short['samples_inside']} telemetry sample(s) "
+                  "(needed: 3 spanning 50%; sampled every 0.1 s)"}
+    assert disturbance_check({}, ["n2"], settings) == {"status": "unjudged", "reason": "on n2 no telemetry sample"}
+
+
+def test_a_recorded_run_too_short_to_judge_is_kept_compared_and_counted_as_unjudged():
+    """A real recorded run (one rank, 0.67 s measured, sampled every 0.5 s): its window held too few samples."""
+    log = RECORDED_RUNS / "train_bare-metal_tcp-loopback_1x1_b2_rep1.log"
+    record = parse_log(log, log.with_name(log.name.replace(".log", ".telemetry.csv")))
+    assert record["status"] == "ok"
+    check = record["telemetry"]["disturbance_check"]
+    assert check == {"status": "unjudged", "reason": "on vm the measured window of 0.67 s held 2 telemetry sample(s) "
+                                                     "(needed: 3 spanning 50%; sampled every 0.5 s)"}
+    tables = build_tables([record])
+    assert list(tables["runs"]["disturbance_check"]) == ["unjudged"]
+    assert list(tables["runs"]["disturbance_reason"]) == [check["reason"]]
+    [point] = tables["summary"].to_dict("records")
+    assert point["repetitions"] == 1 and point["unjudged"] == 1 and point["disturbed"] == 0
 
 
 def test_the_sampler_ends_with_the_rank_that_started_it(tmp_path):

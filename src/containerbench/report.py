@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 
 import matplotlib
-import numpy as np
 
 matplotlib.use("Agg")  # no display on login or compute nodes
 import matplotlib.pyplot as plt  # noqa: E402
@@ -28,19 +27,18 @@ from containerbench.results import TABLES  # noqa: E402
 from containerbench.status import Status  # noqa: E402
 
 SUMMARY_COLUMNS = {
-    "framework": "framework",
-    "runtime": "runtime", "fabric": "fabric", "mode": "mode", "data": "data", "nodes": "nodes", "ranks": "ranks",
-    "batch_size": "batch/rank", "repetitions": "reps", "failed_or_invalid": "failed", "disturbed": "disturbed",
-    "images_per_sec_median": "img/s median", "median_ci95_low": "median CI95 low",
-    "median_ci95_high": "median CI95 high", "images_per_sec_mean": "img/s mean", "ci95_low": "mean CI95 low",
-    "ci95_high": "mean CI95 high", "images_per_sec_std": "std", "cv_percent": "CV %",
-    "images_per_sec_min": "min", "images_per_sec_max": "max", "per_rank_median": "img/s per rank",
-    "speedup": "speedup", "scaling_efficiency_percent": "scaling eff. %",
+    "framework": "framework", "runtime": "runtime", "fabric": "fabric", "mode": "mode", "data": "data",
+    "nodes": "nodes", "ranks": "ranks", "batch_size": "batch/rank", "repetitions": "reps",
+    "failed_or_invalid": "failed", "disturbed": "disturbed", "unjudged": "unjudged", "images_per_sec_median":
+    "img/s median", "median_ci95_low": "median CI95 low", "median_ci95_high": "median CI95 high",
+    "images_per_sec_mean": "img/s mean", "ci95_low": "mean CI95 low", "ci95_high": "mean CI95 high",
+    "images_per_sec_std": "std", "cv_percent": "CV %", "images_per_sec_min": "min", "images_per_sec_max": "max",
+    "per_rank_median": "img/s per rank", "speedup": "speedup", "scaling_efficiency_percent": "scaling eff. %",
     "repetitions_stop": "reps stopped",  # repetitions: auto only (why the point stopped)
 }
 
 
-def _png(figure) -> str:
+def figure_png(figure) -> str:
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", dpi=110, bbox_inches="tight")
     plt.close(figure)
@@ -83,7 +81,7 @@ def throughput_plot(summary: pd.DataFrame) -> str | None:
     else:
         left.legend(fontsize=8)
         right.legend(fontsize=8)
-    return _png(figure)
+    return figure_png(figure)
 
 
 USAGE_PLOT_RUNS = 6  # utilisation and traffic over time: at most this many runs, one row of plots each
@@ -127,7 +125,7 @@ def usage_plot(telemetry: pd.DataFrame) -> str | None:
     for axis in axes[-1]:
         axis.set_xlabel("seconds from the first measured step")
     figure.tight_layout()
-    return _png(figure)
+    return figure_png(figure)
 
 
 def network_plot(netbench: pd.DataFrame) -> str | None:
@@ -160,7 +158,7 @@ def network_plot(netbench: pd.DataFrame) -> str | None:
     for axis in axes:
         axis.grid(alpha=0.3, which="both")
         axis.legend(fontsize=8)
-    return _png(figure)
+    return figure_png(figure)
 
 
 def overhead_plot(overhead: pd.DataFrame) -> str | None:
@@ -177,7 +175,7 @@ def overhead_plot(overhead: pd.DataFrame) -> str | None:
     axis.set(ylabel="overhead vs bare metal (% of the means)\n(bars: Fieller 95% CI; > 0 = slower)",
              title="Container overhead")
     axis.grid(alpha=0.3, axis="y")
-    return _png(figure)
+    return figure_png(figure)
 
 
 def side_by_side_plot(summary: pd.DataFrame, column: str, title: str) -> str | None:
@@ -199,7 +197,7 @@ def side_by_side_plot(summary: pd.DataFrame, column: str, title: str) -> str | N
     axis.set(ylabel="images/s (median; bars: min-max)", title=title)
     axis.legend()
     axis.grid(alpha=0.3, axis="y")
-    return _png(figure)
+    return figure_png(figure)
 
 
 def loss_plot(losses: pd.DataFrame) -> str | None:
@@ -222,10 +220,10 @@ def loss_plot(losses: pd.DataFrame) -> str | None:
         axis.grid(alpha=0.3)
         axis.legend(fontsize=7)
     axes[0][0].set_ylabel("training loss (rank 0)")
-    return _png(figure)
+    return figure_png(figure)
 
 
-def _table(frame: pd.DataFrame, columns: dict | None = None) -> str:
+def html_table(frame: pd.DataFrame, columns: dict | None = None) -> str:
     if frame.empty:
         return "<p class='empty'>none</p>"
     if columns:
@@ -279,7 +277,8 @@ RUN_COLUMNS = {
     "run_id": "run", "runtime": "runtime", "fabric": "fabric", "nodes": "nodes", "ranks": "ranks", "status": "status",
     "images_per_sec": "img/s", "startup_s": "start-up s", "fabric_check": "transport check",
     "transport": "what the logs show", "cpu_utilisation_percent": "CPU busy %", "foreign_cpu_percent": "others' CPU %",
-    "service_cpu_percent": "runtime's and launcher's CPU %", "traffic_check": "traffic check", "hosts": "hosts",
+    "service_cpu_percent": "runtime's and launcher's CPU %", "disturbance_check": "disturbance check",
+    "traffic_check": "traffic check", "hosts": "hosts",
 }
 # Each comparison is computed from the means of the repetitions; the column names say so, and the
 # medians stand beside them for reading.
@@ -332,11 +331,11 @@ INPUT_COLUMNS = {"runtime": "runtime", "fabric": "fabric", "mode": "mode", "rank
                  "synthetic_median": "synthetic img/s median", "real_median": "real img/s median",
                  "synthetic_mean": "synthetic img/s mean", "real_mean": "real img/s mean",
                  "input_overhead_percent_of_means": "input overhead % (of means)",
-                 "input_overhead_ci95_low": "95% CI low",
-                 "input_overhead_ci95_high": "95% CI high", "significance": "significance"}
+                 "input_overhead_ci95_low": "95% CI low", "input_overhead_ci95_high": "95% CI high",
+                 "significance": "significance"}
 MEMORY_COLUMNS = {"runtime": "runtime", "model": "model", "image_size": "image px", "precision": "precision",
-                  "batch_size": "batch/rank", "peak_host_memory_gib": "peak host GiB/rank",
-                  "peak_gpu_memory_gib": "peak GPU GiB/rank", "runs": "runs"}
+                  "batch_size": "batch/rank", "peak_host_memory_gib": "peak host GiB/rank", "peak_gpu_memory_gib":
+                  "peak GPU GiB/rank", "runs": "runs"}
 
 
 def read_tables(table_files) -> dict[str, pd.DataFrame]:
@@ -370,7 +369,7 @@ def since_last_time(history) -> dict | None:
         changes = pd.read_csv(table_path)
     except pd.errors.EmptyDataError:
         changes = pd.DataFrame()
-    return {**summary, "table": _table(changes, SINCE_LAST_COLUMNS),
+    return {**summary, "table": html_table(changes, SINCE_LAST_COLUMNS),
             "significant": int((changes.get("significant", pd.Series(dtype=str)) == "significant").sum())}
 
 
@@ -382,119 +381,27 @@ def render(table_files, record_paths, out_path: str | Path, skipped: dict | None
         generated=time.strftime("%Y-%m-%d %H:%M %Z"),
         counts={status.value: sum(r["status"] == status for r in records) for status in Status},
         environment=environment_rows(records),
-        headline=headline(tables["overhead"]), summary_table=_table(tables["summary"], SUMMARY_COLUMNS),
+        headline=headline(tables["overhead"]), summary_table=html_table(tables["summary"], SUMMARY_COLUMNS),
         throughput_plot=throughput_plot(tables["summary"]) if not tables["summary"].empty else None,
-        overhead_table=_table(tables["overhead"], OVERHEAD_COLUMNS),
+        overhead_table=html_table(tables["overhead"], OVERHEAD_COLUMNS),
         loss_plot=loss_plot(tables["losses"]),
-        trajectory_table=_table(tables["trajectories"], TRAJECTORY_COLUMNS),
+        trajectory_table=html_table(tables["trajectories"], TRAJECTORY_COLUMNS),
         overhead_plot=overhead_plot(tables["overhead"]),
-        fabric_table=_table(tables["fabrics"], FABRIC_COLUMNS),
+        fabric_table=html_table(tables["fabrics"], FABRIC_COLUMNS),
         fabric_plot=side_by_side_plot(tables["summary"], "fabric", "Throughput by interconnect"),
-        mode_table=_table(tables["modes"], MODE_COLUMNS),
-        framework_table=_table(tables["frameworks"], framework_columns()) if not tables["frameworks"].empty else None,
+        mode_table=html_table(tables["modes"], MODE_COLUMNS),
+        framework_table=(html_table(tables["frameworks"], framework_columns())
+                         if not tables["frameworks"].empty else None),
         mode_plot=side_by_side_plot(tables["summary"], "mode", "Throughput by distribution mode"),
-        input_table=_table(tables["input"], INPUT_COLUMNS),
+        input_table=html_table(tables["input"], INPUT_COLUMNS),
         data_plot=side_by_side_plot(tables["summary"], "data", "Throughput by input: synthetic vs real data"),
-        memory_table=_table(tables["memory"], MEMORY_COLUMNS),
-        study_table=_table(tables["table1"]),
+        memory_table=html_table(tables["memory"], MEMORY_COLUMNS),
+        study_table=html_table(tables["table1"]),
         network_plot=network_plot(tables["netbench"]),
         usage_plot=usage_plot(tables["telemetry"]),
-        failures_table=_table(tables["failures"]),
-        runs_table=_table(tables["runs"], RUN_COLUMNS),
+        failures_table=html_table(tables["failures"]),
+        runs_table=html_table(tables["runs"], RUN_COLUMNS),
         skipped=sorted((skipped or {}).items()),
         since_last=since_last_time(history),
-    )
-    outputs.write_text(out_path, page)
-
-
-# The fleet verdict's page (containerbench fleet judge): read from the tables fleet.write_verdict wrote.
-
-def node_chart(nodes: pd.DataFrame, min_shortfall: float | None = None) -> str | None:
-    """One panel per variable: each node's signed deviation from the fleet median, failed bars red."""
-    if nodes.empty:
-        return None
-    variables = list(dict.fromkeys(nodes["variable"]))
-    order = list(dict.fromkeys(nodes["node"]))
-    figure, axes = plt.subplots(len(variables), 1, figsize=(min(24, max(7, 0.3 * len(order))), 2.2 * len(variables)),
-                                squeeze=False, sharex=True)
-    for axis, variable in zip(axes[:, 0], variables):
-        rows = nodes[nodes["variable"] == variable].set_index("node").reindex(order)
-        colours = [{"fail": "#c62828", "unjudged": "#bdbdbd"}.get(result, "#7986cb") for result in rows["result"]]
-        axis.bar(range(len(order)), rows["better_percent"].fillna(0), color=colours)
-        axis.axhline(0, color="black", linewidth=0.8)
-        if min_shortfall:
-            axis.axhline(-100 * min_shortfall, color="#c62828", linewidth=0.8, linestyle="--")
-        axis.set_title(variable, fontsize=8, loc="left")
-        axis.set_ylabel("% vs fleet median", fontsize=8)
-        axis.grid(alpha=0.3, axis="y")
-    if len(order) <= 96:  # beyond, names would overlap: the table below has them
-        axes[-1, 0].set_xticks(range(len(order)), order, rotation=90 if len(order) > 16 else 0, fontsize=8)
-    figure.tight_layout()
-    return _png(figure)
-
-
-def link_matrix(links: pd.DataFrame, order: list[str], unmeasured=()) -> str | None:
-    """Nodes x nodes: each measured link's worst signed deviation; slow links crossed, links whose job
-    failed (`unmeasured`, no figure) squared."""
-    if links.empty:
-        return None
-    position = {node: i for i, node in enumerate(order)}
-    worst = links.groupby("link").agg(signed=("better_percent", "min"), slow=("slow", "any"))
-    matrix = np.full((len(order), len(order)), np.nan)
-    slow = []
-    for link, row in worst.iterrows():
-        a, b = (position[end] for end in link.split("+"))
-        matrix[a, b] = matrix[b, a] = row.signed
-        if row.slow:
-            slow += [(a, b), (b, a)]
-    size = max(4, min(14, 0.35 * len(order)))
-    figure, axis = plt.subplots(figsize=(size + 1.5, size))
-    limit = max(10.0, float(np.nanmax(np.abs(matrix))))
-    image = axis.imshow(matrix, cmap="RdBu", vmin=-limit, vmax=limit)
-    if slow:
-        rows, columns = zip(*slow)
-        axis.scatter(columns, rows, marker="x", color="black", s=40 if len(order) <= 32 else 8)
-    failed = [(position[a], position[b]) for a, b in (link.split("+") for link in unmeasured)]
-    if failed:
-        rows, columns = zip(*failed, *[(b, a) for a, b in failed])
-        axis.scatter(columns, rows, marker="s", facecolors="none", edgecolors="black", s=60 if len(order) <= 32 else 10)
-    ticks = range(len(order)) if len(order) <= 64 else []
-    axis.set_xticks(ticks, [order[i] for i in ticks], rotation=90, fontsize=7)
-    axis.set_yticks(ticks, [order[i] for i in ticks], fontsize=7)
-    figure.colorbar(image, ax=axis, label="worst figure, % vs fleet median (below 0: worse)")
-    axis.set_title("Links")
-    return _png(figure)
-
-
-FLEET_SUMMARY_COLUMNS = {"kind": "kind", "member": "node or link", "result": "result", "reason": "reason"}
-FLEET_NODE_COLUMNS = {"node": "node", "variable": "variable", "value": "value", "unit": "unit",
-                      "reference": "reference", "fleet_median": "fleet median", "mad": "MAD",
-                      "robust_z": "robust z", "deviation_percent": "deviation %",
-                      "repeatability_percent": "repeatability %", "result": "result", "reason": "reason"}
-FLEET_LINK_COLUMNS = {"link": "link", "variable": "variable", "value": "value", "unit": "unit",
-                      "fleet_median": "fleet median", "mad": "MAD", "robust_z": "robust z",
-                      "deviation_percent": "deviation %", "blamed_on": "blamed on"}
-
-
-def render_fleet(verdict_dir, out_path, min_shortfall: float | None = None, z_limit: float = 3.5) -> None:
-    """The fleet verdict's HTML page from its tables (fleet_*.csv, drain.txt in verdict_dir)."""
-    folder = Path(verdict_dir)
-    summary, nodes, links = (pd.read_csv(folder / f"fleet_{name}.csv", keep_default_na=False,
-                                         na_values=[""]) for name in ("summary", "nodes", "links"))
-    summary["reason"] = summary["reason"].fillna("")
-    order = summary.loc[summary["kind"] == "node", "member"].tolist()
-    failing = summary[summary["result"] != "pass"]
-    environment = Environment(loader=PackageLoader("containerbench"), autoescape=select_autoescape())
-    page = environment.get_template("fleet.html.j2").render(
-        generated=time.strftime("%Y-%m-%d %H:%M %Z"),
-        node_count=len(order), link_count=int((summary["kind"] == "link").sum()),
-        failed_nodes=int(((summary["kind"] == "node") & (summary["result"] == "fail")).sum()),
-        bad_links=int(((summary["kind"] == "link") & (summary["result"] == "fail")).sum()),
-        failures_table=_table(failing, FLEET_SUMMARY_COLUMNS),
-        node_chart=node_chart(nodes, min_shortfall), node_table=_table(nodes, FLEET_NODE_COLUMNS),
-        link_matrix=link_matrix(links, order, sorted(set(failing.loc[failing["kind"] == "link", "member"])
-                                                     - set(links["link"]))),
-        link_table=_table(links[links["slow"]], FLEET_LINK_COLUMNS),
-        drain=(folder / "drain.txt").read_text(), z_limit=z_limit,
     )
     outputs.write_text(out_path, page)

@@ -16,7 +16,7 @@ from containerbench.frameworks import DEFAULT_FRAMEWORK
 from containerbench.intervals import median_interval, t_quantile
 from containerbench.point import Point, runtime_label
 from containerbench.runtimes import BareMetal
-from containerbench.status import Status
+from containerbench.status import Check, Status
 
 # A sweep point's columns: runs that differ only in repetition.
 POINT = Point.columns()
@@ -27,7 +27,8 @@ RUN_COLUMNS = ["run_id", "status", "reason", "evidence", "system", *POINT, "repe
                "rank_images_per_sec_min", "rank_images_per_sec_max", "rank_spread_percent", "step_s_median",
                "peak_host_memory_gib", "peak_gpu_memory_gib", "startup_s", "wall_s", "provenance", "image",
                "fabric_check", "transport", "cpu_utilisation_percent", "foreign_cpu_percent", "service_cpu_percent",
-               "disturbed", "traffic_check", "mpi_model", "mpi_library", "binding", "hosts", "log"]
+               "disturbed", "disturbance_check", "disturbance_reason", "traffic_check", "mpi_model", "mpi_library",
+               "binding", "hosts", "log"]
 BASELINE_RUNTIME = BareMetal.name
 
 
@@ -64,6 +65,9 @@ def _usage(record: dict) -> dict:
         # A record parsed before the runtime's processes were counted apart has no such figure.
         "service_cpu_percent": max((n.get("service_cpu_percent", np.nan) for n in nodes), default=np.nan),
         "disturbed": telemetry.get("disturbed"),
+        # ok, disturbed or unjudged (too few samples in the window), and why; empty in a record made before the check
+        "disturbance_check": (telemetry.get("disturbance_check") or {}).get("status"),
+        "disturbance_reason": (telemetry.get("disturbance_check") or {}).get("reason"),
         "traffic_check": (telemetry.get("traffic_check") or {}).get("status"),
     }
 
@@ -157,6 +161,8 @@ def summary_table(runs: pd.DataFrame, stops: dict[str, str] | None = None) -> pd
             # A disturbed run is a valid measurement left out of the figures, not a failure: counted apart.
             "failed_or_invalid": int(group["status"].isin([Status.FAILED, Status.INVALID]).sum()),
             "disturbed": int((group["status"] == Status.DISTURBED).sum()),
+            # Compared, but nothing showed whether the machine was quiet while they measured.
+            "unjudged": int((good["disturbance_check"] == Check.UNJUDGED).sum()),
             "images_per_sec_median": rates.median(),
             # The median's own interval, distribution-free (order statistics; none under 6 repetitions),
             # and the mean's, Student's t (ci95_low, ci95_high): each figure with its interval.

@@ -31,10 +31,13 @@ class Status(_Word):
 
 
 class Check(_Word):
-    """The outcome of one check in a record: the transport (fabric_check) and the traffic (telemetry)."""
+    """The outcome of one check in a record: the transport (fabric_check), the traffic and the disturbance
+    (telemetry)."""
 
     OK = "ok"
     MISMATCH = "mismatch"  # the run used another network than its fabric asks for: the run is invalid
     UNVERIFIED = "unverified"  # no log line decided (fabrics.verify)
     NOT_APPLICABLE = "not applicable"  # nothing to check: one rank, one node, no ring all-reduce
     NOT_CHECKED = "not checked"  # the fabric names no interface to count traffic on (usage.traffic_check)
+    DISTURBED = "disturbed"  # processes outside the run took its CPUs (usage.disturbance_check)
+    UNJUDGED = "unjudged"  # too few telemetry samples in the measured window to tell whether anything else ran

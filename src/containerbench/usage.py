@@ -113,6 +113,7 @@ def summarise_node(samples: dict, window: dict, steps: int | None) -> dict:
     coverage = span / seconds if len(inside) >= MIN_SAMPLES_INSIDE else 0.0
     cores = sorted(window["cores"]) or sorted(int(d[3:]) for m, d in samples if m == "cpu_busy_s")
     capacity = span * len(cores)
+    siblings = smt_siblings(samples, cores)
 
     def between(metric, device="node"):
         return _delta(samples[(metric, device)], first, last) if (metric, device) in samples else 0.0
@@ -128,6 +129,10 @@ def summarise_node(samples: dict, window: dict, steps: int | None) -> dict:
     service = max(0.0, sum(between("service_cpu_s", f"cpu{c}") for c in cores))  # not -1e-14 from rounding
     services = {device: between(metric, device) for metric, device in samples if metric == "service_cpu_by_name_s"}
     foreign = max(0.0, busy - own - sampler - service)
+    # On the SMT siblings of the run's cores nothing of the run is bound: all but the runtime's processes and
+    # the sampler (wherever it ran) is a stranger sharing the cores' execution units.
+    sibling_foreign = max(0.0, sum(between("cpu_busy_s", f"cpu{c}") - between("service_cpu_s", f"cpu{c}")
+                                   for c in siblings or []) - sampler)
     per_step = max(steps or 1, 1)
     traffic = {}
     for (metric, device), points in samples.items():
@@ -139,9 +144,11 @@ def summarise_node(samples: dict, window: dict, steps: int | None) -> dict:
             if metric == "gpu_util_percent"}
     in_window = [v for t, v in samples.get(("run_rss_bytes", "node"), []) if start <= t <= end]
     return {
-        "window_s": round(seconds, 3), "coverage": round(min(coverage, 1.0), 3), "cores": cores,
-        "ranks": window["ranks"], "cpu_utilisation_percent": 100 * busy / capacity,
+        "window_s": round(seconds, 3), "coverage": round(min(coverage, 1.0), 3), "samples_inside": len(inside),
+        "cores": cores, "ranks": window["ranks"], "cpu_utilisation_percent": 100 * busy / capacity,
         "run_cpu_percent": 100 * own / capacity, "foreign_cpu_share": foreign / capacity,
+        "smt_siblings": siblings,  # null: the sampler did not know the topology
+        "sibling_foreign_cpu_share": sibling_foreign / (span * len(siblings)) if siblings else None,
         "service_cpu_percent": 100 * service / capacity,
         "service_cpu_s": {name: round(value, 3) for name, value in sorted(services.items())},
         "steal_share": steal / capacity, "sampler_cpu_percent_of_a_core": 100 * sampler / span,
@@ -151,21 +158,56 @@ def summarise_node(samples: dict, window: dict, steps: int | None) -> dict:
     }
 
 
+def smt_siblings(samples: dict, cores: list[int]) -> list[int] | None:
+    """The CPUs that share a hardware core with one of `cores` and are not among them, from the sampler's
+    topology rows (smt_core); None where it wrote none (a record sampled before them, a sysfs that is silent)."""
+    core_of = {int(device[3:]): points[0][1] for (metric, device), points in samples.items() if metric == "smt_core"}
+    if not core_of:
+        return None
+    shared = {core_of[c] for c in cores if c in core_of}
+    return sorted(c for c, core in core_of.items() if core in shared and c not in cores)
+
+
 def disturbance(nodes: dict[str, dict], settings: dict) -> str | None:
     """Why the run is disturbed (the figures), or None: judged only where the sampler covered the window."""
     found = []
+    limit = f"limit {100 * settings['disturbed_cpu_share']:.0f}%"
     for host, node in sorted(nodes.items()):
         if node["coverage"] < MIN_COVERAGE:
             continue
         cores = ",".join(map(str, node["cores"]))
         if node["foreign_cpu_share"] > settings["disturbed_cpu_share"]:
             found.append(f"on {host} processes outside the run took {100 * node['foreign_cpu_share']:.0f}% of its "
-                         f"CPUs (cores {cores}) in the measured window, limit "
-                         f"{100 * settings['disturbed_cpu_share']:.0f}%")
+                         f"CPUs (cores {cores}) in the measured window, {limit}")
+        if (node.get("sibling_foreign_cpu_share") or 0.0) > settings["disturbed_cpu_share"]:
+            siblings = ",".join(map(str, node["smt_siblings"]))
+            found.append(f"on {host} processes outside the run took {100 * node['sibling_foreign_cpu_share']:.0f}% "
+                         f"of the SMT siblings of its CPUs (cores {siblings}, which share their execution units) in "
+                         f"the measured window, {limit}")
         if node["steal_share"] > settings["max_steal_share"]:
             found.append(f"on {host} the hypervisor stole {100 * node['steal_share']:.0f}% of the run's CPUs, limit "
                          f"{100 * settings['max_steal_share']:.0f}%")
     return "; ".join(found) or None
+
+
+def disturbance_check(nodes: dict[str, dict], missing: list[str], settings: dict) -> dict:
+    """The disturbed rule's outcome: "disturbed" with its figures, "unjudged" where a node's samples cannot
+    tell (too few inside the measured window, or none), else "ok". An unjudged run is kept and compared; the
+    tables count it, so a quiet machine is never claimed where it was not seen."""
+    disturbed = disturbance(nodes, settings)
+    interval = settings.get("interval_s")
+    unseen = []
+    for host, node in sorted(nodes.items()):
+        if node["coverage"] < MIN_COVERAGE:
+            inside = node.get("samples_inside", 0)
+            spanning = f" spanning {100 * node['coverage']:.0f}% of it" if inside >= MIN_SAMPLES_INSIDE else ""
+            unseen.append(f"on {host} the measured window of {node['window_s']:.2f} s held {inside} telemetry "
+                          f"sample(s){spanning} (needed: {MIN_SAMPLES_INSIDE} spanning {100 * MIN_COVERAGE:.0f}%; "
+                          f"sampled every {interval} s)")
+    unseen += [f"on {host} no telemetry sample" for host in missing]
+    reason = "; ".join(filter(None, [disturbed, *unseen])) or None
+    status = Check.DISTURBED if disturbed else Check.UNJUDGED if unseen else Check.OK
+    return {"status": status, "reason": reason}
 
 
 def _bytes(value: float) -> str:
@@ -251,6 +293,7 @@ def read_telemetry(path: str | Path, result: dict | None, spec: dict, fabric: di
     block["nodes"] = nodes
     block["missing_nodes"] = sorted(set(windows) - set(samples))
     block["disturbed"] = disturbance(nodes, settings)
+    block["disturbance_check"] = disturbance_check(nodes, block["missing_nodes"], settings)
     block["traffic_check"] = traffic_check(nodes, result or {}, spec, fabric)
     block["series"] = {host: series(per_host, origin, fabric) for host, per_host in sorted(samples.items())}
     return block

@@ -62,7 +62,7 @@ def cmd_fleet_judge(args) -> int:
             return 2
     verdict = fleet.judge(records, planned, references, min_shortfall=args.min_shortfall)
     paths = fleet.write_verdict(verdict, args.out_dir)
-    from containerbench.report import render_fleet
+    from containerbench.fleetreport import render_fleet
 
     page = Path(args.out_dir) / "fleet.html"
     render_fleet(args.out_dir, page, args.min_shortfall, fleet.ROBUST_Z_LIMIT)

@@ -11,6 +11,9 @@ value), flushed per sample so a crash keeps what was sampled:
     sampler_cpu_s                           the sampler itself, so its cost is known
     service_cpu_s, service_cpu_by_name_s    the runtime's and launcher's processes (dockerd, conmon, orted),
                                             per core their threads ran on and per name, accumulated
+    smt_core                                per core, once: its hardware core, named by the lowest CPU on
+                                            it (sysfs core_cpus_list), so what runs on an SMT sibling of
+                                            the run's cores is seen (usage.summarise_node)
     load1, mem_used_bytes                   /proc/loadavg, /proc/meminfo
     net_{rx,tx}_{bytes,packets}             per interface, /proc/net/dev
     ib_{rx,tx}_{bytes,packets}              per InfiniBand port, /sys/class/infiniband/*/ports/*/counters
@@ -207,6 +210,33 @@ def register_rank(directory: str) -> None:
         os.close(fd)
 
 
+def cpu_list(text: str) -> list[int]:
+    """The CPUs of a kernel decimal list, "like 0-3, 8-11, 14,17" (the ABI file below)."""
+    cpus = []
+    for part in filter(None, (part.strip() for part in text.split(","))):
+        first, _, last = part.partition("-")
+        cpus += range(int(first), int(last or first) + 1)
+    return cpus
+
+
+def smt_cores(root: str = "/sys/devices/system/cpu") -> dict[str, int]:
+    """Each CPU's hardware core, named by the lowest CPU that shares it: CPUs with one number share a core's
+    execution units. Linux's Documentation/ABI/stable/sysfs-devices-system-cpu: topology/core_cpus_list is the
+    "human-readable list of CPUs within the same core" (deprecated name: "thread_siblings_list", the one
+    older kernels have). Empty where sysfs does not say."""
+    cores = {}
+    for directory in glob.glob(f"{root}/cpu[0-9]*/topology"):
+        for name in ("core_cpus_list", "thread_siblings_list"):
+            try:
+                siblings = cpu_list(Path(directory, name).read_text())
+            except (OSError, ValueError):
+                continue
+            if siblings:
+                cores[Path(directory).parent.name] = min(siblings)
+                break
+    return cores
+
+
 def start_sampler(directory: str, interval: float, services: str = "") -> subprocess.Popen:
     """The node's sampler, a child of this rank that ends with it. `services`: comma-separated names
     of the runtime's and launcher's processes, whose CPU it counts apart (service_cpu_s)."""
@@ -238,6 +268,7 @@ class Sampler:
         self.service_by_name: dict[str, float] = dict.fromkeys(services, 0.0)
         self.own_pid_ns = _namespace("pid")
         self.gpus = GpuReader()
+        self.topology = [("smt_core", cpu, core) for cpu, core in sorted(smt_cores().items())]  # the first sample only
 
     def run_processes(self) -> list[str]:
         try:
@@ -310,6 +341,7 @@ class Sampler:
             except (OSError, IndexError, ValueError):  # the rank has ended
                 continue
         own = os.times()
+        rows, self.topology = rows + self.topology, []
         rows += self.service_cpu([device for metric, device, _ in rows if metric == "cpu_busy_s"])
         rows += [("run_cpu_s", "node", run_cpu), ("run_rss_bytes", "node", run_rss),
                  ("run_processes", "node", len(pids)), ("sampler_cpu_s", "node", own.user + own.system),
