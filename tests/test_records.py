@@ -317,3 +317,14 @@ def test_a_parsed_record_written_and_loaded_keeps_its_status(tmp_path):
     assert type(written["status"]) is Status and '"status": "ok"' in out.read_text()
     (loaded,), _ = load_records([out])
     assert loaded == json.loads(json.dumps(written)) and loaded["status"] is Status.OK  # JSON: tuples as lists
+
+
+def test_a_rank_that_crashed_under_srun_is_named_before_the_timeout_that_followed():
+    """A real log (the chaos sweep on the 4-node cluster, 2026-11-28): rank 0 of a 2-node run segfaulted in
+    Open MPI's TCP connect, srun said so and began to end the step, but the step only ended when the launcher's
+    300 s timeout stopped it. The record names what ended first, in srun's words, then the timeout."""
+    record = parse_log(ROOT / "tests" / "data" / "crashes" / "srun-task-segfault-then-timeout.log")
+    assert record["status"] == "failed"
+    assert record["reasons"] == ["Slurm's srun: task 0 on n1 ended first: Segmentation fault",
+                                 "timed out after 300 s", "no result line"]
+    assert record["returncode"] == 139 and record["wall_s"] == pytest.approx(300.139)

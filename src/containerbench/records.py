@@ -58,6 +58,11 @@ PLANNED_KEYS = ("model", "image_size", "precision", "batch_size", "warmup_steps"
 
 # The reason of a run whose result was printed but cannot be read back: not a slow run (fleet.py).
 UNREADABLE_RESULT = "result unreadable"
+# srun's word for tasks that ended before their step did (Slurm 22.05, src/plugins/launch/slurm/launch_slurm.c,
+# _task_finish: error("%s: %s %s: %s%s", hosts, "task" or "tasks", their ids, strsignal(), " (core dumped)"), and
+# "... Exited with exit code %d"): "srun: error: n1: task 0: Segmentation fault". The first is the cause; the
+# ones after it are the step being torn down ("task 1: Killed").
+SRUN_TASK_ENDED = re.compile(r"srun: error: (?P<hosts>\S+): (?P<which>tasks?) (?P<ids>[\d,\-]+): (?P<how>.+)")
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +78,7 @@ class LogLines:
     result_line: int | None = None  # 1-based; set even when the JSON on it is unreadable
     failure: str | None = None  # the benchmark's own reason for not running
     result_problem: str | None = None  # why the result is unreadable
+    task_ended: str | None = None  # srun's word for the first task that ended before its step (SRUN_TASK_ENDED)
 
     @classmethod
     def read(cls, lines: list[str]) -> LogLines:
@@ -84,6 +90,9 @@ class LogLines:
                 found.exit = markers.payload(line, markers.EXIT)
             elif markers.FAILURE in line and found.failure is None:
                 found.failure = line[line.index(markers.FAILURE) + len(markers.FAILURE):].strip()
+            elif found.task_ended is None and (ended := SRUN_TASK_ENDED.match(line)):
+                found.task_ended = (f"Slurm's srun: {ended['which']} {ended['ids']} on {ended['hosts']} ended first: "
+                                    f"{ended['how']}")
         # The result: a line, or parts put back together (markers.py), read where its marker starts on
         # the line, as output forwarding can put the start of a rank's stderr line before it.
         for result in (item for item in markers.read_payloads(lines) if item.marker == markers.RESULT):
@@ -155,6 +164,8 @@ def judge_exit(found: LogLines, verdict: Verdict) -> None:
     if found.failure:
         verdict.reasons.append(found.failure)
     ended_outside = bool(found.exit and (found.exit.get("not_run") or found.exit.get("slurm")))
+    if found.task_ended and verdict.status == Status.FAILED and not ended_outside:
+        verdict.reasons.insert(0, found.task_ended)  # what ended first, before "timed out" or an exit code
     if found.result is None and not ended_outside:  # else the reason above says why there is none
         verdict.fail("no result line" if found.result_line is None
                      else f"{UNREADABLE_RESULT} (line {found.result_line}: {found.result_problem})")
