@@ -6,11 +6,12 @@ from __future__ import annotations
 import copy
 import json
 
+import pytest
 from helpers import tiny_config
 
 from containerbench import config as cb_config
 from containerbench.launchers import LAUNCHERS, Allocation, allocation_for
-from containerbench.plans import RunPlan, plan_run, plan_sweep
+from containerbench.plans import RunPlan, measurement_priorities, plan_run, plan_sweep, run_order
 
 
 def test_a_plan_round_trips_through_its_json_and_keeps_the_form_the_workflow_passes(tmp_path):
@@ -72,3 +73,37 @@ def test_a_fleet_jobs_runs_share_their_jobs_allocation(tmp_path, monkeypatch):
     config = srun_config(tmp_path)
     assert allocation_for(config, job_of_runs=True) is Allocation.PER_JOB and Allocation.PER_JOB.asks_salloc
     assert plan_run(cb_config.plan_runs(config)[0], config, Allocation.PER_JOB).allocation is None
+
+
+def test_the_runs_of_a_repetition_take_turns_at_going_first(tmp_path):
+    """The default sweep's shape (3 runtimes, 1 and 2 ranks, netbench in the first repetition), 3 repetitions:
+    each runtime runs first at each rank count once, and the comparisons' arms are not always in one order."""
+    config = tiny_config(tmp_path, runtimes=["bare-metal", "charliecloud", "podman"],
+                         benchmark={"repetitions": 3})
+    runs = cb_config.plan_runs(config)
+    order = run_order(runs)
+    assert sorted(order) == sorted(run.run_id for run in runs)
+    by_repetition: dict[int, list] = {}
+    for run in sorted(runs, key=lambda run: (run.repetition, order[run.run_id])):
+        by_repetition.setdefault(run.repetition, []).append(run)
+    assert sorted(by_repetition) == [1, 2, 3]
+    for members in by_repetition.values():
+        assert [order[run.run_id] for run in members] == list(range(len(members)))  # places 0, 1, ... within each
+    first = {}  # (kind, ranks) -> the runtime that ran first at that rank count, per repetition
+    for repetition, members in by_repetition.items():
+        for run in members:
+            first.setdefault((run.kind, run.ranks), {}).setdefault(repetition, run.runtime)
+    for (kind, ranks), runtimes in first.items():
+        if kind == "train":
+            assert sorted(runtimes.values()) == ["bare-metal", "charliecloud", "podman"], (ranks, runtimes)
+    blocks = [[run.ranks for run in members if run.kind == "train"] for members in by_repetition.values()]
+    assert [block[0] for block in blocks] == [1, 2, 1]  # the rank counts' blocks take turns too
+
+    priorities = measurement_priorities(runs, below=1_000_000)
+    ranked = sorted(runs, key=lambda run: -priorities[run.run_id])  # Snakemake starts the highest first
+    assert [run.run_id for run in ranked] == [run.run_id for members in by_repetition.values() for run in members]
+    with pytest.raises(cb_config.ConfigError) as refused:
+        measurement_priorities(runs, below=10)
+    assert str(refused.value) == (f"config: {len(runs)} runs in 3 repetitions are too many to order by priority "
+                                  "below 10; allowed: fewer runs or repetitions per sweep")
+

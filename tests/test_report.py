@@ -25,7 +25,9 @@ def test_report_shows_throughput_scaling_network_and_failures(recorded_runs, tmp
     page = (tmp_path / "report.html").read_text()
 
     plots = re.findall(r'<img alt="([^"]+)" src="data:image/png;base64,[A-Za-z0-9+/=]{1000,}">', page)
-    assert plots == ["throughput and scaling efficiency", "training loss against step per runtime",
+    assert plots == ["throughput and scaling efficiency",
+                     "every run's throughput against its point's median, by start time",  # the recorded runs' order
+                     "training loss against step per runtime",
                      "ping-pong latency, bandwidth and allreduce bus bandwidth",
                      "CPU use and packets per node over time"]  # the recorded runs' losses and telemetry samples
     assert "http://" not in page and "https://" not in page  # nothing fetched: readable offline

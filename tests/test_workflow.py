@@ -233,6 +233,11 @@ def test_the_workflow_runs_end_to_end_and_then_has_nothing_to_do(tmp_path):
 
     summary = pd.read_csv(results / "summary.csv")
     assert list(summary["ranks"]) == [1, 2] and list(summary["repetitions"]) == [2, 2]
+    # The runs took turns at going first (plans.run_order): 1 rank then 2 in the first repetition, 2 then 1 in the
+    # second; the order they really started in, from their records.
+    runs = pd.read_csv(results / "runs.csv")
+    assert {(run.ranks, run.repetition): run.order_in_repetition for run in runs.itertuples()} == {
+        (1, 1): 1, (2, 1): 2, (2, 2): 1, (1, 2): 2}
     assert (summary["images_per_sec_median"] > 0).all()
     assert summary.loc[0, "scaling_efficiency_percent"] == 100.0
 

@@ -12,6 +12,7 @@ import copy
 import functools
 import json
 import os
+from collections import Counter
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
@@ -35,6 +36,9 @@ from containerbench.runtimes import (
 RANK_ENV = {"PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "1"}
 
 NETBENCH = "containerbench.rank.netbench"
+# What the tables set side by side at one point: runs of a repetition that differ only in these form a block,
+# whose order rotates from one repetition to the next (run_order).
+COMPARED = ("runtime", "mpi_model", "fabric", "framework", "mode", "data")
 
 
 def benchmark_modules() -> tuple[str, ...]:
@@ -279,3 +283,40 @@ def plan_sweep(config: dict, repo: Path, *, probe: bool = True) -> Sweep:
     except ValueError as error:  # a runtime refusing what the config asks (an option, a launcher, a bind)
         raise cb_config.ConfigError(f"config: {error}") from None
     return Sweep(runs, plans, artifacts, skipped, sample, planned, allocation)
+
+
+def _rotated(items: list, repetition: int) -> list:
+    shift = (repetition - 1) % len(items)
+    return items[shift:] + items[:shift]
+
+
+def run_order(runs: list[RunSpec]) -> dict[str, int]:
+    """Each run's place (0: first) among the runs of its repetition, counterbalanced: the runs that differ
+    only in what is compared (COMPARED) form a block, and in repetition r the blocks, and the runs inside
+    each, are rotated by r - 1 from their sorted order (a cyclic Latin square). Over as many repetitions as
+    a block has runs each of them runs first once, so a drift or a load within a repetition falls on every
+    runtime alike instead of on the ones that happen to sort first."""
+    order: dict[str, int] = {}
+    for repetition in sorted({run.repetition for run in runs}):
+        blocks: dict[str, list[RunSpec]] = {}
+        for run in sorted((run for run in runs if run.repetition == repetition), key=lambda run: run.run_id):
+            block = [(f.name, getattr(run, f.name)) for f in fields(run) if f.name not in (*COMPARED, "repetition")]
+            blocks.setdefault(repr(block), []).append(run)
+        ordered = [run for key in _rotated(sorted(blocks), repetition) for run in _rotated(blocks[key], repetition)]
+        order.update({run.run_id: place for place, run in enumerate(ordered)})
+    return order
+
+
+def measurement_priorities(runs: list[RunSpec], below: int) -> dict[str, int]:
+    """Snakemake priorities (higher first) that measure the repetitions in turn, earlier first, and each in
+    run_order's order; all under `below` (the steps every measurement waits for). They order the jobs, and
+    are not a rule's params: a run's place changes with the sweep, and that must not measure it again."""
+    order = run_order(runs)
+    width = max(Counter(run.repetition for run in runs).values(), default=1)
+    last = max((run.repetition for run in runs), default=1)
+    priorities = {run.run_id: (last - run.repetition) * width + width - 1 - order[run.run_id] for run in runs}
+    if max(priorities.values(), default=0) >= below:
+        raise cb_config.ConfigError(f"config: {len(runs)} runs in {last} repetitions are too many to order by "
+                                    f"priority below {below}; allowed: fewer runs or repetitions per sweep")
+    return priorities
+

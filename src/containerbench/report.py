@@ -24,6 +24,7 @@ from containerbench.comparisons import headline  # noqa: E402
 from containerbench.frameworks import DEFAULT_FRAMEWORK, FRAMEWORKS  # noqa: E402
 from containerbench.records import load_records  # noqa: E402
 from containerbench.results import TABLES  # noqa: E402
+from containerbench.runtables import POINT  # noqa: E402
 from containerbench.status import Status  # noqa: E402
 
 SUMMARY_COLUMNS = {
@@ -175,6 +176,29 @@ def overhead_plot(overhead: pd.DataFrame) -> str | None:
     axis.set(ylabel="overhead vs bare metal (% of the means)\n(bars: Fieller 95% CI; > 0 = slower)",
              title="Container overhead")
     axis.grid(alpha=0.3, axis="y")
+    return figure_png(figure)
+
+
+def timeline_plot(runs: pd.DataFrame) -> str | None:
+    """Each ok training run where it started, its throughput against its point's median: the order the runs
+    ran in (rotated from one repetition to the next, plans.run_order) and any drift, by runtime."""
+    ok = runs[(runs["status"] == Status.OK) & runs["started_unix"].notna()] if "started_unix" in runs else runs[:0]
+    if ok.empty:
+        return None
+    start = ok["started_unix"].min()
+    relative = 100 * (ok["images_per_sec"] / ok.groupby(POINT, dropna=False)["images_per_sec"].transform("median") - 1)
+    figure, axis = plt.subplots(figsize=(10, 3.8))
+    for runtime, group in ok.groupby("runtime"):
+        axis.scatter((group["started_unix"] - start) / 60, relative[group.index], label=runtime, s=22)
+    for repetition, group in ok.groupby("repetition"):
+        first = (group["started_unix"].min() - start) / 60
+        axis.axvline(first, color="grey", linewidth=0.6, linestyle="--")
+        axis.annotate(f"rep {repetition}", (first, 1), xycoords=("data", "axes fraction"), fontsize=7, va="top")
+    axis.axhline(0, color="black", linewidth=0.8)
+    axis.set(xlabel="minutes since the first run started", ylabel="img/s vs its point's median (%)",
+             title="Every run in the order it ran")
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize=8)
     return figure_png(figure)
 
 
@@ -386,7 +410,7 @@ def render(table_files, record_paths, out_path: str | Path, skipped: dict | None
         overhead_table=html_table(tables["overhead"], OVERHEAD_COLUMNS),
         loss_plot=loss_plot(tables["losses"]),
         trajectory_table=html_table(tables["trajectories"], TRAJECTORY_COLUMNS),
-        overhead_plot=overhead_plot(tables["overhead"]),
+        overhead_plot=overhead_plot(tables["overhead"]), timeline_plot=timeline_plot(tables["runs"]),
         fabric_table=html_table(tables["fabrics"], FABRIC_COLUMNS),
         fabric_plot=side_by_side_plot(tables["summary"], "fabric", "Throughput by interconnect"),
         mode_table=html_table(tables["modes"], MODE_COLUMNS),

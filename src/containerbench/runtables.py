@@ -23,7 +23,8 @@ POINT = Point.columns()
 # Runs whose scaling is compared: a point without its rank count.
 SERIES = Point.columns("nodes", "ranks")
 
-RUN_COLUMNS = ["run_id", "status", "reason", "evidence", "system", *POINT, "repetition", "images_per_sec",
+RUN_COLUMNS = ["run_id", "status", "reason", "evidence", "system", *POINT, "repetition", "started_unix",
+               "order_in_repetition", "images_per_sec",
                "rank_images_per_sec_min", "rank_images_per_sec_max", "rank_spread_percent", "step_s_median",
                "peak_host_memory_gib", "peak_gpu_memory_gib", "startup_s", "wall_s", "provenance", "image",
                "fabric_check", "transport", "cpu_utilisation_percent", "foreign_cpu_percent", "service_cpu_percent",
@@ -93,6 +94,7 @@ def train_row(record: dict) -> dict:
         "runtime": runtime_label(spec.get("runtime"), spec.get("mpi_model")),  # native beside hybrid
         "framework": spec.get("framework") or result.get("framework") or DEFAULT_FRAMEWORK,  # older records: TF's
         "repetition": spec.get("repetition"),
+        "started_unix": record["started_unix"],  # null in records older than 3ea4052
         "images_per_sec": rate,
         "rank_images_per_sec_min": min(rank_rates, default=np.nan),
         "rank_images_per_sec_max": max(rank_rates, default=np.nan),
@@ -120,8 +122,12 @@ def runs_table(records: list[dict]) -> pd.DataFrame:
     rows = [train_row(r) for r in records if r["kind"] == "train"]
     if not rows:
         return pd.DataFrame(columns=RUN_COLUMNS)
-    return pd.DataFrame(rows, columns=RUN_COLUMNS).sort_values(
-        ["runtime", "fabric", "ranks", "batch_size", "repetition"], ignore_index=True)
+    runs = pd.DataFrame(rows, columns=RUN_COLUMNS)
+    # The order the training runs of each repetition started in (1: first), as it happened: what
+    # plans.run_order asked of the scheduler, and what the time-line plot shows.
+    runs["order_in_repetition"] = (runs.groupby(["system", "repetition"], dropna=False)["started_unix"]
+                                   .rank(method="first").astype("Int64"))
+    return runs.sort_values(["runtime", "fabric", "ranks", "batch_size", "repetition"], ignore_index=True)
 
 
 def ok_runs(runs: pd.DataFrame) -> pd.DataFrame:

@@ -3,9 +3,14 @@
 #
 # One rule per repetition, earlier repetitions first (priority): every runtime's
 # first repetition runs before any second one, so container and bare-metal runs
-# interleave and a drift of the machine does not land on one runtime only.
+# interleave; within a repetition the order rotates (plans.run_order), so that
+# no runtime always runs first and a drift of the machine lands on each alike.
 
 REPETITIONS = sorted({run.repetition for run in SWEEP.runs})
+try:
+    MEASUREMENT_PRIORITY = plans.measurement_priorities(SWEEP.runs, below=BEFORE_ANY_MEASUREMENT)
+except cb_config.ConfigError as error:
+    sys.exit(f"containerbench: {error}")
 TELEMETRY_OUTPUT = {"telemetry": f"{RESULTS}/telemetry/{{run_id}}.csv"} if config["telemetry"]["enabled"] else {}
 # Launcher srun from the workflow's node (launchers.Allocation.PER_RUN): each run is a local job that asks Slurm for its
 # own allocation (salloc, with the slurm section's resources: in its plan) and launches from outside it, so
@@ -50,7 +55,7 @@ for repetition in REPETITIONS:
         params:
             cb=CB,
             plan=lambda wildcards: PLANS[wildcards.run_id].to_json(),
-        priority: max(REPETITIONS) - repetition
+        priority: lambda wildcards: MEASUREMENT_PRIORITY[wildcards.run_id]
         resources:
             # A job step's nodes and ranks, for the executor plugin. A multi-rank job is an MPI job
             # for it (`mpi` set, tasks > 1): it runs our command, which calls srun.
