@@ -242,8 +242,8 @@ def test_the_workflow_runs_end_to_end_and_then_has_nothing_to_do(tmp_path):
     assert summary.loc[0, "scaling_efficiency_percent"] == 100.0
 
     report = (results / "report.html").read_text()
-    # Throughput/scaling, loss curves, network curves, CPU and traffic.
-    assert report.count('src="data:image/png;base64,') == 4
+    # Throughput/scaling, the runs in the order they ran, loss curves, network curves, CPU and traffic.
+    assert report.count('src="data:image/png;base64,') == 5
     assert "img/s median" in report and "scaling eff. %" in report and "Ping-pong" in report
     assert "0 failed" in report
 
