@@ -36,6 +36,7 @@ from containerbench.execution import RunAbandoned, execute
 from containerbench.plans import RunPlan
 from containerbench.processes import kill_session
 from containerbench.rank import faults, markers
+from containerbench.records import parse_log
 
 
 def command_lines_mentioning(text: str) -> dict[int, str]:
@@ -314,3 +315,35 @@ def test_points_a_busy_machine_disturbed_are_measured_again_alone_and_come_out_o
                              cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert refused.returncode == 2 and refused.stderr == (
         "containerbench: remeasure: --status 'ok' is not allowed; allowed: failed, invalid, disturbed\n")
+
+
+def test_a_step_that_outlives_a_lost_task_is_stopped_after_sruns_own_wait(tmp_path):
+    """Issue 34: in a chaos sweep rank 0 segfaulted, srun said so, asked for the step's end and said it would wait
+    32 s, and the other node's task lived on until the run's 300 s timeout. A node's slurmd not ending its task
+    cannot be made to happen on demand, so the run here prints srun's own lines from that run's log, then goes on
+    as that task did. The step guard stops it once srun's wait and the grace are over, long before the timeout,
+    and the record names the task that ended first, then the stop."""
+    recorded = ROOT / "tests" / "data" / "crashes" / "srun-task-segfault-then-timeout.log"
+    replay = ("import sys, time\n"
+              "for line in open(sys.argv[1]):\n"
+              "    if not line.startswith('containerbench-'):\n"
+              "        print(line, end='', flush=True)\n"
+              "    if line.startswith('srun: Job step aborted: Waiting up to'):\n"
+              "        break\n"
+              "time.sleep(301)\n")
+    run_plan = {"run_id": "lost-task", "spec": {}, "argv": [sys.executable, "-c", replay, str(recorded)], "env": {},
+                "timeout_s": 300, "exit_grace_s": 1}
+    started = time.monotonic()
+    assert execute(RunPlan.from_json(run_plan), tmp_path / "lost-task.log", echo=None) != 0
+    assert 33 <= time.monotonic() - started < 45  # srun's 32 s and 1 s of grace, and the stop's own seconds
+    lines = (tmp_path / "lost-task.log").read_text().splitlines()
+    assert lines[-2].startswith("containerbench: srun said a task had ended, and the step had not ended 33.")
+    footer = markers.payload(lines[-1], markers.EXIT)
+    assert footer["timed_out"] is False
+    assert footer["step_stopped"]["srun_wait_s"] == 32 and footer["step_stopped"]["grace_s"] == 1
+    assert not command_lines_mentioning("time.sleep(301)")
+    record = parse_log(tmp_path / "lost-task.log")
+    assert record["status"] == "failed"
+    assert record["reasons"] == ["Slurm's srun: task 0 on n1 ended first: Segmentation fault",
+                                 "the step was still running 33 s after that (srun's own wait 32 s, then 1 s of "
+                                 "grace): stopped", "no result line"]

@@ -121,7 +121,7 @@ def execute(run_plan: RunPlan, log_path: Path, echo=sys.stdout, allocation: str 
     argv = _final_argv(run_plan.argv)
     header = {**run_plan.as_dict(), "argv": argv, "host": socket.gethostname(), "started_unix": time.time()}
     started = time.monotonic()
-    timed_out, abandoned, guard = threading.Event(), [], None
+    timed_out, abandoned, guard, step_guard = threading.Event(), [], None, None
     with open(log_path, "w") as log:
         log.write(markers.line(markers.LAUNCH, header))
         log.flush()
@@ -140,17 +140,22 @@ def execute(run_plan: RunPlan, log_path: Path, echo=sys.stdout, allocation: str 
             log.write(f"containerbench: cannot start {argv[0]!r}: {error}\n")
             returncode = 127
         else:
-            guard = ExitGuard(process, run_plan.exit_grace_s)
-            returncode = _follow(process, log, echo, run_plan.timeout_s, timed_out, abandoned, guard)
+            guard, step_guard = ExitGuard(process, run_plan.exit_grace_s), StepGuard(process, run_plan.exit_grace_s)
+            returncode = _follow(process, log, echo, run_plan.timeout_s, timed_out, abandoned, guard, step_guard)
             if guard.hung:
                 log.write(f"containerbench: the run printed its result and had not exited "
                           f"{guard.hung['after_result_s']:.1f} s later: stopped (hung at exit)\n")
+            if step_guard.stopped:
+                log.write(f"containerbench: srun said a task had ended, and the step had not ended "
+                          f"{step_guard.stopped['after_task_ended_s']:.1f} s later: stopped\n")
         if abandoned:
             log.write(f"containerbench: {abandoned[0]}: run abandoned\n")
         footer = {"returncode": returncode, "wall_s": round(time.monotonic() - started, 3),
                   "timed_out": timed_out.is_set(), "ended_unix": time.time()}
         if guard and guard.hung:
             footer["hung_at_exit"] = guard.hung
+        if step_guard and step_guard.stopped:
+            footer["step_stopped"] = step_guard.stopped
         # Ended from outside (scancel, time limit, node failure)? srun can exit 0 when the node under its
         # step failed ("srun: error: Node failure on n3", seen in the chaos sweep), so a run that left no
         # whole result asks Slurm too.
@@ -251,13 +256,52 @@ class ExitGuard:
             self._timer.cancel()
 
 
+class StepGuard:
+    """Ends a step that srun said had lost a task ("srun: error: n1: task 0: Segmentation fault",
+    slurm.SRUN_TASK_ENDED) and that is still going when srun's own wait for the rest of it is over
+    ("Waiting up to 32 seconds", slurm.SRUN_STEP_WAIT) and the run's grace after that. In a chaos sweep a
+    rank segfaulted, srun asked for the step's end, and the other node's task lived on until the run's
+    300 s timeout, which then hid what had ended first. The exit line says when and why it was stopped."""
+
+    def __init__(self, process, grace_s: float):
+        self.process, self.grace_s = process, grace_s
+        self.task_ended_at: float | None = None
+        self.srun_wait_s = float(slurm.SRUN_DEFAULT_STEP_WAIT_S)
+        self.stopped: dict | None = None
+        self._timer: threading.Timer | None = None
+
+    def see(self, line: str) -> None:
+        if self.task_ended_at is None and slurm.SRUN_TASK_ENDED.match(line):
+            self.task_ended_at = time.monotonic()
+            self._arm(self.srun_wait_s + self.grace_s)
+        elif self.task_ended_at is not None and (wait := slurm.SRUN_STEP_WAIT.match(line)):
+            self.srun_wait_s = float(wait["seconds"])  # srun's own figure, from now on
+            self._arm(self.srun_wait_s + self.grace_s)
+
+    def _arm(self, after_s: float) -> None:
+        self.cancel()
+        self._timer = threading.Timer(after_s, self._stop)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _stop(self) -> None:
+        if self.process.poll() is None:
+            self.stopped = {"after_task_ended_s": round(time.monotonic() - self.task_ended_at, 3),
+                            "srun_wait_s": self.srun_wait_s, "grace_s": self.grace_s}
+            stop_session(self.process.pid)
+
+    def cancel(self) -> None:
+        if self._timer:
+            self._timer.cancel()
+
+
 def _follow(process, log, echo, timeout_s: float, timed_out: threading.Event, abandoned: list,
-            guard: ExitGuard) -> int:
+            guard: ExitGuard, step_guard: StepGuard) -> int:
     """Copy the run's output until it ends; stop its whole session on a timeout, when the controller
-    is gone (its description appended to `abandoned`), when it hangs after its result (`guard`), when
-    this process is interrupted, and after."""
+    is gone (its description appended to `abandoned`), when it hangs after its result (`guard`) or after srun
+    lost a task (`step_guard`), when this process is interrupted, and after."""
     def time_out():
-        if process.poll() is None and guard.hung is None:  # a run that ended at its deadline did not time out
+        if process.poll() is None and guard.hung is None and step_guard.stopped is None:  # ended by a guard first
             timed_out.set()
             stop_session(process.pid)
 
@@ -275,10 +319,12 @@ def _follow(process, log, echo, timeout_s: float, timed_out: threading.Event, ab
             if echo:
                 echo.write(line)
             guard.see(line)
+            step_guard.see(line)
         return process.wait()
     finally:
         watchdog.cancel()
         guard.cancel()
+        step_guard.cancel()
         if watch:
             watch.set()
         # Interrupted, or a process of the run still there after it ended: none outlives the run.

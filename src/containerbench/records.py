@@ -31,6 +31,7 @@ from containerbench.launchers import asks_a_core_per_rank
 from containerbench.rank import markers
 from containerbench.rank.distribution import LOCAL
 from containerbench.runtimes import BareMetal
+from containerbench.slurm import SRUN_TASK_ENDED
 from containerbench.status import Check, Status
 from containerbench.usage import read_telemetry
 
@@ -58,12 +59,6 @@ PLANNED_KEYS = ("model", "image_size", "precision", "batch_size", "warmup_steps"
 
 # The reason of a run whose result was printed but cannot be read back: not a slow run (fleet.py).
 UNREADABLE_RESULT = "result unreadable"
-# srun's word for tasks that ended before their step did (Slurm 22.05, src/plugins/launch/slurm/launch_slurm.c,
-# _task_finish: error("%s: %s %s: %s%s", hosts, "task" or "tasks", their ids, strsignal(), " (core dumped)"), and
-# "... Exited with exit code %d"): "srun: error: n1: task 0: Segmentation fault". The first is the cause; the
-# ones after it are the step being torn down ("task 1: Killed").
-SRUN_TASK_ENDED = re.compile(r"srun: error: (?P<hosts>\S+): (?P<which>tasks?) (?P<ids>[\d,\-]+): (?P<how>.+)")
-
 log = logging.getLogger(__name__)
 
 
@@ -78,7 +73,7 @@ class LogLines:
     result_line: int | None = None  # 1-based; set even when the JSON on it is unreadable
     failure: str | None = None  # the benchmark's own reason for not running
     result_problem: str | None = None  # why the result is unreadable
-    task_ended: str | None = None  # srun's word for the first task that ended before its step (SRUN_TASK_ENDED)
+    task_ended: str | None = None  # srun's word for the first task that ended before its step (slurm.SRUN_TASK_ENDED)
 
     @classmethod
     def read(cls, lines: list[str]) -> LogLines:
@@ -157,6 +152,10 @@ def judge_exit(found: LogLines, verdict: Verdict) -> None:
             f" (reason {ended['reason']})" if ended.get("reason") not in (None, "", "None") else "") + " (sacct)")
     elif found.exit.get("timed_out"):
         verdict.fail(f"timed out after {(found.launch or {}).get('timeout_s')} s")
+    elif found.exit.get("step_stopped"):  # execution.StepGuard: a task ended and the rest of the step did not
+        stopped = found.exit["step_stopped"]
+        verdict.fail(f"the step was still running {stopped['after_task_ended_s']:.0f} s after that (srun's own wait "
+                     f"{stopped['srun_wait_s']:.0f} s, then {stopped['grace_s']:.0f} s of grace): stopped")
     elif found.exit.get("hung_at_exit") and found.result is not None:
         pass  # its ranks all finished and it is measured: stopped in its teardown (hung_at_exit in the record)
     elif found.exit.get("returncode") != 0:

@@ -82,6 +82,17 @@ class Partition:
     max_minutes: int | None  # MaxTime; None: no limit
 
 
+# srun's word for tasks that ended before their step did (Slurm 22.05, src/plugins/launch/slurm/launch_slurm.c,
+# _task_finish: error("%s: %s %s: %s%s", hosts, "task" or "tasks", their ids, strsignal(), " (core dumped)"), and
+# "... Exited with exit code %d"): "srun: error: n1: task 0: Segmentation fault". The first is the cause; the
+# ones after it are the step being torn down ("task 1: Killed").
+SRUN_TASK_ENDED = re.compile(r"srun: error: (?P<hosts>\S+): (?P<which>tasks?) (?P<ids>[\d,\-]+): (?P<how>.+)")
+# What srun says next, when it ends the step itself (src/api/step_launch.c, slurm_step_launch_wait_finish: it asks
+# for the step's SIGKILL, then "Job step aborted: Waiting up to %d seconds for job step to finish.", then "Timed out
+# waiting for job step to complete"): how long it means to wait. 32 s in Slurm 22.05's logs (tests/data/crashes).
+SRUN_STEP_WAIT = re.compile(r"srun: Job step aborted: Waiting up to (?P<seconds>\d+) seconds")
+SRUN_DEFAULT_STEP_WAIT_S = 32  # where srun has not said yet
+
 # One GRES of sinfo's %G, as Slurm writes it (src/interfaces/gres.c, _build_node_gres_str and
 # _core_bitmap2str; bit_fmt in src/common/bitstring.c for the socket list):
 # name[:type][:no_consume]:count[K|M|G|T|P][(S:sockets)], sockets a comma-separated list of numbers and
