@@ -20,9 +20,14 @@ from containerbench.plans import plan_run
 from containerbench.rank.telemetry import GpuReader, cpu_list, smt_cores
 from containerbench.records import parse_log
 from containerbench.results import build_tables
-from containerbench.usage import disturbance_check, load_samples, summarise_node, value_at
+from containerbench.usage import disturbance, disturbance_check, load_samples, summarise_node, value_at
 
 BUSY_LOOP = [sys.executable, "-c", "while True: pass"]
+
+
+def judge(nodes: dict, settings: dict, missing: list[str] = ()) -> dict:
+    """The disturbance check of nodes' summaries, as read_telemetry makes it."""
+    return disturbance_check(disturbance(nodes, settings), nodes, list(missing), settings)
 
 
 def wait_for(condition, timeout=10.0):
@@ -151,14 +156,14 @@ def test_a_stranger_on_an_smt_sibling_disturbs_the_run_and_a_window_too_short_to
     node = summarise_node(samples, window, steps=10)
     assert node["smt_siblings"] == [] and node["sibling_foreign_cpu_share"] is None  # no SMT: nothing beside CPU 0
     assert node["samples_inside"] >= 3 and node["coverage"] >= 0.5
-    assert disturbance_check({"here": node}, [], settings)["status"] != "unjudged"
+    assert judge({"here": node}, settings)["status"] != "unjudged"
 
     for cpu in ("cpu0", "cpu1"):  # an SMT machine's topology: CPUs 0 and 1 on core 0
         samples[("smt_core", cpu)] = [(t, 0.0) for t, _ in samples[("smt_core", cpu)]]
     node = summarise_node(samples, window, steps=10)
     assert node["smt_siblings"] == [1]
     assert node["sibling_foreign_cpu_share"] > 0.5, node  # the loop held CPU 1 all along
-    check = disturbance_check({"here": node}, [], settings)
+    check = judge({"here": node}, settings)
     assert check["status"] == "disturbed"
     assert (f"on here processes outside the run took {100 * node['sibling_foreign_cpu_share']:.0f}% of the SMT "
             "siblings of its CPUs (cores 1, which share their execution units) in the measured window, limit 10%"
@@ -168,11 +173,11 @@ def test_a_stranger_on_an_smt_sibling_disturbs_the_run_and_a_window_too_short_to
     middle = (start + end) / 2
     short = summarise_node(samples, {**window, "start_unix": middle, "end_unix": middle + 0.15}, steps=1)
     assert short["samples_inside"] < 3 and short["coverage"] == 0
-    assert disturbance_check({"here": short}, [], settings) == {
+    assert judge({"here": short}, settings) == {
         "status": "unjudged",
         "reason": f"on here the measured window of 0.15 s held {short['samples_inside']} telemetry sample(s) "
                   "(needed: 3 spanning 50%; sampled every 0.1 s)"}
-    assert disturbance_check({}, ["n2"], settings) == {"status": "unjudged", "reason": "on n2 no telemetry sample"}
+    assert judge({}, settings, missing=["n2"]) == {"status": "unjudged", "reason": "on n2 no telemetry sample"}
 
 
 def test_a_recorded_run_too_short_to_judge_is_kept_compared_and_counted_as_unjudged():

@@ -190,11 +190,11 @@ def disturbance(nodes: dict[str, dict], settings: dict) -> str | None:
     return "; ".join(found) or None
 
 
-def disturbance_check(nodes: dict[str, dict], missing: list[str], settings: dict) -> dict:
-    """The disturbed rule's outcome: "disturbed" with its figures, "unjudged" where a node's samples cannot
-    tell (too few inside the measured window, or none), else "ok". An unjudged run is kept and compared; the
-    tables count it, so a quiet machine is never claimed where it was not seen."""
-    disturbed = disturbance(nodes, settings)
+def disturbance_check(disturbed: str | None, nodes: dict[str, dict], missing: list[str], settings: dict) -> dict:
+    """The disturbed rule's outcome, from its finding (`disturbed`, disturbance's): "disturbed" with its
+    figures, "unjudged" where a node's samples cannot tell (too few inside the measured window, or none), else
+    "ok". An unjudged run is kept and compared; the tables count it, so a quiet machine is never claimed where
+    it was not seen."""
     interval = settings.get("interval_s")
     unseen = []
     for host, node in sorted(nodes.items()):
@@ -293,7 +293,7 @@ def read_telemetry(path: str | Path, result: dict | None, spec: dict, fabric: di
     block["nodes"] = nodes
     block["missing_nodes"] = sorted(set(windows) - set(samples))
     block["disturbed"] = disturbance(nodes, settings)
-    block["disturbance_check"] = disturbance_check(nodes, block["missing_nodes"], settings)
+    block["disturbance_check"] = disturbance_check(block["disturbed"], nodes, block["missing_nodes"], settings)
     block["traffic_check"] = traffic_check(nodes, result or {}, spec, fabric)
     block["series"] = {host: series(per_host, origin, fabric) for host, per_host in sorted(samples.items())}
     return block
