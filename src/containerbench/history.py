@@ -38,6 +38,9 @@ SCHEMA_VERSION = 2  # 2: sessions.kind
 # only with their own kind: a batch of new nodes is not the sweep before it.
 KINDS = ("sweep", "fleet")
 SQLITE_HEADER = b"SQLite format 3\x00"
+# Where the workflow keeps the store when history.store is null: the working directory, beside results_dir
+# rather than in it, so a fresh results_dir or `make clean-results` keeps it.
+DEFAULT_STORE = "history.sqlite"
 # Seconds a writer waits for another writer's transaction (two workflows storing at once).
 BUSY_TIMEOUT_S = 30
 
@@ -74,6 +77,11 @@ class StoreResult:
     session_id: int | None  # None when every record was stored already (no session is made)
     stored: int
     skipped: int  # already in the store
+
+
+def store_path(config: dict) -> str:
+    """The results store a config names (history.store), or DEFAULT_STORE."""
+    return config["history"]["store"] or DEFAULT_STORE
 
 
 def _refuse(path: Path, why: str) -> HistoryError:

@@ -82,9 +82,8 @@ FRAMEWORK_PYTHON = {
 }
 BENCH_PYTHON = FRAMEWORK_PYTHON[DEFAULT_FRAMEWORK]  # benchmark_env's venv: the data sample, the base image
 SLURM_RESOURCES = slurm.job_resources(config["slurm"])
-# The results store outlives every run: beside results_dir, not in it, so a fresh results_dir or
-# `make clean-results` keeps it.
-HISTORY_STORE = config["history"]["store"] or "history.sqlite"
+# The results store outlives every run (history.DEFAULT_STORE says where, when the config does not).
+HISTORY_STORE = history.store_path(config)
 # The whole merged config, defaults filled in: what the store's sessions are told apart by.
 CONFIG_DIGEST = hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()
 if workflow.is_main_process:

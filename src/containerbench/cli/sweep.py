@@ -87,12 +87,12 @@ def cmd_launch(args) -> int:
 
 
 def stored_sweeps(config: dict) -> tuple[list[dict], str]:
-    """The system's newest sweeps in the config's results store (history.store, by default
-    history.sqlite here), for the estimate; a file there that is not a store is refused in one line."""
+    """The system's newest sweeps in the config's results store (history.store_path), for the estimate; a
+    file there that is not a store is refused in one line."""
     from containerbench import history
 
     try:
-        return history.newest_sweep_records(config["history"]["store"] or "history.sqlite", config["system"])
+        return history.newest_sweep_records(history.store_path(config), config["system"])
     except history.HistoryError as error:
         raise cb_config.ConfigError(f"config: 'history': {error}") from None
 
