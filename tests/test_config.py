@@ -130,6 +130,18 @@ def test_more_parameter_servers_than_ranks_is_rejected_before_any_run(tmp_path):
         cb_config.check_runs(config, cb_config.plan_runs(config))
 
 
+def test_more_ranks_per_node_than_the_gpus_a_job_asks_for_is_rejected_before_any_run(tmp_path):
+    # Each job asks for --gres=gpu:<gpus_per_node> (slurm.job_resources): 8 ranks on 4 GPUs would share them,
+    # whatever the node holds, so the config says so before a node is asked.
+    config = tiny_config(tmp_path, scaling={"nodes": [1], "ranks_per_node": [4, 8]}, slurm={"gpus_per_node": 4})
+    with pytest.raises(cb_config.ConfigError, match=(
+            r"^config: 'scaling.ranks_per_node' has \[8\] ranks per node, and each job asks for 'slurm.gpus_per_node' "
+            r"= 4 GPUs: ranks would share a GPU; allowed: at most 4 ranks per node, one per GPU$")):
+        cb_config.check_runs(config, cb_config.plan_runs(config))
+    config["scaling"]["ranks_per_node"] = [4]
+    cb_config.check_runs(config, cb_config.plan_runs(config))
+
+
 def test_a_site_dataset_without_tfrecords_is_rejected(tmp_path):
     config = tiny_config(tmp_path, benchmark={"data": ["real"]}, dataset={"path": str(tmp_path)})
     with pytest.raises(cb_config.ConfigError, match=r"'dataset.path' = .* holds no ImageNet TFRecords"):

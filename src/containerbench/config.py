@@ -286,6 +286,12 @@ def check_runs(config: dict, runs: list[RunSpec]) -> None:
                 f"config: 'launcher.kind' = 'none' runs one rank, but the sweep asks for {too_big} ranks; "
                 "allowed: launcher.kind mpirun or srun, or scaling with one rank and netbench.enabled false"
             )
+    gpus_per_node = config["slurm"]["gpus_per_node"]
+    sharing = sorted({r.ranks_per_node for r in runs if gpus_per_node and r.ranks_per_node > gpus_per_node})
+    if sharing:  # each job asks for --gres=gpu:gpus_per_node: more ranks than that on a node share a GPU
+        raise ConfigError(f"config: 'scaling.ranks_per_node' has {sharing} ranks per node, and each job asks for "
+                          f"'slurm.gpus_per_node' = {gpus_per_node} GPUs: ranks would share a GPU; allowed: at most "
+                          f"{gpus_per_node} ranks per node, one per GPU")
     servers = config["benchmark"]["parameter_servers"]
     short = sorted({r.ranks for r in runs if r.mode == "parameter_server" and r.ranks < servers})
     if short:

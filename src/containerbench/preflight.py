@@ -185,7 +185,8 @@ def count_gpus(proc_root: Path = Path("/proc")) -> int | None:
 
 def check_layout(ranks_per_node: int, cpus_per_rank: int, gpus_per_node: int, cpus: int | None = None,
                  gpus: int | None = None) -> list[str]:
-    """Does this node hold the ranks the sweep puts on one node: the CPUs they ask for, and a GPU each?"""
+    """Does this node hold the ranks the sweep puts on one node: the CPUs they ask for, and the GPUs each job
+    asks for? (More ranks than GPUs asked for is the config's mistake, refused by config.check_runs.)"""
     problems = []
     cpus = cpus if cpus is not None else os.cpu_count()
     if ranks_per_node * cpus_per_rank > cpus:
@@ -199,10 +200,6 @@ def check_layout(ranks_per_node: int, cpus_per_rank: int, gpus_per_node: int, cp
         elif gpus_per_node > gpus:
             problems.append(f"'slurm.gpus_per_node' = {gpus_per_node}, and this node has {gpus} GPUs "
                             f"(/proc/driver/nvidia/gpus); allowed: at most {gpus}")
-        elif ranks_per_node > gpus_per_node:  # each job gets --gres=gpu:gpus_per_node of the node's GPUs
-            problems.append(f"'scaling.ranks_per_node' = {ranks_per_node} ranks, and each job asks for "
-                            f"'slurm.gpus_per_node' = {gpus_per_node} GPUs (this node has {gpus}): ranks would "
-                            "share a GPU; allowed: at most one rank per GPU")
     return problems
 
 
