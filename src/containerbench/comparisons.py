@@ -98,6 +98,8 @@ def overhead_table(runs: pd.DataFrame, provenance: dict[str, dict],
 # (NVLink, PCIe) whatever the fabric asks of the network. Where every run's transport check says so (or
 # there was one rank), the row compares no network. A fabric that shuts shared memory out (btl self,tcp)
 # does cross its network stack on one node, and its row stands.
+# This is the rule judged from what the runs did; the estimate predicts the same rule before a sweep from
+# the fabrics' settings (fabrics.keeps_shared_memory, in cost._one_node_repeats).
 ONE_NODE_NOTE = "one node: the traffic stayed in the node, so this is not a comparison of the fabrics"
 
 

@@ -178,7 +178,8 @@ def estimate(plans, config: dict, records, node_jobs: int = 1) -> Estimate:
 
 def _one_node_repeats(plans: list[RunPlan], fabrics: dict[str, dict]) -> tuple[int, tuple[str, ...]]:
     """The one-node runs at a point another fabric measures first (config order), over fabrics that leave
-    the ranks their shared memory (fabrics.keeps_shared_memory), and the fabrics involved."""
+    the ranks their shared memory (fabrics.keeps_shared_memory), and the fabrics involved: the one-node rule
+    predicted from settings, as comparisons.fabric_table judges it after from the runs' transport checks."""
     at_one_node: dict[tuple, set[str]] = {}
     shared = {name for name, fabric in fabrics.items() if keeps_shared_memory(fabric.get("env") or {})}
     for run_plan in plans:
