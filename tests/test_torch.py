@@ -4,6 +4,7 @@ as TensorFlow's, and the torch.distributed netbench on 2 ranks; the framework ax
 from __future__ import annotations
 
 import json
+import math
 import random
 import subprocess
 
@@ -163,7 +164,10 @@ def test_pytorch_training_record_carries_every_field(torch_runs, ranks):
         assert entry["rank"] == rank and entry["cpus"] == 1
         assert len(entry["warmup_step_s"]) == 1 and len(entry["step_s"]) == 2  # warmup kept apart
         assert entry["images_per_sec"] == pytest.approx(2 * 2 / sum(entry["step_s"]))
-        assert len(entry["loss"]) == 3 and all(loss > 0 for loss in entry["loss"])
+        # Cross-entropy is never below 0, and is 0.0 in float32 once the right class leads the others by about 17
+        # (their probabilities round away): a batch of 2 seen 3 times can get there (a fresh clone's suite,
+        # 2026-11-28: 6.15, 2.89, 0.0). What the record must hold is a real loss per step.
+        assert len(entry["loss"]) == 3 and all(math.isfinite(loss) and loss >= 0 for loss in entry["loss"])
         assert entry["probe_images_per_sec"] > 0 and entry["peak_gpu_memory_bytes"] is None
         assert entry["peak_host_memory_bytes"] > 100 * 2**20
     assert result["images_per_sec"] == pytest.approx(sum(r["images_per_sec"] for r in result["per_rank"]))
