@@ -8,7 +8,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from containerbench.intervals import median_interval, ratio_interval, ratio_intervals, t_quantile
+from containerbench.intervals import (
+    median_interval,
+    paired_ratio_interval,
+    ratio_interval,
+    ratio_intervals,
+    t_quantile,
+)
 
 GRID = np.linspace(-60, 60, 240_001)  # steps of 0.0005
 
@@ -124,3 +130,50 @@ def test_the_median_interval_covers_a_skewed_distributions_median_as_often_as_it
     samples = rng.lognormal(0.0, 1.0, size=(4000, 10))  # median exp(0) = 1
     covered = np.mean([low <= 1.0 <= high for low, high in map(median_interval, samples)])
     assert covered == pytest.approx(sign_pattern_coverage(10, 2), abs=0.01)  # 0.979 at n = 10
+
+
+def test_the_paired_interval_is_the_set_the_one_sample_t_test_of_the_log_ratios_keeps():
+    """By its definition: R is in the set exactly when Student's one-sample t-test of log(x/y) = log R, on
+    the pairs' log ratios, does not reject at 5% (scipy's test, not our formula)."""
+    from scipy import stats
+
+    runtime, bare = [90.0, 99.5, 107.5, 95.0], [100.0, 110.0, 120.0, 104.0]
+    interval = paired_ratio_interval(runtime, bare)
+    logs = np.log(np.array(runtime) / np.array(bare))
+    assert interval.ratio == pytest.approx(np.exp(logs.mean())) and interval.dof == 3
+    grid = np.linspace(0.85, 0.95, 2001)
+    kept = np.array([stats.ttest_1samp(logs, np.log(r)).pvalue >= 0.05 for r in grid])
+    claimed = (interval.low <= grid) & (grid <= interval.high)
+    assert (kept == claimed).mean() > 0.999 and kept.any()  # they may differ at the one grid step of an edge
+
+
+def test_drift_between_repetitions_cancels_in_the_paired_interval_and_it_covers_as_often_as_it_says():
+    """Repetitions that move together (the machine drifts 5% from one to the next) and a runtime 3% slower
+    within each: the paired interval covers the true ratio about 95% of the time, and is far narrower than
+    Fieller's unpaired one, which counts the drift as noise on both sides."""
+    rng = np.random.default_rng(37)
+    true_ratio, covered, paired_widths, unpaired_widths = 0.97, 0, [], []
+    trials = 2000
+    for _ in range(trials):
+        drift = 100 * np.exp(rng.normal(0, 0.05, 3))
+        bare = drift * np.exp(rng.normal(0, 0.01, 3))
+        runtime = true_ratio * drift * np.exp(rng.normal(0, 0.01, 3))
+        paired = paired_ratio_interval(runtime, bare)
+        covered += paired.low <= true_ratio <= paired.high
+        paired_widths.append(paired.high - paired.low)
+        unpaired = ratio_interval(runtime, bare)
+        unpaired_widths.append(unpaired.high - unpaired.low if not unpaired.no_interval else np.inf)
+    assert 0.93 <= covered / trials <= 0.97
+    assert np.median(paired_widths) < 0.4 * np.median(unpaired_widths)
+
+
+@pytest.mark.parametrize(("runtime", "bare", "why"), [
+    ([90.0], [100.0], "n/a: needs 2+ pairs"),
+    ([90.0, 99.0], [100.0, 110.0], "n/a: no spread in the pairs' ratios"),
+    ([90.0, np.nan, 0.0], [100.0, 110.0, 120.0], "n/a: needs 2+ pairs"),  # a NaN and a 0 are no pairs
+    ([], [], "n/a: no pairs"),
+])
+def test_the_paired_interval_says_why_there_is_none(runtime, bare, why):
+    interval = paired_ratio_interval(runtime, bare)
+    assert interval.no_interval == why and np.isnan(interval.low) and np.isnan(interval.high)
+    assert interval.significance() == why

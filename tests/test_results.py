@@ -137,6 +137,26 @@ def test_container_overhead_with_interval_and_significance(recorded_runs):
         "No container runtime was measured against bare metal at the same point.")
 
 
+def test_the_overhead_table_pairs_each_repetitions_runs_so_drift_between_repetitions_cancels(recorded_runs):
+    """Issue 37: the machine drifts 10% a repetition and podman is 10% slower within each. Fieller's interval of
+    the means counts the drift as noise on both sides; the paired one, repetition by repetition, does not. A
+    repetition with only one side ok is no pair."""
+    one = recorded_runs[("train", 1)]
+    records = [variant(one, f"bare{i}", rate, i) for i, rate in enumerate([100.0, 110.0, 120.0, 130.0], 1)]
+    records += [variant(one, f"pod{i}", rate, i, runtime="podman") for i, rate in enumerate([90.0, 99.5, 107.5], 1)]
+    records.append(variant(one, "pod4", 117.0, 4, runtime="podman", status="failed"))
+    [row] = build_tables(records)["overhead"].to_dict("records")
+    assert row["significance"] == "not significant"
+    ratios = np.array([90 / 100, 99.5 / 110, 107.5 / 120])
+    assert row["pairs"] == 3
+    assert row["paired_overhead_percent"] == pytest.approx(100 * (1 - np.exp(np.log(ratios).mean())))
+    half = t_quantile(0.975, 2) * np.log(ratios).std(ddof=1) / np.sqrt(3)
+    assert row["paired_ci95_low"] == pytest.approx(100 * (1 - np.exp(np.log(ratios).mean() + half)))
+    assert row["paired_ci95_high"] == pytest.approx(100 * (1 - np.exp(np.log(ratios).mean() - half)))
+    assert 0 < row["paired_ci95_low"] < row["paired_ci95_high"] < 15
+    assert row["paired_significance"] == "significant"
+
+
 def test_zero_spread_on_both_sides_gives_no_interval_and_no_verdict(recorded_runs):
     # Issue 13: with identical repetitions the interval has zero width; it is not "significant".
     one = recorded_runs[("train", 1)]
@@ -330,7 +350,8 @@ def test_memory_per_batch_and_the_study_table(recorded_runs):
     assert list(table1["ranks"]) == [1, 2] and set(table1["mode"]) == {"horovod"}
     markdown = markdown_summary(tables)
     assert re.search(r"^\| framework\s+\|\s+ranks \| mode\s+\| data\s+\|", markdown, re.M)
-    assert "### Container overhead vs bare metal (% of the means, Fieller 95% interval)" in markdown
+    assert ("### Container overhead vs bare metal (% of the means, Fieller 95% interval; paired by repetition beside "
+            "it)") in markdown
     assert "_none_" in markdown
 
 

@@ -10,7 +10,7 @@ import pandas as pd
 
 from containerbench.fabrics import SHARED_MEMORY_ONLY
 from containerbench.frameworks import DEFAULT_FRAMEWORK, FRAMEWORKS, Framework, framework
-from containerbench.intervals import RatioInterval, ratio_interval
+from containerbench.intervals import RatioInterval, paired_ratio_interval, ratio_interval
 from containerbench.point import Point, default_mode
 from containerbench.rank.distribution import LOCAL as LOCAL_MODE
 from containerbench.rank.provenance import difference as provenance_difference
@@ -35,6 +35,17 @@ def _overhead_columns(name: str, interval: RatioInterval) -> dict:
             f"{name}_ci95_low": 100 * (1 - interval.high), f"{name}_ci95_high": 100 * (1 - interval.low)}
 
 
+def _paired_columns(contained: pd.DataFrame, bare: pd.DataFrame) -> dict:
+    """The overhead from the repetitions run side by side: each repetition's runtime run over its bare-metal
+    run (intervals.paired_ratio_interval). A repetition with only one side ok is left out."""
+    pairs = pd.concat([contained.groupby("repetition")["images_per_sec"].mean().rename("runtime"),
+                       bare.groupby("repetition")["images_per_sec"].mean().rename("bare")], axis=1, join="inner")
+    interval = paired_ratio_interval(pairs["runtime"], pairs["bare"])
+    return {"pairs": len(pairs), "paired_overhead_percent": 100 * (1 - interval.ratio),
+            "paired_ci95_low": 100 * (1 - interval.high), "paired_ci95_high": 100 * (1 - interval.low),
+            "paired_significance": interval.significance()}
+
+
 def overhead_table(runs: pd.DataFrame, provenance: dict[str, dict],
                    trajectories: pd.DataFrame | None = None) -> pd.DataFrame:
     """Each runtime's cost relative to bare metal at the same point, with Fieller's 95% interval.
@@ -42,8 +53,11 @@ def overhead_table(runs: pd.DataFrame, provenance: dict[str, dict],
     (bare - runtime) / bare in percent of the means of the repetitions, 100 * (1 - R)
     with R = runtime mean / bare-metal mean; its interval is 1 - Fieller's interval of
     R (intervals.ratio_interval), so the bare-metal mean's own uncertainty counts.
-    Positive means the container is slower. Counts and medians stand beside the
-    means for reading; nothing is computed from the medians. Refused, with the
+    Positive means the container is slower. Beside it, the paired overhead: the
+    repetitions' runtime-over-bare-metal ratios (their geometric mean and t interval,
+    intervals.paired_ratio_interval), in which drift between repetitions cancels; the
+    headline keeps Fieller's, which assumes nothing of how the runs were ordered.
+    Counts and medians stand beside the means for reading; nothing is computed from the medians. Refused, with the
     differing field named, when the two did not run the same benchmark
     (provenance hashes differ), and flagged in the note when the ranks were bound
     differently (CPUs, memory or CPU limits, as each rank saw them). With `trajectories`
@@ -53,7 +67,8 @@ def overhead_table(runs: pd.DataFrame, provenance: dict[str, dict],
     others = Point.columns("runtime")
     columns = [*others, "runtime", "bare_metal_runs", "runtime_runs", "bare_metal_median", "runtime_median",
                "bare_metal_mean", "runtime_mean", "overhead_percent_of_means", "overhead_ci95_low",
-               "overhead_ci95_high", "significance", "startup_overhead_s", "loss_trajectory", "note"]
+               "overhead_ci95_high", "significance", "pairs", "paired_overhead_percent", "paired_ci95_low",
+               "paired_ci95_high", "paired_significance", "startup_overhead_s", "loss_trajectory", "note"]
     ok = ok_runs(runs)
     rows = []
     for point, group in ok.groupby(others, dropna=False, sort=True):
@@ -73,6 +88,7 @@ def overhead_table(runs: pd.DataFrame, provenance: dict[str, dict],
             interval = ratio_interval(contained["images_per_sec"], bare["images_per_sec"], BASELINE_RUNTIME)
             row |= _overhead_columns("overhead", interval)
             row["significance"] = interval.significance()
+            row |= _paired_columns(contained, bare)
             row["startup_overhead_s"] = contained["startup_s"].median() - bare["startup_s"].median()
             bound = {side: sorted(set(runs_of["binding"].dropna())) for side, runs_of in (("bare", bare),
                                                                                            ("runtime", contained))}

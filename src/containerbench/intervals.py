@@ -1,4 +1,5 @@
-"""The 95% interval of a ratio of two means: the one piece of statistics the comparison tables share.
+"""The 95% interval of a ratio of two means: the one piece of statistics the comparison tables share;
+and, beside it for the overhead table, the interval of paired runs' ratios (paired_ratio_interval).
 
 Every comparison in the tables (container overhead, fabric, mode, input) is a
 ratio of the mean throughputs of two independent sets of repetitions. Dividing
@@ -143,6 +144,30 @@ def ratio_interval(numerator, denominator, denominator_name: str = "denominator"
     return RatioInterval(float(intervals.ratio[0]), float(intervals.low[0]), float(intervals.high[0]),
                          float(intervals.dof[0]), intervals.no_interval[0], float(intervals.gap_low[0]),
                          float(intervals.gap_high[0]))
+
+
+def paired_ratio_interval(numerator, denominator, confidence: float = 0.95) -> RatioInterval:
+    """The ratio of paired runs (each repetition's runtime run over the bare-metal run of the same repetition,
+    which ran beside it): the geometric mean of the pairs' ratios, with Student's t interval of their
+    logarithms (n - 1 degrees of freedom), taken back by exp. What moves a whole repetition, the machine's
+    drift between repetitions, cancels within its pair, where Fieller's unpaired interval counts it as noise
+    on both sides. `numerator`, `denominator`: aligned sequences, one pair per position; a pair with a NaN
+    or a value not above 0 is left out. No interval with fewer than 2 pairs, or no spread in their ratios."""
+    x = np.asarray(numerator, dtype=float)
+    y = np.asarray(denominator, dtype=float)
+    kept = np.isfinite(x) & np.isfinite(y) & (x > 0) & (y > 0)
+    logs = np.log(x[kept] / y[kept])
+    n = len(logs)
+    if n == 0:
+        return RatioInterval(float("nan"), float("nan"), float("nan"), float("nan"), "n/a: no pairs")
+    ratio = float(np.exp(logs.mean()))
+    if n < 2:
+        return RatioInterval(ratio, float("nan"), float("nan"), float("nan"), "n/a: needs 2+ pairs")
+    spread = float(logs.std(ddof=1))
+    if spread == 0:
+        return RatioInterval(ratio, float("nan"), float("nan"), n - 1.0, "n/a: no spread in the pairs' ratios")
+    half = t_quantile(0.5 + confidence / 2, n - 1) * spread / np.sqrt(n)
+    return RatioInterval(ratio, float(np.exp(logs.mean() - half)), float(np.exp(logs.mean() + half)), n - 1.0)
 
 
 def median_interval(values, confidence: float = 0.95) -> tuple[float, float]:

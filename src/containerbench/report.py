@@ -312,7 +312,10 @@ OVERHEAD_COLUMNS = {
     "bare_metal_median": "bare metal img/s median", "runtime_median": "runtime img/s median",
     "bare_metal_mean": "bare metal img/s mean", "runtime_mean": "runtime img/s mean",
     "overhead_percent_of_means": "overhead % (of means)", "overhead_ci95_low": "95% CI low",
-    "overhead_ci95_high": "95% CI high", "significance": "significance", "startup_overhead_s": "start-up +s",
+    "overhead_ci95_high": "95% CI high", "significance": "significance", "pairs": "pairs",
+    "paired_overhead_percent": "paired overhead % (by repetition)", "paired_ci95_low": "its 95% CI low",
+    "paired_ci95_high": "its 95% CI high", "paired_significance": "paired significance",
+    "startup_overhead_s": "start-up +s",
     "loss_trajectory": "loss trajectory", "note": "note",
 }
 TRAJECTORY_COLUMNS = {"framework": "framework", "runtime": "runtime", "mode": "mode", "data": "data", "ranks": "ranks",

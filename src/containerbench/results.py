@@ -90,7 +90,8 @@ def markdown_summary(tables: dict[str, pd.DataFrame]) -> str:
                         if c in summary]] if not summary.empty else summary
     sections = [
         ("Throughput (images/s, median over repetitions)", headline),
-        ("Container overhead vs bare metal (% of the means, Fieller 95% interval)", tables["overhead"]),
+        ("Container overhead vs bare metal (% of the means, Fieller 95% interval; paired by repetition beside it)",
+         tables["overhead"]),
         ("Interconnects (ratio of mean throughputs, Fieller 95% interval)", tables["fabrics"]),
         ("Distribution modes (ratio of means to the framework's baseline, Fieller 95% interval)", tables["modes"]),
         ("Frameworks (PyTorch / TensorFlow, ratio of means, Fieller 95% interval)", tables["frameworks"]),
