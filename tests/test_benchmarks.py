@@ -74,3 +74,21 @@ def test_killing_the_tables_store_and_report_steps_never_leaves_a_partial_file(r
     out = run([sys.executable, "benchmarks/atomic_outputs.py", "--kills", "8", "--records", "60"], root)
     assert re.search(r"^8 kills \(seed 34\): \d+ while the step ran, \d+ while it was writing .*; "
                      r"partial outputs read back: 0$", out, re.M), out
+
+
+def test_precision_per_minute_reads_a_sweeps_records_and_prints_each_design(root, tiny_runs, tmp_path):
+    # Two repetitions of a real 2-rank run, the second 5% slower in every step: a point of two processes.
+    record = tiny_runs[("train", 2)]
+    for repetition, scale in ((1, 1.0), (2, 1.05)):
+        copied = json.loads(json.dumps(record))
+        copied["run_id"] = re.sub(r"_rep\d+$", f"_rep{repetition}", record["run_id"])
+        for rank in copied["result"]["per_rank"]:
+            rank["step_s"] = [scale * step for step in rank["step_s"]]
+        (tmp_path / f"{copied['run_id']}.json").write_text(json.dumps(copied))
+    out = run([sys.executable, "benchmarks/precision_per_minute.py", *map(str, sorted(tmp_path.glob("*.json")))],
+              root)
+    assert out.startswith("records: 2; training points with 2+ ok runs: 1; target +-5%")
+    assert re.search(r"^train_bare-metal_\S+: step \d+\.\d{3} s, between processes \d+\.\d\d%, within "
+                     r"\d+\.\d\d%, unmeasured \d+\.\d s a run; cheapest steps a run (\d+|inf)$", out, re.M), out
+    assert re.search(r"^  ran      2 runs x \d+ steps: \+-\d+\.\d%, \d+\.\d min$", out, re.M), out
+    assert re.search(r"^sweep, every point above: ran \d+\.\d min, at the target \d+\.\d min$", out, re.M), out
