@@ -215,19 +215,45 @@ def run_allocated_plans(plans: list[RunPlan], logs: list, allocation: list[str],
     return 0
 
 
-class ExitGuard:
+class _Guard:
+    """What the guards below share: a deadline, set again as the run's output says more, at which a run
+    still going has its session stopped, after `_note` has recorded why."""
+
+    def __init__(self, process, grace_s: float):
+        self.process, self.grace_s = process, grace_s
+        self._timer: threading.Timer | None = None
+
+    def _arm(self, after_s: float) -> None:
+        self.cancel()
+        self._timer = threading.Timer(after_s, self._stop)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _note(self) -> None:
+        raise NotImplementedError
+
+    def _stop(self) -> None:
+        if self.process.poll() is None:
+            self._note()
+            stop_session(self.process.pid)
+
+    def cancel(self) -> None:
+        if self._timer:
+            self._timer.cancel()
+
+
+class ExitGuard(_Guard):
     """Ends a run that printed its whole result and then does not exit: its ranks have all finished
     (rank 0 gathers from every rank before it prints), so what is left is the launcher's and the MPI
     library's teardown, which can deadlock (MPICH over UCX's tcp transport, openucx/ucx#8738). The
     measurement is kept; the exit line says the run hung at exit and when it was stopped."""
 
     def __init__(self, process, grace_s: float):
-        self.process, self.grace_s = process, grace_s
+        super().__init__(process, grace_s)
         self.lines: list[str] = []  # from the first line of the result on
         self.watching = 0  # lines still to read after a result line: the rest of a cut part may follow
         self.result_at: float | None = None
         self.hung: dict | None = None
-        self._timer: threading.Timer | None = None
 
     def see(self, line: str) -> None:
         if self.result_at is not None:
@@ -242,21 +268,13 @@ class ExitGuard:
             if any(found.marker == markers.RESULT and found.payload is not None
                    for found in markers.read_payloads(self.lines)):
                 self.result_at = time.monotonic()
-                self._timer = threading.Timer(self.grace_s, self._stop)
-                self._timer.daemon = True
-                self._timer.start()
+                self._arm(self.grace_s)
 
-    def _stop(self) -> None:
-        if self.process.poll() is None:
-            self.hung = {"after_result_s": round(time.monotonic() - self.result_at, 3), "grace_s": self.grace_s}
-            stop_session(self.process.pid)
-
-    def cancel(self) -> None:
-        if self._timer:
-            self._timer.cancel()
+    def _note(self) -> None:
+        self.hung = {"after_result_s": round(time.monotonic() - self.result_at, 3), "grace_s": self.grace_s}
 
 
-class StepGuard:
+class StepGuard(_Guard):
     """Ends a step that srun said had lost a task ("srun: error: n1: task 0: Segmentation fault",
     slurm.SRUN_TASK_ENDED) and that is still going when srun's own wait for the rest of it is over
     ("Waiting up to 32 seconds", slurm.SRUN_STEP_WAIT) and the run's grace after that. In a chaos sweep a
@@ -264,11 +282,10 @@ class StepGuard:
     300 s timeout, which then hid what had ended first. The exit line says when and why it was stopped."""
 
     def __init__(self, process, grace_s: float):
-        self.process, self.grace_s = process, grace_s
+        super().__init__(process, grace_s)
         self.task_ended_at: float | None = None
         self.srun_wait_s = float(slurm.SRUN_DEFAULT_STEP_WAIT_S)
         self.stopped: dict | None = None
-        self._timer: threading.Timer | None = None
 
     def see(self, line: str) -> None:
         if self.task_ended_at is None and slurm.SRUN_TASK_ENDED.match(line):
@@ -278,21 +295,9 @@ class StepGuard:
             self.srun_wait_s = float(wait["seconds"])  # srun's own figure, from now on
             self._arm(self.srun_wait_s + self.grace_s)
 
-    def _arm(self, after_s: float) -> None:
-        self.cancel()
-        self._timer = threading.Timer(after_s, self._stop)
-        self._timer.daemon = True
-        self._timer.start()
-
-    def _stop(self) -> None:
-        if self.process.poll() is None:
-            self.stopped = {"after_task_ended_s": round(time.monotonic() - self.task_ended_at, 3),
-                            "srun_wait_s": self.srun_wait_s, "grace_s": self.grace_s}
-            stop_session(self.process.pid)
-
-    def cancel(self) -> None:
-        if self._timer:
-            self._timer.cancel()
+    def _note(self) -> None:
+        self.stopped = {"after_task_ended_s": round(time.monotonic() - self.task_ended_at, 3),
+                        "srun_wait_s": self.srun_wait_s, "grace_s": self.grace_s}
 
 
 def _follow(process, log, echo, timeout_s: float, timed_out: threading.Event, abandoned: list,
