@@ -32,6 +32,7 @@ include: "workflow/rules/common.smk"
 include: "workflow/rules/images.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/benchmark.smk"
+include: "workflow/rules/calibrate.smk"
 include: "workflow/rules/report.smk"
 include: "workflow/rules/fleet.smk"
 

@@ -222,6 +222,24 @@ def fleet_records(recorded_runs: dict, nodes: list[str], links: list[tuple[str, 
     return records
 
 
+def clone_copy(destination: Path, *built: str) -> Path:
+    """A copy of this clone's files as a fresh clone has them (committed or not, ignored ones left out), with
+    the workflow venv and what `make setup` built (`built`: .venv-bench, build, ...) linked in: the clone a
+    site admin has after the README's first steps."""
+    import shutil
+    import subprocess
+
+    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=ROOT,
+                            capture_output=True, check=True).stdout.decode().split("\0")
+    for name in filter(None, listed):
+        if (ROOT / name).is_file():
+            (destination / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, destination / name)
+    for name in (".venv", *built):
+        (destination / name).symlink_to(ROOT / name)
+    return destination
+
+
 # The Slurm test cluster (tests/slurm/cluster.sh): its clients run in the controller's namespace.
 SLURM_CLUSTER = ROOT / "tests" / "slurm" / "cluster.sh"
 

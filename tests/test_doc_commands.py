@@ -13,7 +13,7 @@ import shlex
 import shutil
 
 import pytest
-from helpers import ROOT
+from helpers import ROOT, clone_copy
 from snakemake.cli import get_argument_parser
 
 from containerbench import cli
@@ -120,6 +120,7 @@ HOW = {
     f"{SITE_SWEEP} --dry-run": ("refused", GPU_ENV_FIRST),
     SITE_SWEEP: ("refused", GPU_ENV_FIRST),
     ".venv/bin/snakemake validate --profile profiles/slurm --configfile config/site.yaml": ("refused", GPU_ENV_FIRST),
+    ".venv/bin/snakemake calibrate --profile profiles/slurm --configfile config/site.yaml": ("refused", GPU_ENV_FIRST),
     ".venv/bin/snakemake validate_nodes --profile profiles/slurm --configfile config/site.yaml":
         ("refused", GPU_ENV_FIRST),
     ".venv/bin/snakemake --profile profiles/local baseline": ("dry", None),
@@ -175,18 +176,10 @@ def docs_clone(tmp_path_factory, recorded_runs):
     """A copy of this clone's files (committed or not, ignored ones left out) with the workflow venv, in the
     state the docs' earlier steps leave it."""
     import json
-    import subprocess
 
     from containerbench import history
 
-    clone = tmp_path_factory.mktemp("docs") / "containerbench"
-    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=ROOT,
-                            capture_output=True, check=True).stdout.decode().split("\0")
-    for name in filter(None, listed):
-        if (ROOT / name).is_file():
-            (clone / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(ROOT / name, clone / name)
-    (clone / ".venv").symlink_to(ROOT / ".venv")
+    clone = clone_copy(tmp_path_factory.mktemp("docs") / "containerbench")
     (clone / "envs" / "vendor.lock.txt").unlink(missing_ok=True)  # containers.md's freeze-image output: not yet
     shutil.copy(clone / "config" / "site.example.yaml", clone / "config" / "site.yaml")
     runs = clone / "results" / "runs"

@@ -391,6 +391,91 @@ def test_points_never_measured_are_counted_not_guessed(tmp_path):
     assert cost.expected_node_hours is None and cost.records_used == 0
 
 
+def test_a_point_never_measured_is_expected_from_the_nearest_run_of_its_benchmark(tmp_path):
+    import statistics
+
+    from containerbench.cost import estimate, format_estimate
+
+    # Measured: 1 node, 1 warmup + 2 steps + 1 probe step. Asked: 1 and 2 nodes, 2 warmup + 12 steps + 1 probe.
+    config = tiny_config(tmp_path, scaling={"nodes": [1, 2]}, benchmark={"steps": 12, "warmup_steps": 2})
+    records = loaded(recorded_records_in(tmp_path / "runs"))
+    by_benchmark = {(r["kind"], r["spec"]["ranks_per_node"]): r for r in records}
+    runs = cb_config.plan_runs(config)
+    hours, like = 0.0, 0
+    for run in runs:
+        record = by_benchmark.get((run.kind, run.ranks_per_node))
+        if record is None:  # the network benchmark at one rank a node: never measured, no figure
+            continue
+        seconds = record["wall_s"]
+        if run.kind == "train":  # its start-up and exit, and its median step time for each step asked
+            step = statistics.median(s for rank in record["result"]["per_rank"] for s in rank["step_s"])
+            seconds = record["wall_s"] - (1 + 2 + 1) * step + (2 + 12 + 1) * step
+        hours += run.nodes * seconds / 3600
+        like += run.nodes == 2
+    cost = estimate(plan_sweep(config, tmp_path, probe=False).plans.values(), config, records)
+    unmeasured = sum(r.kind == "netbench" and r.nodes == 2 for r in runs)
+    assert (cost.expected_runs, cost.nearest_runs, cost.unmeasured_runs) == (len(runs) - unmeasured, like, unmeasured)
+    assert like == sum(r.kind == "train" and r.nodes == 2 for r in runs) > 0 and unmeasured > 0
+    assert cost.expected_node_hours == pytest.approx(hours)
+    line = next(line for line in format_estimate(cost, "here").splitlines() if line.startswith("  expected"))
+    assert line.endswith(f"of {len(runs)} runs, from the last ok run at each point, or for {like} the nearest ok run "
+                         "of the same benchmark at another point (its start-up and step time, not the traffic of more "
+                         f"nodes); {unmeasured} run{'s' * (unmeasured > 1)} without an earlier ok run of its "
+                         "benchmark, no figure for those")
+
+
+def test_the_nearest_run_of_a_benchmark_crossed_nodes_over_the_same_fabric_then_is_the_same_runtime():
+    from containerbench.cost import _nearest_of_benchmark
+    from containerbench.plans import RunPlan
+
+    def measured(runtime, nodes, fabric="ib", started=0.0):
+        return ({"spec": {"runtime": runtime, "mpi_model": "hybrid", "nodes": nodes, "fabric": fabric},
+                 "started_unix": started}, 4)
+
+    def plan(nodes, fabric="ib"):
+        return RunPlan(f"train_podman_{fabric}_{nodes}x4_b32_rep1", {"runtime": "podman", "mpi_model": "hybrid",
+                                                                    "nodes": nodes, "fabric": fabric}, [], {}, 60.0)
+
+    one_node, other_fabric = measured("podman", 1), measured("podman", 8, "eth")
+    bare_metal, two_nodes, sixteen = measured("bare-metal", 8), measured("podman", 2), measured("podman", 16, started=5)
+    # Across nodes: a run that crossed nodes over the same fabric first (its step holds the traffic), then the
+    # nearest node count (by ratio: 16 is nearer 8 than 2 is), then the same runtime.
+    assert _nearest_of_benchmark(plan(8), [one_node, other_fabric, bare_metal, two_nodes, sixteen]) == bare_metal
+    assert _nearest_of_benchmark(plan(8), [one_node, other_fabric, two_nodes, sixteen]) == sixteen
+    assert _nearest_of_benchmark(plan(8), [one_node, other_fabric]) == other_fabric
+    assert _nearest_of_benchmark(plan(8), [one_node]) == one_node and _nearest_of_benchmark(plan(8), []) is None
+    # On one node: a one-node run of any fabric before any that crossed nodes.
+    assert _nearest_of_benchmark(plan(1, "eth"), [two_nodes, bare_metal, one_node]) == one_node
+    # The same shape only (the fleet's deadlines): as many nodes, over the same fabric where they cross.
+    assert _nearest_of_benchmark(plan(8), [one_node, other_fabric, sixteen], same_shape=True) is None
+    assert _nearest_of_benchmark(plan(8), [other_fabric, bare_metal], same_shape=True) == bare_metal
+
+
+def test_calibration_runs_each_benchmark_bare_metal_on_the_fewest_nodes_and_across_nodes_over_each_fabric(root):
+    from containerbench.cost import CALIBRATION_STEPS, calibration_plans, calibration_runs
+
+    config = cb_config.load([root / "config" / "site.example.yaml"])
+    sweep = plan_sweep(config, root, probe=False)
+    chosen = calibration_runs(sweep)
+    assert [run.run_id for run in chosen] == [
+        "netbench_bare-metal_ethernet_1x2_rep0", "netbench_bare-metal_ethernet_2x1_rep0",
+        "netbench_bare-metal_infiniband_1x2_rep0", "netbench_bare-metal_infiniband_2x1_rep0",
+        "train_bare-metal_ethernet_2x4_b128_rep0", "train_bare-metal_ethernet_2x4_b64_rep0",
+        "train_bare-metal_infiniband_1x4_b128_rep0", "train_bare-metal_infiniband_1x4_b64_rep0",
+        "train_bare-metal_infiniband_2x4_b128_rep0", "train_bare-metal_infiniband_2x4_b64_rep0"]
+    # Every benchmark of the sweep (as the estimate groups runs) has one; 10 runs of the sweep's 312.
+    assert len(sweep.runs) == 312 and all(run.repetition == 0 for run in chosen)
+    plans = calibration_plans(sweep, chosen)
+    assert sorted(plans) == [run.run_id for run in chosen]
+    for run_plan in plans.values():
+        assert run_plan.telemetry is None and "--telemetry-dir" not in run_plan.benchmark_args
+        if run_plan.spec["kind"] == "train":
+            steps = run_plan.benchmark_args[run_plan.benchmark_args.index("--steps") + 1]
+            assert int(steps) == min(config["benchmark"]["steps"], CALIBRATION_STEPS) == run_plan.spec["steps"]
+    # The sweep's own plans are untouched: its runs take the config's steps, with telemetry.
+    assert all(p.telemetry for p in sweep.plans.values())
+
+
 def plan_estimate(argv, capsys):
     from containerbench.cli import main
 
@@ -456,15 +541,31 @@ def test_plan_estimate_reads_the_configs_results_by_default_and_says_when_there_
     configs = ["--config", str(ROOT / "config" / "config.yaml"), "--config", str(tmp_path / "tiny.yaml")]
     returncode, out, _ = plan_estimate(configs, capsys)
     assert returncode == 0
-    assert f"  expected     none: no earlier ok run at the point of any of the {len(runs)} runs" in out.splitlines()
+    assert (f"  expected     none: no earlier ok run of the benchmark of any of the {len(runs)} runs (the workflow's "
+            "calibrate target makes one of each)") in out.splitlines()
     assert out.splitlines()[-1] == f"  rates from   no run records in {results}/runs/*.json"
     assert (f"  allocations  {on[1] + 2 * on[2]} nodes in {len(runs)} runs: {on[1]} of 1 node, {on[2]} of 2 nodes"
             in out.splitlines())
     recorded_records_in(results / "runs")
     returncode, out, _ = plan_estimate(configs, capsys)
-    assert returncode == 0 and f"node-hours for {on[1]} of {len(runs)} runs, from the last ok run at each point; " \
-        f"{on[2]} runs without an earlier ok run at its point, no figure for those" in out
+    # At 2 nodes: training from the 1-node runs of its benchmark; the network benchmark (one rank a node) none.
+    like, none = (sum(r.nodes == 2 and r.kind == kind for r in runs) for kind in ("train", "netbench"))
+    assert returncode == 0 and f"node-hours for {on[1] + like} of {len(runs)} runs, from the last ok run at each " \
+        f"point, or for {like} the nearest ok run of the same benchmark" in out
+    assert f"; {none} run without an earlier ok run of its benchmark, no figure for those" in out
     assert f"  rates from   3 of 3 records in {results}/runs/*.json (3 ok)" in out
+    # The calibration runs' records (the workflow's calibrate target) are read beside the sweep's.
+    (results / "calibration").mkdir()
+    netbench = results / "runs" / "netbench_bare-metal_tcp-loopback_1x2_rep1.json"
+    record = json.loads(netbench.read_text())
+    record["run_id"] = "netbench_bare-metal_tcp-loopback_1x2_rep0"
+    (results / "calibration" / f"{record['run_id']}.json").write_text(json.dumps(record))
+    netbench.unlink()
+    (results / "calibration" / "notes.json").write_text("{}")  # not a run's record: not read
+    returncode, out, _ = plan_estimate(configs, capsys)
+    assert returncode == 0 and f"node-hours for {on[1] + like} of {len(runs)} runs" in out
+    assert (f"  rates from   3 of 3 records in {results}/runs/*.json and {results}/calibration/*_rep0.json (3 ok)"
+            in out)
 
 
 @pytest.mark.parametrize("given,what", [("no-such-dir", "does not exist"), ("no-such-dir/*.json", "matches no file")])

@@ -71,6 +71,11 @@ def slurm_run(cluster, container_engines, tmp_path_factory):
                       str(ROOT / "tests" / "slurm" / "config.yaml"), str(extra)],
                      timeout=2400, env=container_engines)
     assert built.returncode == 0, built.stderr[-3000:]
+    # Before the sweep is submitted: one short run of each of its benchmarks, and the estimate they give
+    # (test_the_estimate_calibrated_before_the_sweep_is_within_twice_what_slurm_charged_for_it).
+    (workdir / "calibrated-since").write_text(time.strftime("%Y-%m-%dT%H:%M:%S"))
+    calibrated = workflow(cluster, workdir, "calibrate", overrides=ACROSS_NODES)
+    assert calibrated.returncode == 0, calibrated.stdout[-3000:] + calibrated.stderr[-5000:]
     done = workflow(cluster, workdir, overrides=ACROSS_NODES)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
     # Before any job: the pre-flight check, on a compute node through srun.
@@ -144,6 +149,32 @@ def test_every_run_used_slurm_and_the_fabric_it_asked_for(slurm_run):
             assert interface in check["reason"]
             assert any(interface in line for line in check["evidence"])
     assert {r["result"]["launcher"] for r in records if r["kind"] == "train"} == {"srun"}
+
+
+def test_the_estimate_calibrated_before_the_sweep_is_within_twice_what_slurm_charged_for_it(cluster, slurm_run):
+    results = slurm_run / "results"
+    calibration = sorted(path.name for path in (results / "calibration").glob("*_rep0.json"))
+    # Bare metal, each benchmark over each fabric: across nodes, the fabric's speed is in the step time.
+    assert calibration == ["netbench_bare-metal_fast_2x1_rep0.json", "netbench_bare-metal_slow_2x1_rep0.json",
+                           "train_bare-metal_fast_2x1_b2_rep0.json", "train_bare-metal_slow_2x1_b2_rep0.json"]
+    expected = json.loads((results / "estimate.json").read_text())
+    records = [json.loads(p.read_text()) for p in sorted((results / "runs").glob("*.json"))]
+    assert expected["runs"] == expected["expected_runs"] == len(records) == 8 and expected["unmeasured_runs"] == 0
+    # What Slurm charged for the sweep: each run's own allocation, its nodes x its elapsed time (sacct), the
+    # first job of each run's name since the calibration began (a later test measures some runs again).
+    since = (slurm_run / "calibrated-since").read_text()
+    listed = on_controller(cluster, "sacct", "--allusers", "-X", "--noheader", "--parsable2", "--starttime", since,
+                           "--format=JobIDRaw,JobName,NNodes,ElapsedRaw", timeout=60)
+    assert listed.returncode == 0, listed.stderr
+    names = {f"containerbench-{record['run_id']}" for record in records}
+    charged: dict[str, float] = {}
+    for line in sorted(listed.stdout.splitlines(), key=lambda line: int(line.split("|")[0])):
+        _, name, nodes, elapsed = line.split("|")
+        if name in names and name not in charged:
+            charged[name] = int(nodes) * int(elapsed) / 3600
+    assert set(charged) == names, listed.stdout
+    actual = sum(charged.values())
+    assert 0.5 <= expected["expected_node_hours"] / actual <= 2, (expected["expected_node_hours"], actual)
 
 
 def test_the_gradients_crossed_the_fabric_asked_for_by_the_counters(slurm_run):

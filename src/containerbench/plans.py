@@ -216,15 +216,17 @@ class Sweep:
 
     @functools.cached_property
     def inputs(self) -> dict[str, dict[str, str]]:
-        """run id -> the files the run needs first: its runtime's built image, the generated sample."""
+        """run id -> the files the run needs first (inputs_of)."""
+        return {run.run_id: self.inputs_of(run) for run in self.runs}
+
+    def inputs_of(self, run: RunSpec) -> dict[str, str]:
+        """The files a run needs first: its runtime's built image, the generated sample."""
         needs = {}
-        for run in self.runs:
-            needs[run.run_id] = {}
-            image = self.artifacts.get(cb_config.ImageUse.of(run))
-            if image:
-                needs[run.run_id]["image"] = image
-            if self.dataset_sample and run.data == "real":
-                needs[run.run_id]["data"] = self.dataset_sample
+        image = self.artifacts.get(cb_config.ImageUse.of(run))
+        if image:
+            needs["image"] = image
+        if self.dataset_sample and run.data == "real":
+            needs["data"] = self.dataset_sample
         return needs
 
 
