@@ -19,7 +19,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-from helpers import ROOT, fleet_records
+from helpers import ROOT, fleet_records, tiny_config
 
 from containerbench import config as cb_config
 from containerbench import execution, fleet, fleetjobs, fleetplan, fleetreport, slurm
@@ -318,7 +318,8 @@ def test_each_node_and_link_job_runs_its_runs_pinned_in_one_exclusive_allocation
     assert str(caught.value) == (
         f"the job of n1 may take {minutes} minutes (its runs' timeouts, 'benchmark.timeout_s' and "
         "'netbench.timeout_s', and 'validation.repetitions'), beyond partition 'cpu''s time limit of "
-        f"{minutes - 1}; allowed: shorter timeouts or fewer repetitions")
+        f"{minutes - 1}; allowed: shorter timeouts, or `snakemake calibrate` first, so that each job asks for its "
+        "runs' expected time, or fewer repetitions")
     fleetjobs.check_time_limit(jobs, config["slurm"], {"cpu": slurm.Partition(2, 0, minutes)})
     fleetjobs.check_time_limit(jobs, config["slurm"], None)  # where sinfo cannot answer: not checked
 
@@ -451,9 +452,53 @@ def test_what_validating_a_batch_costs_is_its_jobs_held_to_their_time_limits():
     assert lines[:2] == ["What validating the batch costs:", "  jobs         7 node jobs and 11 link jobs, each its "
                          "own exclusive allocation, at most 1 at a time (validation.max_jobs)"]
     assert lines[2] == f"  runs         {7 * 6 + 11 * 3}: each job's runs, validation.repetitions = 3"
-    assert lines[3].startswith(f"  worst case   {(7 * node_minutes + 11 * 2 * link_minutes) / 60:,.0f} node-hours: "
-                               f"every job to its time limit (node jobs {node_minutes} minutes, link jobs "
-                               f"{link_minutes}: the runs' timeouts")
+    timeouts = f"benchmark.timeout_s = 600 s, netbench.timeout_s = {config['netbench']['timeout_s']} s"
+    worst = (7 * node_minutes + 11 * 2 * link_minutes) / 60
+    assert lines[3:] == [
+        f"  worst case   {worst:,.0f} node-hours: every job to its time limit",
+        f"  time limit   node jobs {node_minutes} minutes: the runs' timeouts, {timeouts}, as no earlier ok run of "
+        "their benchmarks on as many nodes tells how long they take (the calibrate target makes them)",
+        f"  time limit   link jobs {link_minutes} minutes: the runs' timeouts, {timeouts}, as no earlier ok run of "
+        "their benchmarks on as many nodes tells how long they take (the calibrate target makes them)"]
+
+
+def test_a_jobs_time_limit_is_its_runs_deadlines_from_their_expected_times_where_records_tell(tmp_path,
+                                                                                               recorded_runs):
+    import math
+
+    from containerbench.slurm import ALLOCATION_SLACK_MINUTES
+
+    # The recorded runs' own config (one node, 1 and 2 ranks) validating two nodes: each node's job trains on
+    # 2 ranks and runs the 2-rank netbench, both recorded on one node; a link's job runs the netbench on two
+    # nodes, never recorded on two: its traffic is not known, so it keeps its timeouts.
+    config = tiny_config(tmp_path, validation={"nodes": "n[1-2]", "repetitions": 2, "link_training": False})
+    plan = fleetplan.plan_batch({node: fleet.NodeState(node, "idle") for node in ("n1", "n2")})
+    records = list(recorded_runs.values())
+    jobs = fleetjobs.FleetJobs(config, plan, str(tmp_path / "fleet"), records, "the recorded runs")
+    walls = [recorded_runs[("train", 2)]["wall_s"], recorded_runs[("netbench", 2)]["wall_s"]] * 2
+    assert jobs.expected_s == {"node": pytest.approx(walls)}
+    # Each run: 3 times its expected time (the default factor), at least 5 minutes more, at most its timeout.
+    timeouts = [config["benchmark"]["timeout_s"], config["netbench"]["timeout_s"]] * 2
+    deadlines = [min(timeout, max(3 * wall, wall + 300)) for timeout, wall in zip(timeouts, walls)]
+    assert jobs.deadlines(("node", "n2")) == pytest.approx(deadlines)
+    minutes = math.ceil(math.ceil(sum(deadlines)) / 60) + ALLOCATION_SLACK_MINUTES * 4
+    assert minutes < fleetjobs.allocation_minutes(config, jobs.runs[("node", "n1")])
+    assert f"--time={minutes}" in jobs.allocation(("node", "n2")) and jobs.time_limit(("node", "n1")) == minutes
+    worst_link = fleetjobs.allocation_minutes(config, jobs.runs[("link", "n1+n2")])
+    assert f"--time={worst_link}" in jobs.allocation(("link", "n1+n2"))
+    # The deadlines are the runs' own timeouts in the job's file: a run over it ends alone, the next still run.
+    jobs.write(plan, tmp_path / "plan.json")
+    written = json.loads(Path(jobs.job_file(("node", "n1"))).read_text())
+    assert [run_plan["timeout_s"] for run_plan in written["plans"]] == pytest.approx(deadlines)
+    lines = jobs.cost_summary().splitlines()
+    assert (f"  time limit   node jobs {minutes} minutes: each run 3 x its expected time "
+            f"(validation.time_limit_factor), at least 5 minutes more; the runs' expected {sum(walls) / 60:.1f} in "
+            f"all, + {ALLOCATION_SLACK_MINUTES} a run") in lines
+    assert not any(line.startswith("  expected") for line in lines)  # the link jobs' runs have no figure
+    # A factor that makes the deadlines longer than the runs' timeouts gives the timeouts.
+    config["validation"]["time_limit_factor"] = 1000
+    jobs = fleetjobs.FleetJobs(config, plan, "results/fleet", records, "the recorded runs")
+    assert jobs.time_limit(("node", "n1")) == fleetjobs.allocation_minutes(config, jobs.runs[("node", "n1")])
 
 
 @pytest.mark.parametrize("name", ["n1;rm -rf /", "n1 n2", "../n1", "n1+n2", "-n1", "$(reboot)", ""])

@@ -9,13 +9,22 @@ before it on its nodes (fleet.job_rounds). `fleet.run_job` runs a job's file.
 from __future__ import annotations
 
 import json
+import math
+from dataclasses import replace
 from pathlib import Path
 
 from containerbench import outputs
 from containerbench.config import RunSpec, mpi_models
+from containerbench.cost import expected_each
 from containerbench.fleet import record_path
 from containerbench.fleetplan import FleetError, FleetPlan, in_order, link_name
+from containerbench.launchers import Allocation
+from containerbench.plans import plan_run
 from containerbench.slurm import ALLOCATION_SLACK_MINUTES, allocation_argv, job_partition
+
+# A run's deadline where earlier records tell its expected time: at least this much beyond it, whatever the
+# factor (a new node's first start reads every package from a cold shared file system).
+DEADLINE_MARGIN_S = 300
 
 
 def node_runs(config: dict, node: str) -> list[RunSpec]:
@@ -65,9 +74,14 @@ def check_time_limit(jobs: FleetJobs, settings: dict, partitions: dict | None) -
     limit = (partitions or {}).get(name)
     member, minutes = jobs.longest()
     if limit and limit.max_minutes is not None and minutes > limit.max_minutes:
-        raise FleetError(f"the job of {member} may take {minutes} minutes (its runs' timeouts, "
-                         f"'benchmark.timeout_s' and 'netbench.timeout_s', and 'validation.repetitions'), beyond "
-                         f"partition {name!r}'s time limit of {limit.max_minutes}; allowed: shorter timeouts or "
+        if ("node" if "+" not in member else "link") in jobs.expected_s:
+            basis, allowed = ("'validation.time_limit_factor' times its runs' expected time", "a smaller factor")
+        else:  # no record tells how long the runs take: `snakemake calibrate` makes those records
+            basis, allowed = ("its runs' timeouts, 'benchmark.timeout_s' and 'netbench.timeout_s'",
+                              "shorter timeouts, or `snakemake calibrate` first, so that each job asks for its runs' "
+                              "expected time")
+        raise FleetError(f"the job of {member} may take {minutes} minutes ({basis}, and 'validation.repetitions'), "
+                         f"beyond partition {name!r}'s time limit of {limit.max_minutes}; allowed: {allowed}, or "
                          "fewer repetitions")
 
 
@@ -75,8 +89,10 @@ class FleetJobs:
     """The node and link jobs of a plan as the workflow runs them (workflow/rules/fleet.smk): each
     job's runs and raw logs, its plans, its allocation, and the jobs it waits for."""
 
-    def __init__(self, config: dict, fleet: FleetPlan, directory: str):
-        self.config, self.directory = config, directory
+    def __init__(self, config: dict, fleet: FleetPlan, directory: str, records=(), source: str = ""):
+        """`records`: run records of earlier runs (sweeps, calibrations, batches) and `source`, where they
+        came from; each job's time limit comes from the runs of the same benchmarks among them."""
+        self.config, self.directory, self.source = config, directory, source
         # Fleet runs are judged by their figures; their telemetry is not collected (no rule declares it).
         self.run_config = {**config, "telemetry": {**config["telemetry"], "enabled": False}}
         self.runs = {("node", node): node_runs(config, node) for node in fleet.nodes} | {
@@ -88,6 +104,41 @@ class FleetJobs:
             for pair in map(in_order, taken):
                 self.after[link_name(pair)] = [latest[end] for end in pair]
                 latest.update({end: ("link", link_name(pair)) for end in pair})
+        self.expected_s = self._expected_seconds(list(records))
+
+    def _expected_seconds(self, records: list[dict]) -> dict[str, list[float]]:
+        """Job kind -> each of its runs' expected seconds, where earlier ok runs of their benchmarks on as
+        many nodes, over the same fabric, tell them all (cost.expected_each): the jobs of a kind run the same
+        runs on other nodes. A run on more nodes than any record is not guessed at: its traffic is not known."""
+        expected = {}
+        for kind in ("node", "link"):
+            job = next((job for job in self.runs if job[0] == kind), None)
+            if job is None or not records:
+                continue
+            plans = [plan_run(spec, self.run_config, Allocation.PER_JOB) for spec in self.runs[job]]
+            seconds = [each[0] for each in expected_each(plans, records, same_shape=True)]
+            if all(each is not None for each in seconds):
+                expected[kind] = seconds
+        return expected
+
+    def deadlines(self, job: tuple[str, str]) -> list[float]:
+        """Each run's own timeout in a job: validation.time_limit_factor times its expected time, at least
+        DEADLINE_MARGIN_S beyond it, and never over its kind's timeout_s, which it keeps where no earlier
+        record tells. A run over its deadline ends with its own reason and the job's next runs still run."""
+        timeouts = [float(self.config["netbench" if run.kind == "netbench" else "benchmark"]["timeout_s"])
+                    for run in self.runs[job]]
+        expected = self.expected_s.get(job[0])
+        if expected is None:
+            return timeouts
+        factor = self.config["validation"]["time_limit_factor"]
+        return [min(timeout, max(factor * seconds, seconds + DEADLINE_MARGIN_S))
+                for timeout, seconds in zip(timeouts, expected)]
+
+    def time_limit(self, job: tuple[str, str]) -> int:
+        """The minutes a job asks Slurm for: its runs' deadlines, with ALLOCATION_SLACK_MINUTES a run for sacct
+        after a failure (allocation_minutes where no record tells). A limit near what the job takes is what
+        lets Slurm's backfill start it in the gaps between other jobs."""
+        return -(-math.ceil(sum(self.deadlines(job))) // 60) + ALLOCATION_SLACK_MINUTES * len(self.runs[job])
 
     def logs(self, job: tuple[str, str]) -> list[str]:
         return [f"{self.directory}/runs/{spec.run_id}.log" for spec in self.runs[job]]
@@ -109,34 +160,50 @@ class FleetJobs:
         nodes = (job[1],) if job[0] == "node" else tuple(job[1].split("+"))
         runs = self.runs[job]
         return allocation_argv(self.config["slurm"], len(nodes), max(run.ranks_per_node for run in runs),
-                               allocation_minutes(self.config, runs), f"containerbench-fleet-{job[1]}", nodes,
-                               exclusive=True)
+                               self.time_limit(job), f"containerbench-fleet-{job[1]}", nodes, exclusive=True)
 
     def longest(self) -> tuple[str, int]:
         """The job that may hold its nodes longest, and for how many minutes (checked against MaxTime)."""
-        job = max(self.runs, key=lambda job: allocation_minutes(self.config, self.runs[job]))
-        return job[1], allocation_minutes(self.config, self.runs[job])
+        job = max(self.runs, key=self.time_limit)
+        return job[1], self.time_limit(job)
 
     def cost_summary(self) -> str:
-        """What the batch may cost, as the sweep's estimate says it: its jobs, and the node-hours if every
-        job held its nodes to its time limit (its runs' timeouts: the allocation salloc asks for)."""
-        minutes = {job: allocation_minutes(self.config, runs) for job, runs in self.runs.items()}
+        """What the batch may cost, as the sweep's estimate says it: its jobs, the node-hours if every job
+        held its nodes to its time limit, and what its runs are expected to take where records tell."""
+        minutes = {job: self.time_limit(job) for job in self.runs}
         nodes = {job: 1 if job[0] == "node" else 2 for job in self.runs}
         kinds = {kind: [job for job in self.runs if job[0] == kind] for kind in ("node", "link")}
         longest = {kind: max((minutes[job] for job in jobs), default=0) for kind, jobs in kinds.items()}
         node_hours = sum(nodes[job] * minutes[job] for job in self.runs) / 60
         validation = self.config["validation"]
-        return "\n".join([
+        timeouts = (f"benchmark.timeout_s = {self.config['benchmark']['timeout_s']} s, "
+                    f"netbench.timeout_s = {self.config['netbench']['timeout_s']} s")
+        lines = [
             "What validating the batch costs:",
             f"  jobs         {len(kinds['node'])} node jobs and {len(kinds['link'])} link jobs, each its own "
             f"exclusive allocation, at most {validation['max_jobs']} at a time (validation.max_jobs)",
             f"  runs         {sum(map(len, self.runs.values()))}: each job's runs, "
             f"validation.repetitions = {validation['repetitions']}",
-            f"  worst case   {node_hours:,.0f} node-hours: every job to its time limit (node jobs "
-            f"{longest['node']} minutes, link jobs {longest['link']}: the runs' timeouts, "
-            f"benchmark.timeout_s = {self.config['benchmark']['timeout_s']} s, "
-            f"netbench.timeout_s = {self.config['netbench']['timeout_s']} s)",
-        ])
+        ]
+        limits = []
+        for kind in ("node", "link"):
+            if not kinds[kind]:
+                continue
+            if kind in self.expected_s:
+                limits.append(f"{kind} jobs {longest[kind]} minutes: each run {validation['time_limit_factor']:g} x "
+                              f"its expected time (validation.time_limit_factor), at least {DEADLINE_MARGIN_S // 60} "
+                              f"minutes more; the runs' expected {sum(self.expected_s[kind]) / 60:.1f} in all, "
+                              f"+ {ALLOCATION_SLACK_MINUTES} a run")
+            else:
+                limits.append(f"{kind} jobs {longest[kind]} minutes: the runs' timeouts, {timeouts}, as no earlier "
+                              "ok run of their benchmarks on as many nodes tells how long they take (the calibrate "
+                              "target makes them)")
+        lines.append(f"  worst case   {node_hours:,.0f} node-hours: every job to its time limit")
+        lines += [f"  time limit   {limit}" for limit in limits]
+        if all(kind in self.expected_s for kind, jobs in kinds.items() if jobs):
+            expected = sum(nodes[job] * sum(self.expected_s[job[0]]) for job in self.runs) / 3600
+            lines.append(f"  expected     {expected:,.1f} node-hours, from {self.source or 'earlier records'}")
+        return "\n".join(lines)
 
     @property
     def records_list(self) -> str:
@@ -147,9 +214,6 @@ class FleetJobs:
         """The plan, for the verdict; the list of the records to come; and each job's file: its allocation,
         its runs' plans and their raw logs. Files, not arguments: a node's plans can pass the 128 KiB one
         argument may hold, and a thousand nodes' record paths the 2 MiB of a whole command line."""
-        from containerbench.launchers import Allocation
-        from containerbench.plans import plan_run
-
         for path in (Path(plan_path), Path(self.records_list)):
             path.parent.mkdir(parents=True, exist_ok=True)
         outputs.write_text(plan_path, json.dumps(fleet.as_dict(), indent=1, sort_keys=True) + "\n")
@@ -157,7 +221,8 @@ class FleetJobs:
         for job, runs in self.runs.items():
             path = Path(self.job_file(job))
             path.parent.mkdir(parents=True, exist_ok=True)
-            plans = [plan_run(spec, self.run_config, Allocation.PER_JOB).as_dict() for spec in runs]
+            plans = [replace(plan_run(spec, self.run_config, Allocation.PER_JOB), timeout_s=deadline).as_dict()
+                     for spec, deadline in zip(runs, self.deadlines(job))]
             outputs.write_text(path, json.dumps({"allocation": self.allocation(job), "plans": plans,
                                                  "logs": self.logs(job)}, sort_keys=True) + "\n")
 

@@ -294,12 +294,19 @@ def newest_sweep_records(path: str | Path, system: str, sessions_read: int = 5) 
     """The records of `system`'s newest sweep sessions (not fleet batches), for an estimate's expected
     cost (cost.sweep_records), and what they are; none where there is no store yet. A store may hold
     years of sessions: the freshest measurement of each point is what an estimate wants."""
+    return newest_records(path, system, {"sweep": sessions_read})
+
+
+def newest_records(path: str | Path, system: str, kinds: dict[str, int]) -> tuple[list[dict], str]:
+    """The records of `system`'s newest sessions of each kind, as many as `kinds` says ({"sweep": 5,
+    "fleet": 1}), and what they are; none where there is no store yet."""
     table = sessions(path)
-    mine = table[(table["kind"] == "sweep") & (table["system"] == system)].tail(sessions_read)
-    if mine.empty:
+    mine = table[table["system"] == system]
+    chosen = pd.concat([mine[mine["kind"] == kind].tail(count) for kind, count in kinds.items()]).sort_values("id")
+    if chosen.empty:
         return [], ""
-    what = f"{path} ({len(mine)} session{'' if len(mine) == 1 else 's'} of system {system})"
-    return stored_records(path, [int(i) for i in mine["id"]]), what
+    what = f"{path} ({len(chosen)} session{'' if len(chosen) == 1 else 's'} of system {system})"
+    return stored_records(path, [int(i) for i in chosen["id"]]), what
 
 
 def stored_records(path: str | Path, session_ids) -> list[dict]:

@@ -13,6 +13,24 @@ FLEET_SELECTION = {
     key: config["validation"][key] for key in ("nodes", "partition", "plan") if config["validation"][key]
 }
 FLEET = None
+
+
+def fleet_asked() -> bool:
+    """Whether this invocation asks for the batch: validate_nodes, a fleet rule or a file of results/fleet
+    among the targets on its command line (Snakemake's own parser reads them; the Snakefile is not told).
+    A command line that is not Snakemake's asks for everything."""
+    from snakemake.cli import get_argument_parser
+
+    try:
+        targets = get_argument_parser().parse_known_args(sys.argv[1:])[0].targets or []
+    except SystemExit:
+        return True
+    return any(
+        target == "validate_nodes" or target.startswith("fleet_") or f"{RESULTS}/fleet/" in target
+        for target in targets
+    )
+
+
 if FLEET_SELECTION and workflow.is_main_process:  # every fleet rule is local: the planning process runs them
     try:
         if not launchers.uses_slurm(config):
@@ -21,8 +39,19 @@ if FLEET_SELECTION and workflow.is_main_process:  # every fleet rule is local: t
                 f"(it is {config['launcher']['kind']!r}); allowed: a Slurm site's config"
             )
         FLEET = fleetplan.planned(config["validation"])
-        FLEET_JOBS = fleetjobs.FleetJobs(PLANNED, FLEET, f"{RESULTS}/fleet")
-        fleetjobs.check_time_limit(FLEET_JOBS, config["slurm"], slurm.partitions())
+        # The jobs' time limits come from earlier records of their runs' benchmarks: the results and
+        # calibration directories, the system's newest sweeps and its last batch in the results store.
+        EARLIER = history.newest_records(HISTORY_STORE, config["system"], kinds={"sweep": 5, "fleet": 1})
+        EARLIER_RECORDS, EARLIER_SOURCE = cost.sweep_records(PLANNED, stored=EARLIER)
+        FLEET_JOBS = fleetjobs.FleetJobs(PLANNED, FLEET, f"{RESULTS}/fleet", EARLIER_RECORDS, EARLIER_SOURCE)
+        try:
+            fleetjobs.check_time_limit(FLEET_JOBS, config["slurm"], slurm.partitions())
+        except fleetplan.FleetError as error:
+            # Only the batch is refused: a sweep, or the calibration that gives the jobs their expected
+            # times (the refusal's own remedy), still runs, and is told what validate_nodes would say.
+            if fleet_asked():
+                raise
+            print(f"containerbench: note: validate_nodes would stop here: {error}", file=sys.stderr)
     except slurm.QueryError as error:
         sys.exit(f"containerbench: config: {error}")  # one line, before anything is submitted
     if PLANS_A_RUN:  # beside the sweep's (common.smk): what `validate_nodes` would hold
