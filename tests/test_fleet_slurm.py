@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -16,8 +17,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-from helpers import BENCH_PYTHON, ROOT, SLURM_CLUSTER, cancel_when_running, on_controller
+from helpers import BENCH_PYTHON, ROOT, SLURM_CLUSTER, cancel_when_running, clone_copy, on_controller
 
+from containerbench import config as cb_config
 from containerbench.rank import markers
 
 pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.slurm, pytest.mark.netns, pytest.mark.timeout(1500)]
@@ -40,6 +42,73 @@ def four_nodes(tmp_path_factory):
         yield state
     finally:
         subprocess.run([str(CLUSTER), "stop", str(state)], timeout=300)
+
+
+def test_the_example_site_walks_from_clone_to_dry_runs_by_the_readmes_commands(four_nodes, tmp_path):
+    """As a site admin on this cluster (four nodes, GPUs declared with socket affinity in gres.conf): copy the
+    example, run the README's commands as written, mend what each refuses, until the sweep's, the
+    calibration's and the batch's dry runs list their jobs. Each mistake is one line, before any job."""
+    clone = clone_copy(tmp_path / "containerbench", ".venv-bench", "build")
+    readme = (ROOT / "README.md").read_text()
+    site_file = clone / "config" / "site.yaml"
+
+    def run(command: str):
+        # The README's own line; with --dry-run where it would submit, and cat for less (no terminal here).
+        assert command.replace(" | cat", " | less").removesuffix(" --dry-run") in readme, command
+        return on_controller(four_nodes, "bash", "-c", command, cwd=clone, timeout=600)
+
+    def refused(command: str) -> str:
+        done = run(command)
+        lines = [line for line in done.stderr.splitlines() if line.strip()]
+        assert done.returncode != 0 and lines, done.stdout[-2000:] + done.stderr[-3000:]
+        return lines[-1]
+
+    def edit(change: dict) -> None:  # the lines marked EDIT, and what this cluster asks besides
+        site_file.write_text(yaml.safe_dump(cb_config.merge(yaml.safe_load(site_file.read_text()), change)))
+
+    estimate = ".venv/bin/containerbench plan --estimate --config config/site.yaml"
+    sweep = ".venv/bin/snakemake --profile profiles/slurm --configfile config/site.yaml --dry-run"
+    batch = ".venv/bin/snakemake validate_nodes --profile profiles/slurm --configfile config/site.yaml --dry-run"
+    assert run("cp config/site.example.yaml config/site.yaml").returncode == 0
+    assert refused(estimate) == ("config: 'slurm.partition' = 'gpu' is not a partition of this cluster; "
+                                 "allowed: cpu")
+    edit({"slurm": {"partition": "cpu", "account": "cbtest-account"}})
+    assert refused(estimate) == "config: 'scaling.nodes' asks for 8 nodes, partition 'cpu' has 4; allowed: at most 4"
+    # The example's 4 GPUs a node pass against gres.conf's gpu:h100:4(S:0-1), as sinfo's %G writes it with
+    # socket affinity. No CUDA here: the CPU benchmark venv `make setup` built (a GPU site: `make gpu-env`).
+    edit({"system": "cbtest-h100", "scaling": {"nodes": [1, 2, 4]}, "benchmark_env": "cpu",
+          "bare_metal": {"python": ".venv-bench/bin/python"}, "validation": {"nodes": "n[1-4]"}})
+    listed = run(".venv/bin/containerbench plan --config config/site.yaml | cat")
+    assert listed.returncode == 0 and "train_bare-metal_infiniband_4x4_b128_rep5" in listed.stdout, listed.stderr
+    cost = run(estimate)
+    assert cost.returncode == 0 and cost.stdout.startswith("What this sweep costs:"), cost.stderr[-3000:]
+    runs = cb_config.plan_runs(cb_config.load([site_file]))
+    assert f"  jobs         {len(runs)} measurement jobs" in cost.stdout
+    # The batch's jobs, each held to its runs' timeouts (no record tells how long they take), pass the
+    # partition's MaxTime (120 minutes): validate_nodes stops there, in one line; the sweep is told, and runs.
+    planned = run(sweep)
+    assert planned.returncode == 0, planned.stdout[-3000:] + planned.stderr[-3000:]
+    jobs = dict(re.findall(r"^(\w+)\s+(\d+)$", planned.stdout, re.M))
+    assert sum(int(count) for rule, count in jobs.items() if rule.startswith("measure_rep")) == len(runs), jobs
+    # Apptainer's and Enroot's images are converted on the compute nodes, where only they are installed.
+    assert {"image_apptainer", "image_enroot"} <= set(jobs), jobs
+    assert "What this sweep costs:" in planned.stderr and "What validating the batch costs:" in planned.stderr
+    too_long = re.compile(r"containerbench: (note: validate_nodes would stop here|config): the job of \S+ may take "
+                          r"\d+ minutes \(its runs' timeouts, .+\), beyond partition 'cpu''s time limit of 120; "
+                          r"allowed: shorter timeouts, or `snakemake calibrate` first, so that each job asks for its "
+                          r"runs' expected time, or fewer repetitions")
+    assert any(too_long.fullmatch(line) and "note:" in line for line in planned.stderr.splitlines()), planned.stderr
+    assert too_long.fullmatch(refused(batch))
+    calibrate = run(".venv/bin/snakemake calibrate --profile profiles/slurm --configfile config/site.yaml --dry-run")
+    assert calibrate.returncode == 0, calibrate.stderr[-3000:]
+    assert re.search(r"^measure_calibration\s+10$", calibrate.stdout, re.M), calibrate.stdout[-3000:]
+    edit({"validation": {"nodes": "n[1-4]", "repetitions": 1}, "benchmark": {"timeout_s": 1200},
+          "netbench": {"timeout_s": 600}})
+    fleet = run(batch)
+    assert fleet.returncode == 0, fleet.stderr[-3000:]
+    # Four nodes: 4 node jobs, and a ring of 4 links with 2 chords (docs/validation.md).
+    assert re.search(r"^fleet_node\s+4$", fleet.stdout, re.M) and re.search(r"^fleet_link\s+6$", fleet.stdout, re.M)
+    assert "  jobs         4 node jobs and 6 link jobs" in fleet.stderr
 
 
 def test_validate_nodes_names_the_slowed_node_the_slowed_link_and_the_cancelled_job(four_nodes, tmp_path):
