@@ -17,21 +17,7 @@ TELEMETRY_OUTPUT = {"telemetry": f"{RESULTS}/telemetry/{{run_id}}.csv"} if confi
 # that a run Slurm ends (scancel, time limit, node failure, preemption) is recorded with sacct's state and
 # reason, as a failed record, instead of vanishing with its job and being submitted again next time.
 ALLOCATES = SWEEP.allocation is launchers.Allocation.PER_RUN
-
-
-def job_shape(plans):
-    """Inside a site's allocation, runs are its job steps: through the executor plugin, with the shape of
-    their plans (run id -> RunPlan); elsewhere no resources."""
-    if SWEEP.allocation is not launchers.Allocation.STEP:
-        return {}
-    return {
-        "nodes": lambda wildcards: plans[wildcards.run_id].spec["nodes"],
-        "tasks": lambda wildcards: plans[wildcards.run_id].spec["ranks"],
-        "mpi": lambda wildcards: launchers.Srun.program if plans[wildcards.run_id].spec["ranks"] > 1 else None,
-        **SLURM_RESOURCES,
-    }
-
-
+# Inside a site's allocation instead, runs are its job steps: through the executor plugin (common.smk).
 JOB_SHAPE = job_shape(PLANS)
 
 for repetition in REPETITIONS:

@@ -76,6 +76,34 @@ def in_clone(path: Path) -> Path:
     return REPO / path if not path.is_absolute() and (REPO / path).exists() else path
 
 
+def job_shape(plans):
+    """Inside a site's allocation (launchers.Allocation.STEP) runs are its job steps, through the executor
+    plugin, with the shape of their plans (run id -> RunPlan); elsewhere no resources."""
+    if SWEEP.allocation is not launchers.Allocation.STEP:
+        return {}
+    return {
+        "nodes": lambda wildcards: plans[wildcards.run_id].spec["nodes"],
+        "tasks": lambda wildcards: plans[wildcards.run_id].spec["ranks"],
+        "mpi": lambda wildcards: launchers.Srun.program if plans[wildcards.run_id].spec["ranks"] > 1 else None,
+        **SLURM_RESOURCES,
+    }
+
+
+def fleet_asked() -> bool:
+    """Whether this invocation asks for the batch: validate_nodes, a fleet rule or a file of results/fleet
+    among the targets on its command line (Snakemake's own parser reads them; the Snakefile is not told).
+    A command line that is not Snakemake's asks for everything."""
+    from snakemake.cli import get_argument_parser
+
+    try:
+        targets = get_argument_parser().parse_known_args(sys.argv[1:])[0].targets or []
+    except SystemExit:
+        return True
+    return any(
+        target == "validate_nodes" or target.startswith("fleet_") or f"{RESULTS}/fleet/" in target for target in targets
+    )
+
+
 # Each framework's bare-metal interpreter (bare_metal.python, bare_metal.torch_python).
 FRAMEWORK_PYTHON = {
     name: in_clone(Path(config["bare_metal"][each.bare_metal_key])) for name, each in FRAMEWORKS.items()

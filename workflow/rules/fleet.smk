@@ -15,22 +15,6 @@ FLEET_SELECTION = {
 FLEET = None
 
 
-def fleet_asked() -> bool:
-    """Whether this invocation asks for the batch: validate_nodes, a fleet rule or a file of results/fleet
-    among the targets on its command line (Snakemake's own parser reads them; the Snakefile is not told).
-    A command line that is not Snakemake's asks for everything."""
-    from snakemake.cli import get_argument_parser
-
-    try:
-        targets = get_argument_parser().parse_known_args(sys.argv[1:])[0].targets or []
-    except SystemExit:
-        return True
-    return any(
-        target == "validate_nodes" or target.startswith("fleet_") or f"{RESULTS}/fleet/" in target
-        for target in targets
-    )
-
-
 if FLEET_SELECTION and workflow.is_main_process:  # every fleet rule is local: the planning process runs them
     try:
         if not launchers.uses_slurm(config):
