@@ -36,6 +36,8 @@ from containerbench.runtimes import (
 RANK_ENV = {"PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "1"}
 
 NETBENCH = "containerbench.rank.netbench"
+# The runtimes the workflow's planning process left out, and why (JSON): its jobs' processes plan the same sweep.
+SKIPPED_VARIABLE = "CONTAINERBENCH_SKIPPED_RUNTIMES"
 # What the tables set side by side at one point: runs of a repetition that differ only in these form a block,
 # whose order rotates from one repetition to the next (run_order).
 COMPARED = ("runtime", "mpi_model", "fabric", "framework", "mode", "data")
@@ -253,16 +255,18 @@ def site_image_files(config: dict, artifacts: dict[cb_config.ImageUse, str]) -> 
 
 
 
-def plan_sweep(config: dict, repo: Path, *, probe: bool = True) -> Sweep:
+def plan_sweep(config: dict, repo: Path, *, probe: bool = True, probed: dict[str, str] | None = None) -> Sweep:
     """Everything checked before any job: runtimes' images and launchers, the dataset, the sweep,
-    and (with `probe`) which runtimes can run here and what the Slurm cluster can give.
-    `config` must be validated (config.validated) and is left unchanged: the Sweep holds the config
-    as planned. Raises ConfigError."""
+    and (with `probe`) which runtimes can run here and what the Slurm cluster can give. Without
+    `probe`, `probed` says which runtimes a probe elsewhere left out, and why (a job's process plans
+    the sweep its workflow's planning process probed: SKIPPED_VARIABLE). `config` must be validated
+    (config.validated) and is left unchanged: the Sweep holds the config as planned. Raises ConfigError."""
     planned = copy.deepcopy(config)
     try:
         artifacts = resolve_images(planned, repo / IMAGES)  # fills in the images the workflow builds
         check_launchers(planned)  # before any probe: an option a runtime does not take is a config error
-        skipped = select_runtimes(planned, artifacts) if probe else {}  # drops them from planned["runtimes"]
+        skipped = select_runtimes(planned, artifacts) if probe else dict(probed or {})  # dropped from runtimes
+        planned["runtimes"] = [name for name in planned["runtimes"] if name not in skipped]
         if probe:
             check_site_images(planned, artifacts)
             if artifacts:

@@ -34,8 +34,12 @@ try:
     # and the compute nodes' podman is the site's, configured there.
     if not launchers.uses_slurm(config):
         os.environ.update(runtimes.Podman.engine_environment(REPO))
-    # Probing runtimes and sinfo is for the process that plans; a job re-reads this file on its node.
-    SWEEP = plans.plan_sweep(config, REPO, probe=workflow.is_main_process)
+    # Probing runtimes and sinfo is for the process that plans; a job re-reads this file on its node, and
+    # leaves out the runtimes that process left out (a run: block's estimate counts the same runs).
+    PROBED = {} if workflow.is_main_process else json.loads(os.environ.get(plans.SKIPPED_VARIABLE, "{}"))
+    SWEEP = plans.plan_sweep(config, REPO, probe=workflow.is_main_process, probed=PROBED)
+    if workflow.is_main_process:
+        os.environ[plans.SKIPPED_VARIABLE] = json.dumps(SWEEP.skipped)
     # The config as planned (images resolved, runtimes that cannot run here left out, the data sample):
     # what the rules use; `config` stays as the user wrote it (with defaults), for its digest.
     PLANNED = SWEEP.config
