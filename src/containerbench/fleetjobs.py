@@ -61,11 +61,16 @@ def link_runs(config: dict, pair: tuple[str, str]) -> list[RunSpec]:
     return runs
 
 
-def allocation_minutes(config: dict, runs: list[RunSpec]) -> int:
-    """How long a node's or link's job may hold its nodes: its runs' timeouts, each with the slack a
-    failed run may spend asking sacct."""
-    seconds = sum(config["netbench" if run.kind == "netbench" else "benchmark"]["timeout_s"] for run in runs)
-    return -(-seconds // 60) + ALLOCATION_SLACK_MINUTES * len(runs)
+def run_timeout_s(config: dict, run: RunSpec) -> float:
+    """A run's own timeout as the config sets it (its kind's timeout_s)."""
+    return float(config["netbench" if run.kind == "netbench" else "benchmark"]["timeout_s"])
+
+
+def allocation_minutes(config: dict, runs: list[RunSpec], seconds: list[float] | None = None) -> int:
+    """How long a node's or link's job may hold its nodes: its runs' `seconds` (default: their timeouts),
+    each with the slack a failed run may spend asking sacct."""
+    total = sum(run_timeout_s(config, run) for run in runs) if seconds is None else sum(seconds)
+    return -(-math.ceil(total) // 60) + ALLOCATION_SLACK_MINUTES * len(runs)
 
 
 def check_time_limit(jobs: FleetJobs, settings: dict, partitions: dict | None) -> None:
@@ -125,8 +130,7 @@ class FleetJobs:
         """Each run's own timeout in a job: validation.time_limit_factor times its expected time, at least
         DEADLINE_MARGIN_S beyond it, and never over its kind's timeout_s, which it keeps where no earlier
         record tells. A run over its deadline ends with its own reason and the job's next runs still run."""
-        timeouts = [float(self.config["netbench" if run.kind == "netbench" else "benchmark"]["timeout_s"])
-                    for run in self.runs[job]]
+        timeouts = [run_timeout_s(self.config, run) for run in self.runs[job]]
         expected = self.expected_s.get(job[0])
         if expected is None:
             return timeouts
@@ -138,7 +142,7 @@ class FleetJobs:
         """The minutes a job asks Slurm for: its runs' deadlines, with ALLOCATION_SLACK_MINUTES a run for sacct
         after a failure (allocation_minutes where no record tells). A limit near what the job takes is what
         lets Slurm's backfill start it in the gaps between other jobs."""
-        return -(-math.ceil(sum(self.deadlines(job))) // 60) + ALLOCATION_SLACK_MINUTES * len(self.runs[job])
+        return allocation_minutes(self.config, self.runs[job], self.deadlines(job))
 
     def logs(self, job: tuple[str, str]) -> list[str]:
         return [f"{self.directory}/runs/{spec.run_id}.log" for spec in self.runs[job]]
