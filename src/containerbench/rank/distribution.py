@@ -49,10 +49,11 @@ def training_loss(tf, model, images, labels, global_batch: int | None = None):
     return tf.nn.compute_average_loss(per_example, global_batch_size=global_batch)
 
 
-def _scaled_gradients(tape, optimizer, loss, variables, mixed_float16: bool):
+def _scaled_gradients(tape, optimizer, loss, variables, mixed_float16: bool, exchange=lambda gradients: gradients):
+    """The gradients, through `exchange` (the ranks' all-reduce) before a loss scale is taken off them."""
     if not mixed_float16:
-        return tape.gradient(loss, variables)
-    return optimizer.get_unscaled_gradients(tape.gradient(optimizer.get_scaled_loss(loss), variables))
+        return exchange(tape.gradient(loss, variables))
+    return optimizer.get_unscaled_gradients(exchange(tape.gradient(optimizer.get_scaled_loss(loss), variables)))
 
 
 def _gradients_fn(tf, model, optimizer, args, global_batch: int | None = None):
@@ -69,7 +70,7 @@ def _gradients_fn(tf, model, optimizer, args, global_batch: int | None = None):
 
 
 def _tape_step(tf, model, optimizer, next_batch, args, exchange):
-    """One batch, its gradients through `exchange(tape)` (Horovod's all-reduce, or none), one update."""
+    """One batch, its gradients through `exchange(gradients)` (Horovod's all-reduce, or none), one update."""
     mixed = args.precision == "mixed_float16"
 
     @tf.function(jit_compile=args.xla)
@@ -77,8 +78,7 @@ def _tape_step(tf, model, optimizer, next_batch, args, exchange):
         images, labels = next_batch(*source)
         with tf.GradientTape() as tape:
             loss = training_loss(tf, model, images, labels)
-        tape = exchange(tape)
-        gradients = _scaled_gradients(tape, optimizer, loss, model.trainable_variables, mixed)
+        gradients = _scaled_gradients(tape, optimizer, loss, model.trainable_variables, mixed, exchange)
         update = optimizer.apply_gradients(zip(gradients, model.trainable_variables))
         # A value ordered after the update makes the host wait for the whole step.
         with tf.control_dependencies([update]):
@@ -235,8 +235,19 @@ class Horovod(_EveryRankTrains):
         return contextlib.nullcontext()
 
     def make_step(self, tf, model, optimizer, next_batch, args):
-        exchange = faults.gradient_exchange(self.hvd.DistributedGradientTape, self.rank, self.size)  # a test aid
+        exchange = faults.gradient_exchange(self.average, self.rank, self.size)  # a test aid
         return _tape_step(tf, model, optimizer, next_batch, args, exchange=exchange)
+
+    def average(self, gradients: list) -> list:
+        """Each gradient averaged over the ranks by an all-reduce of its own, as tf_cnn_benchmarks does it
+        (benchmark_cnn.py, "All-reduce gradients using Horovod"), and one rank exchanges nothing, as
+        DistributedGradientTape. The tape, by wrapping each all-reduce in a tf.cond on the world size
+        (horovod/tensorflow/__init__.py, _allreduce_cond), made ResNet-50's 161 gradients 161 conditionals:
+        6-8 s more to trace in every run, and a slower step (benchmarks/README.md)."""
+        if self.size == 1:
+            return gradients
+        hvd = self.hvd
+        return [None if gradient is None else hvd.allreduce(gradient, op=hvd.Average) for gradient in gradients]
 
     def start(self, model, optimizer):
         self.hvd.broadcast_variables(model.variables + optimizer.variables, root_rank=0)
@@ -274,7 +285,7 @@ class Local(_EveryRankTrains):
         return contextlib.nullcontext()
 
     def make_step(self, tf, model, optimizer, next_batch, args):
-        return _tape_step(tf, model, optimizer, next_batch, args, exchange=lambda tape: tape)
+        return _tape_step(tf, model, optimizer, next_batch, args, exchange=lambda gradients: gradients)
 
     def start(self, model, optimizer):
         # The same start as Horovod's broadcast: the ranks' weights then differ by their training alone.

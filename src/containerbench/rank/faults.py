@@ -33,17 +33,12 @@ def after_result() -> None:
 
 
 def gradient_exchange(exchange, rank: int, size: int):
-    """Horovod's DistributedGradientTape as the rank uses it: as is, or, with summed-gradients-on-rank-1
-    on rank 1, its averaged gradients times the number of ranks (their sum)."""
+    """The rank's gradient exchange (Horovod's averaging all-reduce) as is, or, with
+    summed-gradients-on-rank-1 on rank 1, its averaged gradients times the number of ranks (their sum)."""
     if rank != 1 or not switched_on("summed-gradients-on-rank-1"):
         return exchange
 
-    class Summed:
-        def __init__(self, tape):
-            self.averaged = exchange(tape)
+    def summed(gradients):
+        return [None if gradient is None else gradient * size for gradient in exchange(gradients)]
 
-        def gradient(self, target, sources, *args, **kwargs):
-            gradients = self.averaged.gradient(target, sources, *args, **kwargs)
-            return [None if gradient is None else gradient * size for gradient in gradients]
-
-    return Summed
+    return summed
