@@ -115,7 +115,9 @@ def test_validate_nodes_names_the_slowed_node_the_slowed_link_and_the_cancelled_
     site = tmp_path / "site.yaml"
     site.write_text(yaml.safe_dump({"bare_metal": {"python": str(BENCH_PYTHON)}}))
     subprocess.run([str(CLUSTER), "slow-node", str(four_nodes), SLOW_NODE, "40"], check=True, timeout=60)
-    subprocess.run([str(CLUSTER), "slow-link", str(four_nodes), *SLOW_LINK, "100mbit"], check=True, timeout=60)
+    # 1 Gbit/s against the healthy links' 0.5 to 2.2 GB/s over fast0: far below the shortfall that fails, and
+    # its three default-size netbench runs take half a minute, where 100 Mbit/s took four and a half.
+    subprocess.run([str(CLUSTER), "slow-link", str(four_nodes), *SLOW_LINK, "1gbit"], check=True, timeout=60)
     cancelled, stop = [], threading.Event()
     watcher = threading.Thread(target=cancel_when_running,
                                args=(four_nodes, f"containerbench-fleet-{CANCELLED_LINK}", cancelled, stop))
