@@ -243,7 +243,7 @@ class Horovod(_EveryRankTrains):
         (benchmark_cnn.py, "All-reduce gradients using Horovod"), and one rank exchanges nothing, as
         DistributedGradientTape. The tape, by wrapping each all-reduce in a tf.cond on the world size
         (horovod/tensorflow/__init__.py, _allreduce_cond), made ResNet-50's 161 gradients 161 conditionals:
-        6-8 s more to trace in every run, and a slower step (benchmarks/README.md)."""
+        6-8 s more to trace in every run, for the same step time (benchmarks/README.md)."""
         if self.size == 1:
             return gradients
         hvd = self.hvd
