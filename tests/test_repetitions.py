@@ -40,8 +40,8 @@ def test_a_round_sends_on_only_the_points_whose_interval_is_too_wide(recorded_ru
     first = repetitions.decide(records, 3, target_ci_percent=3, max_repetitions=4)
     assert half_width_percent(tight) == pytest.approx(2.48, abs=0.01)  # 4.303 * 1 / sqrt(3)
     assert first["points"][ONE] == {"repetitions": 3, "ok": 3, "ci95_percent": pytest.approx(2.4841, abs=1e-4),
-                                    "stop": "target reached: ci95 +-2.48%"}
-    assert first["points"][TWO]["stop"] is None
+                                    "stop": "target reached: ci95 +-2.48%", "asked": None}
+    assert first["points"][TWO]["stop"] is None and first["points"][TWO]["asked"] == 4  # max_repetitions
     assert first["next"] == [f"{TWO}_rep4"]
 
     # The next round reads only the point still going; the stopped one is carried over.
@@ -56,7 +56,8 @@ def test_a_round_sends_on_only_the_points_whose_interval_is_too_wide(recorded_ru
 def test_failed_repetitions_count_but_give_no_interval(recorded_runs):
     records = [repetition(recorded_runs, ONE, 1, 100.0), repetition(recorded_runs, ONE, 2, 0.0, status="failed")]
     going = repetitions.decide(records, 2, target_ci_percent=50, max_repetitions=3)
-    assert going["points"][ONE] == {"repetitions": 2, "ok": 1, "ci95_percent": None, "stop": None}
+    # One ok run gives no spread to size the next round by: one more repetition.
+    assert going["points"][ONE] == {"repetitions": 2, "ok": 1, "ci95_percent": None, "stop": None, "asked": 3}
     records.append(repetition(recorded_runs, ONE, 3, 0.0, status="failed"))
     stopped = repetitions.decide(records, 3, target_ci_percent=50, max_repetitions=3, previous=going)
     assert stopped["points"][ONE]["stop"] == "max_repetitions (3) reached: ci95 n/a (fewer than 2 ok runs)"
@@ -68,8 +69,26 @@ def test_a_point_that_never_ran_ok_is_not_repeated_up_to_the_maximum(recorded_ru
     records += [repetition(recorded_runs, TWO, n, rate) for n, rate in ((1, 100.0), (2, 120.0), (3, 80.0))]
     decision = repetitions.decide(records, 3, target_ci_percent=2, max_repetitions=10)
     assert decision["points"][ONE] == {"repetitions": 3, "ok": 0, "ci95_percent": None,
-                                       "stop": "no ok run in 3 repetition(s): not repeated further"}
-    assert decision["next"] == [f"{TWO}_rep4"]
+                                       "stop": "no ok run in 3 repetition(s): not repeated further",
+                                       "asked": None}
+    # A CV of 20% would need over 10 runs for +-2%: the round doubles the point's 3, and no more.
+    assert decision["next"] == [f"{TWO}_rep{n}" for n in (4, 5, 6)]
+
+
+def test_a_round_asks_for_the_runs_the_points_spread_needs_at_once(recorded_runs):
+    """Kalibera and Jones: the repetitions from the variance measured. A CV of 4% over 3 runs reaches +-5%
+    at 5 runs (t(4) x 4 / sqrt(5) = 4.97), so the round asks for repetitions 4 and 5 together; the next
+    round reads all five."""
+    rates = [100.0, 104.0, 96.0]
+    records = [repetition(recorded_runs, ONE, n + 1, rate) for n, rate in enumerate(rates)]
+    first = repetitions.decide(records, 3, target_ci_percent=5, max_repetitions=10)
+    assert half_width_percent(rates) > 5 and half_width_percent([100.0, 104.0, 96.0, 100.0, 100.0]) <= 5
+    assert first["points"][ONE]["asked"] == 5 and first["next"] == [f"{ONE}_rep4", f"{ONE}_rep5"]
+    records += [repetition(recorded_runs, ONE, n, 100.0) for n in (4, 5)]
+    last = repetitions.decide(records, 4, target_ci_percent=5, max_repetitions=10, previous=first)
+    assert last["points"][ONE]["repetitions"] == 5 and last["points"][ONE]["stop"].startswith("target reached: ")
+    with pytest.raises(ValueError, match=f"round 4: point {ONE} has 4 repetitions, expected 5"):
+        repetitions.decide(records[:4], 4, target_ci_percent=5, max_repetitions=10, previous=first)
 
 
 def test_a_round_missing_a_point_it_should_read_is_refused(recorded_runs):

@@ -372,18 +372,24 @@ def test_auto_repetitions_add_rounds_until_the_target_or_the_most_without_measur
     assert sorted(summary["repetitions_stop"]) == sorted(entry["stop"] for entry in stops.values())
     assert sorted(summary["repetitions"]) == sorted(entry["repetitions"] for entry in stops.values())
 
-    # An impossible target: the rounds are decided again, no finished run is measured again, and every
-    # point goes on to max_repetitions, which the summary says.
+    # An impossible target and one more repetition allowed: the rounds are decided again, no finished run
+    # is measured again, and the first round asks every point for all it may still make at once (its
+    # repetitions doubled, up to max_repetitions 4), which the summary says.
     before = {log.name: log.stat().st_mtime_ns for log in (results / "runs").glob("*.log")}
-    (tmp_path / "strict.yaml").write_text(yaml.safe_dump({"benchmark": {"target_ci_percent": 0.01}}))
+    (tmp_path / "strict.yaml").write_text(yaml.safe_dump({"benchmark": {"target_ci_percent": 0.01,
+                                                                        "max_repetitions": 4}}))
     strict = [*configs, str(tmp_path / "strict.yaml")]
     again = snakemake(tmp_path, *strict)
     assert again.returncode == 0, again.stderr[-4000:]
     assert {name: (results / "runs" / name).stat().st_mtime_ns for name in before} == before
-    assert measured(results) == {point: [1, 2, 3] for point in runs}
+    assert measured(results) == {point: [1, 2, 3, 4] for point in runs}
+    first = json.loads((results / "rounds" / "round-2.json").read_text())
+    assert sorted(first["next"]) == sorted(f"{point}_rep{n}" for point in runs for n in (3, 4))
+    assert all(entry["asked"] == 4 for entry in first["points"].values())
+    assert json.loads((results / "rounds" / "round-3.json").read_text())["next"] == []
     summary = pd.read_csv(results / "summary.csv")
-    assert list(summary["repetitions"]) == [3, 3]
-    assert all(stop.startswith("max_repetitions (3) reached: ci95 +-") for stop in summary["repetitions_stop"])
+    assert list(summary["repetitions"]) == [4, 4]
+    assert all(stop.startswith("max_repetitions (4) reached: ci95 +-") for stop in summary["repetitions_stop"])
 
     # Nothing left to do: a dry run says so.
     idle = snakemake(tmp_path, *strict, "--dry-run")

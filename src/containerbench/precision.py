@@ -94,3 +94,10 @@ def runs_for(level: dict, target_percent: float, steps: int, most: int = 1000) -
 def machine_seconds(level: dict, runs: int, steps: int) -> float:
     """What `runs` runs of `steps` steps cost at this point: n1 (c1 + n2 c2)."""
     return runs * (level["unmeasured_s"] + steps * level["step_cost_s"])
+
+
+def runs_for_mean(cv_percent: float, target_percent: float, most: int) -> int | None:
+    """The fewest runs whose 95% t interval of the mean is within +-`target_percent`, runs whose means
+    spread by `cv_percent` (S1: T1^2 + T2^2 / n2 at their steps); None past `most`."""
+    return next((runs for runs in range(2, most + 1)
+                 if t_quantile(0.975, runs - 1) * cv_percent / math.sqrt(runs) <= target_percent), None)

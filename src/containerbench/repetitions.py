@@ -1,13 +1,15 @@
-"""`benchmark.repetitions: auto`: which sweep points need another repetition.
+"""`benchmark.repetitions: auto`: which sweep points need more repetitions, and how many.
 
-The workflow runs min_repetitions of every train point, then rounds: round r
-reads the records of repetitions 1..r of the points still going and decides,
-for each, whether the 95% interval of its mean images/s (Student's t interval,
-the summary's ci95_low..ci95_high) is within +-target_ci_percent of the mean, or
-max_repetitions ran; a point that is neither gets repetition r + 1. A round's
-file carries the points stopped earlier, so the last round says why every point
-stopped (the summary's repetitions_stop). Failed and disturbed runs count as
-repetitions made but give no figure to the interval, as in the summary.
+The workflow runs min_repetitions of every train point, then rounds: a round reads the records of the
+points still going and decides, for each, whether the 95% interval of its mean images/s (Student's t
+interval, the summary's ci95_low..ci95_high) is within +-target_ci_percent of the mean, or
+max_repetitions ran. A point that is neither is asked for the runs its own spread says it needs: the
+fewest n whose t(n-1) x CV / sqrt(n) reaches the target, the CV being the spread of its runs' means at
+their steps (precision.py's S1, T1^2 + T2^2 / n2 of the two levels). An estimate from a few runs is
+itself rough, so a round at most doubles a point's repetitions, and asks at least one more. A round's
+file carries the points stopped earlier, so the last round says why every point stopped (the summary's
+repetitions_stop). Failed and disturbed runs count as repetitions made but give no figure to the
+interval, as in the summary.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pathlib import Path
 
 from containerbench import outputs
 from containerbench.point import Point
+from containerbench.precision import runs_for_mean
 from containerbench.records import load_records
 from containerbench.runtables import runs_table, summary_table
 from containerbench.status import Status
@@ -36,16 +39,32 @@ def _interval_words(half: float) -> str:
     return f"ci95 +-{half:.3g}%" if not math.isnan(half) else "ci95 n/a (fewer than 2 ok runs)"
 
 
+def asked_repetitions(made: int, ok_rates, target_ci_percent: float, max_repetitions: int) -> int:
+    """How many repetitions a point that goes on should have: its ok runs' spread (their images/s) says
+    how many ok runs reach the target; the failed ones made so far are not made up for in advance.
+    At least one more, at most twice `made`, never past max_repetitions."""
+    wanted = made + 1
+    if len(ok_rates) >= 2 and (mean := sum(ok_rates) / len(ok_rates)) > 0:
+        spread = math.sqrt(sum((rate - mean) ** 2 for rate in ok_rates) / (len(ok_rates) - 1))
+        needed = runs_for_mean(100 * spread / mean, target_ci_percent, most=max_repetitions)
+        wanted = max(wanted, made + (needed or max_repetitions) - len(ok_rates))
+    return min(wanted, 2 * made, max_repetitions)
+
+
 def decide(records: list[dict], round_number: int, target_ci_percent: float, max_repetitions: int,
            previous: dict | None = None) -> dict:
-    """Round `round_number`'s decision from the records of repetitions 1..round_number of the points
-    still going (all train points in the first round, else those `previous` sent on).
+    """Round `round_number`'s decision from the records of the points still going (all train points
+    in the first round, with min_repetitions each; else those `previous` sent on, with the repetitions
+    it asked for).
 
     Returns {"round", "target_ci_percent", "max_repetitions", "interval", "points": {point id:
-    {"repetitions", "ok", "ci95_percent", "stop"}}, "next": [run ids of the next repetition]}; a point
-    whose "stop" is None goes on. Points stopped in earlier rounds are carried over unchanged."""
-    carried = {point: entry for point, entry in (previous or {}).get("points", {}).items() if entry["stop"]}
+    {"repetitions", "ok", "ci95_percent", "stop", "asked"}}, "next": [run ids of the repetitions
+    asked for]}; a point whose "stop" is None goes on to "asked" repetitions. Points stopped in earlier
+    rounds are carried over unchanged."""
+    earlier = (previous or {}).get("points", {})
+    carried = {point: entry for point, entry in earlier.items() if entry["stop"]}
     going = None if previous is None else {Point.id_of(run_id) for run_id in previous["next"]}
+    expected = {point: entry.get("asked") or round_number for point, entry in earlier.items()}
     runs = runs_table(records)
     runs = runs.assign(point=runs["run_id"].map(Point.id_of))
     points, following = dict(carried), []
@@ -53,10 +72,13 @@ def decide(records: list[dict], round_number: int, target_ci_percent: float, max
         if point in carried or (going is not None and point not in going):
             continue
         made = int(group["repetition"].max())
-        if made != round_number:
-            raise ValueError(f"round {round_number}: point {point} has {made} repetitions, expected {round_number}")
+        if made != expected.get(point, round_number):
+            raise ValueError(f"round {round_number}: point {point} has {made} repetitions, "
+                             f"expected {expected.get(point, round_number)}")
         half = _half_width_percent(group)
-        ok = int((group["status"] == Status.OK).sum())
+        ok_rates = list(group.loc[group["status"] == Status.OK, "images_per_sec"])
+        ok = len(ok_rates)
+        asked = None
         if ok == 0:  # failing every time: more repetitions would fail (or time out) the same way
             stop = f"no ok run in {made} repetition(s): not repeated further"
         elif half <= target_ci_percent:  # nan compares false: no interval yet, go on
@@ -64,10 +86,10 @@ def decide(records: list[dict], round_number: int, target_ci_percent: float, max
         elif made >= max_repetitions:
             stop = f"max_repetitions ({max_repetitions}) reached: {_interval_words(half)}"
         else:
-            stop = None
-            following.append(Point.run_id_of(point, made + 1))
+            stop, asked = None, asked_repetitions(made, ok_rates, target_ci_percent, max_repetitions)
+            following += [Point.run_id_of(point, repetition) for repetition in range(made + 1, asked + 1)]
         points[point] = {"repetitions": made, "ok": ok,
-                         "ci95_percent": None if math.isnan(half) else round(half, 4), "stop": stop}
+                         "ci95_percent": None if math.isnan(half) else round(half, 4), "stop": stop, "asked": asked}
     missing = sorted((going or set()) - set(points))
     if missing:
         raise ValueError(f"round {round_number}: no records of {', '.join(missing)}")

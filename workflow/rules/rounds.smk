@@ -1,6 +1,6 @@
 # `benchmark.repetitions: auto`: every train point's min_repetitions, then rounds. Round r is a
-# checkpoint: it reads the records of repetitions 1..r of the points still going and writes which of
-# them need repetition r + 1 (containerbench.repetitions decides). What reads the records (RECORDS,
+# checkpoint: it reads the records of the points still going and writes which of them need more
+# repetitions, and how many (containerbench.repetitions decides). What reads the records (RECORDS,
 # report.smk) walks the rounds with checkpoints.repetition_round.get(round=r): Snakemake re-evaluates
 # the DAG after each round and adds only the runs it asked for (Snakemake's documentation, "Data-dependent
 # conditional execution": https://snakemake.readthedocs.io/en/stable/snakefiles/rules.html#data-dependent-conditional-execution).
@@ -50,9 +50,14 @@ def round_inputs(wildcards):
                 if spec.kind == "train" and spec.repetition <= round_number
             ]
         }
-    going = [Point.id_of(run_id) for run_id in decided_round(round_number - 1)["next"]]
+    previous = decided_round(round_number - 1)
+    going = {Point.id_of(run_id) for run_id in previous["next"]}
     return {
-        "records": [record_path(run_id) for point in going for run_id in POINT_RUNS[point][:round_number]],
+        "records": [
+            record_path(run_id)
+            for point in sorted(going)
+            for run_id in POINT_RUNS[point][: previous["points"][point]["asked"]]
+        ],
         "previous": round_path(round_number - 1),
     }
 

@@ -43,8 +43,9 @@ def cmd_round(args) -> int:
         print(f"containerbench: round {args.round}: {error}", file=sys.stderr)
         return 1
     stopped = sum(entry["stop"] is not None for entry in decision["points"].values())
-    print(f"containerbench: round {args.round}: {len(decision['next'])} point(s) go on to repetition "
-          f"{args.round + 1}, {stopped} stopped")
+    going = sum(entry["stop"] is None for entry in decision["points"].values())
+    print(f"containerbench: round {args.round}: {going} point(s) go on, {len(decision['next'])} more run(s), "
+          f"{stopped} stopped")
     return 0
 
 
