@@ -129,7 +129,7 @@ def test_container_overhead_with_interval_and_significance(recorded_runs):
     # The answer in one sentence (issue 37): each runtime at its largest point, with its interval and verdict.
     low, high = charliecloud["overhead_ci95_low"], charliecloud["overhead_ci95_high"]
     assert headline(build_tables(records)["overhead"]) == (
-        "Container overhead against bare metal (of the mean throughputs, 95% interval): charliecloud +0.0% "
+        "Container overhead against bare metal (of the mean throughputs, Fieller 95% interval): charliecloud +0.0% "
         f"({low:+.1f} to {high:+.1f}%) at 1 ranks over tcp-loopback, batch 2: not significant; podman +10.0% "
         f"({podman['overhead_ci95_low']:+.1f} to {podman['overhead_ci95_high']:+.1f}%) at 1 ranks over tcp-loopback, "
         "batch 2: significant.")

@@ -274,7 +274,10 @@ def study_table(summary: pd.DataFrame) -> pd.DataFrame:
 def headline(overhead: pd.DataFrame) -> str:
     """The answer in one sentence, for the top of the report and of summary.md: each runtime's overhead
     against bare metal at its largest measured point (most ranks, then the smallest batch; its fabric
-    named), of the means, with its 95% interval and whether it is significant."""
+    named), of the means, with Fieller's 95% interval and whether it is significant. Fieller's, not the
+    paired interval beside it in the table: on the machines measured the spread was mostly each run's
+    own, not a drift that one repetition's runs share, and the paired interval, with n - 1 degrees of
+    freedom, came out wider as often as narrower (benchmarks/README.md, "Precision per machine-minute")."""
     measured = overhead.dropna(subset=["overhead_percent_of_means"]) if "runtime" in overhead else overhead
     if measured.empty:
         return "No container runtime was measured against bare metal at the same point."
@@ -285,4 +288,5 @@ def headline(overhead: pd.DataFrame) -> str:
         interval = f"{low:+.1f} to {high:+.1f}%" if np.isfinite([low, high]).all() else "no interval"
         parts.append(f"{runtime} {row['overhead_percent_of_means']:+.1f}% ({interval}) at {int(row['ranks'])} "
                      f"ranks over {row['fabric']}, batch {int(row['batch_size'])}: {row['significance']}")
-    return "Container overhead against bare metal (of the mean throughputs, 95% interval): " + "; ".join(parts) + "."
+    return ("Container overhead against bare metal (of the mean throughputs, Fieller 95% interval): "
+            + "; ".join(parts) + ".")
