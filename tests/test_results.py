@@ -484,3 +484,19 @@ def test_a_loss_near_zero_that_rounding_moves_is_the_same_training_and_another_c
     # Bare metal ran no repetition 3: said, not set against repetition 1's curve.
     assert trajectories.loc["shifter", "loss_trajectory"] == "not checked: no bare-metal run of repetition 3"
     assert np.isnan(trajectories.loc["shifter", "runs_compared"])
+
+
+def test_runs_csv_keeps_each_runs_start_to_the_millisecond(recorded_runs, tmp_path):
+    """The report's time line (issue 37, item 1) reads the starts from runs.csv: written with the tables'
+    six significant digits, every run of a sweep started at one moment, 10,000 s wide."""
+    one = recorded_runs[("train", 1)]
+    paths = []
+    for repetition in (1, 2, 3):
+        record = variant(one, f"one-rep{repetition}", 10.0 + repetition, repetition)
+        record["started_unix"] = 1795860000.25 + 41.5 * repetition
+        paths.append(tmp_path / f"one-rep{repetition}.json")
+        paths[-1].write_text(json.dumps(record))
+    write_tables(paths, tmp_path / "tables")
+    runs = pd.read_csv(tmp_path / "tables" / "runs.csv").sort_values("repetition")
+    assert list(runs["started_unix"]) == pytest.approx([1795860041.75, 1795860083.25, 1795860124.75], abs=5e-4)
+    assert list(runs["order_in_repetition"]) == [1, 1, 1]

@@ -153,6 +153,14 @@ def write_tensorboard(losses: pd.DataFrame, out_dir: str | Path) -> list[Path]:
     return written
 
 
+def _exact_times(table: pd.DataFrame) -> pd.DataFrame:
+    """Unix times to the millisecond, as text: six significant digits (the tables' figures) would round
+    every run of a sweep to one start, ten thousand seconds wide, and the report's time line reads them."""
+    times = [column for column in table.columns if column.endswith("_unix")]
+    return table.assign(**{column: table[column].map(lambda value: "" if pd.isna(value) else f"{value:.3f}")
+                           for column in times})
+
+
 def write_tables(record_paths, out_dir: str | Path, stops: dict[str, str] | None = None) -> dict[str, pd.DataFrame]:
     """Every table as OUT_DIR/<name>.csv, plus table1.md and summary.md (TABLE_FILES), and the runs'
     TensorBoard files under OUT_DIR/tensorboard."""
@@ -162,7 +170,7 @@ def write_tables(record_paths, out_dir: str | Path, stops: dict[str, str] | None
     tables = build_tables(records, problems, stops)
     for name in TABLES:
         with outputs.replacing(out_dir / TABLE_FILES[name]) as partial:
-            tables[name].to_csv(partial, index=False, float_format="%.6g")
+            _exact_times(tables[name]).to_csv(partial, index=False, float_format="%.6g")
     outputs.write_text(out_dir / TABLE_FILES["table1_md"], _markdown(tables["table1"]) + "\n")
     outputs.write_text(out_dir / TABLE_FILES["summary_md"], markdown_summary(tables))
     write_tensorboard(tables["losses"], out_dir / TENSORBOARD_DIR)
