@@ -28,26 +28,28 @@ from containerbench.status import Status
 INTERVAL = "95% Student's t interval of the mean images/s of the ok repetitions"
 
 
-def _half_width_percent(runs) -> float:
-    """The summary's 95% interval of the mean at one point, as +- percent of that mean (nan: fewer than 2 ok runs)."""
+def _interval_and_spread(runs) -> tuple[float, int, float]:
+    """From the summary's row of one point: its 95% interval of the mean as +- percent of that mean (nan:
+    fewer than 2 ok runs), and the ok runs and their CV that the interval was made from."""
     row = summary_table(runs).iloc[0]
     half = (row["ci95_high"] - row["ci95_low"]) / 2
-    return 100 * half / row["images_per_sec_mean"] if row["images_per_sec_mean"] > 0 else math.nan
+    half = 100 * half / row["images_per_sec_mean"] if row["images_per_sec_mean"] > 0 else math.nan
+    return half, int(row["repetitions"]), row["cv_percent"]
 
 
 def _interval_words(half: float) -> str:
     return f"ci95 +-{half:.3g}%" if not math.isnan(half) else "ci95 n/a (fewer than 2 ok runs)"
 
 
-def asked_repetitions(made: int, ok_rates, target_ci_percent: float, max_repetitions: int) -> int:
-    """How many repetitions a point that goes on should have: its ok runs' spread (their images/s) says
-    how many ok runs reach the target; the failed ones made so far are not made up for in advance.
-    At least one more, at most twice `made`, never past max_repetitions."""
+def asked_repetitions(made: int, ok_runs: int, cv_percent: float, target_ci_percent: float,
+                      max_repetitions: int) -> int:
+    """How many repetitions a point that goes on should have: the CV of its `ok_runs` says how many ok
+    runs reach the target; the failed ones made so far are not made up for in advance. At least one
+    more, at most twice `made`, never past max_repetitions."""
     wanted = made + 1
-    if len(ok_rates) >= 2 and (mean := sum(ok_rates) / len(ok_rates)) > 0:
-        spread = math.sqrt(sum((rate - mean) ** 2 for rate in ok_rates) / (len(ok_rates) - 1))
-        needed = runs_for_mean(100 * spread / mean, target_ci_percent, most=max_repetitions)
-        wanted = max(wanted, made + (needed or max_repetitions) - len(ok_rates))
+    if ok_runs >= 2 and not math.isnan(cv_percent):
+        needed = runs_for_mean(cv_percent, target_ci_percent, most=max_repetitions)
+        wanted = max(wanted, made + (needed or max_repetitions) - ok_runs)
     return min(wanted, 2 * made, max_repetitions)
 
 
@@ -75,9 +77,8 @@ def decide(records: list[dict], round_number: int, target_ci_percent: float, max
         if made != expected.get(point, round_number):
             raise ValueError(f"round {round_number}: point {point} has {made} repetitions, "
                              f"expected {expected.get(point, round_number)}")
-        half = _half_width_percent(group)
-        ok_rates = list(group.loc[group["status"] == Status.OK, "images_per_sec"])
-        ok = len(ok_rates)
+        half, measured, cv = _interval_and_spread(group)
+        ok = int((group["status"] == Status.OK).sum())
         asked = None
         if ok == 0:  # failing every time: more repetitions would fail (or time out) the same way
             stop = f"no ok run in {made} repetition(s): not repeated further"
@@ -86,7 +87,7 @@ def decide(records: list[dict], round_number: int, target_ci_percent: float, max
         elif made >= max_repetitions:
             stop = f"max_repetitions ({max_repetitions}) reached: {_interval_words(half)}"
         else:
-            stop, asked = None, asked_repetitions(made, ok_rates, target_ci_percent, max_repetitions)
+            stop, asked = None, asked_repetitions(made, measured, cv, target_ci_percent, max_repetitions)
             following += [Point.run_id_of(point, repetition) for repetition in range(made + 1, asked + 1)]
         points[point] = {"repetitions": made, "ok": ok,
                          "ci95_percent": None if math.isnan(half) else round(half, 4), "stop": stop, "asked": asked}
