@@ -299,9 +299,15 @@ def validate(record_paths, references_path: str | Path, system: str, strict: boo
              slow_fraction: float = 0.10) -> ValidationOutcome:
     references = load_references(references_path, system)  # a bad file fails before any record is read
     records, problems = load_records(record_paths)
+    return judge(records, references, strict, slow_fraction, problems)
+
+
+def judge(records: list[dict], references: dict[str, Reference], strict: bool = False, slow_fraction: float = 0.10,
+          problems: list[tuple[str, str]] | None = None) -> ValidationOutcome:
+    """The verdict on records already read: every variable against its reference, and the slow nodes."""
     table = verdict(performance_variables(records), references, strict)
     slow = slow_nodes(records, slow_fraction)
-    return ValidationOutcome(table, slow, problems, passed=not table["failed"].any() and slow.empty)
+    return ValidationOutcome(table, slow, problems or [], passed=not table["failed"].any() and slow.empty)
 
 
 def _number(value: float | None) -> str:

@@ -111,6 +111,25 @@ def cmd_baseline(args) -> int:
     return 0
 
 
+def cmd_export(args) -> int:
+    from containerbench.export import export
+    from containerbench.records import load_records
+    from containerbench.validate import ReferencesError
+
+    records, problems = load_records(args.records)
+    for path, why in problems:
+        print(f"containerbench: export: unreadable record {path}: {why}", file=sys.stderr)
+    try:
+        written = export(records, args.out_dir, system_of(args.records, args.system), args.references,
+                         strict=args.strict, slow_fraction=args.slow_node_fraction)
+    except ReferencesError as error:
+        print(f"containerbench: {error}", file=sys.stderr)
+        return 2
+    print(f"containerbench: exported {len(records)} run records to {len(written)} files in {args.out_dir}: "
+          "ReFrame perflogs, JUnit XML, OpenMetrics")
+    return 0
+
+
 def cmd_remeasure(args) -> int:
     from containerbench.attempts import RemeasureError, set_aside
 
@@ -176,6 +195,18 @@ def add_commands(sub) -> None:
                    help="a node this fraction below the median of its peers is named slow (default 0.10)")
     p.add_argument("--out", help="also write the verdict to this file")
     p.set_defaults(func=cmd_validate)
+
+    p = sub.add_parser("export", help="write the records as ReFrame perflogs, JUnit XML and OpenMetrics text, for the "
+                                      "tools a site already runs")
+    p.add_argument("records", nargs="+")
+    p.add_argument("--out-dir", required=True)
+    p.add_argument("--references", help="judge the runs against this references file: reference and bounds in the "
+                                        "perflogs, the verdict in the JUnit XML and the metrics")
+    p.add_argument("--system", help="which system (default: the system the records name)")
+    p.add_argument("--strict", action="store_true", help="a measured figure with no reference fails")
+    p.add_argument("--slow-node-fraction", type=float, default=0.10,
+                   help="a node this fraction below the median of its peers is named slow (default 0.10)")
+    p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("baseline", help="write a references file from a good run")
     p.add_argument("records", nargs="+")
