@@ -41,3 +41,4 @@ rule all:
     default_target: True
     input:
         rules.report.output,
+        rules.export.output,

@@ -38,7 +38,7 @@ def test_dry_run_of_the_default_config(tmp_path):
     n = len(runtimes)
     assert {k: v for k, v in counts.items() if not k.startswith("image")} == {
         "measure_rep1": 3 * n, "measure_rep2": 2 * n, "measure_rep3": 2 * n, "parse_run": 7 * n,
-        "tables": 1, "store_history": 1, "report": 1, "all": 1}
+        "tables": 1, "store_history": 1, "report": 1, "export": 1, "all": 1}
     for runtime in runtimes:
         for ranks in (1, 2):
             for rep in (1, 2, 3):
@@ -63,7 +63,7 @@ def test_dry_run_of_the_example_site_config(tmp_path):
     assert counts == {"measure_rep1": 72, "measure_rep2": 72, "measure_rep3": 72,
                       "measure_rep4": 48, "measure_rep5": 48, "parse_run": 312, "image_build": 1,
                       "image_archive": 1, "singularity_definition": 1, "image_apptainer": 1, "image_enroot": 1,
-                      "tables": 1, "store_history": 1, "report": 1, "all": 1}
+                      "tables": 1, "store_history": 1, "report": 1, "export": 1, "all": 1}
     assert "results/runs/train_apptainer_infiniband_8x4_b128_rep5.log" in done.stdout
     assert "results/runs/train_enroot_ethernet_1x4_b64_rep1.log" in done.stdout
     assert "results/runs/netbench_bare-metal_ethernet_2x1_rep3.log" in done.stdout
@@ -278,6 +278,9 @@ def test_the_workflow_runs_end_to_end_and_then_has_nothing_to_do(tmp_path):
     assert not undeclared, sorted(undeclared)
     assert any(path.startswith("results/tensorboard/train_") for path in written)
     assert {f"results/{name}" for name in ("summary.md", "table1.md", "modes.csv", "memory.csv")} <= written
+    # What a site's ReFrame log pipeline, CI and Prometheus read (test_export.py checks each format).
+    assert {"results/export/junit.xml", "results/export/metrics.prom"} <= written
+    assert any(path.startswith("results/export/perflogs/ci/default/train_") for path in written)
 
     # The README's way to measure one run again: that run, its record, the tables and the report (the
     # network benchmark's run: seconds, where a ResNet-50 run traces its graph for half a minute).
@@ -286,7 +289,7 @@ def test_the_workflow_runs_end_to_end_and_then_has_nothing_to_do(tmp_path):
     redo = snakemake(tmp_path, *configs, "--forcerun", "results/runs/netbench_bare-metal_tcp-loopback_1x2_rep1.log")
     assert redo.returncode == 0, redo.stderr[-3000:]
     assert job_counts(redo.stdout + redo.stderr) == {"measure_rep1": 1, "parse_run": 1, "tables": 1,
-                                                     "store_history": 1, "report": 1, "all": 1}
+                                                     "store_history": 1, "report": 1, "export": 1, "all": 1}
     # The run measured again is stored as a session of its own, and the comparison is still with the session
     # before this run's first, not with this run itself.
     session = json.loads((results / "history" / "session.json").read_text())

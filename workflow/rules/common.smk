@@ -10,6 +10,7 @@ from containerbench import config as cb_config
 from containerbench import (
     attempts,
     cost,
+    export,
     fleet,
     fleetplan,
     fleetjobs,

@@ -6,6 +6,8 @@ REPETITION_STOPS = {"stops": lambda wildcards: repetition_rounds()[1]} if AUTO_R
 # Runs set aside to be measured again (`containerbench remeasure`, attempts.py): the index it rewrites is
 # newer than the tables, so Snakemake remakes them, and with them the records that are missing.
 SET_ASIDE = {"set_aside": f"{RESULTS}/{attempts.INDEX}"} if Path(RESULTS, attempts.INDEX).exists() else {}
+# The references the export judges against, where the config names a file (validation.references).
+REFERENCES = {"references": config["validation"]["references"]} if config["validation"]["references"] else {}
 
 
 rule tables:
@@ -73,6 +75,34 @@ rule report:
     shell:
         "{params.cb} report {input.records:q} --tables {input.tables:q} --out {output:q} "
         "--skipped {params.skipped:q} --history {input.history:q} > {log:q} 2>&1"
+
+
+rule export:
+    """The records in the formats a site's tools already read (export.py): ReFrame perflogs, a JUnit XML
+    and OpenMetrics text, each node's apart for its textfile collector. With validation.references set,
+    the perflogs carry each reference and the JUnit XML and metrics the verdict."""
+    # fmt: off
+    input:
+        records=RECORDS,
+        **REFERENCES,
+    # fmt: on
+    output:
+        perflogs=directory(f"{RESULTS}/export/{export.PERFLOG_DIR}"),
+        junit=f"{RESULTS}/export/{export.JUNIT_FILE}",
+        metrics=f"{RESULTS}/export/{export.METRICS_FILE}",
+        by_node=directory(f"{RESULTS}/export/{export.BY_NODE_DIR}"),
+    log:
+        f"{RESULTS}/logs/export.txt",
+    params:
+        cb=CB,
+        out_dir=lambda wildcards, output: Path(output.junit).parent,
+        references=lambda wildcards, input: ["--references", input.references] if REFERENCES else [],
+        strict=["--strict"] if config["validation"]["strict"] else [],
+        fraction=config["validation"]["slow_node_fraction"],
+    localrule: True
+    shell:
+        "{params.cb} export {input.records:q} --out-dir {params.out_dir:q} {params.references:q} {params.strict:q} "
+        "--slow-node-fraction {params.fraction} > {log:q} 2>&1"
 
 
 rule baseline:
