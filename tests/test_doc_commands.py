@@ -127,6 +127,8 @@ HOW = {
     "cp results/references.yaml config/references.yaml": ("real", None),
     ".venv/bin/containerbench validate results/runs/*.json --references config/references.yaml":
         ("real", "VERDICT: PASS"),
+    ".venv/bin/containerbench export results/runs/*.json --out-dir results/export --references "
+    "config/references.yaml": ("real", "exported 3 run records"),
     ".venv/bin/containerbench plan --config config/config.yaml": ("real", RUN_ID),
     ".venv/bin/containerbench plan --config config/site.example.yaml --run-id "
     "train_bare-metal_infiniband_2x4_b64_rep1": ("real", "argv: srun --mpi=pmix --nodes=2"),
