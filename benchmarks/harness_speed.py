@@ -110,7 +110,8 @@ def worker(args) -> dict:
     def ours(steps):
         ours_args.steps = steps
         with contextlib.redirect_stdout(io.StringIO()):  # rank 0's per-step lines, kept off the terminal
-            _, step_times, outside, _, _ = bench.measure(ours_step, source, ours_args, hvd.rank(), args.batch_size)
+            _, step_times, outside, _, _ = bench.measure(ours_step, lambda: source, ours_args, hvd.rank(),
+                                                         args.batch_size)
         return sum(step_times) * (1 + outside)  # the loop's wall time
 
     # Horovod's tensorflow2_synthetic_benchmark.py method
@@ -176,7 +177,7 @@ def worker(args) -> dict:
     # a compiled step and syncing on its result (an empty step measures that).
     ours_args.steps = args.steps
     with contextlib.redirect_stdout(io.StringIO()):
-        _, steps, outside, _, _ = bench.measure(ours_step, source, ours_args, hvd.rank(), args.batch_size)
+        _, steps, outside, _, _ = bench.measure(ours_step, lambda: source, ours_args, hvd.rank(), args.batch_size)
     empty = tf.function(lambda: tf.constant(0.0))
     float(empty())
     call_s = min(timeit.repeat(lambda: float(empty()), number=200, repeat=5)) / 200

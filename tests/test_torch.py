@@ -103,7 +103,7 @@ class StreamClock:
         self.log.append(("copy", self.marks))  # queued behind its step, before the step's end mark
         return loss
 
-    def seconds(self, start, end):
+    def seconds(self, start, end, held):
         self.log.append(("wait", end))
         return 0.25
 
@@ -140,7 +140,7 @@ def test_on_a_cpu_each_step_is_read_as_it_returns():
 
     class Clock(torchbench.HostClock):
         @staticmethod
-        def seconds(start, end):
+        def seconds(start, end, held):
             log.append("read")
             return end - start
 

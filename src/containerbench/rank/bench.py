@@ -212,30 +212,91 @@ def local_compute_rate(tf, model, images, labels, args) -> float:
     return args.batch_size * args.probe_steps / (time.perf_counter() - started)
 
 
-def measure(train_step, source, args, rank: int, images_per_step: int) -> tuple[list, list, float]:
-    """Warmup, then measured steps; each step's wall time includes waiting for its result.
-    Also the measured window (wall clock and this rank's CPU time), for the telemetry."""
+class HostClock:
+    """CPU: a step has run when its call returns (the gradient exchange included) and its loss is on the
+    host: both are inside the span timed."""
+    lag = 0
+
+    @staticmethod
+    def mark():
+        return time.perf_counter()
+
+    @staticmethod
+    def hold(loss):
+        return float(loss)
+
+    @staticmethod
+    def seconds(start, end, held) -> float:
+        return end - start
+
+
+class CompletionClock:
+    """TensorFlow on a GPU: a call queues the step and returns, and reading its loss waits for that step.
+    Reading every loss at once would drain the GPU each step (PyTorch's harness measured 0.92-0.95 of a
+    plain loop so); TensorFlow has no device events to time a step by (torchbench.CudaClock). So a step's
+    loss is read once the next step is queued, and its time is from the previous loss reaching the host
+    to its own: the device never idles, and that interval is the device's step time."""
+    lag = 1
+
+    def __init__(self):
+        self.done = None  # when the last step read had ended; at first, when the first step was called
+
+    def mark(self):
+        if self.done is None:
+            self.done = time.perf_counter()
+
+    @staticmethod
+    def hold(loss):
+        return loss
+
+    def seconds(self, start, end, held) -> float:
+        float(held)  # waits for this step alone
+        now = time.perf_counter()
+        elapsed, self.done = now - self.done, now
+        return elapsed
+
+
+def measure(step, next_batch, args, rank: int, images_per_step: int, clock=HostClock):
+    """Warmup, then measured steps: `step(*next_batch())` returns a step's loss, which `clock` times (a
+    step's wall time includes waiting for its result). Rank 0 prints a line per step. Also the measured
+    window (wall clock and this rank's CPU time), for the telemetry."""
     warmup_times, step_times, losses = [], [], []
-    loop_started = time.perf_counter()
-    window = {"start_unix": time.time(), "cpu_s": telemetry.cpu_seconds()}
-    for step in range(args.warmup_steps + args.steps):
-        if step == args.warmup_steps:
-            loop_started = time.perf_counter()
-            window = {"start_unix": time.time(), "cpu_s": telemetry.cpu_seconds()}
-        started = time.perf_counter()
-        loss = float(train_step(*source))
-        elapsed = time.perf_counter() - started
-        measured = step >= args.warmup_steps
+    spans, held = [], []
+    loop_started, window = time.perf_counter(), {"start_unix": time.time(), "cpu_s": telemetry.cpu_seconds()}
+
+    def report(index: int) -> None:
+        nonlocal loop_started, window
+        elapsed = clock.seconds(*spans[index], held[index])
+        loss = float(held[index])
+        measured = index >= args.warmup_steps
         (step_times if measured else warmup_times).append(elapsed)
         losses.append(loss)
+        if index + 1 == args.warmup_steps:  # the measured window opens as the last warmup step ends
+            loop_started, window = time.perf_counter(), {"start_unix": time.time(), "cpu_s": telemetry.cpu_seconds()}
         if rank == 0:
-            label = (f"step {step - args.warmup_steps + 1}/{args.steps}" if measured
-                     else f"warmup {step + 1}/{args.warmup_steps}")
+            label = (f"step {index - args.warmup_steps + 1}/{args.steps}" if measured
+                     else f"warmup {index + 1}/{args.warmup_steps}")
             print(f"  {label}: {elapsed:.3f} s  {images_per_step / elapsed:8.2f} img/s (rank 0)  loss {loss:.3f}",
                   flush=True)
+
+    total = args.warmup_steps + args.steps
+    for index in range(total):
+        started = clock.mark()
+        held.append(clock.hold(step(*next_batch())))
+        spans.append((started, clock.mark()))
+        if index >= clock.lag:
+            report(index - clock.lag)
+    for index in range(total - clock.lag, total):
+        report(index)
     loop_s = time.perf_counter() - loop_started
     window = {**window, "end_unix": time.time(), "cpu_s": telemetry.cpu_seconds() - window["cpu_s"]}
     return warmup_times, step_times, (loop_s - sum(step_times)) / sum(step_times), window, losses
+
+
+def clock_for(mode, gpu_names: list[str]):
+    """On GPUs, a mode whose step returns its loss as a tensor; a parameter-server coordinator's step
+    joins its workers and returns a number: the host clock times that."""
+    return CompletionClock() if gpu_names and mode.measures_all_ranks else HostClock
 
 
 def train(tf, np, mode, args, gpu_names: list[str]) -> dict:
@@ -260,7 +321,7 @@ def train(tf, np, mode, args, gpu_names: list[str]) -> dict:
                   f"{args.precision}{', XLA' if args.xla else ''}, "
                   f"{args.warmup_steps} warmup + {args.steps} measured steps", flush=True)
         (mine["warmup_step_s"], mine["step_s"], mine["harness_overhead_fraction"], mine["window"],
-         mine["loss"]) = measure(train_step, source, args, mode.rank, per_step)
+         mine["loss"]) = measure(train_step, lambda: source, args, mode.rank, per_step, clock_for(mode, gpu_names))
         mine["images_per_sec"] = per_step * args.steps / sum(mine["step_s"])
         mine["probe_images_per_sec"] = mine["peak_gpu_memory_bytes"] = mine["batch_digest"] = None
         # One batch of this rank's input, outside the timed steps: the evidence that each rank had its

@@ -24,9 +24,11 @@ import sys
 import time
 
 from containerbench.rank import telemetry
-from containerbench.rank.bench import (
+from containerbench.rank.bench import (  # measure: the TensorFlow harness's loop and its clocks, shared
+    HostClock,
     batch_digest_bytes,
     local_rank_hint,
+    measure,
     mpi_library,
     run_and_report,
     total_line,
@@ -128,23 +130,6 @@ def make_step(torch, model, optimizer, args, device):
     return step
 
 
-class HostClock:
-    """CPU: a step has run when its call returns (Gloo's all-reduce included)."""
-    lag = 0
-
-    @staticmethod
-    def mark():
-        return time.perf_counter()
-
-    @staticmethod
-    def hold(loss):
-        return loss
-
-    @staticmethod
-    def seconds(start, end) -> float:
-        return end - start
-
-
 class CudaClock:
     """GPU: CUDA events on the stream around each step; the host reads step i (its time and loss)
     once step i+1 is queued, so that the GPU need not drain between steps, as in a plain training
@@ -167,48 +152,13 @@ class CudaClock:
         return loss.to("cpu", non_blocking=True)
 
     @staticmethod
-    def seconds(start, end) -> float:
+    def seconds(start, end, held) -> float:
         end.synchronize()
         return start.elapsed_time(end) / 1000
 
 
 def clock_for(torch, device):
     return CudaClock(torch) if device.type == "cuda" else HostClock
-
-
-def measure(step, next_batch, args, rank: int, images_per_step: int, clock=HostClock):
-    """Warmup, then measured steps (bench.measure's timing, line for line the same output)."""
-    warmup_times, step_times, losses = [], [], []
-    spans, loss_tensors = [], []
-    loop_started, window = time.perf_counter(), {"start_unix": time.time(), "cpu_s": telemetry.cpu_seconds()}
-
-    def report(index: int) -> None:
-        nonlocal loop_started, window
-        elapsed = clock.seconds(*spans[index])
-        loss = float(loss_tensors[index])
-        measured = index >= args.warmup_steps
-        (step_times if measured else warmup_times).append(elapsed)
-        losses.append(loss)
-        if index + 1 == args.warmup_steps:  # the measured window opens as the last warmup step ends
-            loop_started, window = time.perf_counter(), {"start_unix": time.time(), "cpu_s": telemetry.cpu_seconds()}
-        if rank == 0:
-            label = (f"step {index - args.warmup_steps + 1}/{args.steps}" if measured
-                     else f"warmup {index + 1}/{args.warmup_steps}")
-            print(f"  {label}: {elapsed:.3f} s  {images_per_step / elapsed:8.2f} img/s (rank 0)  loss {loss:.3f}",
-                  flush=True)
-
-    total = args.warmup_steps + args.steps
-    for index in range(total):
-        started = clock.mark()
-        loss_tensors.append(clock.hold(step(*next_batch())))
-        spans.append((started, clock.mark()))
-        if index >= clock.lag:
-            report(index - clock.lag)
-    for index in range(total - clock.lag, total):
-        report(index)
-    loop_s = time.perf_counter() - loop_started
-    window = {**window, "end_unix": time.time(), "cpu_s": telemetry.cpu_seconds() - window["cpu_s"]}
-    return warmup_times, step_times, (loop_s - sum(step_times)) / sum(step_times), window, losses
 
 
 def local_compute_rate(torch, model, batch, args) -> float:
