@@ -10,7 +10,9 @@ import copy
 import json
 import os
 import re
+import subprocess
 import sys
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import numpy as np
@@ -262,3 +264,47 @@ def cancel_when_running(state: Path, job_name: str, cancelled: list, stop, settl
             cancelled.append(running[0])
             return
         time.sleep(0.3)
+
+
+def _pytest_junit(tmp_path) -> ET.Element:
+    """What pytest's --junitxml writes for a pass, a failure, an error, a skip and captured output."""
+    (tmp_path / "test_reference.py").write_text(
+        "import pytest\n\n\n@pytest.fixture\ndef broken():\n    raise RuntimeError('set-up')\n\n\n"
+        "def test_passes():\n    print('output')\n\n\ndef test_fails():\n    assert 0, 'no'\n\n\n"
+        "def test_errors(broken):\n    pass\n\n\ndef test_skipped():\n    pytest.skip('not here')\n")
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    written = tmp_path / "pytest-junit.xml"
+    subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c", str(tmp_path / "pytest.ini"),
+                    "-o", "junit_family=xunit2", "-o", "junit_logging=system-out", f"--junitxml={written}",
+                    "test_reference.py"], cwd=tmp_path, capture_output=True, timeout=120)
+    return ET.parse(written).getroot()
+
+
+def _grammar(root: ET.Element) -> tuple[set, dict]:
+    """(parent, child) tags and each tag's attributes, as they occur in a document."""
+    nesting, attributes = {(None, root.tag)}, {}
+    for parent in root.iter():
+        attributes.setdefault(parent.tag, set()).update(parent.attrib)
+        nesting.update((parent.tag, child.tag) for child in parent)
+    return nesting, attributes
+
+
+def assert_junit_as_pytest_writes(ours: ET.Element, tmp_path) -> None:
+    """Our JUnit XML uses only the elements, nesting and attributes of a document pytest itself writes here
+    (junit_family xunit2), whose _pytest/junitxml.py says it conforms to the Jenkins xUnit plugin's
+    junit-10.xsd; and each suite's counts are those of its cases, as a CI system shows them."""
+    import _pytest.junitxml
+
+    assert "junit-10.xsd" in _pytest.junitxml.__doc__
+    reference_nesting, reference_attributes = _grammar(_pytest_junit(tmp_path))
+    assert {tag for _, tag in reference_nesting} >= {"testsuites", "testsuite", "testcase", "failure", "error",
+                                                      "skipped", "system-out"}
+    nesting, attributes = _grammar(ours)
+    assert nesting <= reference_nesting
+    for tag, names in attributes.items():
+        assert names <= reference_attributes[tag], tag
+    for suite in ours.findall("testsuite"):
+        cases = suite.findall("testcase")
+        assert int(suite.get("tests")) == len(cases)
+        for kind, attribute in (("failure", "failures"), ("error", "errors"), ("skipped", "skipped")):
+            assert int(suite.get(attribute)) == sum(case.find(kind) is not None for case in cases)

@@ -14,12 +14,14 @@ import json
 import math
 import subprocess
 import sys
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import yaml
-from helpers import ROOT, fleet_records, tiny_config
+from helpers import ROOT, assert_junit_as_pytest_writes, fleet_records, tiny_config
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics_families
 
 from containerbench import config as cb_config
 from containerbench import execution, fleet, fleetjobs, fleetplan, fleetreport, slurm
@@ -209,6 +211,28 @@ def test_the_command_line_judges_the_records_writes_the_tables_and_only_prints_t
     summary = subprocess.run([sys.executable, "-m", "containerbench", "fleet", "summary",
                               str(tmp_path / "fleet" / "fleet_summary.csv")], capture_output=True, text=True)
     assert summary.returncode == 1 and summary.stdout.splitlines() == [lines[0], lines[1], lines[4]]
+    # For CI and Prometheus (fleetexport): a case per node and link, a metrics file per node.
+    out = tmp_path / "fleet"
+    assert lines[5] == f"for CI and Prometheus: {out / 'fleet_junit.xml'}, {out / 'fleet_metrics'}/<node>.prom"
+    junit = ET.parse(out / "fleet_junit.xml").getroot()
+    (tmp_path / "pytest-reference").mkdir()
+    assert_junit_as_pytest_writes(junit, tmp_path / "pytest-reference")
+    cases = {suite.get("name"): {case.get("name"): [child.tag for child in case if child.tag != "system-out"]
+                                 for case in suite} for suite in junit}
+    assert {name: outcome for name, outcome in cases["nodes"].items() if outcome} == {SLOW_NODE: ["failure"]}
+    assert sorted(cases["nodes"]) == sorted(plan.nodes) and len(cases["links"]) == 9
+    assert not any(cases["links"].values())
+    node_rows = pd.read_csv(out / "fleet_nodes.csv")
+    for node in plan.nodes:
+        families = {family.name: family.samples for family in
+                    openmetrics_families((out / "fleet_metrics" / f"{node}.prom").read_text())}
+        checks = {(sample.labels["kind"], sample.labels["member"]): sample.value
+                  for sample in families["containerbench_fleet_check_passed"]}
+        assert checks[("node", node)] == (0 if node == SLOW_NODE else 1)
+        assert sum(kind == "link" for kind, _ in checks) == 3  # each node is in three links
+        mine = node_rows[(node_rows["node"] == node) & node_rows["variable"].str.endswith("/images_per_sec")]
+        (rate,) = families["containerbench_training_images_per_second"]
+        assert rate.value == pytest.approx(mine["value"].iloc[0]) and rate.labels["node"] == node
 
 
 def test_a_batch_is_a_hostlist_or_a_partition_and_judge_needs_its_plan():

@@ -46,7 +46,7 @@ LAYERS = [
      {"execution", "cost", "report", "validate", "repetitions", "baseimage"}),
     ("the plan of a batch of nodes to validate, the fleet verdict's page", {"fleetplan", "fleetreport"}),
     ("fleet verdicts, the results history, the formats a site's tools read", {"fleet", "history", "export"}),
-    ("the fleet's node and link jobs", {"fleetjobs"}),
+    ("the fleet's node and link jobs, its verdict in the formats a site's tools read", {"fleetjobs", "fleetexport"}),
     ("command groups", {"cli.sweep", "cli.results", "cli.history", "cli.image"}),
     ("the fleet's commands (they name the records' system as results' do)", {"cli.fleet"}),
     ("command line", {"cli"}),

@@ -203,7 +203,8 @@ def _seconds(value) -> str:
     return f"{float(value or 0):.3f}"
 
 
-def _suite(parent: ET.Element, name: str, cases: list[ET.Element], started_unix: float | None, system: str) -> None:
+def junit_suite(parent: ET.Element, name: str, cases: list[ET.Element], started_unix: float | None,
+                system: str) -> None:
     """A <testsuite> with the counts and attributes pytest writes (pytest's _pytest/junitxml.py)."""
     counts = {kind: sum(case.find(kind) is not None for case in cases) for kind in ("error", "failure", "skipped")}
     stamp = datetime.fromtimestamp(started_unix or 0, timezone.utc).astimezone().isoformat(timespec="seconds")
@@ -214,7 +215,7 @@ def _suite(parent: ET.Element, name: str, cases: list[ET.Element], started_unix:
     suite.extend(cases)
 
 
-def _case(classname: str, name: str, seconds, outcome: str | None = None, message: str = "",
+def junit_case(classname: str, name: str, seconds, outcome: str | None = None, message: str = "",
           out: str = "") -> ET.Element:
     case = ET.Element("testcase", classname=classname, name=name, time=_seconds(seconds))
     if outcome:
@@ -229,7 +230,7 @@ def _run_case(record: dict) -> ET.Element:
     point = record["run_id"].rsplit("_rep", 1)[0]  # the run's sweep point, as its file names spell it
     reasons = "; ".join(record.get("reasons") or []) or record["status"]
     outcome = JUNIT_OUTCOME.get(record["status"])
-    return _case(f"containerbench.runs.{point}", record["run_id"], record.get("wall_s"), outcome,
+    return junit_case(f"containerbench.runs.{point}", record["run_id"], record.get("wall_s"), outcome,
                  f"{record['status']}: {reasons}" if outcome else "",
                  f"raw log: {log.get('path')} (sha256 {log.get('sha256')})")
 
@@ -244,19 +245,21 @@ def _verdict_cases(outcome: ValidationOutcome) -> list[ET.Element]:
             kind, message = "failure", f"{row.result}: measured {row.measured} {row.unit}, {bounds}"
         else:  # no reference, and not strict: not judged
             kind, message = "skipped", "no reference"
-        cases.append(_case("containerbench.validation", row.variable, 0, kind, message))
+        cases.append(junit_case("containerbench.validation", row.variable, 0, kind, message))
     slow = [f"slow node {row.node}: {row.shortfall_percent:.1f}% below the median of its peers in run {row.run_id}"
             for row in outcome.slow_nodes.itertuples()]
-    cases.append(_case("containerbench.validation", "slow nodes", 0, "failure" if slow else None, "; ".join(slow)))
+    cases.append(junit_case("containerbench.validation", "slow nodes", 0, "failure" if slow else None,
+                            "; ".join(slow)))
     return cases
 
 
 def junit_document(records: list[dict], outcome: ValidationOutcome | None, system: str) -> ET.ElementTree:
     root = ET.Element("testsuites")
     started = min((record["started_unix"] for record in records if record.get("started_unix")), default=None)
-    _suite(root, "runs", [_run_case(record) for record in sorted(records, key=lambda r: r["run_id"])], started, system)
+    cases = [_run_case(record) for record in sorted(records, key=lambda record: record["run_id"])]
+    junit_suite(root, "runs", cases, started, system)
     if outcome is not None:
-        _suite(root, "validation", _verdict_cases(outcome), started, system)
+        junit_suite(root, "validation", _verdict_cases(outcome), started, system)
     return ET.ElementTree(root)
 
 
@@ -331,8 +334,8 @@ HELP = {
 class _Samples:
     """A prometheus_client collector of fixed samples: the library writes the exposition."""
 
-    def __init__(self, samples: list[Sample]):
-        self.samples = samples
+    def __init__(self, samples: list[Sample], helps: dict[str, str]):
+        self.samples, self.helps = samples, helps
 
     def collect(self):
         by_family: dict[str, list[Sample]] = defaultdict(list)
@@ -340,15 +343,16 @@ class _Samples:
             by_family[sample.family].append(sample)
         for family, members in sorted(by_family.items()):
             names = sorted({key for sample in members for key in sample.labels})
-            metric = GaugeMetricFamily(family, HELP[family], labels=names)
+            metric = GaugeMetricFamily(family, self.helps[family], labels=names)
             for sample in members:
                 metric.add_metric([str(sample.labels.get(key, "")) for key in names], sample.value)
             yield metric
 
 
-def exposition(samples: list[Sample]) -> str:
+def exposition(samples: list[Sample], helps: dict[str, str] | None = None) -> str:
+    """OpenMetrics text of these samples, every family a gauge with its HELP line (from HELP, then `helps`)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Samples(samples))
+    registry.register(_Samples(samples, {**HELP, **(helps or {})}))
     return generate_latest(registry).decode()
 
 

@@ -12,6 +12,7 @@ from containerbench import (
     cost,
     export,
     fleet,
+    fleetexport,
     fleetplan,
     fleetjobs,
     history,

@@ -120,6 +120,8 @@ if FLEET is not None:
         output:
             **FLEET_VERDICT,
             page=f"{FLEET_DIR}/fleet.html",
+            junit=f"{FLEET_DIR}/{fleetexport.FLEET_JUNIT}",
+            metrics=directory(f"{FLEET_DIR}/{fleetexport.FLEET_METRICS_DIR}"),
         log:
             f"{RESULTS}/logs/fleet/verdict.txt",
         params:

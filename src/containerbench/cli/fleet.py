@@ -39,6 +39,12 @@ def cmd_fleet_summary(args) -> int:
     return 1 if failed else 0
 
 
+def _system(records: list[dict]) -> str:
+    """The system the batch's records name, for the exported files' labels ("unknown" if not one)."""
+    systems = {record["spec"].get("system") for record in records} - {None}
+    return systems.pop() if len(systems) == 1 else "unknown"
+
+
 def cmd_fleet_judge(args) -> int:
     import subprocess
 
@@ -71,6 +77,10 @@ def cmd_fleet_judge(args) -> int:
     drain = paths["drain"].read_text()
     if drain:
         print(f"drain list ({paths['drain']}){'' if args.drain else ', not run: --drain runs it'}:\n{drain}", end="")
+    from containerbench import fleetexport
+
+    exported = fleetexport.write(verdict, args.out_dir, args.system or _system(records))
+    print(f"for CI and Prometheus: {exported[0]}, {exported[0].parent / fleetexport.FLEET_METRICS_DIR}/<node>.prom")
     for argv in fleet.drain_commands(verdict) if args.drain else []:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
         node = argv[2].removeprefix("NodeName=")

@@ -1,0 +1,100 @@
+"""A batch's fleet verdict in the formats a site wires in (export.py's, for a sweep):
+
+- fleet_junit.xml: a test case per node, per link and per variable the batch could not judge, with the
+  verdict's reason: a failed member is a failure, one whose runs could not be read an error, a link that
+  failed only because a failed node is one of its ends is skipped (the node's case fails), as is an
+  unjudged variable. Each node's case lists its figures against the fleet's median.
+- fleet_metrics/NODE.prom: OpenMetrics text per node, for its node_exporter's textfile collector: whether
+  the node and each of its links passed, and each of the node's figures with its fleet median and robust z.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pandas as pd
+
+from containerbench import outputs
+from containerbench.export import FAMILIES, Sample, exposition, junit_case, junit_suite
+from containerbench.fleet import UNREADABLE, FleetVerdict
+from containerbench.validate import metric_of
+
+FLEET_JUNIT = "fleet_junit.xml"
+FLEET_METRICS_DIR = "fleet_metrics"
+
+# A member's result -> the JUnit element that says so (None: it passed).
+OUTCOME = {"fail": "failure", UNREADABLE: "error", "explained": "skipped", "unjudged": "skipped"}
+SUITES = {"node": "nodes", "link": "links", "variable": "variables"}
+HELP = {
+    "containerbench_fleet_check_passed": "1 if the fleet validation passed this node or link, else 0",
+    "containerbench_fleet_robust_z": "The node's figure against the batch: (value - median) / (1.4826 MAD)",
+    **{f"containerbench_fleet_median_{family.removeprefix('containerbench_')}": f"{text}: the batch's median"
+       for family, _, text in FAMILIES.values()},
+}
+
+
+def _figures(nodes: pd.DataFrame, node: str) -> str:
+    lines = [f"{row.variable}: {row.value:.4g} {row.unit}, fleet median {row.fleet_median:.4g}, robust z "
+             f"{row.robust_z:.2f}: {row.result}" for row in nodes[nodes["node"] == node].itertuples()]
+    return "\n".join(lines)
+
+
+def junit_document(verdict: FleetVerdict, system: str) -> ET.ElementTree:
+    root = ET.Element("testsuites")
+    for kind, suite in SUITES.items():
+        cases = []
+        for row in verdict.summary[verdict.summary["kind"] == kind].itertuples():
+            outcome = OUTCOME.get(row.result)
+            message = f"{row.result}: {row.reason}" if outcome else ""
+            cases.append(junit_case(f"containerbench.fleet.{kind}", row.member, 0, outcome, message,
+                                    _figures(verdict.nodes, row.member) if kind == "node" else ""))
+        if cases:
+            junit_suite(root, suite, cases, time.time(), system)
+    return ET.ElementTree(root)
+
+
+def node_samples(verdict: FleetVerdict, system: str) -> list[Sample]:
+    """Every sample, each in the file of the node(s) it is about."""
+    samples = []
+    for row in verdict.summary[verdict.summary["kind"].isin(["node", "link"])].itertuples():
+        hosts = tuple(row.member.split("+"))
+        samples.append(Sample("containerbench_fleet_check_passed", {"system": system, "kind": row.kind,
+                                                                    "member": row.member},
+                              float(row.result == "pass"), hosts))
+    for row in verdict.nodes.dropna(subset=["value"]).itertuples():
+        if metric_of(row.variable) not in FAMILIES:
+            continue
+        family, factor, _ = FAMILIES[metric_of(row.variable)]
+        point, name = row.variable.rsplit("/", 1)
+        labels = {"system": system, "node": row.node, "point": point,
+                  **({"bytes": name.split("@", 1)[1]} if "@" in name else {})}
+        samples.append(Sample(family, labels, float(row.value) * factor, (row.node,)))
+        if pd.notna(row.fleet_median):
+            samples.append(Sample(f"containerbench_fleet_median_{family.removeprefix('containerbench_')}", labels,
+                                  float(row.fleet_median) * factor, (row.node,)))
+        if pd.notna(row.robust_z):
+            samples.append(Sample("containerbench_fleet_robust_z", {**labels, "metric": metric_of(row.variable)},
+                                  float(row.robust_z), (row.node,)))
+    return samples
+
+
+def write(verdict: FleetVerdict, out_dir: str | Path, system: str) -> list[Path]:
+    """The JUnit XML and a metrics file per node, in out_dir; the paths written."""
+    out = Path(out_dir)
+    junit = out / FLEET_JUNIT
+    with outputs.replacing(junit) as partial:
+        junit_document(verdict, system).write(partial, encoding="utf-8", xml_declaration=True)
+    samples = node_samples(verdict, system)
+    directory = out / FLEET_METRICS_DIR
+    directory.mkdir(parents=True, exist_ok=True)
+    written = [junit]
+    for node in verdict.summary.loc[verdict.summary["kind"] == "node", "member"]:
+        path = directory / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', node)}.prom"
+        outputs.write_text(path, exposition([sample for sample in samples if node in sample.hosts], HELP))
+        written.append(path)
+    for stale in set(directory.iterdir()) - set(written):  # a node of an earlier batch, not of this one
+        stale.unlink()
+    return written
