@@ -18,6 +18,7 @@ import copy
 import csv
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -287,7 +288,27 @@ def test_an_export_again_leaves_no_file_of_a_point_or_node_the_records_no_longer
     assert list((tmp_path / "perflogs").rglob("*.log")) and list((tmp_path / "metrics_by_node").iterdir())
     failed_only = [record for record in records if record["status"] == "failed"]
     export.export(failed_only, tmp_path, "ci")
-    assert not [path for path in (tmp_path / "perflogs").rglob("*") if path.is_file()]
+    assert [path.name for path in (tmp_path / "perflogs").rglob("*") if path.is_file()] == ["httpjson.jsonl"]
+    assert (tmp_path / "perflogs" / "httpjson.jsonl").read_text() == ""
     assert not list((tmp_path / "metrics_by_node").iterdir())
     root = ET.parse(tmp_path / "junit.xml").getroot()
     assert [case.get("name") for case in root.iter("testcase")] == [failed_only[0]["run_id"]]
+
+
+def test_the_httpjson_lines_are_what_reframes_httpjson_handler_posts(exported, recorded_runs):
+    posted = {line["check_run_id"]: line for line in map(json.loads, (exported / "perflogs" / "httpjson.jsonl")
+                                                          .read_text().splitlines())}
+    assert set(posted) == {record["run_id"] for record in recorded_runs.values()}  # the ok runs
+    one = posted[recorded_runs[("train", 1)]["run_id"]]
+    # reframe/core/logging.py, _record_to_json: the record's attributes, check_perfvalues flattened into
+    # check_perf_NAME_{value,ref,lower_thres,upper_thres,unit,result}; _update_check_extras spells the
+    # completion time '%FT%T%:z'.
+    assert "check_perfvalues" not in one
+    assert one["check_perf_images_per_sec_value"] == recorded_runs[("train", 1)]["result"]["images_per_sec"]
+    assert (one["check_perf_images_per_sec_unit"], one["check_perf_images_per_sec_result"],
+            one["check_perf_images_per_sec_lower_thres"], one["check_perf_images_per_sec_upper_thres"]) == (
+        "img/s", "fail", -0.1, None)
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[+-]\d\d:\d\d", one["check_job_completion_time"])
+    net = posted[recorded_runs[("netbench", 2)]["run_id"]]
+    smallest = min(point["bytes"] for point in recorded_runs[("netbench", 2)]["result"]["pingpong"])
+    assert net[f"check_perf_pingpong_latency_us_{smallest}_unit"] == "us"  # '@' is not a word character

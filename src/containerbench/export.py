@@ -6,7 +6,8 @@
   `%(check_system)s/%(check_partition)s`) writes for a test, one line per ok run with all its performance
   variables, under the header line ReFrame puts first. A ReFrame test is a sweep point here, its
   environment is the runtime, and each variable carries the reference and the tolerances of the
-  references file, where it has them. A log pipeline that reads ReFrame's perflogs reads these as they are.
+  references file, where it has them. A log pipeline that reads ReFrame's perflogs reads these as they are;
+  perflogs/httpjson.jsonl has, a run a line, the JSON ReFrame's httpjson handler would post.
 - junit.xml: every run as a test case (failed: an error; invalid: a failure; disturbed: skipped, since
   its figure is not compared) and, with references, every judged variable and the slow-node check, in
   the JUnit dialect pytest writes (the Jenkins xUnit plugin's junit-10.xsd).
@@ -37,6 +38,7 @@ from containerbench.status import Status
 from containerbench.validate import Reference, ValidationOutcome, judge, load_references, metric_of, record_variables
 
 PERFLOG_DIR = "perflogs"
+HTTPJSON_FILE = "httpjson.jsonl"  # in PERFLOG_DIR: what ReFrame's httpjson handler would have posted, a run a line
 JUNIT_FILE = "junit.xml"
 METRICS_FILE = "metrics.prom"
 BY_NODE_DIR = "metrics_by_node"
@@ -167,6 +169,22 @@ def perflog_file(system: str, test: str) -> str:
     return f"{system}/{PARTITION}/{re.sub(r'[^A-Za-z0-9_.-]', '_', test)}.log"
 
 
+def httpjson_record(fields: dict) -> dict:
+    """The JSON ReFrame's httpjson handler posts for this log record (reframe/core/logging.py, _record_to_json):
+    each attribute as it is, and each performance variable flattened into check_perf_NAME_value, _ref,
+    _lower_thres, _upper_thres, _unit and _result, NAME with every non-word character made '_'."""
+    posted = {key: value for key, value in fields.items() if key != "check_perfvalues"}
+    completed = fields["check_job_completion_time_unix"]  # the record's own spelling: RFC 3339, '%FT%T%:z'
+    posted["check_job_completion_time"] = (None if completed is None else
+                                           datetime.fromtimestamp(completed).astimezone().isoformat(timespec="seconds"))
+    for value in fields["check_perfvalues"]:
+        name = re.sub(r"\W", "_", value.name)
+        perf = value.fields()
+        for part in ("value", "ref", "lower_thres", "upper_thres", "unit", "result"):
+            posted[f"check_perf_{name}_{part}"] = perf[f"check_perf_{part}"]
+    return posted
+
+
 def write_perflogs(records: list[dict], figures: dict[str, list[PerfValue]], system: str, out_dir: Path) -> list[Path]:
     """One file per sweep point, its runs in the order they ended (ReFrame appends as tests complete). Where a
     run's variables change the header, ReFrame moves the file aside as NAME.log.h0, .h1, ...: so here too."""
@@ -177,7 +195,11 @@ def write_perflogs(records: list[dict], figures: dict[str, list[PerfValue]], sys
             fields = perflog_fields(record, values, system)
             by_test[reframe_test(values)].append(
                 (fields["check_job_completion_time_unix"] or 0.0, perflog_header(values), perflog_line(fields)))
-    written = []
+    written = [out_dir / HTTPJSON_FILE]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    outputs.write_text(written[0], "".join(json.dumps(httpjson_record(perflog_fields(record, figures[record["run_id"]],
+                                                                                     system))) + "\n"
+                                           for record in records if figures.get(record["run_id"])))
     for test, entries in sorted(by_test.items()):
         entries.sort(key=lambda entry: entry[0])
         segments: list[list[str]] = []  # header, then its lines
