@@ -68,7 +68,7 @@ def test_rank_zero_prints_one_human_line_per_step(tiny_runs):
     assert len(re.findall(r"  warmup 1/1: [\d.]+ s ", text)) == 1
     assert len(re.findall(r"  step [12]/2: [\d.]+ s ", text)) == 2
     # The compile phase apart (bench.trace): printed, and in every rank's part of the record.
-    assert len(re.findall(r"  compile: the training step traced in [\d.]+ s \(not measured\)", text)) == 1
+    assert len(re.findall(r"  trace: the training step's graph in [\d.]+ s \(not measured\)", text)) == 1
     assert all(rank["trace_s"] > 0 for rank in tiny_runs[("train", 2)]["result"]["per_rank"])
     assert re.search(r"containerbench: total [\d.]+ img/s over 2 rank\(s\)", text)
 

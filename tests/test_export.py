@@ -312,3 +312,14 @@ def test_the_httpjson_lines_are_what_reframes_httpjson_handler_posts(exported, r
     net = posted[recorded_runs[("netbench", 2)]["run_id"]]
     smallest = min(point["bytes"] for point in recorded_runs[("netbench", 2)]["result"]["pingpong"])
     assert net[f"check_perf_pingpong_latency_us_{smallest}_unit"] == "us"  # '@' is not a word character
+
+
+def test_records_from_before_runs_had_a_start_time_export_too(recorded_runs, tmp_path):
+    # records.ADDED_KEYS gives a record older than the field `started_unix: None`.
+    old = [{**copy.deepcopy(record), "started_unix": None} for record in recorded_runs.values()]
+    export.export(old + [{**old[0], "run_id": old[0]["run_id"] + "-again"}], tmp_path, "ci")
+    families = _samples((tmp_path / "metrics.prom").read_text(), openmetrics_families)
+    assert "containerbench_run_start_timestamp_seconds" not in families
+    assert len(families["containerbench_training_images_per_second"]) == 2
+    (line,) = _perflog_at(tmp_path, "ci", ONE_RANK)
+    assert (line["job_completion_time"], line["job_completion_time_unix"]) == ("null", "null")

@@ -312,7 +312,8 @@ def latest_runs(records: list[dict], figures: dict[str, list[PerfValue]]) -> lis
         values = figures.get(record["run_id"])
         if values:
             point = reframe_test(values)
-            if point not in newest or record.get("started_unix", 0) >= newest[point].get("started_unix", 0):
+            # A record older than its start time (records.ADDED_KEYS: None) counts as the oldest.
+            if point not in newest or (record.get("started_unix") or 0) >= (newest[point].get("started_unix") or 0):
                 newest[point] = record
     return [newest[point] for point in sorted(newest)]
 
@@ -336,8 +337,9 @@ def metric_samples(records: list[dict], figures: dict[str, list[PerfValue]], sys
             for node, rate in sorted(per_node.items()):
                 samples.append(Sample("containerbench_node_training_images_per_second", {**labels, "node": node},
                                       rate, (node,)))
-        samples.append(Sample("containerbench_run_start_timestamp_seconds", labels, float(record["started_unix"]),
-                              hosts))
+        if record.get("started_unix") is not None:
+            samples.append(Sample("containerbench_run_start_timestamp_seconds", labels,
+                                  float(record["started_unix"]), hosts))
         samples.append(Sample("containerbench_run_info", {**labels, "run_id": record["run_id"],
                                                      "provenance": str((result.get("provenance") or {}).get("hash"))},
                               1.0, hosts))

@@ -213,8 +213,10 @@ def local_compute_rate(tf, model, images, labels, args) -> float:
 
 
 class HostClock:
-    """CPU: a step has run when its call returns (the gradient exchange included) and its loss is on the
-    host: both are inside the span timed."""
+    """A step has run when its call returns (the gradient exchange included) and its loss is on the host:
+    both are inside the span timed. TensorFlow's on a GPU too: its device-to-host copy waits for all the
+    compute stream holds (GPUUtil::CopyGPUTensorToCPU), so a loss read after the next step is queued would
+    wait for that step as well; PyTorch's GPU runs use torchbench.CudaClock."""
     lag = 0
 
     @staticmethod
@@ -228,32 +230,6 @@ class HostClock:
     @staticmethod
     def seconds(start, end, held) -> float:
         return end - start
-
-
-class CompletionClock:
-    """TensorFlow on a GPU: a call queues the step and returns, and reading its loss waits for that step.
-    Reading every loss at once would drain the GPU each step (PyTorch's harness measured 0.92-0.95 of a
-    plain loop so); TensorFlow has no device events to time a step by (torchbench.CudaClock). So a step's
-    loss is read once the next step is queued, and its time is from the previous loss reaching the host
-    to its own: the device never idles, and that interval is the device's step time."""
-    lag = 1
-
-    def __init__(self):
-        self.done = None  # when the last step read had ended; at first, when the first step was called
-
-    def mark(self):
-        if self.done is None:
-            self.done = time.perf_counter()
-
-    @staticmethod
-    def hold(loss):
-        return loss
-
-    def seconds(self, start, end, held) -> float:
-        float(held)  # waits for this step alone
-        now = time.perf_counter()
-        elapsed, self.done = now - self.done, now
-        return elapsed
 
 
 def measure(step, next_batch, args, rank: int, images_per_step: int, clock=HostClock):
@@ -271,13 +247,13 @@ def measure(step, next_batch, args, rank: int, images_per_step: int, clock=HostC
         measured = index >= args.warmup_steps
         (step_times if measured else warmup_times).append(elapsed)
         losses.append(loss)
-        if index + 1 == args.warmup_steps:  # the measured window opens as the last warmup step ends
-            loop_started, window = time.perf_counter(), {"start_unix": time.time(), "cpu_s": telemetry.cpu_seconds()}
         if rank == 0:
             label = (f"step {index - args.warmup_steps + 1}/{args.steps}" if measured
                      else f"warmup {index + 1}/{args.warmup_steps}")
             print(f"  {label}: {elapsed:.3f} s  {images_per_step / elapsed:8.2f} img/s (rank 0)  loss {loss:.3f}",
                   flush=True)
+        if index + 1 == args.warmup_steps:  # the measured window opens once the last warmup step is reported
+            loop_started, window = time.perf_counter(), {"start_unix": time.time(), "cpu_s": telemetry.cpu_seconds()}
 
     total = args.warmup_steps + args.steps
     for index in range(total):
@@ -305,12 +281,6 @@ def trace(train_step, source) -> float | None:
     return time.perf_counter() - started
 
 
-def clock_for(mode, gpu_names: list[str]):
-    """On GPUs, a mode whose step returns its loss as a tensor; a parameter-server coordinator's step
-    joins its workers and returns a number: the host clock times that."""
-    return CompletionClock() if gpu_names and mode.measures_all_ranks else HostClock
-
-
 def train(tf, np, mode, args, gpu_names: list[str]) -> dict:
     """This rank's part: build, warm up, time the measured steps, probe, checksum the weights."""
     mine = {"rank": mode.rank, "local_rank": mode.local_rank, "hostname": socket.gethostname(),
@@ -323,10 +293,10 @@ def train(tf, np, mode, args, gpu_names: list[str]) -> dict:
         next_batch, source = input_source(tf, mode, args, shape)
         train_step = mode.make_step(tf, model, optimizer, next_batch, args)
         mode.start(model, optimizer)
-        mine["trace_s"] = trace(train_step, source)
         # A parameter-server step is one batch on every worker; the other modes time one rank's batch.
         per_step = args.batch_size * (1 if mode.measures_all_ranks else mode.size)
         mine["setup_s"] = time.time() - ENTRY_UNIX_TIME
+        mine["trace_s"] = trace(train_step, source)
         if mode.rank == 0:
             print(f"containerbench: {args.model} {args.image_size}px batch {args.batch_size}/rank, "
                   f"{mode.size} rank(s), mode {args.mode}, "
@@ -334,9 +304,9 @@ def train(tf, np, mode, args, gpu_names: list[str]) -> dict:
                   f"{args.precision}{', XLA' if args.xla else ''}, "
                   f"{args.warmup_steps} warmup + {args.steps} measured steps", flush=True)
             if mine["trace_s"] is not None:
-                print(f"  compile: the training step traced in {mine['trace_s']:.2f} s (not measured)", flush=True)
+                print(f"  trace: the training step's graph in {mine['trace_s']:.2f} s (not measured)", flush=True)
         (mine["warmup_step_s"], mine["step_s"], mine["harness_overhead_fraction"], mine["window"],
-         mine["loss"]) = measure(train_step, lambda: source, args, mode.rank, per_step, clock_for(mode, gpu_names))
+         mine["loss"]) = measure(train_step, lambda: source, args, mode.rank, per_step)
         mine["images_per_sec"] = per_step * args.steps / sum(mine["step_s"])
         mine["probe_images_per_sec"] = mine["peak_gpu_memory_bytes"] = mine["batch_digest"] = None
         # One batch of this rank's input, outside the timed steps: the evidence that each rank had its
