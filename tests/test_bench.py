@@ -67,9 +67,8 @@ def test_rank_zero_prints_one_human_line_per_step(tiny_runs):
     # Horovod's debug log once left its "[" just before the total line.
     assert len(re.findall(r"  warmup 1/1: [\d.]+ s ", text)) == 1
     assert len(re.findall(r"  step [12]/2: [\d.]+ s ", text)) == 2
-    # The compile phase apart (bench.trace): printed, and in every rank's part of the record.
+    # The compile phase apart (bench.trace), in rank 0's log.
     assert len(re.findall(r"  trace: the training step's graph in [\d.]+ s \(not measured\)", text)) == 1
-    assert all(rank["trace_s"] > 0 for rank in tiny_runs[("train", 2)]["result"]["per_rank"])
     assert re.search(r"containerbench: total [\d.]+ img/s over 2 rank\(s\)", text)
 
 

@@ -271,7 +271,7 @@ def measure(step, next_batch, args, rank: int, images_per_step: int, clock=HostC
 
 def trace(train_step, source) -> float | None:
     """The compile phase on its own: the step's graph traced (one core's Python; 3-4 s for ResNet-50 on this
-    machine's CPUs) before the first warmup step, which then runs that graph, so the record says what tracing
+    machine's CPUs) before the first warmup step, which then runs that graph, so rank 0's log says what tracing
     cost instead of hiding it in the first step. None where the step is not one tf.function (a parameter-server
     coordinator's)."""
     if not hasattr(train_step, "get_concrete_function"):
@@ -296,15 +296,15 @@ def train(tf, np, mode, args, gpu_names: list[str]) -> dict:
         # A parameter-server step is one batch on every worker; the other modes time one rank's batch.
         per_step = args.batch_size * (1 if mode.measures_all_ranks else mode.size)
         mine["setup_s"] = time.time() - ENTRY_UNIX_TIME
-        mine["trace_s"] = trace(train_step, source)
+        traced_s = trace(train_step, source)
         if mode.rank == 0:
             print(f"containerbench: {args.model} {args.image_size}px batch {args.batch_size}/rank, "
                   f"{mode.size} rank(s), mode {args.mode}, "
                   f"{'data ' + args.data_dir if args.data_dir else 'synthetic data'}, "
                   f"{args.precision}{', XLA' if args.xla else ''}, "
                   f"{args.warmup_steps} warmup + {args.steps} measured steps", flush=True)
-            if mine["trace_s"] is not None:
-                print(f"  trace: the training step's graph in {mine['trace_s']:.2f} s (not measured)", flush=True)
+            if traced_s is not None:
+                print(f"  trace: the training step's graph in {traced_s:.2f} s (not measured)", flush=True)
         (mine["warmup_step_s"], mine["step_s"], mine["harness_overhead_fraction"], mine["window"],
          mine["loss"]) = measure(train_step, lambda: source, args, mode.rank, per_step)
         mine["images_per_sec"] = per_step * args.steps / sum(mine["step_s"])
