@@ -164,9 +164,14 @@ def perflog_header(values: list[PerfValue]) -> str:
     return header
 
 
+def file_name(name: str) -> str:
+    """A point's or a node's name as one file name: any other character than [A-Za-z0-9_.-] becomes '_'."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", name)
+
+
 def perflog_file(system: str, test: str) -> str:
     """A test's file below the handler's prefix: its name made a file name (ReFrame: the test's variant name)."""
-    return f"{system}/{PARTITION}/{re.sub(r'[^A-Za-z0-9_.-]', '_', test)}.log"
+    return f"{system}/{PARTITION}/{file_name(test)}.log"
 
 
 def httpjson_record(fields: dict) -> dict:
@@ -387,7 +392,7 @@ def write_metrics(samples: list[Sample], out_dir: Path) -> list[Path]:
     nodes = sorted({host for sample in samples for host in sample.hosts})
     (out_dir / BY_NODE_DIR).mkdir(parents=True, exist_ok=True)
     for node in nodes:
-        path = out_dir / BY_NODE_DIR / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', node)}.prom"
+        path = out_dir / BY_NODE_DIR / f"{file_name(node)}.prom"
         outputs.write_text(path, exposition([sample for sample in samples if node in sample.hosts]))
         written.append(path)
     return written

@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import re
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -18,7 +17,7 @@ from pathlib import Path
 import pandas as pd
 
 from containerbench import outputs
-from containerbench.export import FAMILIES, Sample, exposition, junit_case, junit_suite
+from containerbench.export import FAMILIES, Sample, exposition, file_name, junit_case, junit_suite
 from containerbench.fleet import UNREADABLE, FleetVerdict
 from containerbench.validate import metric_of
 
@@ -92,7 +91,7 @@ def write(verdict: FleetVerdict, out_dir: str | Path, system: str) -> list[Path]
     directory.mkdir(parents=True, exist_ok=True)
     written = [junit]
     for node in verdict.summary.loc[verdict.summary["kind"] == "node", "member"]:
-        path = directory / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', node)}.prom"
+        path = directory / f"{file_name(node)}.prom"
         outputs.write_text(path, exposition([sample for sample in samples if node in sample.hosts], HELP))
         written.append(path)
     for stale in set(directory.iterdir()) - set(written):  # a node of an earlier batch, not of this one

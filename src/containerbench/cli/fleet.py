@@ -7,8 +7,9 @@ import json
 import sys
 from pathlib import Path
 
+from containerbench import config as cb_config
 from containerbench import outputs
-from containerbench.cli.results import system_of
+from containerbench.cli.results import system_named, system_of
 
 
 def cmd_fleet_plan(args) -> int:
@@ -39,10 +40,12 @@ def cmd_fleet_summary(args) -> int:
     return 1 if failed else 0
 
 
-def _system(records: list[dict]) -> str:
-    """The system the batch's records name, for the exported files' labels ("unknown" if not one)."""
-    systems = {record["spec"].get("system") for record in records} - {None}
-    return systems.pop() if len(systems) == 1 else "unknown"
+def _system(records: list[dict], given: str | None) -> str:
+    """The system for the exported files' labels: as the results commands name it, else "unknown"."""
+    try:
+        return system_named(records, given)
+    except cb_config.ConfigError:
+        return "unknown"
 
 
 def cmd_fleet_judge(args) -> int:
@@ -79,7 +82,7 @@ def cmd_fleet_judge(args) -> int:
         print(f"drain list ({paths['drain']}){'' if args.drain else ', not run: --drain runs it'}:\n{drain}", end="")
     from containerbench import fleetexport
 
-    exported = fleetexport.write(verdict, args.out_dir, args.system or _system(records))
+    exported = fleetexport.write(verdict, args.out_dir, _system(records, args.system))
     print(f"for CI and Prometheus: {exported[0]}, {exported[0].parent / fleetexport.FLEET_METRICS_DIR}/<node>.prom")
     for argv in fleet.drain_commands(verdict) if args.drain else []:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=60)

@@ -60,9 +60,14 @@ def system_of(record_paths, given: str | None) -> str:
     """The system named on the command line, else the one every record names."""
     from containerbench.records import load_records
 
+    return given or system_named(load_records(record_paths)[0], None)
+
+
+def system_named(records: list[dict], given: str | None) -> str:
+    """system_of for records already read."""
     if given:
         return given
-    systems = {r["spec"].get("system") for r in load_records(record_paths)[0]} - {None}
+    systems = {r["spec"].get("system") for r in records} - {None}
     if len(systems) != 1:
         raise cb_config.ConfigError(f"--system is needed: the records name {sorted(systems) or 'no system'}")
     return systems.pop()
@@ -120,7 +125,7 @@ def cmd_export(args) -> int:
     for path, why in problems:
         print(f"containerbench: export: unreadable record {path}: {why}", file=sys.stderr)
     try:
-        written = export(records, args.out_dir, system_of(args.records, args.system), args.references,
+        written = export(records, args.out_dir, system_named(records, args.system), args.references,
                          strict=args.strict, slow_fraction=args.slow_node_fraction)
     except ReferencesError as error:
         print(f"containerbench: {error}", file=sys.stderr)
