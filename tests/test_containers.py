@@ -78,6 +78,15 @@ def test_every_runtime_ran_the_identical_benchmark(container_run):
     for record in records:
         if record["spec"]["runtime"] != "bare-metal":
             assert record["image"]  # what ran: tag or image directory
+        if record["spec"]["runtime"] in ("podman", "docker"):
+            # Asked in this node's own store before the run (nodeimages): the id the workflow's stamp holds.
+            launch = json.loads(Path(record["log"]["path"]).read_text().splitlines()[0].split(" ", 1)[1])
+            step = launch["node_prepare"]
+            stamp = json.loads(Path(step[step.index("--stamp") + 1]).read_text())
+            (held,) = record["node_images"]
+            assert (held["image_id"], held["loaded"], held["host"]) == (stamp["image_id"], False, record["host"])
+        else:
+            assert record["node_images"] is None
         if record["kind"] == "train" and record["spec"]["ranks"] == 2:
             assert record["result"]["weights_identical"] is True
 
@@ -229,3 +238,34 @@ def test_the_readmes_remeasure_command_runs_podman_without_makes_environment(con
     assert log.stat().st_mtime_ns > before and "rlimit" not in log.read_text()
     record = json.loads(log.with_suffix(".json").read_text())
     assert record["status"] == "ok" or (record["status"] == "disturbed" and record["reasons"]), record["reasons"]
+
+
+def test_sruns_pmi2_socket_reaches_a_podman_rank_only_through_the_shim(container_run, container_engines):
+    """Issue 32, finding 2, on the real podman: srun's pmi2 plugin gives a task its socket as an inherited
+    fd, PMI_FD (SchedMD/slurm@284c3b95: src/plugins/mpi/pmi2/mpi_pmi2.c). podman closes it unless the run
+    says --preserve-fds (containers/podman@c6580b4a: docs/source/markdown/options/preserve-fds.md); the
+    shim (--pmi-fd, as runtimes.Podman puts it before a pmi2 rank) moves it to fd 3 and says so."""
+    import fcntl
+    import os
+    import subprocess
+    import sys
+
+    read_end, write_end = os.pipe()
+    os.write(write_end, b"pmi2 says hello\n")
+    os.close(write_end)
+    pmi_fd = fcntl.fcntl(read_end, fcntl.F_DUPFD, 20)  # a task's number: not 3
+    os.close(read_end)
+
+    def rank(*shim: str, fd: int) -> subprocess.CompletedProcess:
+        run = ["podman", "run", "--rm", "--network", "none", "--env", "PMI_*", WORKFLOW_IMAGE, "sh", "-c",
+               f'echo "$PMI_FD"; cat <&{fd}']
+        return subprocess.run([*shim, *run], env={**container_engines, "PMI_FD": str(pmi_fd)}, pass_fds=(pmi_fd,),
+                              capture_output=True, text=True, timeout=300)
+
+    try:
+        bare = rank(fd=pmi_fd)
+        assert bare.returncode != 0 and "Bad fd number" in bare.stderr, (bare.stdout, bare.stderr)
+        shimmed = rank(sys.executable, "-m", "containerbench.rank.rankexec", "--pmi-fd", "--", fd=3)
+        assert (shimmed.returncode, shimmed.stdout) == (0, "3\npmi2 says hello\n"), shimmed.stderr
+    finally:
+        os.close(pmi_fd)

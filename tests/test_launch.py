@@ -140,6 +140,47 @@ def test_a_missing_launcher_is_a_failed_run_not_a_crash(tmp_path):
     assert "cannot start 'no-such-mpirun'" in record["evidence"]
 
 
+def test_a_run_whose_image_is_not_on_every_node_never_starts_its_ranks_and_says_why(tmp_path):
+    """Issue 32, finding 1: the node-image step (nodeimages) runs before the ranks; where it fails (here: the
+    image stamp it checks the node's image against is not where the node looks) the ranks are not started,
+    and the record is failed with the node's own line as evidence."""
+    stamp = tmp_path / "build" / "images" / "podman-containerbench-latest.json"  # never made
+    step = [sys.executable, "-m", "containerbench", "node-image", "--engine", "podman", "--image",
+            "localhost/containerbench:latest", "--stamp", str(stamp)]
+    run_plan = {"run_id": "noimage", "spec": {"kind": "netbench", "ranks": 1, "nodes": 1},
+                "argv": [sys.executable, "-c", f"open({str(tmp_path / 'started')!r}, 'w')"], "env": {}, "timeout_s": 60,
+                "node_prepare": step}
+    assert execute(RunPlan.from_json(run_plan), tmp_path / "noimage.log", echo=None) == 1
+    assert not (tmp_path / "started").exists()
+    header = json.loads((tmp_path / "noimage.log").read_text().splitlines()[0][len(markers.LAUNCH):])
+    assert header["node_prepare"] == step and header["node_images"] == [] and header["node_prepare_s"] > 0
+    record = parse_log(tmp_path / "noimage.log")
+    assert record["status"] == "failed" and record["node_images"] == []
+    host = os.uname().nodename
+    assert record["evidence"] == (f"containerbench: the image is not on every node of the run ({shlex.join(step[:3])} "
+                                  f"...): {host}: the image stamp {stamp} is unreadable here ([Errno 2] No such file "
+                                  f"or directory: '{stamp}'); allowed: a clone on a filesystem every node mounts at "
+                                  "the same path")
+
+
+def test_a_rank_on_a_node_whose_image_was_not_checked_invalidates_the_run():
+    """The record's proof that the step ran where the ranks ran: every rank's host answered, with one image."""
+    from containerbench.records import Verdict, judge_node_images
+
+    answers = [{"host": "n1", "engine": "podman", "image": "i", "image_id": "sha256:a", "loaded": False,
+                "seconds": 0.03}]
+    ranks = {"processes": [{"rank": 0, "hostname": "n1"}, {"rank": 1, "hostname": "n2"}]}
+    verdict = Verdict()
+    judge_node_images({"node_images": answers}, ranks, verdict)
+    assert verdict.reasons == ["rank 1 ran on n2, where the image was not checked (node-image answered from n1)"]
+    verdict = Verdict()
+    judge_node_images({"node_images": [*answers, {**answers[0], "host": "n2", "image_id": "sha256:b"}]}, ranks, verdict)
+    assert verdict.reasons == ["the nodes held different images under the tag: n1 sha256:a, n2 sha256:b"]
+    verdict = Verdict()
+    judge_node_images({}, ranks, verdict)  # a bare-metal run, or one planned before the step
+    assert verdict.reasons == []
+
+
 def test_mpirun_as_root_gets_allow_run_as_root(tmp_path):
     run_plan = {"run_id": "root", "spec": {}, "argv": ["mpirun", "-np", "1", "true"], "env": {}, "timeout_s": 60}
     execute(RunPlan.from_json(run_plan), tmp_path / "root.log", echo=None)

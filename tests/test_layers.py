@@ -36,8 +36,8 @@ LAYERS = [
     ("benchmark, runtimes, recipes, telemetry read back, PyTorch's input, an image step's runner",
      {"rank.bench", "rank.netbench", "rank.rankexec", "runtimes", "singularity", "usage", "rank.torchdata",
       "imagestep"}),
-    ("the PyTorch harness (bench's record), which image each runtime runs, wheelhouses, records, the pre-flight job",
-     {"rank.torchbench", "images", "wheelhouse", "records", "preflight"}),
+    ("the PyTorch harness (bench's record), which image each runtime runs, wheelhouses, records, the pre-flight job, "
+     "the image on each node", {"rank.torchbench", "images", "wheelhouse", "records", "preflight", "nodeimages"}),
     ("the runs table and its summary", {"runtables"}),
     ("tables that compare runs, loss trajectories, the two levels of a point's spread",
      {"comparisons", "losses", "precision"}),

@@ -107,3 +107,45 @@ def test_the_runs_of_a_repetition_take_turns_at_going_first(tmp_path):
     assert str(refused.value) == (f"config: {len(runs)} runs in 3 repetitions are too many to order by priority "
                                   "below 10; allowed: fewer runs or repetitions per sweep")
 
+
+
+def node_image_step(run_plan: RunPlan) -> list[str]:
+    """The node-image command of a plan's node_prepare, less what starts it on each node."""
+    return run_plan.node_prepare[run_plan.node_prepare.index("-m") - 1:]
+
+
+def test_a_docker_or_podman_run_under_slurm_loads_the_image_on_each_of_its_nodes_first(tmp_path, monkeypatch):
+    """Issue 32, finding 1: each node has its own dockerd, and podman a store per user per node
+    (containers-storage.conf(5): graphroot, runroot), so the image loaded where the workflow plans is not
+    on the other nodes. A run under Slurm first runs `containerbench node-image` once on each of its nodes
+    (srun, one task a node, before the ranks' step), with the shared archive to load from; the workflow
+    gives the run that archive as an input (kept, not temp: made again, it would outdate every run)."""
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    config = tiny_config(tmp_path, runtimes=["bare-metal", "podman", "docker", "charliecloud", "podman-hpc"],
+                         launcher={"kind": "srun"}, scaling={"nodes": [2], "ranks_per_node": [1]})
+    sweep = plan_sweep(config, tmp_path, probe=False)
+    for spec in sweep.runs:
+        run_plan, needs = sweep.plans[spec.run_id], sweep.inputs[spec.run_id]
+        if spec.runtime not in ("podman", "docker"):  # bare metal; ch-run, podman-hpc read a shared file
+            assert run_plan.node_prepare is None and "archive" not in needs, spec.run_id
+            continue
+        stamp = sweep.artifacts[cb_config.ImageUse.of(spec)]
+        assert needs["archive"] == f"{tmp_path}/build/images/containerbench-latest.tar" and needs["image"] == stamp
+        assert run_plan.node_prepare[:5] == ["srun", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--export=ALL"]
+        assert node_image_step(run_plan)[1:] == [
+            "-m", "containerbench", "node-image", "--engine", spec.runtime, "--image",
+            "localhost/containerbench:latest", "--stamp", stamp, "--archive", needs["archive"]]
+        assert RunPlan.from_json(run_plan.to_json()).node_prepare == run_plan.node_prepare
+
+
+def test_a_local_podman_run_checks_the_image_here_without_loading_an_archive(tmp_path):
+    """Without Slurm the ranks start where the workflow loaded the image: the step only asks this store
+    for the id (which the record keeps), and nothing waits for an archive."""
+    config = tiny_config(tmp_path, runtimes=["bare-metal", "podman"])
+    sweep = plan_sweep(config, tmp_path, probe=False)
+    spec = next(spec for spec in sweep.runs if spec.runtime == "podman")
+    run_plan = sweep.plans[spec.run_id]
+    assert run_plan.node_prepare[1:] == ["-m", "containerbench", "node-image", "--engine", "podman", "--image",
+                                         "localhost/containerbench:latest", "--stamp",
+                                         sweep.artifacts[cb_config.ImageUse.of(spec)]]
+    assert "archive" not in sweep.inputs[spec.run_id]

@@ -123,13 +123,13 @@ def test_under_slurm_the_check_runs_on_one_compute_node_through_srun(tmp_path):
     pythons = {"tensorflow": "/sw/cb/.venv-bench/bin/python"}
     argv = preflight.check_argv(config, ROOT, "/sw/cb/.venv/bin/python", pythons,
                                 {"apptainer": ["apptainer", "--version"]}, ["/sw/images/tf.sif"])
-    assert argv == ["srun", "--nodes=1", "--ntasks=1", "--time=10", "--job-name=containerbench-preflight",
-                    "--partition=gpu", "--account=proj", "--constraint=a100",
+    assert argv == ["srun", "--nodes=1", "--ntasks=1", "--ntasks-per-node=1", "--time=10",
+                    "--job-name=containerbench-preflight", "--partition=gpu", "--account=proj", "--constraint=a100",
                     "/sw/cb/.venv/bin/python", "-m", "containerbench", "preflight", "--repo", str(ROOT),
                     "--sources-digest", preflight.sources_digest(ROOT),
                     "--bench-python", "/sw/cb/.venv-bench/bin/python",
                     "--probes", '{"apptainer": ["apptainer", "--version"]}', "--image-file=/sw/images/tf.sif"]
-    assert cli.build_parser().parse_args(argv[8 + 3:]).command == "preflight"  # what follows `python -m containerbench`
+    assert cli.build_parser().parse_args(argv[9 + 3:]).command == "preflight"  # what follows `python -m containerbench`
     local = preflight.check_argv(tiny_config(tmp_path), ROOT, sys.executable, {}, {})
     assert local[:4] == [sys.executable, "-m", "containerbench", "preflight"]  # mpirun or none: here
 
@@ -320,3 +320,54 @@ def test_the_workflow_asks_the_node_for_the_sweeps_devices_and_its_busiest_node(
     sent = [fabrics.DeviceRequest(**each) for each in json.loads(argv[argv.index("--devices") + 1])]
     assert sent == fabrics.named_devices(SITE["fabrics"])
     assert argv[-3:] == ["--ranks-per-node=4", "--cpus-per-rank=8", "--gpus-per-node=4"]
+
+
+def test_the_check_runs_on_as_many_nodes_as_the_largest_run_and_asks_each_for_the_runtimes_needs(tmp_path):
+    """Issue 32, finding 10: what a runtime needs on a node (a version, a hook, a CDI spec) is asked on the
+    nodes, one task each, as many as the sweep's largest run takes; not where the workflow plans."""
+    config = tiny_config(tmp_path, runtimes=["bare-metal", "charliecloud"], launcher={"kind": "srun"},
+                         scaling={"nodes": [1, 4], "ranks_per_node": [1]},
+                         images={"charliecloud": {"write_fake": True}})
+    sweep = plan_sweep(config, tmp_path, probe=False)
+    needs = runtimes.node_requirements(sweep.config)
+    assert [need.what for need in needs] == [
+        "a ch-run with extended globs (--unset-env keeps the rank's variables)",
+        "ch-run 0.36 or later (--write-fake; or set images.charliecloud.write_fake: false)"]
+    argv = preflight.check_argv(sweep.config, ROOT, sys.executable, {}, {}, runs=sweep.runs, requirements=needs)
+    assert argv[:4] == ["srun", "--nodes=4", "--ntasks=4", "--ntasks-per-node=1"]
+    given = json.loads(argv[argv.index("--requirements") + 1])
+    assert [runtimes.NodeRequirement.from_json(each) for each in given] == needs
+    parsed = cli.build_parser().parse_args(argv[argv.index("-m") + 2:])
+    assert json.loads(parsed.requirements) == given
+
+
+def test_a_runtime_need_the_node_lacks_is_one_line_naming_the_runtime_what_the_node_has_and_the_source():
+    """Real commands of this node stand in for a runtime's (python3's version, ls's --help)."""
+    need = runtimes.NodeRequirement
+    assert preflight.check_requirements([need("x", "Python 3.0 or later", ("python3", "--version"), at_least="3.0"),
+                                         need("x", "ls with --all", ("ls", "--help"), holds="--all"),
+                                         need("x", "a root directory", paths=("/nonexistent", "/"))]) == []
+    found = subprocess.run(["python3", "--version"], capture_output=True, text=True).stdout.split()[1]
+    assert preflight.check_requirements([
+        need("sarus", "Sarus 99.1 or later", ("python3", "--version"), at_least="99.1", source="its CHANGELOG"),
+        need("enroot", "Pyxis 0.15 or later (srun --container-env)", ("ls", "--help"), holds="--container-env"),
+        need("podman", "a CDI spec", paths=("/nonexistent/nvidia.yaml", "/nonexistent/nvidia.json")),
+        need("sarus", "Sarus 1.4.0 or later", ("no-such-sarus", "--version")),
+    ]) == [
+        f"runtime 'sarus' needs Sarus 99.1 or later: this node has {found} (`python3 --version`) (its CHANGELOG)",
+        "runtime 'enroot' needs Pyxis 0.15 or later (srun --container-env): `ls --help` does not list "
+        "--container-env on this node",
+        "runtime 'podman' needs a CDI spec: none of /nonexistent/nvidia.yaml, /nonexistent/nvidia.json is on this node",
+        "runtime 'sarus' needs Sarus 1.4.0 or later: no-such-sarus is not installed (not on PATH)",
+    ]
+
+
+def test_the_workflow_stops_on_a_nodes_missing_runtime_need_in_one_line(tmp_path):
+    """The whole path: the command the workflow runs, given a requirement this node cannot meet."""
+    need = runtimes.NodeRequirement("charliecloud", "ch-run 99.0 or later (--write-fake)", ("python3", "--version"),
+                                    at_least="99.0")
+    argv = preflight.check_argv(tiny_config(tmp_path), ROOT, sys.executable, {}, {}, requirements=[need])
+    with pytest.raises(SystemExit) as stopped:
+        preflight.run_before_jobs(argv)
+    assert str(stopped.value).startswith(f"containerbench: preflight on {socket.gethostname()}: runtime "
+                                         "'charliecloud' needs ch-run 99.0 or later (--write-fake): this node has 3.")

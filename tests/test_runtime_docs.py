@@ -21,6 +21,7 @@ from containerbench.runtimes import (
     Apptainer,
     BuiltImage,
     Charliecloud,
+    Docker,
     Enroot,
     Podman,
     PodmanHPC,
@@ -288,11 +289,19 @@ def test_the_shim_gives_docker_the_memory_limit_of_the_ranks_cgroup(tmp_path):
     group.mkdir()
     try:
         (group / limit_file).write_text(str(2**30))
-        shown = subprocess.run([sys.executable, "-m", "containerbench.rank.rankexec", "--memory-from-cgroup", "--",
-                                "/bin/sh", "-c", 'echo "$@"', "sh", "run", "img"], capture_output=True, text=True,
-                               preexec_fn=lambda: (group / "cgroup.procs").write_text(str(os.getpid())))
-        assert shown.returncode == 0, shown.stderr
-        assert shown.stdout.split() == ["run", f"--memory={2**30}", "img"]
+        def shim(*share: str) -> list[str]:
+            shown = subprocess.run([sys.executable, "-m", "containerbench.rank.rankexec", "--memory-from-cgroup",
+                                    *share, "--", "/bin/sh", "-c", 'echo "$@"', "sh", "run", "img"],
+                                   capture_output=True, text=True,
+                                   preexec_fn=lambda: (group / "cgroup.procs").write_text(str(os.getpid())))
+            assert shown.returncode == 0, shown.stderr
+            return shown.stdout.split()
+
+        assert shim() == ["run", f"--memory={2**30}", "img"]
+        # Issue 32, finding 8: four ranks of a node share the step's limit, as bare-metal ranks do.
+        assert shim("--memory-share=4") == ["run", f"--memory={2**28}", "img"]
+        request = RunRequest(module="containerbench.rank.bench", workdir="/work/x", ranks_per_node=4)
+        assert "--memory-share=4" in Docker("img").rank_argv(request)
     finally:
         group.rmdir()
 
@@ -530,3 +539,97 @@ def test_plan_shows_every_runtime_in_each_mpi_model_it_supports(capsys, monkeypa
     assert "prepare: shifterimg lookup" in blocks["shifter (hybrid)"]
     assert "--bind=/usr/lib/x86_64-linux-gnu/libmpich.so.12:/opt/containerbench/venv/lib/libmpi.so.12" in blocks[
         "charliecloud (native)"]
+
+
+def test_under_srun_pmi2_podman_keeps_the_tasks_pmi_socket_and_docker_is_refused():
+    """Issue 32, finding 2. srun's pmi2 plugin hands each task an inherited socket, PMI_FD
+    (SchedMD/slurm@284c3b95: src/plugins/mpi/pmi2/mpi_pmi2.c, mpi_p_slurmstepd_task: `PMI_FD`; the client
+    reads it in contribs/pmi2/pmi2_api.c). podman closes every fd past 2 unless told
+    (containers/podman@c6580b4a: docs/source/markdown/options/preserve-fds.md, "--preserve-fds=N"; `podman
+    run` has it since 2.1.0, RELEASE_NOTES.md): its ranks go through the shim, which moves the socket to
+    fd 3 and adds --preserve-fds=1. podman-hpc does that itself (podman-hpc 1.2.2, podman_hpc/podman_hpc.py:
+    pmi_fd, called from call_podman for every podman command). docker's container is started by dockerd,
+    which holds none of the rank's fds, and `docker run` has no such option: refused in one line."""
+    pmi2 = RunRequest(module="containerbench.rank.bench", workdir="/work/x", inherited_pmi_fd=True)
+    podman = Podman("img", host_python="/venv/bin/python", uid=0, gid=0)
+    assert podman.rank_argv(pmi2)[:5] == ["/venv/bin/python", "-m", "containerbench.rank.rankexec", "--pmi-fd", "--"]
+    assert podman.rank_argv(pmi2)[5:] == podman.rank_argv(RunRequest(module="containerbench.rank.bench",
+                                                                      workdir="/work/x"))
+    hpc = PodmanHPC("img", uid=0, gid=0)
+    assert hpc.rank_argv(pmi2)[0] == "podman-hpc" and "--preserve-fds" not in " ".join(hpc.rank_argv(pmi2))
+    with pytest.raises(ValueError) as refused:
+        Docker("img").rank_argv(pmi2)
+    assert str(refused.value) == ("runtime 'docker' cannot pass srun's pmi2 socket (PMI_FD, an fd the rank "
+                                  "inherits) into its containers, which dockerd starts; allowed: srun_mpi pmix, "
+                                  "launcher mpirun, or podman (--preserve-fds)")
+
+
+def test_a_sweep_of_docker_under_srun_pmi2_is_refused_before_any_job(tmp_path):
+    from helpers import tiny_config
+
+    from containerbench.plans import plan_sweep
+
+    config = tiny_config(tmp_path, runtimes=["bare-metal", "docker"], launcher={"kind": "srun", "srun_mpi": "pmi2"},
+                         scaling={"nodes": [1], "ranks_per_node": [1]})
+    with pytest.raises(ConfigError) as refused:
+        plan_sweep(config, tmp_path, probe=False)
+    assert str(refused.value).startswith("config: runtime 'docker' cannot pass srun's pmi2 socket (PMI_FD")
+
+
+def test_what_each_runtime_needs_on_a_node_is_asked_there_with_its_source():
+    """Issue 32, findings 5, 7 and 10: version floors and node-side setup, asked by the pre-flight check on
+    every node it runs on (preflight.check_requirements), each from the runtime's own record:
+    - Sarus 1.4.0: `sarus run --env` and `--device` (which the shim adds per RDMA device) are in
+      eth-cscs/sarus CHANGELOG.md "## [1.4.0]" ("Added"), absent from 1.3.x;
+    - podman 4.1.0 and a CDI spec for GPU runs: NVIDIA/cloud-native-docs@52dcb7b
+      container-toolkit/cdi-support.md, "Running a Workload with CDI" ("releases as of v4.1.0 include
+      support for specifying CDI devices in the --device argument") and "Generating a CDI Specification"
+      (`nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml`; newer toolkits write /var/run/cdi);
+    - Charliecloud: `--feature=extglob` (ch-run(1), "--feature"); --write-fake since 0.36
+      (hpc/charliecloud commit 63f77b1, "PR #1793: add --write-fake via unprivileged overlayfs", first in v0.36);
+    - Enroot: the PMI hook is an extra hook, installed where enroot does not read it (NVIDIA/enroot Makefile:
+      HOOKS_EXTRA to $(DATADIR)/hooks.d; src/runtime.sh reads ${ENROOT_SYSCONF_PATH}/hooks.d), and Pyxis has
+      --container-env from v0.15.0 (NVIDIA/pyxis commit 5164d82; v0.14.0's args.c lacks it)."""
+    assert [(n.argv, n.at_least) for n in Sarus("img").node_requirements()] == [(("sarus", "--version"), "1.4.0")]
+    assert Podman("img").node_requirements(gpus=False) == []
+    cdi = Podman("img").node_requirements(gpus=True)
+    assert [(n.argv, n.at_least, n.paths) for n in cdi] == [
+        (("podman", "--version"), "4.1.0", ()),
+        ((), None, ("/etc/cdi/nvidia.yaml", "/etc/cdi/nvidia.json", "/var/run/cdi/nvidia.yaml",
+                    "/var/run/cdi/nvidia.json"))]
+    assert PodmanHPC("img").node_requirements(gpus=True) == []  # its --gpu module, no CDI
+    assert [(n.argv, n.at_least) for n in Charliecloud("/img", write_fake=True).node_requirements()] == [
+        (("ch-run", "--feature=extglob"), None), (("ch-run", "--version"), "0.36")]
+    assert len(Charliecloud("/img", write_fake=False).node_requirements()) == 1
+    hook, pyxis = Enroot("/img.sqsh", launcher="srun").node_requirements()
+    assert hook.paths == ("/etc/enroot/hooks.d/50-slurm-pmi.sh",) and not hook.argv
+    assert (pyxis.argv, pyxis.holds) == (("srun", "--help"), "--container-env")
+
+
+def test_shifter_puts_its_image_on_the_allocation_a_run_asks_for(tmp_path, monkeypatch):
+    """Issue 32, finding 6. NERSC/shifter@84b7d349 doc/wlm/slurm.rst: "Integration with Slurm causes the
+    setupRoot executable to be run in a per-node prolog at job allocation time", "ideal performance is
+    realized if the --image and ALL --volume options are supplied in the batch submission script", and
+    "Configuring Slurm Integration" step 5 (PrologFlags=alloc: the image "configured on all nodes at job start
+    (allocation) time"). shifterSpank.c passes --module to setupRoot with them (-m). So a run that asks salloc
+    for its own allocation gives them to salloc; its srun step and ranks name no image (each rank's `shifter`
+    enters the prolog's instance). In an allocation not the run's own they stay the step's (the test above)."""
+    from helpers import tiny_config
+
+    from containerbench.plans import plan_sweep
+
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    shifter = configured("shifter", "srun", host_python=HOST_PY)
+    own = RunRequest(**{**DATA.__dict__, "own_allocation": True})
+    assert shifter.allocation_options(own) == ["--image=id:0123abcd", "--module=gpu",
+                                               "--volume=/datasets/imagenet:/mnt"]
+    assert shifter.launcher_options(own) == [] and shifter.allocation_options(DATA) == []
+
+    config = tiny_config(tmp_path, runtimes=["bare-metal", "shifter"], launcher={"kind": "srun"},
+                         scaling={"nodes": [2], "ranks_per_node": [1]}, images={"shifter": {"image": "id:0123abcd"}})
+    sweep = plan_sweep(config, tmp_path, probe=False)
+    run_plan = next(sweep.plans[spec.run_id] for spec in sweep.runs if spec.runtime == "shifter")
+    given = [word for word in run_plan.allocation if word.startswith(("--image", "--module", "--volume"))]
+    assert run_plan.allocation[0] == "salloc" and given[:2] == ["--image=id:0123abcd", "--module=none"]
+    assert given[2].startswith("--volume=") and given[2].endswith(":/mnt")  # the telemetry directory, bound
+    assert not any(word.startswith(("--image=", "--module=", "--volume=")) for word in run_plan.argv)

@@ -6,6 +6,7 @@ shim is run for real with a harmless program in place of docker.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import subprocess
 import sys
@@ -101,13 +102,13 @@ CASES = {
     # --- docker: the shim adds the rank variables after `run` at rank start ---
     ("docker", "site"): (
         [HOST_PY, "-m", "containerbench.rank.rankexec", *PASS_RANK_VARS,
-         "--cpuset-from-affinity", "--memory-from-cgroup", "--",
+         "--cpuset-from-affinity", "--memory-from-cgroup", "--memory-share=1", "--",
          "docker", "run", *HOST_NS, "--user", "1000:1000", "--log-driver", "none", "--gpus", "all", *RDMA,
          "--volume", "/tmp:/tmp", *SITE_VOLUMES, "--workdir", WD, *SITE_OWN_ENV, "containerbench:latest", *IN_IMAGE],
         container_env("docker", SITE_ENV)),
     ("docker", "cpu"): (
         [HOST_PY, "-m", "containerbench.rank.rankexec", *PASS_RANK_VARS,
-         "--cpuset-from-affinity", "--memory-from-cgroup", "--",
+         "--cpuset-from-affinity", "--memory-from-cgroup", "--memory-share=1", "--",
          "docker", "run", *HOST_NS, "--user", "1000:1000", "--log-driver", "none", *NO_GPU,
          "--volume", "/tmp:/tmp", "--volume", "/work/x:/work/x", "--workdir", "/work/x", *CPU_OWN_ENV,
          "containerbench:latest", *IN_IMAGE],
@@ -365,6 +366,29 @@ def test_shim_gives_docker_the_cpus_the_rank_is_bound_to():
 
     assert shim_on("0") == "run --cpuset-cpus=0 img\n"
     assert shim_on(f"0-{os.cpu_count() - 1}") == "run img\n"  # every CPU: nothing to pin
+
+
+def test_shim_moves_sruns_pmi2_socket_to_fd_3_and_has_podman_keep_it():
+    """Slurm's pmi2 plugin gives each task its socket as an inherited fd named by PMI_FD
+    (SchedMD/slurm@284c3b95: src/plugins/mpi/pmi2/mpi_pmi2.c, mpi_p_slurmstepd_task); podman passes fds
+    3..3+N-1 to the container and no other (containers/podman@c6580b4a:
+    docs/source/markdown/options/preserve-fds.md: "Pass down to the process N additional file descriptors
+    (in addition to 0, 1, 2). The total FDs are 3+N."). So the shim moves it to 3 and asks for one, as
+    podman-hpc 1.2.2 does (podman_hpc/podman_hpc.py, pmi_fd)."""
+    read_end, write_end = os.pipe()
+    os.write(write_end, b"pmi2 says hello\n")
+    os.close(write_end)
+    moved = fcntl.fcntl(read_end, fcntl.F_DUPFD, 20)  # a free fd past 3, as srun's number for a task is
+    done = subprocess.run([sys.executable, "-m", "containerbench.rank.rankexec", "--pmi-fd", "--",
+                           "/bin/sh", "-c", 'echo "$PMI_FD $*"; cat <&3', "sh", "run", "img"],
+                          env={"PATH": "/usr/bin:/bin", "PMI_FD": str(moved)}, pass_fds=(moved,),
+                          capture_output=True, text=True, timeout=60)
+    os.close(read_end), os.close(moved)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "3 run --preserve-fds=1 img\npmi2 says hello\n"
+    # Without PMI_FD (pmix, or mpirun) the shim inserts nothing.
+    assert run_shim("--pmi-fd", "--", "/bin/sh", "-c", 'echo "$*"', "sh", "run", "img",
+                    env={"PATH": "/usr/bin:/bin"}).stdout == "run img\n"
 
 
 def test_shim_passes_the_exit_status_and_refuses_a_missing_command():

@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import os
+import shlex
 import shutil
 import socket
 import subprocess
@@ -20,10 +21,10 @@ import threading
 import time
 from pathlib import Path
 
-from containerbench import outputs, slurm
+from containerbench import nodeimages, outputs, slurm
 from containerbench.launchers import Allocation, Mpirun, Srun
 from containerbench.plans import RunPlan
-from containerbench.processes import die_with_parent, stop_session, watch_controller
+from containerbench.processes import die_with_parent, run_group, stop_session, watch_controller
 from containerbench.rank import markers
 from containerbench.rank.telemetry import library_mpi_version, rank_context
 from containerbench.runtimes import host_environment
@@ -103,6 +104,37 @@ def _final_argv(argv: list[str]) -> list[str]:
     return argv
 
 
+class _NotStarted(Exception):
+    """The run's ranks were not started: why, in one line."""
+
+
+def prepare_nodes(run_plan: RunPlan) -> tuple[dict, str, str | None]:
+    """Run the plan's node_prepare step (once on every node of the run; nodeimages): (what the launch line
+    keeps: each node's answer and the step's seconds, the step's output for the log, why it failed or
+    None). Every node must answer: a node whose line is missing is as much a failure as one that said no."""
+    if not run_plan.node_prepare:
+        return {}, "", None
+    argv, started = _final_argv(run_plan.node_prepare), time.monotonic()
+    try:
+        done = run_group(argv, timeout=run_plan.timeout_s, env={**host_environment(), **run_plan.env},
+                         stdin=subprocess.DEVNULL)
+        output, returncode = (done.stdout or "") + (done.stderr or ""), done.returncode
+    except FileNotFoundError:
+        output, returncode = "", 127
+    except subprocess.TimeoutExpired:
+        output, returncode = "", None
+    answers = nodeimages.read_lines(output)
+    kept = {"node_images": answers, "node_prepare_s": round(time.monotonic() - started, 3)}
+    nodes = run_plan.spec.get("nodes", 1)
+    if returncode == 0 and len(answers) == nodes:
+        return kept, output, None
+    said = [line.removeprefix("containerbench: node-image: ") for line in output.splitlines()
+            if line.startswith("containerbench: node-image: ")]
+    why = ("; ".join(said) or (f"did not end within {run_plan.timeout_s:g} s" if returncode is None else
+                               f"exit {returncode}, {len(answers)} of {nodes} node(s) answered"))
+    return kept, output, f"the image is not on every node of the run ({shlex.join(argv[:3])} ...): {why}"
+
+
 class RunAbandoned(SystemExit):
     """The workflow controller is gone, so no one will collect this run: `containerbench launch`
     ends with this line and a non-zero status (after measure's finally), and the run's output is
@@ -119,13 +151,19 @@ def execute(run_plan: RunPlan, log_path: Path, echo=sys.stdout, allocation: str 
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     argv = _final_argv(run_plan.argv)
-    header = {**run_plan.as_dict(), "argv": argv, "host": socket.gethostname(), "started_unix": time.time()}
+    # Before the run's clock starts: the image on every node (a load is not the runtime's start-up).
+    prepared, prepare_output, prepare_failed = prepare_nodes(run_plan)
+    header = {**run_plan.as_dict(), "argv": argv, "host": socket.gethostname(), "started_unix": time.time(),
+              **prepared}
     started = time.monotonic()
     timed_out, abandoned, guard, step_guard = threading.Event(), [], None, None
     with open(log_path, "w") as log:
         log.write(markers.line(markers.LAUNCH, header))
+        log.write(prepare_output)
         log.flush()
         try:
+            if prepare_failed:
+                raise _NotStarted(prepare_failed)
             # Nothing of the run may outlive the workflow. Two guards, as each covers what the other
             # cannot: if this process is killed (SIGKILL: no finally runs), the kernel signals the run
             # (die_with_parent); if the controller is killed, this process lives on, orphaned with its
@@ -136,6 +174,9 @@ def execute(run_plan: RunPlan, log_path: Path, echo=sys.stdout, allocation: str 
                 env={**host_environment(), **run_plan.env}, start_new_session=True,
                 preexec_fn=die_with_parent(),  # noqa: PLW1509 (it only calls prctl, getppid, kill)
             )
+        except _NotStarted as error:
+            log.write(f"containerbench: {error}\n")
+            returncode = 1
         except (OSError, subprocess.SubprocessError) as error:  # the latter: preexec_fn failed
             log.write(f"containerbench: cannot start {argv[0]!r}: {error}\n")
             returncode = 127

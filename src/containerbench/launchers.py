@@ -32,6 +32,10 @@ class Launcher(ABC):
         """The run's argv: `env_names` are the variables the ranks get, `runtime_options` what a runtime
         contributes to the launcher itself (Pyxis: srun --container-image)."""
 
+    def on_each_node(self, argv: list[str], spec: RunSpec) -> list[str]:
+        """`argv` once on every node of the run, before its ranks start: here, where the ranks start too."""
+        return argv
+
     @classmethod
     @abstractmethod
     def configured(cls, config: dict, runtime) -> Launcher:
@@ -126,6 +130,12 @@ class Srun(Launcher):
                 f"--ntasks-per-node={spec.ranks_per_node}", f"--cpus-per-task={self.cpus_per_rank}", *gpus,
                 f"--cpu-bind={cpu_bind}", "--export=ALL", *self.extra_args, *runtime_options, *rank_argv]
 
+
+    def on_each_node(self, argv: list[str], spec: RunSpec) -> list[str]:
+        # One task on each node of the run (Slurm places it in the run's allocation), with none of the
+        # ranks' MPI plugin or binding: a step of its own before the ranks' step.
+        return [self.program, f"--nodes={spec.nodes}", f"--ntasks={spec.nodes}", "--ntasks-per-node=1",
+                "--export=ALL", *argv]
 
     @classmethod
     def configured(cls, config: dict, runtime) -> Launcher:

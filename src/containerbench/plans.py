@@ -12,6 +12,7 @@ import copy
 import functools
 import json
 import os
+import sys
 from collections import Counter
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -25,6 +26,7 @@ from containerbench.images import IMAGES, check_bench_env, resolve_images
 from containerbench.launchers import Allocation, allocation_for, launcher_class, launcher_for, uses_slurm
 from containerbench.runtimes import (
     BareMetal,
+    BuiltImage,
     RunRequest,
     check_launchers,
     runtime_for,
@@ -78,9 +80,10 @@ class RunPlan:
     native_mpi: dict | None = None  # the host MPICH the ranks load, in the native MPI model
     allocation: list[str] | None = None  # salloc's argv, where the run asks for its own (Allocation.PER_RUN)
     launch_context: dict | None = None  # where the launch ran (execution.measure adds it)
+    node_prepare: list[str] | None = None  # run on every node of the run before its ranks (nodeimages)
     exit_grace_s: float = 30.0  # how long a run that printed its result may take to exit (execution.ExitGuard)
 
-    OPTIONAL = ("native_mpi", "allocation", "launch_context")
+    OPTIONAL = ("native_mpi", "allocation", "launch_context", "node_prepare")
     NOT_WRITTEN = ("benchmark_args",)
 
     @property
@@ -150,9 +153,19 @@ def telemetry_settings(spec: RunSpec, config: dict) -> dict | None:
                                                 "exclude_disturbed")}}
 
 
-def plan_run(spec: RunSpec, config: dict, allocation: Allocation | None = None) -> RunPlan:
+def node_archive(runtime, artifact: str | None, config: dict) -> str | None:
+    """The archive a run's nodes load the built image from where their store lacks it: under Slurm, for a
+    runtime with a store per node (docker, podman); None where the ranks run where the workflow loaded it."""
+    if not artifact or not uses_slurm(config) or runtime.node_prepare_argv("python") is None:
+        return None
+    return BuiltImage(runtime.image, build_dir=os.path.dirname(artifact)).archive  # as the artifact is written
+
+
+def plan_run(spec: RunSpec, config: dict, allocation: Allocation | None = None,
+             artifact: str | None = None) -> RunPlan:
     """Everything needed to start the run. `allocation`: the strategy of the sweep's runs (default:
-    allocation_for(config)); only a run with an allocation of its own (PER_RUN) carries salloc's argv."""
+    allocation_for(config)); only a run with an allocation of its own (PER_RUN) carries salloc's argv.
+    `artifact`: the file the workflow made for the run's runtime from the built image (Sweep.artifacts)."""
     allocation = allocation_for(config) if allocation is None else allocation
     module = NETBENCH if spec.kind == "netbench" else framework(spec.framework).harness
     fabric = config["fabrics"][spec.fabric]
@@ -175,7 +188,8 @@ def plan_run(spec: RunSpec, config: dict, allocation: Allocation | None = None) 
     request = RunRequest(module=module, args=tuple(arguments), env=rank_env,
                          workdir=os.getcwd(), binds=binds,
                          gpus=config["slurm"]["gpus_per_node"] > 0, infiniband=rdma_fabric(fabric),
-                         ranks_per_node=spec.ranks_per_node)
+                         ranks_per_node=spec.ranks_per_node, inherited_pmi_fd=getattr(launcher, "mpi", None) == "pmi2",
+                         own_allocation=allocation is Allocation.PER_RUN)
     env = runtime.environment(request)
     argv = launcher.wrap(runtime.rank_argv(request), spec, sorted(env), runtime.launcher_options(request))
     timeout = config["netbench" if spec.kind == "netbench" else "benchmark"]["timeout_s"]
@@ -183,6 +197,9 @@ def plan_run(spec: RunSpec, config: dict, allocation: Allocation | None = None) 
     if spec.kind == "train":
         bench = config["benchmark"]
         settings = {key: bench[key] for key in framework(spec.framework).planned_settings}
+    stamp = os.path.abspath(artifact) if artifact else None
+    archive = node_archive(runtime, artifact, config)
+    node_prepare = runtime.node_prepare_argv(sys.executable, stamp, os.path.abspath(archive) if archive else None)
     return RunPlan(
         run_id=spec.run_id,
         spec={**spec.as_dict(), "system": config["system"], "launcher": config["launcher"]["kind"],
@@ -196,9 +213,11 @@ def plan_run(spec: RunSpec, config: dict, allocation: Allocation | None = None) 
         telemetry=telemetry,
         benchmark_args=tuple(arguments),
         native_mpi={"library": runtime.native_mpi.library} if getattr(runtime, "native", False) else None,
-        allocation=slurm.allocation_argv(config["slurm"], spec.nodes, spec.ranks_per_node,
-                                         config["slurm"]["runtime_minutes"], f"containerbench-{spec.run_id}",
-                                         spec.nodelist) if allocation is Allocation.PER_RUN else None,
+        allocation=[*slurm.allocation_argv(config["slurm"], spec.nodes, spec.ranks_per_node,
+                                           config["slurm"]["runtime_minutes"], f"containerbench-{spec.run_id}",
+                                           spec.nodelist), *runtime.allocation_options(request)]
+        if allocation is Allocation.PER_RUN else None,
+        node_prepare=launcher.on_each_node(node_prepare, spec) if node_prepare else None,
     )
 
 
@@ -227,6 +246,9 @@ class Sweep:
         image = self.artifacts.get(cb_config.ImageUse.of(run))
         if image:
             needs["image"] = image
+            runtime = runtime_for(run.runtime, self.config, run.mpi_model, run.framework)
+            if archive := node_archive(runtime, image, self.config):
+                needs["archive"] = archive
         if self.dataset_sample and run.data == "real":
             needs["data"] = self.dataset_sample
         return needs
@@ -283,7 +305,8 @@ def plan_sweep(config: dict, repo: Path, *, probe: bool = True, probed: dict[str
             if probe:
                 slurm.check_cluster(planned, runs)
         allocation = allocation_for(planned)
-        plans = {run.run_id: plan_run(run, planned, allocation) for run in runs}
+        plans = {run.run_id: plan_run(run, planned, allocation, artifacts.get(cb_config.ImageUse.of(run)))
+                 for run in runs}
     except cb_config.ConfigError:
         raise
     except ValueError as error:  # a runtime refusing what the config asks (an option, a launcher, a bind)

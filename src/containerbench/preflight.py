@@ -2,14 +2,18 @@
 
 The workflow plans on one machine (a login node) and measures on others. Before it
 submits any job (Snakemake's onstart, not in a dry run), it runs this check where
-the measurements run (`srun` on one compute node; here, this machine) and stops
-with one line per problem:
+the measurements run (`srun`, one task on each of as many compute nodes as the
+sweep's largest run takes; here, this machine) and stops with one line per problem
+and node:
 
 - the clone is at the same path with the same package sources (every job runs
   `python -m containerbench` from it, and containers bind the working directory);
 - the bare-metal interpreter exists there and imports the benchmark's packages;
 - the runtimes installed only there (`available: compute-nodes`) answer their
   probe there (they are not probed when planning);
+- what each runtime needs on a node beyond its probe (Runtime.node_requirements:
+  Sarus's and podman's versions, a CDI spec for GPUs, ch-run's features, enroot's
+  PMI hook, a Pyxis with --container-env), asked there, not where the workflow plans;
 - the image files the site supplies (a SIF, a squashfs) are there;
 - every device the fabrics name (an HCA port, a network interface) is there and up;
 - a node holds the ranks the sweep puts on it: a GPU each, and the CPUs each asks for.
@@ -30,6 +34,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shlex
 import socket
 import struct
@@ -42,7 +47,7 @@ from pathlib import Path
 from containerbench.fabrics import DeviceRequest, named_devices
 from containerbench.frameworks import FRAMEWORKS, framework
 from containerbench.launchers import Srun, uses_slurm
-from containerbench.runtimes import run_probe
+from containerbench.runtimes import NodeRequirement, run_probe
 
 PACKAGE = Path("src") / "containerbench"
 # The srun allocation's time limit: the check takes seconds, the queue may take longer.
@@ -203,8 +208,45 @@ def check_layout(ranks_per_node: int, cpus_per_rank: int, gpus_per_node: int, cp
     return problems
 
 
+def _version(text: str) -> tuple[int, ...] | None:
+    found = re.search(r"\d+(?:\.\d+)+", text)
+    return tuple(int(part) for part in found[0].split(".")) if found else None
+
+
+def check_requirements(requirements: list[NodeRequirement], timeout: float = 60) -> list[str]:
+    """Each runtime's node requirements (Runtime.node_requirements), asked on this node; a line per one
+    it lacks, naming the runtime, what it needs, what this node has and where the need is written."""
+    problems = []
+    for need in requirements:
+        where = f" ({need.source})" if need.source else ""
+        if need.paths and not any(os.path.exists(path) for path in need.paths):
+            problems.append(f"runtime {need.runtime!r} needs {need.what}: none of {', '.join(need.paths)} is on "
+                            f"this node{where}")
+        if not need.argv:
+            continue
+        ok, said = run_probe(need.argv, timeout=timeout)
+        if not ok:
+            problems.append(f"runtime {need.runtime!r} needs {need.what}: {said}{where}")
+            continue
+        output = said
+        if need.holds or need.at_least:  # the whole output: a version or an option may be on any line
+            done = subprocess.run(list(need.argv), capture_output=True, text=True, timeout=timeout)
+            output = done.stdout + done.stderr
+        if need.holds and need.holds not in output:
+            problems.append(f"runtime {need.runtime!r} needs {need.what}: `{shlex.join(need.argv)}` does not "
+                            f"list {need.holds} on this node{where}")
+        if need.at_least:
+            found = _version(output)
+            if found is None or found < _version(need.at_least):
+                shown = ".".join(map(str, found)) if found else f"no version in {output.strip()[:80]!r}"
+                problems.append(f"runtime {need.runtime!r} needs {need.what}: this node has {shown} "
+                                f"(`{shlex.join(need.argv)}`){where}")
+    return problems
+
+
 def run_checks(repo: Path, expected_digest: str, pythons: dict[str, str | None],
-               probes: dict[str, list[str]], image_files=(), devices=(), layout: dict | None = None) -> dict:
+               probes: dict[str, list[str]], image_files=(), devices=(), layout: dict | None = None,
+               requirements=()) -> dict:
     """Every check, run here; the result names each problem in one line. `pythons`: framework -> its
     bare-metal interpreter, where the sweep runs it; `layout`: ranks_per_node, cpus_per_rank and
     gpus_per_node, as check_layout takes them."""
@@ -222,6 +264,7 @@ def run_checks(repo: Path, expected_digest: str, pythons: dict[str, str | None],
     problems += check_devices(list(devices))
     if layout:
         problems += check_layout(**layout, gpus=count_gpus() if layout["gpus_per_node"] else None)
+    problems += check_requirements(list(requirements))
     probed = {}
     for runtime, argv in sorted(probes.items()):
         ok, detail = run_probe(argv, timeout=60)
@@ -231,19 +274,22 @@ def run_checks(repo: Path, expected_digest: str, pythons: dict[str, str | None],
     return {"host": socket.gethostname(), "repo": str(repo), "sources_digest": expected_digest,
             **{each.python_key: pythons.get(each.name) for each in FRAMEWORKS.values()},
             "image_files": list(image_files), "devices": [asdict(each) for each in devices], "layout": layout,
-            "probes": probed, "problems": problems,
+            "probes": probed, "requirements": [asdict(each) for each in requirements], "problems": problems,
             "seconds": round(time.time() - started, 3)}
 
 
 def check_argv(config: dict, repo: Path, python: str, pythons: dict[str, str | None], probes: dict[str, list[str]],
-               image_files=(), runs=()) -> list[str]:
-    """The check's command line: on one compute node through srun when the runs use srun, else here.
-    `pythons`: framework -> its bare-metal interpreter (None, or left out: not checked); `runs`: the
-    sweep's, whose fabrics' devices and busiest node are checked (none: neither)."""
+               image_files=(), runs=(), requirements=()) -> list[str]:
+    """The check's command line: on as many compute nodes as the sweep's largest run takes, one task each,
+    through srun when the runs use srun, else here. `pythons`: framework -> its bare-metal interpreter
+    (None, or left out: not checked); `runs`: the sweep's, whose fabrics' devices and busiest node are
+    checked (none: neither); `requirements`: the runtimes' NodeRequirements."""
     interpreters = [word for each in FRAMEWORKS.values() if pythons.get(each.name)
                     for word in (each.preflight_option, str(pythons[each.name]))]
     argv = [python, "-m", "containerbench", "preflight", "--repo", str(repo), "--sources-digest", sources_digest(repo),
             *interpreters, "--probes", json.dumps(probes), *(f"--image-file={path}" for path in image_files)]
+    if requirements:
+        argv += ["--requirements", json.dumps([asdict(each) for each in requirements])]
     if runs:
         fabrics = {run.fabric: config["fabrics"][run.fabric] for run in runs}
         argv += ["--devices", json.dumps([asdict(each) for each in named_devices(fabrics)]),
@@ -254,8 +300,9 @@ def check_argv(config: dict, repo: Path, python: str, pythons: dict[str, str | N
         return argv
     slurm = config["slurm"]
     placement = [f"--{key}={slurm[key]}" for key in ("partition", "account", "qos", "constraint") if slurm[key]]
-    return [Srun.program, "--nodes=1", "--ntasks=1", f"--time={SRUN_MINUTES}", "--job-name=containerbench-preflight",
-            *placement, *argv]
+    nodes = max((run.nodes for run in runs), default=1)
+    return [Srun.program, f"--nodes={nodes}", f"--ntasks={nodes}", "--ntasks-per-node=1", f"--time={SRUN_MINUTES}",
+            "--job-name=containerbench-preflight", *placement, *argv]
 
 
 def run_before_jobs(argv: list[str], timeout: float = TIMEOUT_S) -> None:

@@ -49,6 +49,7 @@ ADDED_KEYS = {
     "launch_context": None,  # 269ee2c
     "telemetry": None,  # 269ee2c
     "hung_at_exit": None,  # a run stopped after its result (execution.ExitGuard)
+    "node_images": None,  # the image id each node of a docker or podman run held (nodeimages)
 }
 # Ranks that averaged their gradients hold the same weights to rounding; ranks
 # that did not drift apart by orders of magnitude more than this.
@@ -248,6 +249,22 @@ def judge_container(launch: dict, spec: dict, result: dict, verdict: Verdict) ->
                            f"({process['context']['mnt_ns']}) and no container marker the host lacks")
 
 
+def judge_node_images(launch: dict, result: dict, verdict: Verdict) -> None:
+    """A run whose plan put the image on its nodes first (nodeimages) ran one image, on those nodes: each rank's
+    host answered with the image's id, and every node with the same one."""
+    if "node_images" not in launch:
+        return
+    held = {answer["host"]: answer["image_id"] for answer in launch["node_images"]}
+    if len(set(held.values())) > 1:
+        verdict.invalidate("the nodes held different images under the tag: "
+                           + ", ".join(f"{host} {image_id}" for host, image_id in sorted(held.items())))
+    for process in result.get("processes") or []:
+        if process.get("hostname") not in held:
+            verdict.invalidate(f"rank {process.get('rank')} ran on {process.get('hostname')}, where the image was not "
+                               f"checked (node-image answered from {', '.join(sorted(held)) or 'no node'})")
+            return
+
+
 def judge_native_mpi(launch: dict, spec: dict, result: dict, verdict: Verdict) -> None:
     """A run in the native MPI model really ran on the host's MPI: every rank's loaded library reports
     the version the host's library file reports (MPI_Get_library_version). A run that silently kept
@@ -330,6 +347,7 @@ def parse_log(log_path: str | Path, telemetry_file: str | Path | None = None) ->
         judge_batches(found.result, verdict)
         judge_container(launch, spec, found.result, verdict)
         judge_native_mpi(launch, spec, found.result, verdict)
+        judge_node_images(launch, found.result, verdict)
         judge_binding(launch.get("argv"), found.result, verdict)
     fabric_check = check_fabric(found, spec)
     if fabric_check["status"] == Check.MISMATCH:
@@ -358,6 +376,7 @@ def parse_log(log_path: str | Path, telemetry_file: str | Path | None = None) ->
         "startup_s": startup_seconds(launch, found.result),
         "result": found.result,
         "image": launch.get("image"),
+        "node_images": launch.get("node_images"),
         "launch_context": launch.get("launch_context"),
         "fabric_check": fabric_check,
         "telemetry": telemetry,

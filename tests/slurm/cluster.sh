@@ -30,6 +30,10 @@ NS_CTL=cbctl
 # would (a mount namespace each): Slurm's PMIx plugin builds its socket paths from
 # SlurmdSpoolDir without expanding %n, and ch-run --join keeps its state in /dev/shm.
 SPOOL=/var/spool/containerbench-slurmd
+# And its own podman store, as each node of a site has (containers-storage.conf(5): root's graphroot
+# and runroot, and podman's tmpdir): an image loaded where the workflow plans is not on the nodes.
+# The clone's filesystem stays shared, as /home is at a site.
+NODE_LOCAL=(/var/lib/containers /run/containers /run/libpod)
 
 die() { echo "cluster.sh: $*" >&2; exit 1; }
 in_ns() { local ns=$1; shift; nsenter --net=/run/netns/"$ns" "$@"; }
@@ -185,11 +189,16 @@ start() {
   in_ns "$NS_CTL" sacctmgr -i add account cbtest-account Cluster="$CLUSTER" >/dev/null
   in_ns "$NS_CTL" sacctmgr -i add user root Account=cbtest-account Cluster="$CLUSTER" >/dev/null
   in_ns "$NS_CTL" unshare --uts sh -c 'hostname ctl && exec slurmctld -i'
-  mkdir -p "$SPOOL"
+  mkdir -p "$SPOOL" "${NODE_LOCAL[@]}"
   for node in "${NODES[@]}"; do
+    local own="" path
+    for path in "${NODE_LOCAL[@]}"; do
+      mkdir -p "$dir/node-local/$node$path"
+      own+="mount --bind '$dir/node-local/$node$path' '$path' && "
+    done
     nsenter --net=/run/netns/"cb$node" unshare --uts --mount --propagation private \
       sh -c "mount --bind '$dir/spool/$node' '$SPOOL' && mount -t tmpfs -o mode=1777 shm /dev/shm \
-             && hostname $node && exec slurmd -N $node"
+             && $own hostname $node && exec slurmd -N $node"
   done
   wait_for 60 "${#NODES[@]} idle nodes" sh -c "nsenter --net=/run/netns/$NS_CTL sinfo -h -t idle -o %D | grep -qx ${#NODES[@]}"
   echo "cluster.sh: $CLUSTER up: nodes ${NODES[*]}, fast0 10.77.1.0/24, slow0 10.77.2.0/24 ($SLOW_RATE)" >&2
@@ -284,6 +293,8 @@ stop() {
     if [ -e "$dir/saved-$file" ]; then mv "$dir/saved-$file" "/etc/slurm/$file"; else rm -f "/etc/slurm/$file"; fi
   done
   rm -f "$dir/nodes"
+  # The nodes' image stores (gigabytes each): their mounts went with the nodes' namespaces.
+  rm -rf "$dir/node-local"
 }
 
 [ -n "${2:-}" ] && mapfile -t NODES < <(nodes_of "$2")

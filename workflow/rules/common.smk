@@ -163,6 +163,7 @@ PREFLIGHT = preflight.check_argv(
     {name: list(runtimes.runtime_for(name, PLANNED).probe) for name in sorted(ON_COMPUTE_NODES)},
     plans.site_image_files(PLANNED, SWEEP.artifacts),
     SWEEP.runs,
+    runtimes.node_requirements(PLANNED),
 )
 
 

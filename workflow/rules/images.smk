@@ -21,6 +21,8 @@ GPU_RUNS = config["slurm"]["gpus_per_node"] > 0
 # an image that was built in time. On this machine (profiles/local) an image step takes one of
 # its two shares: two steps run at once, and no measurement beside either.
 IMAGE_STEP = {"step_timeout_s": config["images"]["step_timeout_s"], "machine_shares": 1}
+# The archives runs load on their nodes where a node's own store lacks the image (plans.node_archive).
+NODE_ARCHIVES = {needs["archive"] for needs in SWEEP.inputs.values() if "archive" in needs}
 # A conversion step runs where the workflow runs, unless its runtime exists only on the compute
 # nodes (images.<runtime>.available): then it is a job there (ON_A_NODE), like a measurement.
 
@@ -117,8 +119,10 @@ for BENCH_ENV, FLAVOUR in itertools.product(
             getattr(rules, f"image_build{RULE_SUFFIX}").output,
         output:
             # temp(): 2 GB that only the loads and conversions below read; deleted once they are done
-            # (a later run that needs it again makes it again from the engine's image).
-            temp(FILES["archive"]),
+            # (a later run that needs it again makes it again from the engine's image). Kept where the
+            # runs load it on their nodes (NODE_ARCHIVES): made again, it would be newer than every
+            # run measured from it, and Snakemake would measure them all again.
+            FILES["archive"] if FILES["archive"] in NODE_ARCHIVES else temp(FILES["archive"]),
         log:
             LOGS / "archive.txt",
         params:

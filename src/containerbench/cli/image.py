@@ -161,6 +161,17 @@ def cmd_freeze_image(args) -> int:
 
 
 
+def cmd_node_image(args) -> int:
+    from containerbench import nodeimages
+
+    try:
+        print(nodeimages.line(nodeimages.ensure(args.engine, args.image, args.stamp, args.archive, args.timeout)))
+    except nodeimages.NodeImageError as error:
+        print(f"containerbench: node-image: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def add_commands(sub) -> None:
     image = sub.add_parser("image", help="one step of building the benchmark image and what each runtime runs from it",
                            description="Container images: build the one benchmark image and hand it to every runtime.")
@@ -233,6 +244,15 @@ def add_commands(sub) -> None:
                    help="label the image with this benchmark venv's provenance hash (ARG PROVENANCE)")
     p.add_argument("--out", type=Path, required=True)
     p.set_defaults(func=cmd_singularity_definition)
+
+    p = sub.add_parser("node-image", help="put a docker or podman image in this node's store, from its archive "
+                                          "where the node lacks it; print the id it holds (one line)")
+    p.add_argument("--engine", required=True, choices=ENGINES)
+    p.add_argument("--image", required=True, help="the tag the ranks run")
+    p.add_argument("--stamp", help="the workflow's stamp of the image: the id every node must hold")
+    p.add_argument("--archive", help="the docker archive to load where the node lacks the image")
+    p.add_argument("--timeout", type=float, default=1800, metavar="SECONDS", help="for the load (default 1800)")
+    p.set_defaults(func=cmd_node_image)
 
     p = sub.add_parser("freeze-image", help="write what a runtime's image carries as a lock for a bare-metal venv")
     p.add_argument("--config", action="append", default=None, help="YAML file(s) (default config/config.yaml)")

@@ -60,7 +60,8 @@ def cmd_plan(args) -> int:
             print(run_plan.to_json())
         else:
             env = " ".join(f"{k}={v}" for k, v in sorted(run_plan.env.items()))
-            print(f"{spec.run_id}\n  env:  {env}\n  argv: {shlex.join(run_plan.argv)}")
+            each_node = f"\n  on each node: {shlex.join(run_plan.node_prepare)}" if run_plan.node_prepare else ""
+            print(f"{spec.run_id}{each_node}\n  env:  {env}\n  argv: {shlex.join(run_plan.argv)}")
     return 0
 
 
@@ -106,8 +107,11 @@ def cmd_preflight(args) -> int:
     devices = [DeviceRequest(**each) for each in json.loads(args.devices)]
     layout = ({"ranks_per_node": args.ranks_per_node, "cpus_per_rank": args.cpus_per_rank,
                "gpus_per_node": args.gpus_per_node} if args.ranks_per_node else None)
+    from containerbench.runtimes import NodeRequirement
+
+    requirements = [NodeRequirement.from_json(each) for each in json.loads(args.requirements)]
     result = run_checks(args.repo, args.sources_digest, pythons, json.loads(args.probes), args.image_files,
-                        devices, layout)
+                        devices, layout, requirements)
     for problem in result["problems"]:
         print(f"containerbench: preflight on {result['host']}: {problem}", file=sys.stderr)
     if result["problems"]:
@@ -115,8 +119,10 @@ def cmd_preflight(args) -> int:
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         outputs.write_text(args.out, json.dumps(result, indent=2, sort_keys=True) + "\n")
+    needs = f", {len(requirements)} runtime requirement(s)" if requirements else ""
     print(f"containerbench: preflight on {result['host']}: clone, bare-metal Python, "
-          f"{len(result['probes'])} runtime probe(s), {len(devices)} fabric device(s) and the ranks' CPUs and GPUs ok")
+          f"{len(result['probes'])} runtime probe(s){needs}, {len(devices)} fabric device(s) and the ranks' CPUs and "
+          "GPUs ok")
     return 0
 
 
@@ -161,6 +167,10 @@ def every_runtime(config: dict, repo: Path) -> str:
             # A runtime whose image the site supplies still shows how it would take the built one.
             shown = prepared if uses_built or (cls and cls.placeholder_image) else []
             lines = [title, *(f"  prepare: {shlex.join(argv)}" for argv in shown)]
+            if run_plan.allocation:  # a run's own salloc, with what a runtime's plugin reads there (Shifter)
+                lines.append(f"  allocation: {shlex.join(run_plan.allocation)}")
+            if run_plan.node_prepare:  # on every node of the run, before its ranks (nodeimages)
+                lines.append(f"  on each node: {shlex.join(run_plan.node_prepare)}")
             env = " ".join(f"{k}={v}" for k, v in sorted(run_plan.env.items()))
             lines += [f"  env:  {env}", f"  argv: {shlex.join(run_plan.argv)}"]
             blocks.append("\n".join(lines))
@@ -203,5 +213,7 @@ def add_commands(sub) -> None:
     p.add_argument("--ranks-per-node", type=int, default=0, help="the most ranks the sweep puts on one node")
     p.add_argument("--cpus-per-rank", type=int, default=1, help="slurm.cpus_per_rank")
     p.add_argument("--gpus-per-node", type=int, default=0, help="slurm.gpus_per_node (0: the ranks use no GPU)")
+    p.add_argument("--requirements", default="[]",
+                   help="JSON list of the runtimes' node requirements (runtimes.NodeRequirement), asked here")
     p.add_argument("--out", type=Path, help="also write the result as JSON here")
     p.set_defaults(func=cmd_preflight)

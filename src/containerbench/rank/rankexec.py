@@ -22,7 +22,13 @@ the container outside the rank's process tree, so the binding would not reach it
 (docker run reference, "--cpuset-cpus"). Then it replaces itself with the command
 (os.execvp): no process is left behind and the exit status is the command's.
 With --memory-from-cgroup it inserts `--memory=BYTES`, the memory.max of the
-rank's cgroup (Slurm's step limit), for the same reason ("--memory").
+rank's cgroup (Slurm's step limit), for the same reason ("--memory"), divided by
+--memory-share N, the ranks of the node under that one limit: bare-metal ranks
+share it, and each container would otherwise get all of it.
+With --pmi-fd, where srun's pmi2 plugin gave the rank its socket as PMI_FD, it
+moves that socket to fd 3, sets PMI_FD=3 and inserts `--preserve-fds=1`: podman
+passes fds 3 to 3+N-1 into the container and closes the rest (podman-run(1),
+"--preserve-fds"), as podman-hpc does for the same socket (podman_hpc.py, pmi_fd).
 """
 
 from __future__ import annotations
@@ -46,6 +52,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device-glob", action="append", default=[], metavar="PATTERN")
     parser.add_argument("--cpuset-from-affinity", action="store_true")
     parser.add_argument("--memory-from-cgroup", action="store_true")
+    parser.add_argument("--memory-share", type=int, default=1, metavar="RANKS")
+    parser.add_argument("--pmi-fd", action="store_true")
     at = argv.index("--") if "--" in argv else len(argv)
     args, command = parser.parse_args(argv[:at]), argv[at + 1:]
     if not command:
@@ -66,7 +74,11 @@ def main(argv: list[str] | None = None) -> None:
         inserted.append("--cpuset-cpus=" + ",".join(map(str, bound)))
     memory = cgroup_limits()["memory_max"] if args.memory_from_cgroup else None
     if memory:  # the step's memory limit (Slurm's task/cgroup), which the container would escape
-        inserted.append(f"--memory={memory}")
+        inserted.append(f"--memory={int(memory) // max(args.memory_share, 1)}")
+    if args.pmi_fd and os.environ.get("PMI_FD"):
+        os.dup2(int(os.environ["PMI_FD"]), 3)  # the copy is inheritable: exec keeps it
+        os.environ["PMI_FD"] = "3"
+        inserted.append("--preserve-fds=1")
     if inserted:
         word = args.insert_after
         if word not in command:

@@ -48,6 +48,7 @@ from containerbench.runtimes.base import (
     BuiltImage,
     ContainerRuntime,
     NativeMpi,
+    NodeRequirement,
     RunRequest,
     Runtime,
     engine_env,
@@ -73,9 +74,11 @@ from containerbench.runtimes.podman_hpc import PodmanHPC
 __all__ = [
     "CONTAINER_RUNTIMES", "DEFAULT_PATH", "ENGINES", "IMAGE_FILE_SUFFIXES", "LAUNCH_OPTIONS", "MPI_MODELS", "PINNED",
     "RANKEXEC", "RANK_PREFIXES", "RUNTIME_NAMES", "SLURM_GPU_VARS", "WRITE_FAKE_SINCE", "Apptainer", "BareMetal",
-    "BuiltImage", "Charliecloud", "ContainerRuntime", "Docker", "Enroot", "NativeMpi", "OciEngine", "Podman",
+    "BuiltImage", "Charliecloud", "ContainerRuntime", "Docker", "Enroot", "NativeMpi", "NodeRequirement", "OciEngine",
+    "Podman",
     "PodmanHPC", "RunRequest", "Runtime", "Sarus", "Shifter", "Singularity", "ch_run_version", "check_launchers",
-    "engine_env", "engine_usable", "host_environment", "is_image_path", "move_binds", "register", "run_probe",
+    "engine_env", "engine_usable", "host_environment", "is_image_path", "move_binds", "node_requirements", "register",
+    "run_probe",
     "runtime_for", "select_runtimes",
 ]
 
@@ -124,6 +127,15 @@ def runtime_for(name: str, config: dict, mpi_model: str | None = None, framework
                   native_mpi=NativeMpi(**{key: native[key] for key in ("library", "image_library") if key in native}))
     runtime.check_mpi_model()
     return runtime
+
+
+def node_requirements(config: dict) -> list[NodeRequirement]:
+    """What the sweep's runtimes need on each node it runs on (Runtime.node_requirements), in each MPI model
+    they run, once each: the pre-flight check asks the nodes."""
+    gpus = config["slurm"]["gpus_per_node"] > 0
+    found = [need for name in config["runtimes"] for model in mpi_models(config, name)
+             for need in runtime_for(name, config, model).node_requirements(gpus)]
+    return list(dict.fromkeys(found))
 
 
 def engine_usable(engine: str) -> tuple[bool, str]:

@@ -34,6 +34,12 @@ class RunRequest:
     binds: tuple[str, ...] = ()  # further host paths bound at the same path (data sets)
     infiniband: bool = False  # give the rank the RDMA devices and unlimited locked memory
     ranks_per_node: int = 1  # the rank's peers on its node, itself included
+    # srun's pmi2 plugin hands each task a socket it inherited, named by PMI_FD (Slurm's
+    # src/plugins/mpi/pmi2/mpi_pmi2.c): a runtime must keep it open into the container.
+    inherited_pmi_fd: bool = False
+    # The run asks salloc for an allocation of its own (launchers.Allocation.PER_RUN): what a Slurm plugin
+    # reads when the allocation is made (Shifter's image) goes there (Runtime.allocation_options).
+    own_allocation: bool = False
 
 
 def host_environment() -> dict[str, str]:
@@ -119,6 +125,26 @@ class NativeMpi:
         return {"LD_LIBRARY_PATH": os.path.dirname(self.image_library)}
 
 
+@dataclass(frozen=True)
+class NodeRequirement:
+    """What a runtime needs on every node its ranks run on, asked there by the pre-flight check (preflight.py),
+    not where the workflow plans: a command that must succeed, the lowest version its output may name, a word
+    its output must hold, or files of which one must exist. `source`: the documentation that sets it."""
+
+    runtime: str
+    what: str  # e.g. "Sarus 1.4.0 or later"
+    argv: tuple[str, ...] = ()
+    at_least: str | None = None  # the first version number in the command's output must be this or later
+    holds: str | None = None  # a word the command's output must hold (an option in its --help)
+    paths: tuple[str, ...] = ()  # one of these must exist
+    source: str = ""
+
+    @classmethod
+    def from_json(cls, data: dict) -> NodeRequirement:
+        """One from its JSON (dataclasses.asdict's, as the pre-flight command line carries it)."""
+        return cls(**{key: tuple(value) if isinstance(value, list) else value for key, value in data.items()})
+
+
 class Runtime(abc.ABC):
     """Base class: the argv that starts one rank, and the variables it needs. The class holds what
     the runtime is (its documented facts); the constructor takes how the config runs it."""
@@ -180,6 +206,10 @@ class Runtime(abc.ABC):
         """Options the launcher inserts before rank_argv (Enroot: srun's Pyxis options)."""
         return []
 
+    def allocation_options(self, request: RunRequest) -> list[str]:
+        """Options for the allocation a run asks for (salloc), read by a Slurm plugin when it is made."""
+        return []
+
     def check_launcher(self, kind: str) -> None:
         if self.requires_launcher and kind != self.requires_launcher:
             raise ValueError(f"runtime {self.name!r} needs launcher {self.requires_launcher!r}, not {kind!r}")
@@ -214,6 +244,16 @@ class Runtime(abc.ABC):
     def prepare_commands(cls, built: BuiltImage, registry: str = "REGISTRY") -> list[list[str]]:
         """The commands that make the artifact from the built image (ReFrame's emit_prepare_commands)."""
         return []
+
+    def node_requirements(self, gpus: bool = False) -> list[NodeRequirement]:
+        """What its runs need on each node beyond its probe (versions, hooks, device specs); `gpus`: the
+        sweep's runs get GPUs."""
+        return []
+
+    def node_prepare_argv(self, python: str, stamp: str | None = None, archive: str | None = None) -> list[str] | None:
+        """The command that makes the image present on the node it runs on, run once on every node of a run
+        before its ranks (containerbench.nodeimages); None where every node reads the artifact itself."""
+        return None
 
     def usable(self) -> tuple[bool, str]:
         """Can this runtime start a container on this machine? (ok, one-line reason if not)"""

@@ -16,6 +16,7 @@ from containerbench.runtimes.base import (
     SLURM_GPU_VARS,
     BuiltImage,
     ContainerRuntime,
+    NodeRequirement,
     RunRequest,
     host_environment,
     move_binds,
@@ -118,6 +119,20 @@ class Charliecloud(ContainerRuntime):
         if write_fake is None:
             write_fake = (ch_run_version() or WRITE_FAKE_SINCE) >= WRITE_FAKE_SINCE
         self.write_fake = write_fake
+
+    def node_requirements(self, gpus: bool = False) -> list[NodeRequirement]:
+        """Extended globs on every node (usable() asks only here); with --write-fake, a ch-run that has it.
+        Whether the node's kernel has unprivileged overlayfs no ch-run query tells: `--feature=overlayfs`
+        (0.38) reports configure's result (ch-run(1), "--feature"); without it the container fails to
+        start with "operation not permitted" (ch-run(1), "Writeable overlay with --write-fake")."""
+        found = [NodeRequirement(self.name, "a ch-run with extended globs (--unset-env keeps the rank's variables)",
+                                 ("ch-run", "--feature=extglob"), source="ch-run(1), --feature")]
+        if self.write_fake:
+            since = ".".join(map(str, WRITE_FAKE_SINCE))
+            found.append(NodeRequirement(self.name, f"ch-run {since} or later (--write-fake; or set "
+                                         "images.charliecloud.write_fake: false)", ("ch-run", "--version"),
+                                         at_least=since, source="hpc/charliecloud PR #1793, v0.36"))
+        return found
 
     def usable(self) -> tuple[bool, str]:
         """ch-run runs, and its --unset-env takes extended globs: without them the keep-list pattern

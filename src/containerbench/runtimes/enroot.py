@@ -6,7 +6,14 @@ from __future__ import annotations
 import os
 
 from containerbench.launchers import Srun
-from containerbench.runtimes.base import IMAGE_FILE_SUFFIXES, BuiltImage, ContainerRuntime, RunRequest, register
+from containerbench.runtimes.base import (
+    IMAGE_FILE_SUFFIXES,
+    BuiltImage,
+    ContainerRuntime,
+    NodeRequirement,
+    RunRequest,
+    register,
+)
 
 
 @register
@@ -73,6 +80,16 @@ class Enroot(ContainerRuntime):
             return False, (f"enroot's PMI hook {self.pmi_hook()} is not enabled (an extra hook, shipped in "
                            "/usr/share/enroot/hooks.d): without it the ranks cannot reach srun's PMIx server")
         return ok, reason
+
+    def node_requirements(self, gpus: bool = False) -> list[NodeRequirement]:
+        """The PMI hook enabled on every node (usable() looks only here), and a Pyxis that takes
+        --container-env (NVIDIA/pyxis v0.15.0, commit 5164d82): srun lists the SPANK plugin's options
+        in its --help."""
+        return [NodeRequirement(self.name, "enroot's PMI hook enabled (cp /usr/share/enroot/hooks.d/50-slurm-pmi.sh "
+                                "/etc/enroot/hooks.d/)", paths=(self.pmi_hook(),),
+                                source="NVIDIA/enroot Makefile HOOKS_EXTRA; pyxis wiki, Setup"),
+                NodeRequirement(self.name, "Pyxis 0.15 or later (srun --container-env)", (Srun.program, "--help"),
+                                holds="--container-env", source="NVIDIA/pyxis v0.15.0 args.c")]
 
     def launcher_options(self, request: RunRequest) -> list[str]:
         mounts = ",".join(f"{path}:{path}" for path in self.mounts(request))

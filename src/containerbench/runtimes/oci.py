@@ -14,6 +14,7 @@ from containerbench.runtimes.base import (
     RANKEXEC,
     BuiltImage,
     ContainerRuntime,
+    NodeRequirement,
     RunRequest,
     pass_flags,
     register,
@@ -49,6 +50,14 @@ class OciEngine(ContainerRuntime):
     def prepare_commands(cls, built: BuiltImage, registry: str = "REGISTRY") -> list[list[str]]:
         # The build engine has the image already; the other loads its archive (docker-load(1), podman-load(1)).
         return [] if built.engine == cls.binary else [[cls.binary, "load", "-i", built.archive]]
+
+    def node_prepare_argv(self, python: str, stamp: str | None = None, archive: str | None = None) -> list[str] | None:
+        # The engine's store is the node's own (a dockerd per node; podman's graphroot per user per node,
+        # containers-storage.conf(5)): a tag loaded where the workflow runs is not on the other nodes.
+        if not self.in_local_store:
+            return None
+        return [python, "-m", "containerbench", "node-image", "--engine", self.binary, "--image", self.image,
+                *(["--stamp", stamp] if stamp else []), *(["--archive", archive] if archive else [])]
 
     def engine_args(self) -> list[str]:
         return [self.binary, "run"]
@@ -130,10 +139,17 @@ class Docker(OciEngine):
         return ["--gpus", "all"]  # NVIDIA Container Toolkit, "docker run --gpus" (Docker >= 19.03)
 
     def rank_argv(self, request: RunRequest) -> list[str]:
-        # The rank's CPU binding and memory limit, passed on by the shim: dockerd starts the container
-        # outside the Slurm step's cgroup (nebius/soperator#563), so bare metal and docker ranks would differ.
+        if request.inherited_pmi_fd:
+            # dockerd, not the rank, starts the container: no fd of the rank's reaches it (docker run has no
+            # --preserve-fds; podman-run(1) has).
+            raise ValueError("runtime 'docker' cannot pass srun's pmi2 socket (PMI_FD, an fd the rank inherits) "
+                             "into its containers, which dockerd starts; allowed: srun_mpi pmix, launcher mpirun, "
+                             "or podman (--preserve-fds)")
+        # The rank's CPU binding and its share of the step's memory limit (the node's ranks share one),
+        # passed on by the shim: dockerd starts the container outside the Slurm step's cgroup
+        # (nebius/soperator#563), so bare metal and docker ranks would differ.
         return [self.host_python, "-m", RANKEXEC, *pass_flags(RANK_PREFIXES), "--cpuset-from-affinity",
-                "--memory-from-cgroup", "--",
+                "--memory-from-cgroup", f"--memory-share={request.ranks_per_node}", "--",
                 *self.run_argv(request)]
 
 
@@ -165,9 +181,18 @@ class Podman(OciEngine):
         return {"CONTAINERS_CONF": str(conf)} if conf.is_file() and "CONTAINERS_CONF" not in environ else {}
 
     def __init__(self, image: str, python: str = "python3", extra_args=(), uid: int | None = None,
-                 gid: int | None = None, oci_runtime: str | None = None, **settings):
+                 gid: int | None = None, oci_runtime: str | None = None, host_python: str = sys.executable,
+                 **settings):
         super().__init__(image, python, extra_args, uid, gid, **settings)
-        self.oci_runtime = oci_runtime
+        self.oci_runtime, self.host_python = oci_runtime, host_python
+
+    # podman-hpc moves srun's pmi2 socket itself (podman_hpc.py, pmi_fd); podman needs the shim to.
+    moves_pmi_fd = False
+
+    def rank_argv(self, request: RunRequest) -> list[str]:
+        if request.inherited_pmi_fd and not self.moves_pmi_fd:
+            return [self.host_python, "-m", RANKEXEC, "--pmi-fd", "--", *self.run_argv(request)]
+        return self.run_argv(request)
 
     def engine_args(self) -> list[str]:
         return [self.binary, *(["--runtime", self.oci_runtime] if self.oci_runtime else []), "run"]
@@ -180,6 +205,21 @@ class Podman(OciEngine):
 
     def gpu_args(self) -> list[str]:
         return ["--device", "nvidia.com/gpu=all"]  # CDI spec from `nvidia-ctk cdi generate` (toolkit docs)
+
+    # NVIDIA's CDI page ("Running a Workload with CDI"): podman takes CDI devices in --device "as of v4.1.0";
+    # the spec is what `nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml` writes on each node (or the
+    # toolkit's nvidia-cdi-refresh service, into /var/run/cdi).
+    CDI_SINCE = "4.1.0"
+    CDI_SPECS = ("/etc/cdi/nvidia.yaml", "/etc/cdi/nvidia.json", "/var/run/cdi/nvidia.yaml", "/var/run/cdi/nvidia.json")
+
+    def node_requirements(self, gpus: bool = False) -> list[NodeRequirement]:
+        if not gpus:
+            return []
+        source = "NVIDIA/cloud-native-docs container-toolkit/cdi-support.md"
+        return [NodeRequirement(self.name, f"podman {self.CDI_SINCE} or later (CDI devices in --device)",
+                                ("podman", "--version"), at_least=self.CDI_SINCE, source=source),
+                NodeRequirement(self.name, "a CDI spec of the node's GPUs (`nvidia-ctk cdi generate "
+                                "--output=/etc/cdi/nvidia.yaml` on each node)", paths=self.CDI_SPECS, source=source)]
 
     rank_prefixes = RANK_PREFIXES
 

@@ -36,6 +36,8 @@ class PodmanHPC(Podman):
     # --privileged (etc/modules.d/openmpi-pmix.yaml): slurmd's spool (the PMIx server's rendezvous
     # files), munge's socket, and the SLURMD_* variables besides SLURM_*/PMIX_*/PMI_*.
     rank_prefixes = (*RANK_PREFIXES, "SLURMD_")
+    # Its run moves srun's pmi2 socket to fd 3 and adds --preserve-fds 1 (podman_hpc.py, pmi_fd, 1.2.2).
+    moves_pmi_fd = True
 
     @property
     def shared_paths(self) -> tuple[str, ...]:
@@ -54,6 +56,9 @@ class PodmanHPC(Podman):
 
     def gpu_args(self) -> list[str]:
         return ["--gpu"]  # module gpu.yaml: driver libraries, /dev/nvidia*, NVIDIA_VISIBLE_DEVICES
+
+    def node_requirements(self, gpus: bool = False) -> list:
+        return []  # its --gpu module binds the driver itself: no CDI
 
     def native_args(self) -> list[str]:
         return ["--mpi"] if self.native else []

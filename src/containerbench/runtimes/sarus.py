@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from containerbench.runtimes.base import RANKEXEC, BuiltImage, ContainerRuntime, RunRequest, register
+from containerbench.runtimes.base import RANKEXEC, BuiltImage, ContainerRuntime, NodeRequirement, RunRequest, register
 
 
 @register
@@ -41,6 +41,14 @@ class Sarus(ContainerRuntime):
                  **settings):
         super().__init__(image, python, extra_args, **settings)
         self.host_python = host_python
+
+    # `sarus run --env NAME` and `--device` arrived in 1.4.0 (CHANGELOG.md, "[1.4.0]"; 1.4.0's CommandRun.hpp).
+    SINCE = "1.4.0"
+
+    def node_requirements(self, gpus: bool = False) -> list[NodeRequirement]:
+        return [NodeRequirement(self.name, f"Sarus {self.SINCE} or later (sarus run --env, --device)",
+                                ("sarus", "--version"), at_least=self.SINCE,
+                                source="eth-cscs/sarus CHANGELOG.md [1.4.0]")]
 
     def rank_argv(self, request: RunRequest) -> list[str]:
         # --pid host is Sarus's default; --mount destinations and --workdir are created if missing.

@@ -74,8 +74,16 @@ class Shifter(ContainerRuntime):
         return [f"--image={self.image}", f"--module={self.modules(request)}",
                 *([f"--volume={volumes}"] if volumes else [])]
 
+    def allocation_options(self, request: RunRequest) -> list[str]:
+        # setupRoot runs in the job's prolog at allocation time, once a node, from the allocation's
+        # --image/--volume/--module (doc/wlm/slurm.rst: "ideal performance is realized if the --image and
+        # ALL --volume options are supplied in the batch submission script"; PrologFlags=alloc); every
+        # step's `shifter` then enters that one instance.
+        return self.step_options(request) if self.in_slurm_step and request.own_allocation else []
+
     def launcher_options(self, request: RunRequest) -> list[str]:
-        return self.step_options(request) if self.in_slurm_step else []
+        # In an allocation not the run's own (a site's session) they can only be the step's.
+        return self.step_options(request) if self.in_slurm_step and not request.own_allocation else []
 
     def rank_argv(self, request: RunRequest) -> list[str]:
         names = sorted(name for name in self.environment(request) if not name.startswith(RANK_PREFIXES))

@@ -1,0 +1,125 @@
+"""The image on every node of a run: a docker or podman image lives in the node's own store.
+
+The workflow builds and loads the image where it plans (images.smk). At a site each compute node
+has its own dockerd, and podman keeps a store per user per node (containers-storage.conf(5):
+graphroot under /var/lib/containers, or ~/.local/share/containers rootless), so a rank on
+another node would not find the tag. Before a run is timed, its launch (execution.execute) runs
+`containerbench node-image` once on every node of the run (srun, one task a node): it asks the
+node's engine for the image id, loads the shared archive where the node lacks that image, and
+prints one line per node. The launch line keeps what each node answered (`node_images`), so each
+record names the image each of its nodes ran, and the seconds a load took are not start-up.
+
+    python -m containerbench node-image --engine podman --image localhost/containerbench:TAG \\
+        --stamp build/images/podman-containerbench-TAG.json [--archive build/images/containerbench-TAG.tar]
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import re
+import shlex
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from containerbench.processes import run_group
+from containerbench.runtimes import engine_env
+
+# An image query answers in seconds; a load of a 2 GB archive took 40-70 s here.
+QUERY_TIMEOUT_S = 120
+LOAD_TIMEOUT_S = 1800
+# The line each node prints: not a rank's marker (containerbench.rank.markers is in the benchmark's
+# provenance), as only the launch reads it, from the node-image step's own output.
+LINE = "containerbench-node-image "
+
+
+class NodeImageError(RuntimeError):
+    """The image cannot be put on this node: one line naming the node, the image and what is allowed."""
+
+
+def stored_id(engine: str, image: str, timeout: float = QUERY_TIMEOUT_S) -> str | None:
+    """The id (config digest, sha256:...) of `image` in this node's store, or None where it has no such
+    image. docker prints the id with its algorithm, podman without (docker-image-inspect(1),
+    podman-image-inspect(1): {{.Id}})."""
+    argv = [engine, "image", "inspect", "--format", "{{.Id}}", image]
+    try:
+        done = run_group(argv, timeout=timeout, env=engine_env(engine), stdin=subprocess.DEVNULL)
+    except FileNotFoundError:
+        raise NodeImageError(f"{socket.gethostname()}: {engine} is not installed on this node") from None
+    except subprocess.TimeoutExpired:
+        raise NodeImageError(f"{socket.gethostname()}: `{shlex.join(argv)}` did not answer within {timeout:g} s") \
+            from None
+    found = done.stdout.strip()
+    if done.returncode != 0 or not found:
+        return None
+    return found if found.startswith("sha256:") else f"sha256:{found}"
+
+
+def expected_id(stamp: Path | str) -> str:
+    """The image id the workflow built or loaded, from its stamp (imagebuild.build_stamp)."""
+    try:
+        return json.loads(Path(stamp).read_text())["image_id"]
+    except (OSError, ValueError, KeyError) as error:
+        raise NodeImageError(f"{socket.gethostname()}: the image stamp {stamp} is unreadable here ({error}); "
+                             "allowed: a clone on a filesystem every node mounts at the same path") from None
+
+
+def _lock_path(engine: str, image: str) -> Path:
+    # Node-local: two runs starting on one node load the archive once, not twice at the same time.
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", image)
+    return Path(tempfile.gettempdir()) / f"containerbench-node-image-{os.getuid()}-{engine}-{slug}.lock"
+
+
+def ensure(engine: str, image: str, stamp: Path | str | None = None, archive: Path | str | None = None,
+           timeout: float = LOAD_TIMEOUT_S) -> dict:
+    """Make `image` present in this node's `engine` store, as the stamp says it must be (its id), loading
+    `archive` where the node lacks it or holds another image under the tag. Returns what the node ran:
+    host, engine, image, image_id, loaded and the seconds it took."""
+    host, started = socket.gethostname(), time.monotonic()
+    wanted = expected_id(stamp) if stamp else None
+    with open(_lock_path(engine, image), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        found = stored_id(engine, image)
+        loaded = found is None or (wanted is not None and found != wanted)
+        if loaded:
+            held = "no such image" if found is None else f"another image under the tag ({found})"
+            if not archive:
+                raise NodeImageError(f"{host}: {engine}'s store here holds {held} for {image}; allowed: the archive "
+                                     "to load it from (a run under Slurm is given it), or the image loaded by hand")
+            if not Path(archive).is_file():
+                raise NodeImageError(f"{host}: {engine}'s store here holds {held} for {image}, and the archive "
+                                     f"{archive} is not here; allowed: a clone on a filesystem every node mounts")
+            argv = [engine, "load", "-i", str(archive)]  # docker-load(1), podman-load(1)
+            try:
+                done = run_group(argv, timeout=timeout, env=engine_env(engine), stdin=subprocess.DEVNULL)
+            except subprocess.TimeoutExpired:
+                raise NodeImageError(f"{host}: `{shlex.join(argv)}` took over {timeout:g} s") from None
+            if done.returncode != 0:
+                last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+                raise NodeImageError(f"{host}: `{shlex.join(argv)}` failed: {last[:200]}")
+            found = stored_id(engine, image)
+        if wanted is not None and found != wanted:
+            raise NodeImageError(f"{host}: {engine} holds {image} as {found} after loading {archive}, and the sweep "
+                                 f"built {wanted}; allowed: the archive made from that build (rebuild it)")
+    return {"host": host, "engine": engine, "image": image, "image_id": found, "loaded": loaded,
+            "seconds": round(time.monotonic() - started, 3)}
+
+
+def read_lines(text: str) -> list[dict]:
+    """Each node's answer, from the step's output (the lines `node-image` printed, in any order)."""
+    found = []
+    for line in text.splitlines():
+        if line.startswith(LINE):
+            try:
+                found.append(json.loads(line[len(LINE):]))
+            except ValueError:
+                continue  # cut by another task's output: that node counts as not answering
+    return sorted(found, key=lambda each: each["host"])
+
+
+def line(answer: dict) -> str:
+    return LINE + json.dumps(answer, sort_keys=True)
