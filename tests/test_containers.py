@@ -269,3 +269,18 @@ def test_sruns_pmi2_socket_reaches_a_podman_rank_only_through_the_shim(container
         assert (shimmed.returncode, shimmed.stdout) == (0, "3\npmi2 says hello\n"), shimmed.stderr
     finally:
         os.close(pmi_fd)
+
+
+def test_a_site_image_pinned_by_digest_is_pulled_on_a_node_that_lacks_it(container_engines, monkeypatch):
+    """No archive for an image the site supplies: node-image pulls a pinned reference where the node's store
+    lacks it (what `podman run` would do, done before the run's clock). No registry answers here, so the pull
+    fails, and the line says which command failed on which node."""
+    import socket
+
+    from containerbench import nodeimages
+
+    monkeypatch.setenv("CONTAINERS_CONF", container_engines["CONTAINERS_CONF"])  # this host's podman settings
+    pinned = "localhost:1/containerbench-nowhere@sha256:" + "0" * 64
+    with pytest.raises(nodeimages.NodeImageError) as failed:
+        nodeimages.ensure("podman", pinned, timeout=120)
+    assert str(failed.value).startswith(f"{socket.gethostname()}: `podman pull {pinned}` failed: ")

@@ -181,6 +181,35 @@ def test_a_rank_on_a_node_whose_image_was_not_checked_invalidates_the_run():
     assert verdict.reasons == []
 
 
+def test_the_ranks_step_is_pinned_to_the_nodes_the_image_step_ran_on():
+    """In an allocation of more nodes than the run's, srun's two steps of N nodes need not land on the same N."""
+    from containerbench.execution import pinned_to
+
+    answers = [{"host": "n7.cluster", "slurm_node": "n7"}, {"host": "n9.cluster", "slurm_node": "n9"}]
+    assert pinned_to(["srun", "--mpi=pmix", "cmd"], answers) == ["srun", "--nodelist=n7,n9", "--mpi=pmix", "cmd"]
+    assert pinned_to(["mpirun", "cmd"], answers) == ["mpirun", "cmd"]
+    assert pinned_to(["srun", "cmd"], [{"host": "vm"}]) == ["srun", "cmd"]  # not a Slurm step: nothing to pin
+
+
+def test_a_run_that_needs_its_own_allocation_is_not_run_inside_another(tmp_path, monkeypatch):
+    """Shifter's image goes on the run's own salloc (Runtime.allocation_options); launched by hand inside
+    another allocation, made without it, the run is not started, and its record says why."""
+    from containerbench.execution import run_plans
+    from containerbench.launchers import Allocation
+
+    monkeypatch.setenv("SLURM_JOB_ID", "41")
+    run_plan = RunPlan.from_json({"run_id": "shifted", "spec": {"kind": "netbench", "ranks": 2, "nodes": 2},
+                                  "argv": ["srun", "true"], "env": {}, "timeout_s": 60,
+                                  "allocation": ["salloc", "--nodes=2", "--image=id:0123abcd", "--module=none"],
+                                  "allocation_options": ["--image=id:0123abcd", "--module=none"]})
+    log = tmp_path / "shifted.log"
+    assert run_plans([run_plan], [log], Allocation.PER_RUN, ["launch"], salloc=run_plan.allocation, echo=None) == 0
+    record = parse_log(log)
+    assert record["status"] == "failed" and record["reasons"] == [
+        "not run: its runtime needs --image=id:0123abcd --module=none on its own allocation (salloc), and it was "
+        "launched inside Slurm job 41, made without them; allowed: launching it from outside any allocation"]
+
+
 def test_mpirun_as_root_gets_allow_run_as_root(tmp_path):
     run_plan = {"run_id": "root", "spec": {}, "argv": ["mpirun", "-np", "1", "true"], "env": {}, "timeout_s": 60}
     execute(RunPlan.from_json(run_plan), tmp_path / "root.log", echo=None)

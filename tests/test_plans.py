@@ -149,3 +149,36 @@ def test_a_local_podman_run_checks_the_image_here_without_loading_an_archive(tmp
                                          "localhost/containerbench:latest", "--stamp",
                                          sweep.artifacts[cb_config.ImageUse.of(spec)]]
     assert "archive" not in sweep.inputs[spec.run_id]
+
+
+def test_calibration_and_fleet_runs_put_the_built_image_on_their_nodes_as_the_sweeps_do(tmp_path, monkeypatch):
+    """A calibration run (cost.calibration_plans) and a fleet job's run (fleetjobs.FleetJobs) are planned from
+    the same built images as the sweep's: their node-image step checks the stamp and loads the archive,
+    and a fleet job waits for both files (FleetJobs.images)."""
+    from containerbench import cost, fleet, fleetjobs, fleetplan
+
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    config = tiny_config(tmp_path, runtimes=["podman"], launcher={"kind": "srun"},
+                         scaling={"nodes": [1, 2], "ranks_per_node": [1]})
+    sweep = plan_sweep(config, tmp_path, probe=False)
+    stamp = f"{tmp_path}/build/images/podman-containerbench-latest.json"
+    archive = f"{tmp_path}/build/images/containerbench-latest.tar"
+    calibrations = cost.calibration_plans(sweep, cost.calibration_runs(sweep))
+    assert calibrations
+    for run_plan in calibrations.values():
+        assert node_image_step(run_plan)[-4:] == ["--stamp", stamp, "--archive", archive]
+    batch = fleetplan.plan_batch({name: fleet.NodeState(name, "idle") for name in ("n1", "n2")})
+    jobs = fleetjobs.FleetJobs(sweep.config, batch, str(tmp_path / "fleet"), artifacts=sweep.artifacts)
+    assert jobs.images() == [archive, stamp]
+    for spec in jobs.runs[("link", "n1+n2")]:
+        assert node_image_step(jobs.plan(spec))[-4:] == ["--stamp", stamp, "--archive", archive]
+
+
+def test_a_docker_or_podman_run_on_nodes_no_srun_reaches_is_refused_in_one_line(tmp_path, monkeypatch):
+    monkeypatch.setenv("SLURM_JOB_ID", "7")  # mpirun inside an allocation may span its nodes
+    config = tiny_config(tmp_path, runtimes=["podman"], scaling={"nodes": [2], "ranks_per_node": [1]})
+    with pytest.raises(cb_config.ConfigError) as refused:
+        plan_sweep(config, tmp_path, probe=False)
+    assert str(refused.value) == ("config: runtime 'podman' on 2 nodes under launcher 'mpirun': its image must "
+                                  "first be put in each node's own store, which only srun reaches; allowed: "
+                                  "launcher srun, or one node")

@@ -346,7 +346,8 @@ def test_a_runtime_need_the_node_lacks_is_one_line_naming_the_runtime_what_the_n
     need = runtimes.NodeRequirement
     assert preflight.check_requirements([need("x", "Python 3.0 or later", ("python3", "--version"), at_least="3.0"),
                                          need("x", "ls with --all", ("ls", "--help"), holds="--all"),
-                                         need("x", "a root directory", paths=("/nonexistent", "/"))]) == []
+                                         need("x", "a root directory", paths=("/nonexistent", "/")),
+                                         need("x", "a config directory", paths=("/e?c",))]) == []
     found = subprocess.run(["python3", "--version"], capture_output=True, text=True).stdout.split()[1]
     assert preflight.check_requirements([
         need("sarus", "Sarus 99.1 or later", ("python3", "--version"), at_least="99.1", source="its CHANGELOG"),

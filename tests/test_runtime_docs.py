@@ -595,8 +595,7 @@ def test_what_each_runtime_needs_on_a_node_is_asked_there_with_its_source():
     cdi = Podman("img").node_requirements(gpus=True)
     assert [(n.argv, n.at_least, n.paths) for n in cdi] == [
         (("podman", "--version"), "4.1.0", ()),
-        ((), None, ("/etc/cdi/nvidia.yaml", "/etc/cdi/nvidia.json", "/var/run/cdi/nvidia.yaml",
-                    "/var/run/cdi/nvidia.json"))]
+        ((), None, ("/etc/cdi/*.yaml", "/etc/cdi/*.json", "/var/run/cdi/*.yaml", "/var/run/cdi/*.json"))]
     assert PodmanHPC("img").node_requirements(gpus=True) == []  # its --gpu module, no CDI
     assert [(n.argv, n.at_least) for n in Charliecloud("/img", write_fake=True).node_requirements()] == [
         (("ch-run", "--feature=extglob"), None), (("ch-run", "--version"), "0.36")]

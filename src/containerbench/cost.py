@@ -22,7 +22,7 @@ from pathlib import Path
 
 from containerbench import config as cb_config
 from containerbench import outputs
-from containerbench.config import RunSpec
+from containerbench.config import ImageUse, RunSpec
 from containerbench.fabrics import keeps_shared_memory
 from containerbench.frameworks import FRAMEWORKS
 from containerbench.launchers import uses_slurm
@@ -477,4 +477,5 @@ def calibration_plans(sweep: Sweep, runs: list[RunSpec]) -> dict[str, RunPlan]:
     config = copy.deepcopy(sweep.config)
     config["benchmark"]["steps"] = min(config["benchmark"]["steps"], CALIBRATION_STEPS)
     config["telemetry"]["enabled"] = False
-    return {run.run_id: plan_run(run, config, sweep.allocation) for run in runs}
+    return {run.run_id: plan_run(run, config, sweep.allocation, sweep.artifacts.get(ImageUse.of(run)))
+            for run in runs}

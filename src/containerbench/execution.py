@@ -38,8 +38,17 @@ def run_plans(plans: list[RunPlan], logs: list, strategy: Allocation, command: l
     start the runs here. A failed run is a measured outcome, not an error of the workflow: 0 unless the
     command in the allocation failed."""
     if inside or (strategy is Allocation.PER_RUN and slurm.in_allocation()):
-        # In an allocation already (salloc's, or a site's own session): the runs are steps of it.
-        return run_in_allocation(plans, logs, echo)
+        # In an allocation already (salloc's, or a site's own session): the runs are steps of it. A run whose
+        # runtime needs words on its own allocation (Shifter's image, read when the allocation is made) cannot
+        # be a step of one made without them.
+        refused = [] if inside else [(plan, log) for plan, log in zip(plans, logs) if plan.allocation_options]
+        for run_plan, log in refused:
+            write_not_run(run_plan, log, {"not_run": (
+                f"its runtime needs {shlex.join(run_plan.allocation_options)} on its own allocation (salloc), and it "
+                f"was launched inside Slurm job {os.environ.get('SLURM_JOB_ID')}, made without them; allowed: "
+                "launching it from outside any allocation")})
+        kept = [(plan, log) for plan, log in zip(plans, logs) if (plan, log) not in refused]
+        return run_in_allocation([plan for plan, _ in kept], [log for _, log in kept], echo)
     if strategy.asks_salloc:  # an allocation of their own, with this process outside it
         return run_allocated_plans(plans, logs, salloc, command)
     for run_plan, log in zip(plans, logs):
@@ -104,6 +113,19 @@ def _final_argv(argv: list[str]) -> list[str]:
     return argv
 
 
+# The node-image step's limit: the longest load (nodeimages.LOAD_TIMEOUT_S), and Slurm's time to start it.
+PREPARE_TIMEOUT_S = nodeimages.LOAD_TIMEOUT_S + 300
+
+
+def pinned_to(argv: list[str], answers: list[dict]) -> list[str]:
+    """The ranks' srun pinned to the nodes the node-image step ran on (--nodelist): in an allocation of more
+    nodes than the run's, two steps of N nodes each need not land on the same N."""
+    nodes = [answer["slurm_node"] for answer in answers if answer.get("slurm_node")]
+    if not nodes or not argv or Path(argv[0]).name != Srun.program or any(w.startswith("--nodelist") for w in argv):
+        return argv
+    return [argv[0], f"--nodelist={','.join(nodes)}", *argv[1:]]
+
+
 class _NotStarted(Exception):
     """The run's ranks were not started: why, in one line."""
 
@@ -115,9 +137,9 @@ def prepare_nodes(run_plan: RunPlan) -> tuple[dict, str, str | None]:
     if not run_plan.node_prepare:
         return {}, "", None
     argv, started = _final_argv(run_plan.node_prepare), time.monotonic()
-    try:
-        done = run_group(argv, timeout=run_plan.timeout_s, env={**host_environment(), **run_plan.env},
-                         stdin=subprocess.DEVNULL)
+    try:  # its own limit: a load is not part of the run, whose timeout_s may come from earlier runs' times
+        done = run_group(argv, timeout=PREPARE_TIMEOUT_S, env={**host_environment(), **run_plan.env},
+                         stdin=subprocess.DEVNULL, preexec_fn=die_with_parent())  # noqa: PLW1509 (prctl only)
         output, returncode = (done.stdout or "") + (done.stderr or ""), done.returncode
     except FileNotFoundError:
         output, returncode = "", 127
@@ -130,7 +152,7 @@ def prepare_nodes(run_plan: RunPlan) -> tuple[dict, str, str | None]:
         return kept, output, None
     said = [line.removeprefix("containerbench: node-image: ") for line in output.splitlines()
             if line.startswith("containerbench: node-image: ")]
-    why = ("; ".join(said) or (f"did not end within {run_plan.timeout_s:g} s" if returncode is None else
+    why = ("; ".join(said) or (f"did not end within {PREPARE_TIMEOUT_S:g} s" if returncode is None else
                                f"exit {returncode}, {len(answers)} of {nodes} node(s) answered"))
     return kept, output, f"the image is not on every node of the run ({shlex.join(argv[:3])} ...): {why}"
 
@@ -153,6 +175,7 @@ def execute(run_plan: RunPlan, log_path: Path, echo=sys.stdout, allocation: str 
     argv = _final_argv(run_plan.argv)
     # Before the run's clock starts: the image on every node (a load is not the runtime's start-up).
     prepared, prepare_output, prepare_failed = prepare_nodes(run_plan)
+    argv = pinned_to(argv, prepared.get("node_images") or [])
     header = {**run_plan.as_dict(), "argv": argv, "host": socket.gethostname(), "started_unix": time.time(),
               **prepared}
     started = time.monotonic()

@@ -14,12 +14,13 @@ from dataclasses import replace
 from pathlib import Path
 
 from containerbench import outputs
-from containerbench.config import RunSpec, mpi_models
+from containerbench.config import ImageUse, RunSpec, mpi_models
 from containerbench.cost import expected_each
 from containerbench.fleet import record_path
 from containerbench.fleetplan import FleetError, FleetPlan, in_order, link_name
 from containerbench.launchers import Allocation
-from containerbench.plans import plan_run
+from containerbench.plans import node_archive, plan_run
+from containerbench.runtimes import runtime_for
 from containerbench.slurm import ALLOCATION_SLACK_MINUTES, allocation_argv, job_partition
 
 # A run's deadline where earlier records tell its expected time: at least this much beyond it, whatever the
@@ -94,10 +95,13 @@ class FleetJobs:
     """The node and link jobs of a plan as the workflow runs them (workflow/rules/fleet.smk): each
     job's runs and raw logs, its plans, its allocation, and the jobs it waits for."""
 
-    def __init__(self, config: dict, fleet: FleetPlan, directory: str, records=(), source: str = ""):
+    def __init__(self, config: dict, fleet: FleetPlan, directory: str, records=(), source: str = "",
+                 artifacts: dict | None = None):
         """`records`: run records of earlier runs (sweeps, calibrations, batches) and `source`, where they
-        came from; each job's time limit comes from the runs of the same benchmarks among them."""
+        came from; each job's time limit comes from the runs of the same benchmarks among them. `artifacts`:
+        the built images' files (config.ImageUse -> file, Sweep.artifacts), which the runs' plans name."""
         self.config, self.directory, self.source = config, directory, source
+        self.artifacts = dict(artifacts or {})
         # Fleet runs are judged by their figures; their telemetry is not collected (no rule declares it).
         self.run_config = {**config, "telemetry": {**config["telemetry"], "enabled": False}}
         self.runs = {("node", node): node_runs(config, node) for node in fleet.nodes} | {
@@ -120,7 +124,7 @@ class FleetJobs:
             job = next((job for job in self.runs if job[0] == kind), None)
             if job is None or not records:
                 continue
-            plans = [plan_run(spec, self.run_config, Allocation.PER_JOB) for spec in self.runs[job]]
+            plans = [self.plan(spec) for spec in self.runs[job]]
             seconds = [each[0] for each in expected_each(plans, records, same_shape=True)]
             if all(each is not None for each in seconds):
                 expected[kind] = seconds
@@ -225,7 +229,7 @@ class FleetJobs:
         for job, runs in self.runs.items():
             path = Path(self.job_file(job))
             path.parent.mkdir(parents=True, exist_ok=True)
-            plans = [replace(plan_run(spec, self.run_config, Allocation.PER_JOB), timeout_s=deadline).as_dict()
+            plans = [replace(self.plan(spec), timeout_s=deadline).as_dict()
                      for spec, deadline in zip(runs, self.deadlines(job))]
             outputs.write_text(path, json.dumps({"allocation": self.allocation(job), "plans": plans,
                                                  "logs": self.logs(job)}, sort_keys=True) + "\n")
@@ -233,9 +237,16 @@ class FleetJobs:
     def records(self) -> list[str]:
         return [record_path(log) for job in self.runs for log in self.logs(job)]
 
-    def images(self, artifacts: dict) -> list[str]:
-        """The built images the runs need (config.ImageUse -> file, as the sweep has them)."""
-        from containerbench.config import ImageUse
+    def plan(self, spec: RunSpec):
+        """A run's plan in its job's allocation, naming the built image's file where it runs one."""
+        return plan_run(spec, self.run_config, Allocation.PER_JOB, self.artifacts.get(ImageUse.of(spec)))
 
-        return sorted({artifacts[use] for runs in self.runs.values() for spec in runs
-                       if (use := ImageUse.of(spec)) in artifacts})
+    def images(self) -> list[str]:
+        """The built images the runs need, and the archives their nodes load them from (plans.node_archive)."""
+        needed = set()
+        for spec in {spec for runs in self.runs.values() for spec in runs}:
+            if (artifact := self.artifacts.get(ImageUse.of(spec))) is None:
+                continue
+            runtime = runtime_for(spec.runtime, self.config, spec.mpi_model, spec.framework)
+            needed |= {artifact, *filter(None, [node_archive(runtime, artifact, self.config)])}
+        return sorted(needed)

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from containerbench.processes import run_group
-from containerbench.runtimes import engine_env
+from containerbench.runtimes import PINNED, engine_env
 
 # An image query answers in seconds; a load of a 2 GB archive took 40-70 s here.
 QUERY_TIMEOUT_S = 120
@@ -59,6 +59,17 @@ def stored_id(engine: str, image: str, timeout: float = QUERY_TIMEOUT_S) -> str 
     return found if found.startswith("sha256:") else f"sha256:{found}"
 
 
+def _run(argv: list[str], timeout: float) -> None:
+    host = socket.gethostname()
+    try:
+        done = run_group(argv, timeout=timeout, env=engine_env(argv[0]), stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        raise NodeImageError(f"{host}: `{shlex.join(argv)}` took over {timeout:g} s") from None
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise NodeImageError(f"{host}: `{shlex.join(argv)}` failed: {last[:200]}")
+
+
 def expected_id(stamp: Path | str) -> str:
     """The image id the workflow built or loaded, from its stamp (imagebuild.build_stamp)."""
     try:
@@ -87,25 +98,24 @@ def ensure(engine: str, image: str, stamp: Path | str | None = None, archive: Pa
         loaded = found is None or (wanted is not None and found != wanted)
         if loaded:
             held = "no such image" if found is None else f"another image under the tag ({found})"
-            if not archive:
+            if archive:
+                if not Path(archive).is_file():
+                    raise NodeImageError(f"{host}: {engine}'s store here holds {held} for {image}, and the archive "
+                                         f"{archive} is not here; allowed: a clone on a filesystem every node mounts")
+                _run([engine, "load", "-i", str(archive)], timeout)  # docker-load(1), podman-load(1)
+            elif PINNED.search(image):  # a site's image, pinned by digest: what `run` would pull, pulled first
+                _run([engine, "pull", image], timeout)
+            else:
                 raise NodeImageError(f"{host}: {engine}'s store here holds {held} for {image}; allowed: the archive "
-                                     "to load it from (a run under Slurm is given it), or the image loaded by hand")
-            if not Path(archive).is_file():
-                raise NodeImageError(f"{host}: {engine}'s store here holds {held} for {image}, and the archive "
-                                     f"{archive} is not here; allowed: a clone on a filesystem every node mounts")
-            argv = [engine, "load", "-i", str(archive)]  # docker-load(1), podman-load(1)
-            try:
-                done = run_group(argv, timeout=timeout, env=engine_env(engine), stdin=subprocess.DEVNULL)
-            except subprocess.TimeoutExpired:
-                raise NodeImageError(f"{host}: `{shlex.join(argv)}` took over {timeout:g} s") from None
-            if done.returncode != 0:
-                last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-                raise NodeImageError(f"{host}: `{shlex.join(argv)}` failed: {last[:200]}")
+                                     "to load it from (a run under Slurm is given it), an image pinned by digest "
+                                     "(pulled), or the image loaded by hand")
             found = stored_id(engine, image)
         if wanted is not None and found != wanted:
             raise NodeImageError(f"{host}: {engine} holds {image} as {found} after loading {archive}, and the sweep "
                                  f"built {wanted}; allowed: the archive made from that build (rebuild it)")
-    return {"host": host, "engine": engine, "image": image, "image_id": found, "loaded": loaded,
+    # The node's Slurm name beside its host name (they may differ): the ranks' step is pinned to these nodes.
+    slurm_node = {"slurm_node": os.environ["SLURMD_NODENAME"]} if os.environ.get("SLURMD_NODENAME") else {}
+    return {"host": host, **slurm_node, "engine": engine, "image": image, "image_id": found, "loaded": loaded,
             "seconds": round(time.monotonic() - started, 3)}
 
 

@@ -81,9 +81,10 @@ class RunPlan:
     allocation: list[str] | None = None  # salloc's argv, where the run asks for its own (Allocation.PER_RUN)
     launch_context: dict | None = None  # where the launch ran (execution.measure adds it)
     node_prepare: list[str] | None = None  # run on every node of the run before its ranks (nodeimages)
+    allocation_options: list[str] | None = None  # the runtime's words in `allocation` (Runtime.allocation_options)
     exit_grace_s: float = 30.0  # how long a run that printed its result may take to exit (execution.ExitGuard)
 
-    OPTIONAL = ("native_mpi", "allocation", "launch_context", "node_prepare")
+    OPTIONAL = ("native_mpi", "allocation", "launch_context", "node_prepare", "allocation_options")
     NOT_WRITTEN = ("benchmark_args",)
 
     @property
@@ -200,6 +201,10 @@ def plan_run(spec: RunSpec, config: dict, allocation: Allocation | None = None,
     stamp = os.path.abspath(artifact) if artifact else None
     archive = node_archive(runtime, artifact, config)
     node_prepare = runtime.node_prepare_argv(sys.executable, stamp, os.path.abspath(archive) if archive else None)
+    if node_prepare and spec.nodes > 1 and not launcher.slurm_step:
+        raise ValueError(f"runtime {runtime.name!r} on {spec.nodes} nodes under launcher {launcher.kind!r}: its image "
+                         "must first be put in each node's own store, which only srun reaches; allowed: launcher "
+                         "srun, or one node")
     return RunPlan(
         run_id=spec.run_id,
         spec={**spec.as_dict(), "system": config["system"], "launcher": config["launcher"]["kind"],
@@ -218,6 +223,7 @@ def plan_run(spec: RunSpec, config: dict, allocation: Allocation | None = None,
                                            spec.nodelist), *runtime.allocation_options(request)]
         if allocation is Allocation.PER_RUN else None,
         node_prepare=launcher.on_each_node(node_prepare, spec) if node_prepare else None,
+        allocation_options=runtime.allocation_options(request) or None,
     )
 
 
@@ -236,6 +242,12 @@ class Sweep:
     allocation: Allocation = Allocation.NONE  # the runs' Slurm allocation strategy
 
     @functools.cached_property
+    def _node_archives(self) -> dict[cb_config.ImageUse, str | None]:
+        """Who runs a built image -> the archive its runs' nodes load it from (node_archive), once each."""
+        return {use: node_archive(runtime_for(use.runtime, self.config, use.mpi_model, use.framework), image,
+                                  self.config) for use, image in self.artifacts.items()}
+
+    @functools.cached_property
     def inputs(self) -> dict[str, dict[str, str]]:
         """run id -> the files the run needs first (inputs_of)."""
         return {run.run_id: self.inputs_of(run) for run in self.runs}
@@ -243,11 +255,11 @@ class Sweep:
     def inputs_of(self, run: RunSpec) -> dict[str, str]:
         """The files a run needs first: its runtime's built image, the generated sample."""
         needs = {}
-        image = self.artifacts.get(cb_config.ImageUse.of(run))
+        use = cb_config.ImageUse.of(run)
+        image = self.artifacts.get(use)
         if image:
             needs["image"] = image
-            runtime = runtime_for(run.runtime, self.config, run.mpi_model, run.framework)
-            if archive := node_archive(runtime, image, self.config):
+            if archive := self._node_archives.get(use):
                 needs["archive"] = archive
         if self.dataset_sample and run.data == "real":
             needs["data"] = self.dataset_sample

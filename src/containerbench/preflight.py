@@ -31,6 +31,7 @@ again (after a code or config change), make every finished measurement run again
 from __future__ import annotations
 
 import fcntl
+import glob
 import hashlib
 import json
 import os
@@ -219,7 +220,7 @@ def check_requirements(requirements: list[NodeRequirement], timeout: float = 60)
     problems = []
     for need in requirements:
         where = f" ({need.source})" if need.source else ""
-        if need.paths and not any(os.path.exists(path) for path in need.paths):
+        if need.paths and not any(glob.glob(path) for path in need.paths):
             problems.append(f"runtime {need.runtime!r} needs {need.what}: none of {', '.join(need.paths)} is on "
                             f"this node{where}")
         if not need.argv:
@@ -230,7 +231,12 @@ def check_requirements(requirements: list[NodeRequirement], timeout: float = 60)
             continue
         output = said
         if need.holds or need.at_least:  # the whole output: a version or an option may be on any line
-            done = subprocess.run(list(need.argv), capture_output=True, text=True, timeout=timeout)
+            try:
+                done = subprocess.run(list(need.argv), capture_output=True, text=True, timeout=timeout)
+            except (OSError, subprocess.TimeoutExpired) as error:
+                problems.append(f"runtime {need.runtime!r} needs {need.what}: `{shlex.join(need.argv)}` failed "
+                                f"on this node ({error}){where}")
+                continue
             output = done.stdout + done.stderr
         if need.holds and need.holds not in output:
             problems.append(f"runtime {need.runtime!r} needs {need.what}: `{shlex.join(need.argv)}` does not "

@@ -27,7 +27,9 @@ if FLEET_SELECTION and workflow.is_main_process:  # every fleet rule is local: t
         # calibration directories, the system's newest sweeps and its last batch in the results store.
         EARLIER = history.newest_records(HISTORY_STORE, config["system"], kinds={"sweep": 5, "fleet": 1})
         EARLIER_RECORDS, EARLIER_SOURCE = cost.sweep_records(PLANNED, stored=EARLIER)
-        FLEET_JOBS = fleetjobs.FleetJobs(PLANNED, FLEET, f"{RESULTS}/fleet", EARLIER_RECORDS, EARLIER_SOURCE)
+        FLEET_JOBS = fleetjobs.FleetJobs(
+            PLANNED, FLEET, f"{RESULTS}/fleet", EARLIER_RECORDS, EARLIER_SOURCE, SWEEP.artifacts
+        )
         try:
             fleetjobs.check_time_limit(FLEET_JOBS, config["slurm"], slurm.partitions())
         except fleetplan.FleetError as error:
@@ -45,7 +47,7 @@ if FLEET_SELECTION and workflow.is_main_process:  # every fleet rule is local: t
 
 if FLEET is not None:
     FLEET_DIR = f"{RESULTS}/fleet"
-    FLEET_IMAGES = FLEET_JOBS.images(SWEEP.artifacts)
+    FLEET_IMAGES = FLEET_JOBS.images()
 
     rule fleet_plan:
         """What was planned, for the verdict (the nodes measured, those Slurm could not run on, the links),

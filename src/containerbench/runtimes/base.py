@@ -136,7 +136,7 @@ class NodeRequirement:
     argv: tuple[str, ...] = ()
     at_least: str | None = None  # the first version number in the command's output must be this or later
     holds: str | None = None  # a word the command's output must hold (an option in its --help)
-    paths: tuple[str, ...] = ()  # one of these must exist
+    paths: tuple[str, ...] = ()  # one of these must exist (glob patterns)
     source: str = ""
 
     @classmethod

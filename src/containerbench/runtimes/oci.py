@@ -210,7 +210,8 @@ class Podman(OciEngine):
     # the spec is what `nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml` writes on each node (or the
     # toolkit's nvidia-cdi-refresh service, into /var/run/cdi).
     CDI_SINCE = "4.1.0"
-    CDI_SPECS = ("/etc/cdi/nvidia.yaml", "/etc/cdi/nvidia.json", "/var/run/cdi/nvidia.yaml", "/var/run/cdi/nvidia.json")
+    # Any spec file in the directories podman reads (the toolkit names its own; a site may name it otherwise).
+    CDI_SPECS = ("/etc/cdi/*.yaml", "/etc/cdi/*.json", "/var/run/cdi/*.yaml", "/var/run/cdi/*.json")
 
     def node_requirements(self, gpus: bool = False) -> list[NodeRequirement]:
         if not gpus:
