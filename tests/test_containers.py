@@ -284,3 +284,30 @@ def test_a_site_image_pinned_by_digest_is_pulled_on_a_node_that_lacks_it(contain
     with pytest.raises(nodeimages.NodeImageError) as failed:
         nodeimages.ensure("podman", pinned, timeout=120)
     assert str(failed.value).startswith(f"{socket.gethostname()}: `podman pull {pinned}` failed: ")
+
+
+def test_the_mpich_flavour_is_what_sarus_mpi_hook_needs(container_run, container_engines):
+    """Issue 32, finding 4. Sarus's MPI hook (eth-cscs/sarus@4a8fdc4 src/hooks/mpi/MpiHook.cpp) reads the image's
+    libraries from its linker cache (src/libsarus/utility/sharedLibs.cpp: `ldconfig -r ROOTFS -p`), pairs each
+    host MPI library with every one of the same linker name (mapHostTocontainerLibs) and refuses any whose major
+    number differs (checkHostContainerAbiCompatibility, AbiChecker.cpp; a name without a number counts as 0,
+    SharedLibrary.cpp). Read the same way here (the image's own ldconfig, on its own cache): the MPICH flavour
+    names libmpi.so only as the wheel's libmpi.so.12, and the hybrid flavour keeps Open MPI's libmpi.so.40."""
+    import re
+    import subprocess
+
+    def libmpi(tag: str) -> dict[str, str]:
+        shown = subprocess.run(["podman", "run", "--rm", "--network", "none", tag, "ldconfig", "-p"],
+                               env=container_engines, capture_output=True, text=True, timeout=300)
+        assert shown.returncode == 0, shown.stderr
+        return dict(re.findall(r"^\s+(libmpi\.so(?:\.\d+)*) \(.*\) => (\S+)$", shown.stdout, re.M))
+
+    mpich = libmpi(f"{WORKFLOW_IMAGE}-mpich")
+    assert mpich["libmpi.so.12"] == "/opt/containerbench/venv/lib/libmpi.so.12", mpich
+    assert set(mpich) <= {"libmpi.so.12", "libmpi.so"}, mpich  # the unversioned name, if listed, links to .12
+    assert all(path.startswith("/opt/containerbench/venv/lib/") for path in mpich.values()), mpich
+    link = subprocess.run(["podman", "run", "--rm", "--network", "none", f"{WORKFLOW_IMAGE}-mpich", "readlink",
+                           "/opt/containerbench/venv/lib/libmpi.so"], env=container_engines, capture_output=True,
+                          text=True, timeout=300)
+    assert link.stdout.strip() == "libmpi.so.12", link.stderr
+    assert "libmpi.so.40" in libmpi(WORKFLOW_IMAGE)
