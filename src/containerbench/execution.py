@@ -41,14 +41,16 @@ def run_plans(plans: list[RunPlan], logs: list, strategy: Allocation, command: l
         # In an allocation already (salloc's, or a site's own session): the runs are steps of it. A run whose
         # runtime needs words on its own allocation (Shifter's image, read when the allocation is made) cannot
         # be a step of one made without them.
-        refused = [] if inside else [(plan, log) for plan, log in zip(plans, logs) if plan.allocation_options]
-        for run_plan, log in refused:
+        kept_plans, kept_logs = [], []
+        for run_plan, log in zip(plans, logs):
+            if inside or not run_plan.allocation_options:
+                kept_plans.append(run_plan), kept_logs.append(log)
+                continue
             write_not_run(run_plan, log, {"not_run": (
                 f"its runtime needs {shlex.join(run_plan.allocation_options)} on its own allocation (salloc), and it "
                 f"was launched inside Slurm job {os.environ.get('SLURM_JOB_ID')}, made without them; allowed: "
                 "launching it from outside any allocation")})
-        kept = [(plan, log) for plan, log in zip(plans, logs) if (plan, log) not in refused]
-        return run_in_allocation([plan for plan, _ in kept], [log for _, log in kept], echo)
+        return run_in_allocation(kept_plans, kept_logs, echo)
     if strategy.asks_salloc:  # an allocation of their own, with this process outside it
         return run_allocated_plans(plans, logs, salloc, command)
     for run_plan, log in zip(plans, logs):

@@ -157,7 +157,7 @@ def telemetry_settings(spec: RunSpec, config: dict) -> dict | None:
 def node_archive(runtime, artifact: str | None, config: dict) -> str | None:
     """The archive a run's nodes load the built image from where their store lacks it: under Slurm, for a
     runtime with a store per node (docker, podman); None where the ranks run where the workflow loaded it."""
-    if not artifact or not uses_slurm(config) or runtime.node_prepare_argv("python") is None:
+    if not artifact or not uses_slurm(config) or not runtime.stores_images_per_node:
         return None
     return BuiltImage(runtime.image, build_dir=os.path.dirname(artifact)).archive  # as the artifact is written
 
@@ -198,6 +198,7 @@ def plan_run(spec: RunSpec, config: dict, allocation: Allocation | None = None,
     if spec.kind == "train":
         bench = config["benchmark"]
         settings = {key: bench[key] for key in framework(spec.framework).planned_settings}
+    own_allocation = runtime.allocation_options(request)
     stamp = os.path.abspath(artifact) if artifact else None
     archive = node_archive(runtime, artifact, config)
     node_prepare = runtime.node_prepare_argv(sys.executable, stamp, os.path.abspath(archive) if archive else None)
@@ -220,10 +221,10 @@ def plan_run(spec: RunSpec, config: dict, allocation: Allocation | None = None,
         native_mpi={"library": runtime.native_mpi.library} if getattr(runtime, "native", False) else None,
         allocation=[*slurm.allocation_argv(config["slurm"], spec.nodes, spec.ranks_per_node,
                                            config["slurm"]["runtime_minutes"], f"containerbench-{spec.run_id}",
-                                           spec.nodelist), *runtime.allocation_options(request)]
+                                           spec.nodelist), *own_allocation]
         if allocation is Allocation.PER_RUN else None,
         node_prepare=launcher.on_each_node(node_prepare, spec) if node_prepare else None,
-        allocation_options=runtime.allocation_options(request) or None,
+        allocation_options=own_allocation or None,
     )
 
 

@@ -225,19 +225,11 @@ def check_requirements(requirements: list[NodeRequirement], timeout: float = 60)
                             f"this node{where}")
         if not need.argv:
             continue
-        ok, said = run_probe(need.argv, timeout=timeout)
+        # The whole output: a version or an option may be on any line.
+        ok, output = run_probe(need.argv, timeout=timeout, whole=True)
         if not ok:
-            problems.append(f"runtime {need.runtime!r} needs {need.what}: {said}{where}")
+            problems.append(f"runtime {need.runtime!r} needs {need.what}: {output}{where}")
             continue
-        output = said
-        if need.holds or need.at_least:  # the whole output: a version or an option may be on any line
-            try:
-                done = subprocess.run(list(need.argv), capture_output=True, text=True, timeout=timeout)
-            except (OSError, subprocess.TimeoutExpired) as error:
-                problems.append(f"runtime {need.runtime!r} needs {need.what}: `{shlex.join(need.argv)}` failed "
-                                f"on this node ({error}){where}")
-                continue
-            output = done.stdout + done.stderr
         if need.holds and need.holds not in output:
             problems.append(f"runtime {need.runtime!r} needs {need.what}: `{shlex.join(need.argv)}` does not "
                             f"list {need.holds} on this node{where}")

@@ -48,9 +48,9 @@ def host_environment() -> dict[str, str]:
 
 
 def run_probe(argv: tuple[str, ...] | list[str], env: dict[str, str] | None = None,
-              timeout: float = 20) -> tuple[bool, str]:
-    """Run a runtime's quick check: (True, its first output line) or (False, a one-line reason).
-    A one-word probe only checks that the program is installed."""
+              timeout: float = 20, whole: bool = False) -> tuple[bool, str]:
+    """Run a runtime's quick check: (True, its first output line; with `whole`, all it printed, stdout
+    then stderr) or (False, a one-line reason). A one-word probe only checks that the program is installed."""
     if shutil.which(argv[0]) is None:
         return False, f"{argv[0]} is not installed (not on PATH)"
     if len(argv) == 1:
@@ -63,7 +63,7 @@ def run_probe(argv: tuple[str, ...] | list[str], env: dict[str, str] | None = No
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or ["no output"])[-1]
         return False, f"`{shlex.join(argv)}` failed: {last[:200]}"
-    return True, (done.stdout.strip().splitlines() or [""])[0]
+    return True, done.stdout + done.stderr if whole else (done.stdout.strip().splitlines() or [""])[0]
 
 
 @dataclass(frozen=True)
@@ -249,6 +249,11 @@ class Runtime(abc.ABC):
         """What its runs need on each node beyond its probe (versions, hooks, device specs); `gpus`: the
         sweep's runs get GPUs."""
         return []
+
+    @property
+    def stores_images_per_node(self) -> bool:
+        """Does each node keep its own store of this runtime's images (a dockerd, podman's graphroot)?"""
+        return False
 
     def node_prepare_argv(self, python: str, stamp: str | None = None, archive: str | None = None) -> list[str] | None:
         """The command that makes the image present on the node it runs on, run once on every node of a run

@@ -51,10 +51,15 @@ class OciEngine(ContainerRuntime):
         # The build engine has the image already; the other loads its archive (docker-load(1), podman-load(1)).
         return [] if built.engine == cls.binary else [[cls.binary, "load", "-i", built.archive]]
 
-    def node_prepare_argv(self, python: str, stamp: str | None = None, archive: str | None = None) -> list[str] | None:
+    @property
+    def stores_images_per_node(self) -> bool:
         # The engine's store is the node's own (a dockerd per node; podman's graphroot per user per node,
         # containers-storage.conf(5)): a tag loaded where the workflow runs is not on the other nodes.
-        if not self.in_local_store:
+        # podman-hpc runs its squashed copies from a shared directory instead (in_local_store empty).
+        return bool(self.in_local_store)
+
+    def node_prepare_argv(self, python: str, stamp: str | None = None, archive: str | None = None) -> list[str] | None:
+        if not self.stores_images_per_node:
             return None
         return [python, "-m", "containerbench", "node-image", "--engine", self.binary, "--image", self.image,
                 *(["--stamp", stamp] if stamp else []), *(["--archive", archive] if archive else [])]
