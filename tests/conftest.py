@@ -12,13 +12,11 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 from diskwatch import GB, DiskWatch
 from helpers import (
     BENCH_PYTHON,
-    DISTURBED_CAUSE,
     ROOT,
     TORCH_PYTHON,
     exported,
@@ -89,10 +87,6 @@ def bench_python():
     return BENCH_PYTHON
 
 
-# How many times a disturbed tiny run is measured again before its test sees it disturbed.
-DISTURBED_RETRIES = 2
-
-
 def planned_tiny_runs(tmp_path_factory, name: str, **overrides) -> dict:
     """The tiny config's first repetition, each run made as the workflow makes it; records by kind/ranks."""
     if shutil.which("mpirun") is None:
@@ -100,23 +94,7 @@ def planned_tiny_runs(tmp_path_factory, name: str, **overrides) -> dict:
     workdir = tmp_path_factory.mktemp(name)
     config = tiny_config(workdir, **overrides)
     runs = [r for r in cb_config.plan_runs(config) if r.repetition == 1]
-    records = {}
-    for spec, record in run_and_parse(runs, config, workdir):
-        # At the default disturbance limits (issue 34): a run this shared machine disturbed says so with its
-        # measured cause, is kept (its log and samples set aside whole), and is measured again, alone.
-        for attempt in range(1, DISTURBED_RETRIES + 1):
-            if record["status"] != "disturbed":
-                break
-            assert DISTURBED_CAUSE.fullmatch("; ".join(record["reasons"])), record["reasons"]
-            kept = workdir / "superseded" / spec.run_id / f"attempt-{attempt}"
-            kept.mkdir(parents=True)
-            telemetry = Path(config["results_dir"], "telemetry")
-            for path in (workdir / f"{spec.run_id}.log", telemetry / spec.run_id, telemetry / f"{spec.run_id}.csv"):
-                if path.exists():
-                    shutil.move(path, kept / path.name)
-            [(spec, record)] = run_and_parse([spec], config, workdir)
-        records[(spec.kind, spec.ranks)] = record
-    return records
+    return {(spec.kind, spec.ranks): record for spec, record in run_and_parse(runs, config, workdir)}
 
 
 @pytest.fixture(scope="session")

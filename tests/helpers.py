@@ -10,8 +10,10 @@ import copy
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -59,12 +61,40 @@ def tiny_config(tmp_path: Path, **overrides) -> dict:
     return cb_config.load([ROOT / "config" / "config.yaml", path])
 
 
-def run_and_parse(runs, config: dict, workdir: Path):
-    """Execute each planned run as the workflow does (raw log in workdir), then parse its record."""
+def run_and_parse(runs, config: dict, workdir: Path, retries=None):
+    """Execute each planned run as the workflow does (raw log in workdir), then parse its record; a disturbed
+    run is measured again up to `retries` times (undisturbed_record)."""
+    telemetry = Path(config["results_dir"], "telemetry")
     for spec in runs:
-        log = workdir / f"{spec.run_id}.log"
-        measure(plan_run(spec, config), log, echo=None)
-        yield spec, parse_log(log)
+        yield spec, undisturbed_record(plan_run(spec, config), workdir / f"{spec.run_id}.log", telemetry,
+                                       DISTURBED_RETRIES if retries is None else retries)
+
+
+# How many times a disturbed tiny run is measured again before its test sees it disturbed.
+DISTURBED_RETRIES = 2
+
+
+def undisturbed_record(plan, log: Path, telemetry: Path | None = None, retries=DISTURBED_RETRIES) -> dict:
+    """Measure a planned run and parse its record, at the default disturbance limits (issue 34): a run this
+    shared machine disturbed says so with its measured cause, is kept (its log and samples set aside whole,
+    in superseded/RUN/attempt-N beside the log), and is measured again, alone, once a spell of the
+    hypervisor's steal has passed. A run still disturbed after `retries` comes back flagged (`measured`)."""
+    measure(plan, log, echo=None)
+    record = parse_log(log)
+    for attempt in range(1, retries + 1):
+        if record["status"] != "disturbed":
+            break
+        assert measured(record), record["reasons"]
+        wait_out_steal()
+        kept = log.parent / "superseded" / log.stem / f"attempt-{attempt}"
+        kept.mkdir(parents=True)
+        samples = (telemetry / log.stem, telemetry / f"{log.stem}.csv") if telemetry else ()
+        for path in (log, *samples):
+            if path.exists():
+                shutil.move(path, kept / path.name)
+        measure(plan, log, echo=None)
+        record = parse_log(log)
+    return record
 
 
 def recorded_records() -> dict:
@@ -106,6 +136,38 @@ _CAUSE = (r"on \S+ (processes outside the run took \d+% of its CPUs \(cores [\d,
           r"execution units\) in the measured window|the hypervisor stole \d+% of the run's CPUs), limit \d+%")
 DISTURBED_CAUSE = re.compile(rf"disturbed: {_CAUSE}(; {_CAUSE})*")
 CONTAINERBENCH = Path(sys.executable).with_name("containerbench")  # beside this interpreter, as SNAKEMAKE
+# The config's default steal limit (max_steal_share); a spell of steal is waited out below it.
+STEAL_LIMIT = 0.05
+
+
+def host_steal_share(window_s: float) -> float:
+    """The share of this host's CPU time the hypervisor stole over the next window_s seconds (/proc/stat's
+    eighth cpu column, as the telemetry sampler reads it)."""
+    def totals() -> tuple[int, int]:
+        fields = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:9]]
+        return fields[7], sum(fields)
+    stolen, total = totals()
+    time.sleep(window_s)
+    stolen_after, total_after = totals()
+    return (stolen_after - stolen) / max(1, total_after - total)
+
+
+def wait_out_steal(limit=STEAL_LIMIT, window_s=10.0, most_s=180.0) -> float:
+    """Before a disturbed run is measured again: the hypervisor's steal comes in spells (a fresh clone's CI,
+    2026-11-28: 6% over a run and both of its immediate retries), so wait until a whole window is under the
+    limit, or most_s has passed. Returns the last window's share."""
+    deadline = time.monotonic() + most_s
+    while (share := host_steal_share(window_s)) > limit and time.monotonic() < deadline:
+        pass
+    return share
+
+
+def measured(record: dict) -> bool:
+    """A run that measured: ok, or disturbed with each measured cause named (the retries above could not
+    find a quiet spell). What a test of the benchmark's output may accept; a test of the verdict may not."""
+    return record["status"] == "ok" or (
+        record["status"] == "disturbed" and bool(record["reasons"])
+        and all(DISTURBED_CAUSE.fullmatch(reason) for reason in record["reasons"]))
 
 
 def undisturbed_records(workdir: Path, results: Path, *args: str, timeout=900, rounds=3, **popen) -> list[dict]:
@@ -124,6 +186,7 @@ def undisturbed_records(workdir: Path, results: Path, *args: str, timeout=900, r
             assert all(DISTURBED_CAUSE.fullmatch(r) for r in current[run_id]["reasons"]), current[run_id]["reasons"]
         if not disturbed:
             break
+        wait_out_steal()
         set_aside = run_group([str(CONTAINERBENCH), "remeasure", "--results", str(results), "--status", "disturbed"],
                               timeout=60)
         assert set_aside.returncode == 0 and len(set_aside.stdout.splitlines()) == len(disturbed), set_aside.stdout

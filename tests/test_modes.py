@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from helpers import SMOKE_MODEL, run_and_parse, tiny_config
+from helpers import SMOKE_MODEL, measured, run_and_parse, tiny_config
 
 from containerbench import config as cb_config
 from containerbench.config import RunSpec
@@ -63,7 +63,7 @@ def test_generator_writes_imagenet_shaped_shards(sample):
 @pytest.mark.parametrize("data", ["synthetic", "real"])
 def test_each_mode_trains_on_two_ranks_and_says_so(mode_records, sample, mode, data):
     record = mode_records[(mode, data)]
-    assert record["status"] == "ok", (record["reasons"], record["evidence"])
+    assert measured(record), (record["reasons"], record["evidence"])
     result = record["result"]
     assert (result["mode"], result["data"], result["ranks"]) == (mode, data, 2)
     assert result["distribution"]["backend"] == BACKENDS[mode]
@@ -100,7 +100,7 @@ def test_local_ranks_train_alone_and_the_weight_checksum_sees_them_drift_apart(l
     """No gradient exchange, each rank its own batches, the same start: the ranks' weights must differ,
     and in this mode that is the expected, valid outcome."""
     record = local_records[data]
-    assert record["status"] == "ok", (record["reasons"], record["evidence"])
+    assert measured(record), (record["reasons"], record["evidence"])
     result = record["result"]
     assert (result["mode"], result["data"], result["ranks"]) == ("local", data, 2)
     assert result["distribution"]["backend"] == "none: no gradient exchange"

@@ -9,7 +9,7 @@ import random
 import subprocess
 
 import pytest
-from helpers import ROOT, SMOKE_MODEL, TINY, run_and_parse, tiny_config
+from helpers import ROOT, SMOKE_MODEL, TINY, measured, run_and_parse, tiny_config
 
 from containerbench import config as cb_config
 from containerbench.config import ConfigError
@@ -79,7 +79,7 @@ def test_pytorch_reads_the_same_tfrecords_as_tensorflow(tmp_path, imagenet_sampl
     runs = cb_config.plan_runs(config)
     cb_config.check_runs(config, runs)
     [(spec, record)] = run_and_parse(runs, config, tmp_path)
-    assert spec.run_id.endswith("_pytorch_real_rep1") and record["status"] == "ok", record["reasons"]
+    assert spec.run_id.endswith("_pytorch_real_rep1") and measured(record), record["reasons"]
     result = record["result"]
     assert (result["framework"], result["data"], result["data_dir"]) == ("pytorch", "real", str(imagenet_sample))
     assert result["batches_distinct"] is True and result["weights_identical"] is True  # own data, one model
@@ -152,7 +152,7 @@ def test_on_a_cpu_each_step_is_read_as_it_returns():
 @pytest.mark.parametrize("ranks", [1, 2])
 def test_pytorch_training_record_carries_every_field(torch_runs, ranks):
     record = torch_runs[("train", ranks)]
-    assert record["status"] == "ok", record["reasons"]
+    assert measured(record), record["reasons"]
     result = record["result"]
     assert (result["framework"], result["mode"], result["launcher"], result["runtime"]) == (
         "pytorch", "ddp", "mpirun", "bare-metal")
@@ -190,7 +190,7 @@ def test_both_pytorch_rank_counts_share_one_provenance_hash(torch_runs):
 @pytest.mark.slow
 def test_torch_distributed_netbench_on_two_ranks(torch_runs):
     record = torch_runs[("netbench", 2)]
-    assert record["status"] == "ok", record["reasons"]
+    assert measured(record), record["reasons"]
     assert record["spec"]["framework"] == "pytorch" and record["run_id"].endswith("_pytorch_rep1")
     result = record["result"]
     assert result["backend"] == "gloo" and result["distribution"]["socket_interface"] == "lo"
