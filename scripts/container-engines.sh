@@ -6,13 +6,15 @@
 #   scripts/container-engines.sh start-dockerd DIR  # prints DOCKER_HOST=unix://DIR/docker.sock and PATH=DIR/bin:...
 #   scripts/container-engines.sh stop-dockerd DIR   # stops the dockerd whose pid is in DIR/docker.pid
 #   scripts/container-engines.sh podman-conf DIR    # prints CONTAINERS_CONF=DIR/containers.conf
+#   scripts/container-engines.sh podman-hpc DIR     # NERSC's podman-hpc in DIR; prints its variables
+#   scripts/container-engines.sh clean-podman-hpc DIR  # unmounts and removes its stores in DIR
 #
-# start-dockerd and podman-conf print the variables to export, one NAME=VALUE per line, last,
+# start-dockerd, podman-conf and podman-hpc print the variables to export, one NAME=VALUE per line, last,
 # so callers can `export $(scripts/container-engines.sh start-dockerd /tmp/d | grep =)`.
 # Nothing here assumes a daemon is already running.
 set -euo pipefail
 
-usage() { sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 
 install_engines() {
   # pigz: ch-convert compresses the exported image with it when present (2x on 2 cores).
@@ -86,11 +88,26 @@ stop_dockerd() {
     fi
     rm -f "$pidfile"
   fi
-  # dockerd leaves its network namespace mounted (exec/netns/default); unmount what
-  # is left under DIR, deepest first, so that `rm -r DIR` works afterwards.
+  # dockerd leaves its network namespace mounted (exec/netns/default).
+  unmount_under "$dir"
+}
+
+# Unmount what is left under DIR, deepest first, so that `rm -r DIR` works afterwards.
+unmount_under() {
+  local dir=$1 mount
   awk -v d="$dir/" 'index($2, d) == 1 {print $2}' /proc/self/mounts | sort -r | while read -r mount; do
     umount "$mount" 2>/dev/null || umount -l "$mount"
   done
+}
+
+# podman-hpc's stores under DIR (a migrated image's squashfuse and overlay mounts left by a killed run
+# included), its venv and mksquashfs kept for the next call.
+clean_podman_hpc() {
+  local dir=${1:?clean-podman-hpc DIR}
+  [[ -d $dir ]] || return 0
+  dir=$(cd "$dir" && pwd)
+  unmount_under "$dir"
+  rm -rf "$dir/squash" "$dir/storage" "$dir/run" "$dir/config"
 }
 
 podman_conf() {
@@ -107,6 +124,9 @@ podman_conf() {
   cat >"$dir/containers.conf" <<EOF
 [containers]
 default_ulimits = ["nofile=$nofile:$nofile", "nproc=$nproc:$nproc"]
+# No network unless a run asks for one: every command of ours says --network, but podman-hpc's migrate
+# runs its mksquashfs container without (podman_hpc 1.2.2 migrate2scratch.py), which would make a bridge.
+netns = "none"
 
 [engine]
 runtime = "runc"
@@ -116,10 +136,75 @@ EOF
   echo "CONTAINERS_CONF=$dir/containers.conf"
 }
 
+# NERSC's podman-hpc (PyPI, envs/podman-hpc.lock.txt) in its own venv under DIR, with what it needs beside
+# it (podman_hpc 1.2.2's source): squashfuse and fuse-overlayfs for a migrated image's root, inotifywait for its
+# fuse-overlayfs-wrap to unmount it, its OCI hook registered (configure_hooks), and a static mksquashfs 4.6 or
+# later, which migrate runs inside the image (migrate2scratch.py: -xattrs-exclude, bound at /mksq). Debian 12
+# has 4.5.1, so 4.6 is built from Debian trixie's source. Prints what a run needs: the tool on PATH (DIR/bin, its
+# two commands only), USER (siteconfig.py reads it where getlogin fails), and its stores and modules, by its
+# PODMANHPC_* variables and SQUASH_DIR (siteconfig.py). DIR/squash is the migrate store the nodes read.
+podman_hpc() {
+  local dir=${1:?podman-hpc DIR}
+  local packages=(squashfuse fuse-overlayfs inotify-tools liblz4-dev zlib1g-dev gcc make python3-venv) missing=()
+  for p in "${packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+  done
+  if ((${#missing[@]})); then
+    echo "container-engines: installing ${missing[*]}" >&2
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+  fi
+  mkdir -p "$dir/bin" "$dir/squash" "$dir/storage" "$dir/run" "$dir/config"
+  dir=$(cd "$dir" && pwd)
+  if ((${#dir} + 4 > 50)); then  # podman: "the specified runroot is longer than 50 characters"
+    echo "container-engines: podman-hpc $dir: its run root $dir/run is longer than podman's 50 characters;" \
+      "choose a shorter DIR" >&2
+    return 2
+  fi
+  local lock
+  lock=$(cd "$(dirname "$0")/.." && pwd)/envs/podman-hpc.lock.txt
+  if [[ ! -x $dir/venv/bin/podman-hpc ]]; then
+    python3 -m venv "$dir/venv"
+    "$dir/venv/bin/pip" install -q --no-deps -r "$lock" >&2
+  fi
+  "$dir/venv/bin/python" -m podman_hpc.configure_hooks -f >/dev/null
+  ln -sfn "$dir/venv/bin/podman-hpc" "$dir/bin/podman-hpc"
+  ln -sfn "$dir/venv/bin/fuse-overlayfs-wrap" "$dir/bin/fuse-overlayfs-wrap"
+  local mksquashfs=$dir/bin/mksquashfs.static
+  if ! "$mksquashfs" -version 2>/dev/null | grep -Eq '^mksquashfs version (4\.([6-9]|[1-9][0-9])|[5-9])'; then
+    build_static_mksquashfs "$dir/mksquashfs-build" "$mksquashfs"
+  fi
+  echo "PATH=$dir/bin:$PATH"
+  echo "USER=$(id -un)"
+  echo "SQUASH_DIR=$dir/squash"
+  echo "PODMANHPC_GRAPH_ROOT=$dir/storage"
+  echo "PODMANHPC_RUN_ROOT=$dir/run"
+  echo "PODMANHPC_CONFIG_HOME=$dir/config"
+  echo "PODMANHPC_MKSQUASHFS_BIN=$mksquashfs"
+  echo "PODMANHPC_MODULES_DIR=$dir/venv/etc/podman_hpc/modules.d"
+}
+
+build_static_mksquashfs() {
+  local work=${1:?} out=${2:?}
+  rm -rf "$work" && mkdir -p "$work/lists/partial" "$work/archives/partial" "$work/parts"
+  echo "deb-src http://deb.debian.org/debian trixie main" >"$work/sources.list"
+  local apt=(apt-get -qq -o "Dir::Etc::SourceList=$work/sources.list" -o "Dir::Etc::SourceParts=$work/parts"
+             -o "Dir::State::Lists=$work/lists" -o "Dir::Cache::Archives=$work/archives")
+  "${apt[@]}" update >&2
+  (cd "$work" && "${apt[@]}" source --download-only squashfs-tools >&2)
+  tar -xzf "$work"/squashfs-tools_*.orig.tar.gz -C "$work"
+  make -s -C "$work"/squashfs-tools-*/squashfs-tools mksquashfs GZIP_SUPPORT=1 LZ4_SUPPORT=1 XZ_SUPPORT=0 \
+    LZO_SUPPORT=0 ZSTD_SUPPORT=0 EXTRA_LDFLAGS=-static >&2
+  install -m 0755 "$work"/squashfs-tools-*/squashfs-tools/mksquashfs "$out"
+  rm -rf "$work"
+}
+
 case "${1:-}" in
   install) install_engines ;;
   start-dockerd) start_dockerd "${2:-}" ;;
   stop-dockerd) stop_dockerd "${2:-}" ;;
   podman-conf) podman_conf "${2:-}" ;;
+  podman-hpc) podman_hpc "${2:-}" ;;
+  clean-podman-hpc) clean_podman_hpc "${2:-}" ;;
   *) usage ;;
 esac

@@ -1,13 +1,15 @@
 """The identical benchmark inside every runtime that runs here: the workflow builds the
 image from containers/Dockerfile (offline, on a base made here), runs ResNet-50 and
-netbench on 2 ranks in podman, docker and Charliecloud beside bare metal, and the
-records prove it was the same benchmark. podman and Charliecloud run in both MPI models:
-hybrid (the image's Open MPI, under mpirun) and native (the image's MPICH flavour with this
-machine's Debian MPICH bound over its libmpi, under MPICH's mpiexec)."""
+netbench on 2 ranks in podman, docker, Charliecloud and podman-hpc (NERSC's, from its migrate
+store) beside bare metal, and the records prove it was the same benchmark. podman and
+Charliecloud run in both MPI models: hybrid (the image's Open MPI, under mpirun) and native
+(the image's MPICH flavour with this machine's Debian MPICH bound over its libmpi, under MPICH's
+mpiexec)."""
 
 from __future__ import annotations
 
 import json
+import subprocess
 from dataclasses import replace
 from pathlib import Path
 
@@ -26,7 +28,8 @@ from containerbench.runtimes import CONTAINER_RUNTIMES, BareMetal
 
 # from scratch the fixture builds the image (debootstrap, build, save, load, ch-convert) first
 pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.containers, pytest.mark.timeout(2700)]
-RUNTIMES = ["bare-metal", "podman", "docker", "charliecloud"]
+# podman-hpc: NERSC's, from PyPI (scripts/container-engines.sh podman-hpc), its runs read the migrate store.
+RUNTIMES = ["bare-metal", "podman", "docker", "charliecloud", "podman-hpc"]
 NATIVE = ["podman", "charliecloud"]  # and in the native MPI model, labelled "NAME (native)" in the tables
 LABELS = [*RUNTIMES, *(f"{name} (native)" for name in NATIVE)]
 HOST_MPICH = "/usr/lib/x86_64-linux-gnu/libmpich.so.12"  # Debian's, installed by scripts/install-system-deps.sh
@@ -64,6 +67,9 @@ def container_run(container_engines, tmp_path_factory):
         # No later module runs the MPICH flavour or docker: their 6 GB go back before the next images come.
         give_back(f"{WORKFLOW_IMAGE}-mpich", env=container_engines)
         give_back(WORKFLOW_IMAGE, "docker", "archive", env=container_engines)
+        # podman-hpc's own store and its migrate store hold two more copies (`image remove` removes its stamp).
+        subprocess.run([str(ROOT / "scripts" / "container-engines.sh"), "clean-podman-hpc",
+                        str(Path(container_engines["SQUASH_DIR"]).parent)], timeout=300)
 
 
 def test_every_runtime_ran_the_identical_benchmark(container_run):
@@ -87,6 +93,14 @@ def test_every_runtime_ran_the_identical_benchmark(container_run):
             assert (held["image_id"], held["loaded"], held["host"]) == (stamp["image_id"], False, record["host"])
         else:
             assert record["node_images"] is None
+        if record["spec"]["runtime"] == "podman-hpc":
+            # The squashed copy migrate left in SQUASH_DIR, read back (migrate's exit status says nothing):
+            # the image podman built, by its id.
+            from containerbench import images
+
+            files = images.image_files(WORKFLOW_IMAGE, ROOT / images.IMAGES)
+            squashed, built = (json.loads(Path(files[name]).read_text()) for name in ("podman-hpc", "podman"))
+            assert squashed == {"image": WORKFLOW_IMAGE, "image_id": built["image_id"]}
         if record["kind"] == "train" and record["spec"]["ranks"] == 2:
             assert record["result"]["weights_identical"] is True
 
@@ -247,7 +261,6 @@ def test_sruns_pmi2_socket_reaches_a_podman_rank_only_through_the_shim(container
     shim (--pmi-fd, as runtimes.Podman puts it before a pmi2 rank) moves it to fd 3 and says so."""
     import fcntl
     import os
-    import subprocess
     import sys
 
     read_end, write_end = os.pipe()
@@ -269,6 +282,33 @@ def test_sruns_pmi2_socket_reaches_a_podman_rank_only_through_the_shim(container
         assert (shimmed.returncode, shimmed.stdout) == (0, "3\npmi2 says hello\n"), shimmed.stderr
     finally:
         os.close(pmi_fd)
+
+
+def test_podman_hpc_migrate_says_ok_when_it_squashed_nothing_and_prepare_reads_it_back(container_engines,
+                                                                                        monkeypatch):
+    """Issue 32, finding 9, on NERSC's podman-hpc 1.2.2: `migrate` of an image its store lacks logs the error
+    and exits 0 (podman_hpc/podman_hpc.py, `migrate`, drops migrate_image's result), so the prepare step reads
+    the squashed copy back from `podman-hpc images` (read-only: SQUASH_DIR, siteconfig.py's
+    additionalimagestore) and refuses in one line."""
+    from containerbench.runtimes import BuiltImage, PodmanHPC
+
+    for name in ("PATH", "USER", "SQUASH_DIR", "CONTAINERS_CONF", *(k for k in container_engines if "PODMANHPC" in k)):
+        monkeypatch.setenv(name, container_engines[name])
+    missing = "localhost/containerbench-nowhere:1"
+    migrated = subprocess.run(["podman-hpc", "migrate", missing], capture_output=True, text=True, timeout=300)
+    assert migrated.returncode == 0, migrated.stderr
+
+    def listed(argv):
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    with pytest.raises(ValueError) as refused:
+        PodmanHPC.read_prepared(BuiltImage(missing), listed)
+    assert str(refused.value).startswith(f"podman-hpc migrate {missing}: no squashed copy in SQUASH_DIR "
+                                         f"({container_engines['SQUASH_DIR']}); `podman-hpc images --no-trunc "
+                                         f"--filter reference={missing} --format '{{{{.ID}}}} {{{{.ReadOnly}}}}'` "
+                                         "listed nothing")
 
 
 def test_a_site_image_pinned_by_digest_is_pulled_on_a_node_that_lacks_it(container_engines, monkeypatch):
@@ -294,7 +334,6 @@ def test_the_mpich_flavour_is_what_sarus_mpi_hook_needs(container_run, container
     SharedLibrary.cpp). Read the same way here (the image's own ldconfig, on its own cache): the MPICH flavour
     names libmpi.so only as the wheel's libmpi.so.12, and the hybrid flavour keeps Open MPI's libmpi.so.40."""
     import re
-    import subprocess
 
     def libmpi(tag: str) -> dict[str, str]:
         shown = subprocess.run(["podman", "run", "--rm", "--network", "none", tag, "ldconfig", "-p"],

@@ -201,6 +201,16 @@ def prepare_runtime(name: str, image: BuiltImage, timeout: float = DEFAULT_STEP_
     artifact.parent.mkdir(parents=True, exist_ok=True)
     for argv in cls.prepare_commands(image):
         run_step(f"{name} ({argv[0]} {argv[1]})", argv, timeout=timeout)
+    try:
+        found = cls.read_prepared(image, lambda argv: run_step(f"{name} ({argv[0]} {argv[1]})", argv,
+                                                               timeout=timeout, capture=True).stdout)
+    except ValueError as error:
+        raise ImageStepError(f"{name}: {error}") from None
+    built_stamp = Path(image_files(image.tag, image.build_dir)[image.engine])
+    built_id = json.loads(built_stamp.read_text()).get("image_id") if built_stamp.is_file() else None
+    if found.get("image_id") and built_id and found["image_id"] != built_id:
+        raise ImageStepError(f"{name}: prepared {cls.reference(image)} as {found['image_id']}, not the built "
+                             f"{built_id} ({built_stamp}); prepare it again")
     if cls.artifact_is_stamp:
-        _write(artifact, json.dumps({"image": cls.reference(image)}) + "\n")
+        _write(artifact, json.dumps({"image": cls.reference(image), **found}) + "\n")
     return cls.reference(image)

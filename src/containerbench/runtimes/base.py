@@ -245,6 +245,12 @@ class Runtime(abc.ABC):
         """The commands that make the artifact from the built image (ReFrame's emit_prepare_commands)."""
         return []
 
+    @classmethod
+    def read_prepared(cls, built: BuiltImage, run) -> dict[str, str]:
+        """What the prepare commands made, read back for the artifact's stamp where their exit status does not
+        tell (`run(argv)` returns a command's output); {"image_id": ...} is held against the build's."""
+        return {}
+
     def node_requirements(self, gpus: bool = False) -> list[NodeRequirement]:
         """What its runs need on each node beyond its probe (versions, hooks, device specs); `gpus`: the
         sweep's runs get GPUs."""

@@ -3,6 +3,9 @@ benchmark needs (no --privileged)."""
 
 from __future__ import annotations
 
+import os
+import shlex
+
 from containerbench.runtimes.base import RANK_PREFIXES, BuiltImage, RunRequest, register
 from containerbench.runtimes.oci import Podman
 
@@ -17,11 +20,16 @@ class PodmanHPC(Podman):
     name = binary = "podman-hpc"
     probe = ("podman-hpc", "info")
     in_local_store = ()  # podman-hpc runs its squashed copies, not podman's store
+    # Besides podman's: a migrated image's root is squashfuse_ll's mount (squashfuse where that is missing)
+    # under fuse-overlayfs, both started by its fuse-overlayfs-wrap script (cut to 15 characters in /proc),
+    # which waits in inotifywait to unmount them (1.2.2 bin/fuse-overlayfs-wrap; seen in /proc here).
+    service_processes = (*Podman.service_processes, "fuse-overlayfs-", "inotifywait", "squashfuse_ll", "squashfuse")
     prepare_from = ("archive",)
 
     SLURM_PATHS = ("/var/spool/slurmd", "/run/munge")
 
-    # No oci_runtime: podman-hpc picks crun or runc itself (podman_hpc/siteconfig.py).
+    # No oci_runtime: podman-hpc takes no --runtime before its command, and the OCI runtime it finds on PATH
+    # it never passes to podman (1.2.2 siteconfig.py, self.runtime): containers.conf's [engine] runtime decides.
     def __init__(self, image: str, python: str = "python3", extra_args=(), uid: int | None = None,
                  gid: int | None = None, slurm_paths=SLURM_PATHS, **settings):
         super().__init__(image, python, extra_args, uid, gid, **settings)
@@ -29,8 +37,26 @@ class PodmanHPC(Podman):
 
     @classmethod
     def prepare_commands(cls, built: BuiltImage, registry: str = "REGISTRY") -> list[list[str]]:
-        # Load into podman-hpc's podman, then squash it where the compute nodes read it (podman-hpc README).
+        # Load into podman-hpc's own store (its graph_root, node-local), then squash it into SQUASH_DIR, the
+        # shared store every node's runs read (podman-hpc README; 1.2.2 migrate2scratch.py reads graph_root).
         return [["podman-hpc", "load", "-i", built.archive], ["podman-hpc", "migrate", built.tag]]
+
+    @classmethod
+    def read_prepared(cls, built: BuiltImage, run) -> dict[str, str]:
+        """migrate exits 0 whatever happened (1.2.2 podman_hpc.py, `migrate`: migrate_image's result is
+        dropped), so the squashed copy is read back: `images` lists SQUASH_DIR's copies read-only
+        (siteconfig.py adds it as additionalimagestore to `images` and `run` only)."""
+        argv = ["podman-hpc", "images", "--no-trunc", "--filter", f"reference={built.tag}",
+                "--format", "{{.ID}} {{.ReadOnly}}"]
+        listed = run(argv)
+        squashed = [line.split()[0] for line in listed.splitlines() if line.split()[1:] == ["true"]]
+        if not squashed:
+            raise ValueError(f"podman-hpc migrate {built.tag}: no squashed copy in SQUASH_DIR "
+                             f"({os.environ.get('SQUASH_DIR', 'unset: $SCRATCH/storage')}); `{shlex.join(argv)}` "
+                             f"listed {listed.strip() or 'nothing'}; migrate exits 0 when it fails, and logs why "
+                             "at --log-level info")
+        image_id = squashed[0]
+        return {"image_id": image_id if image_id.startswith("sha256:") else f"sha256:{image_id}"}
 
     # What podman-hpc's openmpi-pmix module adds for a Slurm-launched Open MPI rank, without its
     # --privileged (etc/modules.d/openmpi-pmix.yaml): slurmd's spool (the PMIx server's rendezvous
