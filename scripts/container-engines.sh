@@ -140,12 +140,13 @@ EOF
 # it (podman_hpc 1.2.2's source): squashfuse and fuse-overlayfs for a migrated image's root, inotifywait for its
 # fuse-overlayfs-wrap to unmount it, its OCI hook registered (configure_hooks), and a static mksquashfs 4.6 or
 # later, which migrate runs inside the image (migrate2scratch.py: -xattrs-exclude, bound at /mksq). Debian 12
-# has 4.5.1, so 4.6 is built from Debian trixie's source. Prints what a run needs: the tool on PATH (DIR/bin, its
-# two commands only), USER (siteconfig.py reads it where getlogin fails), and its stores and modules, by its
+# has 4.5.1, so 4.6 is built from Debian trixie's source. Prints what a run needs: the tool on PATH (DIR/bin: its
+# two commands and that mksquashfs, not its venv's python), USER (siteconfig.py reads it where getlogin fails), and its stores and modules, by its
 # PODMANHPC_* variables and SQUASH_DIR (siteconfig.py). DIR/squash is the migrate store the nodes read.
 podman_hpc() {
   local dir=${1:?podman-hpc DIR}
-  local packages=(squashfuse fuse-overlayfs inotify-tools liblz4-dev zlib1g-dev gcc make python3-venv) missing=()
+  local packages=(podman uidmap squashfuse fuse-overlayfs inotify-tools liblz4-dev zlib1g-dev gcc make python3-venv)
+  local missing=()
   for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
   done
@@ -186,13 +187,13 @@ podman_hpc() {
 
 build_static_mksquashfs() {
   local work=${1:?} out=${2:?}
-  rm -rf "$work" && mkdir -p "$work/lists/partial" "$work/archives/partial" "$work/parts"
+  rm -rf "$work" && mkdir -p "$work/lists/partial" "$work/archives/partial" "$work/parts" "$work/cache"
   echo "deb-src http://deb.debian.org/debian trixie main" >"$work/sources.list"
   local apt=(apt-get -qq -o "Dir::Etc::SourceList=$work/sources.list" -o "Dir::Etc::SourceParts=$work/parts"
-             -o "Dir::State::Lists=$work/lists" -o "Dir::Cache::Archives=$work/archives")
+             -o "Dir::State::Lists=$work/lists" -o "Dir::Cache=$work/cache" -o "Dir::Cache::Archives=$work/archives")
   "${apt[@]}" update >&2
   (cd "$work" && "${apt[@]}" source --download-only squashfs-tools >&2)
-  tar -xzf "$work"/squashfs-tools_*.orig.tar.gz -C "$work"
+  tar -xf "$work"/squashfs-tools_*.orig.tar.* -C "$work"
   make -s -C "$work"/squashfs-tools-*/squashfs-tools mksquashfs GZIP_SUPPORT=1 LZ4_SUPPORT=1 XZ_SUPPORT=0 \
     LZO_SUPPORT=0 ZSTD_SUPPORT=0 EXTRA_LDFLAGS=-static >&2
   install -m 0755 "$work"/squashfs-tools-*/squashfs-tools/mksquashfs "$out"

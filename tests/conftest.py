@@ -12,8 +12,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import tempfile
-from pathlib import Path
 
 import pytest
 from diskwatch import GB, DiskWatch
@@ -148,20 +146,11 @@ def container_engines(tmp_path_factory) -> dict:
     subprocess.run([str(engines), "install"], check=True, timeout=900)
     state = tmp_path_factory.mktemp("engines")
     conf = subprocess.run([str(engines), "podman-conf", str(state)], capture_output=True, text=True, check=True)
-    podman_hpc_dir = Path(tempfile.mkdtemp(prefix="cb-podman-hpc-"))
     dockerd = subprocess.run([str(engines), "start-dockerd", str(state / "docker")], capture_output=True,
                              text=True, timeout=300)
     try:
         assert dockerd.returncode == 0, dockerd.stderr
-        # NERSC's podman-hpc, from PyPI, with its stores and migrate store (SQUASH_DIR) in a directory of a
-        # short name: podman takes a run root of 50 characters at most.
-        env = {**os.environ, **exported(conf.stdout), **exported(dockerd.stdout)}
-        podman_hpc = subprocess.run([str(engines), "podman-hpc", str(podman_hpc_dir)], capture_output=True,
-                                    text=True, timeout=900, env=env)
-        assert podman_hpc.returncode == 0, podman_hpc.stderr[-3000:]
-        yield {**env, **exported(podman_hpc.stdout)}
+        yield {**os.environ, **exported(conf.stdout), **exported(dockerd.stdout)}
     finally:
-        subprocess.run([str(engines), "clean-podman-hpc", str(podman_hpc_dir)], timeout=120)
-        shutil.rmtree(podman_hpc_dir, ignore_errors=True)
         subprocess.run([str(engines), "stop-dockerd", str(state / "docker")], timeout=120)
         shutil.rmtree(state / "docker", ignore_errors=True)  # its store: gigabytes, of no use after the session

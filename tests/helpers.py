@@ -64,9 +64,8 @@ def tiny_config(tmp_path: Path, **overrides) -> dict:
 def run_and_parse(runs, config: dict, workdir: Path, retries=None):
     """Execute each planned run as the workflow does (raw log in workdir), then parse its record; a disturbed
     run is measured again up to `retries` times (undisturbed_record)."""
-    telemetry = Path(config["results_dir"], "telemetry")
     for spec in runs:
-        yield spec, undisturbed_record(plan_run(spec, config), workdir / f"{spec.run_id}.log", telemetry,
+        yield spec, undisturbed_record(plan_run(spec, config), workdir / f"{spec.run_id}.log",
                                        DISTURBED_RETRIES if retries is None else retries)
 
 
@@ -74,7 +73,7 @@ def run_and_parse(runs, config: dict, workdir: Path, retries=None):
 DISTURBED_RETRIES = 2
 
 
-def undisturbed_record(plan, log: Path, telemetry: Path | None = None, retries=DISTURBED_RETRIES) -> dict:
+def undisturbed_record(plan, log: Path, retries=DISTURBED_RETRIES) -> dict:
     """Measure a planned run and parse its record, at the default disturbance limits (issue 34): a run this
     shared machine disturbed says so with its measured cause, is kept (its log and samples set aside whole,
     in superseded/RUN/attempt-N beside the log), and is measured again, alone, once a spell of the
@@ -85,10 +84,11 @@ def undisturbed_record(plan, log: Path, telemetry: Path | None = None, retries=D
         if record["status"] != "disturbed":
             break
         assert measured(record), record["reasons"]
-        wait_out_steal()
+        if any("the hypervisor stole" in reason for reason in record["reasons"]):
+            wait_out_steal()
         kept = log.parent / "superseded" / log.stem / f"attempt-{attempt}"
         kept.mkdir(parents=True)
-        samples = (telemetry / log.stem, telemetry / f"{log.stem}.csv") if telemetry else ()
+        samples = (Path(plan.telemetry["dir"]), Path(plan.telemetry["file"])) if plan.telemetry else ()
         for path in (log, *samples):
             if path.exists():
                 shutil.move(path, kept / path.name)
@@ -152,7 +152,7 @@ def host_steal_share(window_s: float) -> float:
     return (stolen_after - stolen) / max(1, total_after - total)
 
 
-def wait_out_steal(limit=STEAL_LIMIT, window_s=10.0, most_s=180.0) -> float:
+def wait_out_steal(limit=STEAL_LIMIT, window_s=10.0, most_s=120.0) -> float:
     """Before a disturbed run is measured again: the hypervisor's steal comes in spells (a fresh clone's CI,
     2026-11-28: 6% over a run and both of its immediate retries), so wait until a whole window is under the
     limit, or most_s has passed. Returns the last window's share."""
@@ -186,7 +186,8 @@ def undisturbed_records(workdir: Path, results: Path, *args: str, timeout=900, r
             assert all(DISTURBED_CAUSE.fullmatch(r) for r in current[run_id]["reasons"]), current[run_id]["reasons"]
         if not disturbed:
             break
-        wait_out_steal()
+        if any("the hypervisor stole" in reason for run_id in disturbed for reason in current[run_id]["reasons"]):
+            wait_out_steal()
         set_aside = run_group([str(CONTAINERBENCH), "remeasure", "--results", str(results), "--status", "disturbed"],
                               timeout=60)
         assert set_aside.returncode == 0 and len(set_aside.stdout.splitlines()) == len(disturbed), set_aside.stdout

@@ -9,14 +9,16 @@ mpiexec)."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
+import tempfile
 from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import yaml
-from helpers import ROOT, SMOKE_MODEL, TINY, WORKFLOW_IMAGE, give_back, snakemake, undisturbed_records
+from helpers import ROOT, SMOKE_MODEL, TINY, WORKFLOW_IMAGE, exported, give_back, snakemake, undisturbed_records
 
 from containerbench import config as cb_config
 from containerbench import launchers
@@ -28,7 +30,8 @@ from containerbench.runtimes import CONTAINER_RUNTIMES, BareMetal
 
 # from scratch the fixture builds the image (debootstrap, build, save, load, ch-convert) first
 pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.containers, pytest.mark.timeout(2700)]
-# podman-hpc: NERSC's, from PyPI (scripts/container-engines.sh podman-hpc), its runs read the migrate store.
+# podman-hpc: NERSC's, from PyPI (scripts/container-engines.sh podman-hpc); its runs read the migrate store
+# (the prepare step drops the loaded copy once the squashed one is read back, as a compute node has none).
 RUNTIMES = ["bare-metal", "podman", "docker", "charliecloud", "podman-hpc"]
 NATIVE = ["podman", "charliecloud"]  # and in the native MPI model, labelled "NAME (native)" in the tables
 LABELS = [*RUNTIMES, *(f"{name} (native)" for name in NATIVE)]
@@ -36,7 +39,27 @@ HOST_MPICH = "/usr/lib/x86_64-linux-gnu/libmpich.so.12"  # Debian's, installed b
 
 
 @pytest.fixture(scope="module")
-def container_run(container_engines, tmp_path_factory):
+def podman_hpc(container_engines):
+    """NERSC's podman-hpc, from PyPI, beside the engines: its own store and its migrate store (SQUASH_DIR) in
+    a directory of a short name (podman takes a run root of 50 characters at most), removed afterwards."""
+    engines, directory = ROOT / "scripts" / "container-engines.sh", Path(tempfile.mkdtemp(prefix="cb-phpc-"))
+    try:
+        installed = subprocess.run([str(engines), "podman-hpc", str(directory)], capture_output=True, text=True,
+                                   timeout=900, env=container_engines)
+        assert installed.returncode == 0, installed.stderr[-3000:]
+        yield {**container_engines, **exported(installed.stdout)}
+    finally:
+        subprocess.run([str(engines), "clean-podman-hpc", str(directory)], timeout=300)
+        shutil.rmtree(directory, ignore_errors=True)
+        # Its stamp names copies that are gone now: the next session prepares them again.
+        from containerbench import images
+
+        Path(images.image_files(WORKFLOW_IMAGE, ROOT / images.IMAGES)["podman-hpc"]).unlink(missing_ok=True)
+
+
+@pytest.fixture(scope="module")
+def container_run(podman_hpc, tmp_path_factory):
+    container_engines = podman_hpc  # and the other engines
     workdir = tmp_path_factory.mktemp("containers")
     # The image is the repository's (its build context and build/ cache live there);
     # the results of this run go to the temporary directory.
@@ -67,9 +90,6 @@ def container_run(container_engines, tmp_path_factory):
         # No later module runs the MPICH flavour or docker: their 6 GB go back before the next images come.
         give_back(f"{WORKFLOW_IMAGE}-mpich", env=container_engines)
         give_back(WORKFLOW_IMAGE, "docker", "archive", env=container_engines)
-        # podman-hpc's own store and its migrate store hold two more copies (`image remove` removes its stamp).
-        subprocess.run([str(ROOT / "scripts" / "container-engines.sh"), "clean-podman-hpc",
-                        str(Path(container_engines["SQUASH_DIR"]).parent)], timeout=300)
 
 
 def test_every_runtime_ran_the_identical_benchmark(container_run):
@@ -165,6 +185,8 @@ def test_every_run_has_telemetry_and_each_rank_proves_where_it_ran(container_run
     by_name = samples[samples["metric"] == "service_cpu_by_name_s"].groupby(["runtime", "device"])["value"].max()
     for runtime in ("docker", "podman"):  # measured: 0.01 to 0.02 s a run, the podman client's or dockerd's
         assert by_name[runtime][list(CONTAINER_RUNTIMES[runtime].service_processes)].sum() > 0, by_name[runtime]
+    # podman-hpc's ranks read the image through squashfuse_ll: its root was the migrate store's squashed copy.
+    assert by_name["podman-hpc"]["squashfuse_ll"] > 0, by_name["podman-hpc"]
     series = pd.read_csv(results / "telemetry.csv")
     assert set(series["run_id"]) == {r["run_id"] for r in records}
     assert 'alt="CPU use and packets per node over time"' in (results / "report.html").read_text()
@@ -238,14 +260,14 @@ def test_a_native_run_whose_runtime_kept_the_images_libmpi_is_invalid(container_
             f"not the host's {library_mpi_version(HOST_MPICH)!r} ({HOST_MPICH})") in record["reasons"]
 
 
-def test_the_readmes_remeasure_command_runs_podman_without_makes_environment(container_run, container_engines):
+def test_the_readmes_remeasure_command_runs_podman_without_makes_environment(container_run, podman_hpc):
     """Issue 36: the README's `.venv/bin/snakemake --profile profiles/local --forcerun results/runs/<run_id>.log`,
     typed after `make run`, made every podman run fail ("runc create failed: ... error setting rlimit type 7"):
     the engine settings came from the Makefile's CONTAINERS_CONF alone. The workflow sets them itself now."""
     run_id = "netbench_podman_tcp-loopback_1x2_rep1"
     log = container_run / "results" / "runs" / f"{run_id}.log"
     before = log.stat().st_mtime_ns
-    typed = {name: value for name, value in container_engines.items() if name != "CONTAINERS_CONF"}
+    typed = {name: value for name, value in podman_hpc.items() if name != "CONTAINERS_CONF"}
     configs = ["--configfile", str(ROOT / "config" / "config.yaml"), str(container_run / "tiny.yaml")]
     done = snakemake(ROOT, *configs, "--forcerun", str(log), timeout=1200, env=typed)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
@@ -284,16 +306,15 @@ def test_sruns_pmi2_socket_reaches_a_podman_rank_only_through_the_shim(container
         os.close(pmi_fd)
 
 
-def test_podman_hpc_migrate_says_ok_when_it_squashed_nothing_and_prepare_reads_it_back(container_engines,
-                                                                                        monkeypatch):
+def test_podman_hpc_migrate_says_ok_when_it_squashed_nothing_and_prepare_reads_it_back(podman_hpc, monkeypatch):
     """Issue 32, finding 9, on NERSC's podman-hpc 1.2.2: `migrate` of an image its store lacks logs the error
     and exits 0 (podman_hpc/podman_hpc.py, `migrate`, drops migrate_image's result), so the prepare step reads
     the squashed copy back from `podman-hpc images` (read-only: SQUASH_DIR, siteconfig.py's
     additionalimagestore) and refuses in one line."""
     from containerbench.runtimes import BuiltImage, PodmanHPC
 
-    for name in ("PATH", "USER", "SQUASH_DIR", "CONTAINERS_CONF", *(k for k in container_engines if "PODMANHPC" in k)):
-        monkeypatch.setenv(name, container_engines[name])
+    for name in ("PATH", "USER", "SQUASH_DIR", "CONTAINERS_CONF", *(k for k in podman_hpc if "PODMANHPC" in k)):
+        monkeypatch.setenv(name, podman_hpc[name])
     missing = "localhost/containerbench-nowhere:1"
     migrated = subprocess.run(["podman-hpc", "migrate", missing], capture_output=True, text=True, timeout=300)
     assert migrated.returncode == 0, migrated.stderr
@@ -306,7 +327,7 @@ def test_podman_hpc_migrate_says_ok_when_it_squashed_nothing_and_prepare_reads_i
     with pytest.raises(ValueError) as refused:
         PodmanHPC.read_prepared(BuiltImage(missing), listed)
     assert str(refused.value).startswith(f"podman-hpc migrate {missing}: no squashed copy in SQUASH_DIR "
-                                         f"({container_engines['SQUASH_DIR']}); `podman-hpc images --no-trunc "
+                                         f"({podman_hpc['SQUASH_DIR']}); `podman-hpc images --no-trunc "
                                          f"--filter reference={missing} --format '{{{{.ID}}}} {{{{.ReadOnly}}}}'` "
                                          "listed nothing")
 

@@ -147,6 +147,22 @@ def test_build_argv(engine):
                                                          else os.environ.get("DOCKER_BUILDKIT"))
 
 
+def test_a_prepared_copy_must_be_the_built_image_by_its_id(tmp_path):
+    """podman-hpc's squashed copy, read back after migrate, against the build's stamp (imagebuild.build_stamp)."""
+    stamp = tmp_path / "podman-containerbench.json"
+    stamp.write_text('{"image_id": "sha256:aaa"}')
+    images.check_prepared_id("podman-hpc", TAG, "sha256:aaa", stamp)
+    with pytest.raises(imagestep.ImageStepError) as other:
+        images.check_prepared_id("podman-hpc", TAG, "sha256:bbb", stamp)
+    assert str(other.value) == (f"podman-hpc: prepared {TAG} as sha256:bbb, not the built sha256:aaa ({stamp}); "
+                                "prepare it again")
+    stamp.write_text("{}")
+    with pytest.raises(imagestep.ImageStepError) as unnamed:
+        images.check_prepared_id("podman-hpc", TAG, "sha256:aaa", stamp)
+    assert str(unnamed.value) == (f"podman-hpc: the build's stamp {stamp} names no image id (KeyError('image_id')); "
+                                  "build the image again")
+
+
 def test_export_and_every_runtimes_prepare_commands():
     archive = Path("build/images/containerbench.tar")
     assert imagebuild.save_argv("docker", TAG, archive) == ["docker", "save", "-o", str(archive), TAG]
@@ -158,7 +174,8 @@ def test_export_and_every_runtimes_prepare_commands():
     assert images.runtime_commands("podman", TAG, "registry.example.org", gpus=True) == {
         "docker": [["docker", "load", "-i", f"{out}.tar"]],
         "podman": [],  # the build engine holds the image already
-        "podman-hpc": [["podman-hpc", "load", "-i", f"{out}.tar"], ["podman-hpc", "migrate", TAG]],
+        "podman-hpc": [["podman-hpc", "load", "-i", f"{out}.tar"], ["podman-hpc", "migrate", TAG],
+                       ["podman-hpc", "rmi", TAG]],  # once the squashed copy is read back (read_prepared)
         "apptainer": [["apptainer", "build", f"{out}.sif", f"docker-archive:{out}.tar"]],
         "singularity": [["singularity", "build", f"{out}.sif", f"docker-archive:{out}.tar"]],
         "apptainer-def": [["apptainer", "build", f"{out}.sif", f"{out}.def"]],

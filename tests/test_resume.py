@@ -134,7 +134,7 @@ def test_a_run_that_hangs_after_its_result_is_stopped_within_seconds_and_keeps_i
     config["fabrics"]["tcp-loopback"]["env"][faults.VARIABLE] = "hang-at-exit"
     [spec] = [run for run in cb_config.plan_runs(config) if run.kind == "netbench" and run.repetition == 1]
     started = time.monotonic()
-    [(_, record)] = run_and_parse([spec], config, tmp_path)
+    [(_, record)] = run_and_parse([spec], config, tmp_path, retries=0)  # one run, timed
     assert time.monotonic() - started < 60 < config["netbench"]["timeout_s"]
     # Measured and kept: ok, or disturbed with its measured cause where this machine is busy (issue 34, item 3).
     assert record["status"] == "ok" or (record["status"] == "disturbed" and all(

@@ -1,8 +1,9 @@
 """Each runtime's commands held against that runtime's own documentation (issue 10's findings).
 
-Shifter, Sarus, Enroot/Pyxis, Apptainer and podman-hpc cannot be installed here: their
-argv and environment are asserted word for word, and every test names the source it
-follows (repository@commit:path, then the section or the code). Charliecloud is
+Shifter, Sarus, Enroot/Pyxis and Apptainer cannot be installed here: their argv and
+environment are asserted word for word, and every test names the source it follows
+(repository@commit:path, then the section or the code). podman-hpc is held against its
+source here too; test_containers runs it for real. Charliecloud is
 installed: its feature query runs for real. The rankexec shim runs for real with a
 harmless program standing in for the runtime.
 """
@@ -333,6 +334,26 @@ def test_podman_hpc_adds_what_its_openmpi_pmix_module_adds_except_privileged():
     assert {"SLURM_*", "SLURMD_*", "PMI_*", "PMIX_*"} <= {argv[i + 1] for i, w in enumerate(argv) if w == "--env"}
     assert "--privileged" not in argv and argv[argv.index("--userns") + 1] == "keep-id"
     assert PodmanHPC.prepare_commands(BUILT)[-1] == ["podman-hpc", "migrate", TAG]
+
+
+def test_podman_hpc_native_leaves_the_namespaces_to_its_module_and_names_hydras_local_rank():
+    """podman-hpc 1.2.2 (PyPI; the same code as PODMAN_HPC): etc/modules.d/mpich.yaml sets shared_run, and
+    podman_hpc.py's _shared_run starts one container per node, named `uid-UID-pid-PPID`, from the rank whose
+    local id (os.environ[conf.localid_var]) is 0 or unset; the others wait for it and `podman exec` into it.
+    siteconfig.py: localid_var = "SLURM_LOCALID", tasks_per_node_var = "SLURM_STEP_TASKS_PER_NODE", each
+    overridden by PODMANHPC_<NAME> in the environment (_check_and_set). Hydra sets MPI_LOCALRANKID and
+    MPI_LOCALNRANKS for each rank (mpiexec.mpich here: `MPI_LOCALNRANKS=2 MPI_LOCALRANKID=1`)."""
+    hydra = runtime_for("podman-hpc", native_config("podman-hpc", launcher="mpirun"))
+    assert hydra.launcher == "mpirun" and "--mpi" in hydra.rank_argv(CPU_RANK)
+    # The module's additional_args say --ipc=host --network=host --pid=host; podman 4.3 refuses a second
+    # --network ("cannot set multiple networks without bridge network mode", podman-hpc 1.2.2 run here).
+    assert not {"--network", "--ipc", "--pid"} & set(hydra.rank_argv(CPU_RANK))
+    assert hydra.environment(CPU_RANK).items() >= {"PODMANHPC_LOCALID_VAR": "MPI_LOCALRANKID",
+                                                   "PODMANHPC_TASKS_PER_NODE_VAR": "MPI_LOCALNRANKS"}.items()
+    hydra.launcher = "srun"  # Slurm's own variables, podman-hpc's defaults
+    assert not any(name.startswith("PODMANHPC_") for name in hydra.environment(CPU_RANK))
+    hybrid = runtime_for("podman-hpc", {"images": {"podman-hpc": {"image": "img"}}})
+    assert not any(name.startswith("PODMANHPC_") for name in hybrid.environment(CPU_RANK))  # no shared run
 
 
 # --- 6. Apptainer ---------------------------------------------------------------------------------

@@ -96,7 +96,8 @@ def runtime_commands(engine: str, tag: str, registry: str = "REGISTRY", build_di
                      gpus: bool = False) -> dict[str, list[list[str]]]:
     """Every runtime's prepare commands for the built image (what `images print-commands` shows)."""
     image = build_outputs(tag, build_dir, engine, gpus)
-    commands = {name: cls.prepare_commands(image, registry) for name, cls in CONTAINER_RUNTIMES.items()}
+    commands = {name: [*cls.prepare_commands(image, registry), *cls.after_prepared_commands(image)]
+                for name, cls in CONTAINER_RUNTIMES.items()}
     return {**commands, "apptainer-def": [Apptainer.build_argv(image.file(".sif"), image.definition)]}
 
 
@@ -193,6 +194,18 @@ def check_bench_env(config: dict, repo: Path | str, artifacts: dict[ImageUse, st
 CONVERTED = tuple(name for name, cls in CONTAINER_RUNTIMES.items() if cls.prepare_from)
 
 
+def check_prepared_id(name: str, reference: str, prepared_id: str, built_stamp: Path) -> None:
+    """The prepared copy is the image the engine built, by its id (the build's stamp: imagebuild.build_stamp)."""
+    try:
+        built_id = json.loads(built_stamp.read_text())["image_id"]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise ImageStepError(f"{name}: the build's stamp {built_stamp} names no image id ({error!r}); "
+                             "build the image again") from None
+    if prepared_id != built_id:
+        raise ImageStepError(f"{name}: prepared {reference} as {prepared_id}, not the built {built_id} "
+                             f"({built_stamp}); prepare it again")
+
+
 def prepare_runtime(name: str, image: BuiltImage, timeout: float = DEFAULT_STEP_TIMEOUT_S) -> str:
     """Run `name`'s prepare commands; a runtime whose artifact is not the file the commands make
     (sarus, podman-hpc: the image lives in their own store) gets a stamp naming what it runs."""
@@ -206,11 +219,11 @@ def prepare_runtime(name: str, image: BuiltImage, timeout: float = DEFAULT_STEP_
                                                                timeout=timeout, capture=True).stdout)
     except ValueError as error:
         raise ImageStepError(f"{name}: {error}") from None
-    built_stamp = Path(image_files(image.tag, image.build_dir)[image.engine])
-    built_id = json.loads(built_stamp.read_text()).get("image_id") if built_stamp.is_file() else None
-    if found.get("image_id") and built_id and found["image_id"] != built_id:
-        raise ImageStepError(f"{name}: prepared {cls.reference(image)} as {found['image_id']}, not the built "
-                             f"{built_id} ({built_stamp}); prepare it again")
+    if found.get("image_id"):
+        check_prepared_id(name, cls.reference(image), found["image_id"],
+                          Path(image_files(image.tag, image.build_dir)[image.engine]))
+    for argv in cls.after_prepared_commands(image):
+        run_step(f"{name} ({argv[0]} {argv[1]})", argv, timeout=timeout)
     if cls.artifact_is_stamp:
         _write(artifact, json.dumps({"image": cls.reference(image), **found}) + "\n")
     return cls.reference(image)

@@ -246,6 +246,11 @@ class Runtime(abc.ABC):
         return []
 
     @classmethod
+    def after_prepared_commands(cls, built: BuiltImage) -> list[list[str]]:
+        """Run once the prepared artifact is read back (read_prepared): what the prepare left that no run needs."""
+        return []
+
+    @classmethod
     def read_prepared(cls, built: BuiltImage, run) -> dict[str, str]:
         """What the prepare commands made, read back for the artifact's stamp where their exit status does not
         tell (`run(argv)` returns a command's output); {"image_id": ...} is held against the build's."""

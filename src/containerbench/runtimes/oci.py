@@ -83,13 +83,15 @@ class OciEngine(ContainerRuntime):
         names = sorted(name for name in self.environment(request) if not name.startswith(RANK_PREFIXES))
         return [word for name in names for word in ("--env", name)]
 
+    def namespace_args(self) -> list[str]:
+        return ["--network", "host", "--ipc", "host", "--pid", "host"]
+
     def run_argv(self, request: RunRequest) -> list[str]:
         # Host network/IPC/PIDs: NCCL and MPI reach peers and share memory as on bare metal. With
         # --ipc host Docker mounts the host's /dev/shm (moby daemon setupIpcDirs), which NCCL needs to
         # use SHM/P2P between containers (NVIDIA/nccl#248); --pid host keeps peer PIDs valid for
         # cross-memory attach (Sarus user guide, "PID namespace"). No name: ranks run in parallel.
-        argv = [*self.engine_args(), "--rm", "--network", "host", "--ipc", "host", "--pid", "host",
-                *self.user_args(),
+        argv = [*self.engine_args(), "--rm", *self.namespace_args(), *self.user_args(),
                 # `run` attaches to the container's streams, not to the engine's log store
                 # (docker/compose-cli#1615; conmon "none", containers/conmon#172): no second copy.
                 "--log-driver", "none"]

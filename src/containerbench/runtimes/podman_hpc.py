@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shlex
 
+from containerbench.launchers import Mpirun
 from containerbench.runtimes.base import RANK_PREFIXES, BuiltImage, RunRequest, register
 from containerbench.runtimes.oci import Podman
 
@@ -40,6 +41,13 @@ class PodmanHPC(Podman):
         # Load into podman-hpc's own store (its graph_root, node-local), then squash it into SQUASH_DIR, the
         # shared store every node's runs read (podman-hpc README; 1.2.2 migrate2scratch.py reads graph_root).
         return [["podman-hpc", "load", "-i", built.archive], ["podman-hpc", "migrate", built.tag]]
+
+    @classmethod
+    def after_prepared_commands(cls, built: BuiltImage) -> list[list[str]]:
+        # The loaded copy in the planning host's own store: no compute node sees it, and where it is left the
+        # planning host's runs would take it before SQUASH_DIR's (its graph_root is podman's main store; the
+        # squashed copy an additional one). `rmi` removes only the main store's copy (podman-hpc images: seen).
+        return [["podman-hpc", "rmi", built.tag]]
 
     @classmethod
     def read_prepared(cls, built: BuiltImage, run) -> dict[str, str]:
@@ -88,4 +96,23 @@ class PodmanHPC(Podman):
 
     def native_args(self) -> list[str]:
         return ["--mpi"] if self.native else []
+
+    def namespace_args(self) -> list[str]:
+        # The mpich module adds --ipc=host --network=host --pid=host (mpich.yaml additional_args), and podman
+        # refuses a second --network: "cannot set multiple networks without bridge network mode" (seen here).
+        return [] if self.native else super().namespace_args()
+
+    # --mpi makes the run a shared run (mpich.yaml shared_run): a node's ranks share one container, named after
+    # their parent process and started by the rank whose local id is 0, the others exec into it (1.2.2
+    # podman_hpc.py, _shared_run). The local id and count come from SLURM_LOCALID and SLURM_STEP_TASKS_PER_NODE
+    # unless PODMANHPC_LOCALID_VAR and PODMANHPC_TASKS_PER_NODE_VAR name others (siteconfig.py, localid_var and
+    # tasks_per_node_var). Under Hydra (native runs under mpirun) neither is set: each rank would start a
+    # container of the same name, and one waited on it forever (seen here). Hydra gives every rank its own.
+    HYDRA_LOCAL_RANK = {"PODMANHPC_LOCALID_VAR": "MPI_LOCALRANKID", "PODMANHPC_TASKS_PER_NODE_VAR": "MPI_LOCALNRANKS"}
+
+    def environment(self, request: RunRequest) -> dict[str, str]:
+        env = super().environment(request)
+        if self.native and self.launcher == Mpirun.kind:
+            env.update(self.HYDRA_LOCAL_RANK)
+        return env
 
