@@ -336,7 +336,7 @@ def test_podman_hpc_adds_what_its_openmpi_pmix_module_adds_except_privileged():
     assert PodmanHPC.prepare_commands(BUILT)[-1] == ["podman-hpc", "migrate", TAG]
 
 
-def test_podman_hpc_native_leaves_the_namespaces_to_its_module_and_names_hydras_local_rank():
+def test_podman_hpc_shares_a_container_per_node_and_names_the_launchers_local_rank():
     """podman-hpc 1.2.2 (PyPI; the same code as PODMAN_HPC): etc/modules.d/mpich.yaml sets shared_run, and
     podman_hpc.py's _shared_run starts one container per node, named `uid-UID-pid-PPID`, from the rank whose
     local id (os.environ[conf.localid_var]) is 0 or unset; the others wait for it and `podman exec` into it.
@@ -352,8 +352,14 @@ def test_podman_hpc_native_leaves_the_namespaces_to_its_module_and_names_hydras_
                                                    "PODMANHPC_TASKS_PER_NODE_VAR": "MPI_LOCALNRANKS"}.items()
     hydra.launcher = "srun"  # Slurm's own variables, podman-hpc's defaults
     assert not any(name.startswith("PODMANHPC_") for name in hydra.environment(CPU_RANK))
-    hybrid = runtime_for("podman-hpc", {"images": {"podman-hpc": {"image": "img"}}})
-    assert not any(name.startswith("PODMANHPC_") for name in hybrid.environment(CPU_RANK))  # no shared run
+    # Hybrid ranks too go through shared-run ("the recommended way to launch a container from a parallel launcher
+    # such as Slurm srun or mpirun", shared_run's help); under mpirun Open MPI numbers a node's ranks
+    # (OMPI_COMM_WORLD_LOCAL_RANK, _LOCAL_SIZE: Open MPI's mpirun(1), "Exported environment variables").
+    hybrid = runtime_for("podman-hpc", {"images": {"podman-hpc": {"image": "img"}}, "launcher": {"kind": "mpirun"}})
+    assert hybrid.rank_argv(CPU_RANK)[:2] == ["podman-hpc", "shared-run"] and "--mpi" not in hybrid.rank_argv(CPU_RANK)
+    open_mpi = {"PODMANHPC_LOCALID_VAR": "OMPI_COMM_WORLD_LOCAL_RANK",
+                "PODMANHPC_TASKS_PER_NODE_VAR": "OMPI_COMM_WORLD_LOCAL_SIZE"}
+    assert hybrid.environment(CPU_RANK).items() >= open_mpi.items()
 
 
 # --- 6. Apptainer ---------------------------------------------------------------------------------

@@ -126,14 +126,16 @@ CASES = {
          "--volume", "/work/x:/work/x", "--workdir", "/work/x", *PODMAN_RANK_VARS, *PODMAN_CPU_ENV,
          "containerbench:latest", *IN_IMAGE],
         podman_env("podman", CPU_ENV)),
+    # podman-hpc 1.2.2 podman_hpc.py, shared_run's help: "the recommended way to launch a container from a
+    # parallel launcher such as Slurm srun or mpirun" (one container per node, each rank an exec into it).
     ("podman-hpc", "site"): (
-        ["podman-hpc", "run", *HOST_NS, "--userns", "keep-id", "--user", "1000:1000", "--log-driver", "none",
+        ["podman-hpc", "shared-run", *HOST_NS, "--userns", "keep-id", "--user", "1000:1000", "--log-driver", "none",
          "--gpu", *RDMA, "--volume", "/tmp:/tmp", "--volume", "/dev/shm:/dev/shm", *HPC_SLURM,
          "--volume", "/etc/libibverbs.d:/etc/libibverbs.d", *SITE_VOLUMES, "--workdir", WD,
          *HPC_RANK_VARS, *PODMAN_SITE_ENV, "containerbench:latest", *IN_IMAGE],
         podman_env("podman-hpc", SITE_ENV)),
     ("podman-hpc", "cpu"): (
-        ["podman-hpc", "run", *HOST_NS, "--userns", "keep-id", "--user", "1000:1000", "--log-driver", "none",
+        ["podman-hpc", "shared-run", *HOST_NS, "--userns", "keep-id", "--user", "1000:1000", "--log-driver", "none",
          *NO_GPU, "--volume", "/tmp:/tmp", "--volume", "/dev/shm:/dev/shm", *HPC_SLURM,
          "--volume", "/work/x:/work/x", "--workdir", "/work/x", *HPC_RANK_VARS, *PODMAN_CPU_ENV,
          "containerbench:latest", *IN_IMAGE],

@@ -24,7 +24,9 @@ class PodmanHPC(Podman):
     # Besides podman's: a migrated image's root is squashfuse_ll's mount (squashfuse where that is missing)
     # under fuse-overlayfs, both started by its fuse-overlayfs-wrap script (cut to 15 characters in /proc),
     # which waits in inotifywait to unmount them (1.2.2 bin/fuse-overlayfs-wrap; seen in /proc here).
-    service_processes = (*Podman.service_processes, "fuse-overlayfs-", "inotifywait", "squashfuse_ll", "squashfuse")
+    # Each rank's podman-hpc waits on its `podman exec` (and rank 0's on the container) through the run.
+    service_processes = (*Podman.service_processes, "podman-hpc", "fuse-overlayfs-", "inotifywait", "squashfuse_ll",
+                         "squashfuse")
     prepare_from = ("archive",)
 
     SLURM_PATHS = ("/var/spool/slurmd", "/run/munge")
@@ -102,17 +104,26 @@ class PodmanHPC(Podman):
         # refuses a second --network: "cannot set multiple networks without bridge network mode" (seen here).
         return [] if self.native else super().namespace_args()
 
-    # --mpi makes the run a shared run (mpich.yaml shared_run): a node's ranks share one container, named after
-    # their parent process and started by the rank whose local id is 0, the others exec into it (1.2.2
-    # podman_hpc.py, _shared_run). The local id and count come from SLURM_LOCALID and SLURM_STEP_TASKS_PER_NODE
-    # unless PODMANHPC_LOCALID_VAR and PODMANHPC_TASKS_PER_NODE_VAR name others (siteconfig.py, localid_var and
-    # tasks_per_node_var). Under Hydra (native runs under mpirun) neither is set: each rank would start a
-    # container of the same name, and one waited on it forever (seen here). Hydra gives every rank its own.
-    HYDRA_LOCAL_RANK = {"PODMANHPC_LOCALID_VAR": "MPI_LOCALRANKID", "PODMANHPC_TASKS_PER_NODE_VAR": "MPI_LOCALNRANKS"}
+    # Every rank goes through `shared-run`, "the recommended way to launch a container from a parallel launcher
+    # such as Slurm srun or mpirun" (1.2.2 podman_hpc.py, shared_run's help; --mpi makes a run one too, mpich.yaml
+    # shared_run): a node's ranks share one container, named after their parent process and started by the rank
+    # whose local id is 0, the others exec into it (_shared_run). With a `run` per rank, each container mounts
+    # the squashed image at the same path (bin/fuse-overlayfs-wrap); two ranks that ended 4 s apart left one
+    # squashfuse_ll mounted, and mpiexec did not return (seen here).
+    # The local id and count are SLURM_LOCALID and SLURM_STEP_TASKS_PER_NODE unless PODMANHPC_LOCALID_VAR and
+    # PODMANHPC_TASKS_PER_NODE_VAR name others (siteconfig.py, localid_var, tasks_per_node_var). Under mpirun
+    # neither is set, so every rank started a container of the same name and one waited forever (seen here):
+    # the launcher's own are named, Hydra's for native runs, Open MPI's for hybrid ones.
+    LOCAL_RANK = {True: ("MPI_LOCALRANKID", "MPI_LOCALNRANKS"),  # native: MPICH's Hydra
+                  False: ("OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE")}  # hybrid: Open MPI
+
+    def engine_args(self) -> list[str]:
+        return [self.binary, "shared-run"]
 
     def environment(self, request: RunRequest) -> dict[str, str]:
         env = super().environment(request)
-        if self.native and self.launcher == Mpirun.kind:
-            env.update(self.HYDRA_LOCAL_RANK)
+        if self.launcher == Mpirun.kind:
+            local_id, local_count = self.LOCAL_RANK[self.native]
+            env.update(PODMANHPC_LOCALID_VAR=local_id, PODMANHPC_TASKS_PER_NODE_VAR=local_count)
         return env
 
