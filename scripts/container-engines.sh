@@ -16,10 +16,10 @@ set -euo pipefail
 
 usage() { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 
-install_engines() {
-  # pigz: ch-convert compresses the exported image with it when present (2x on 2 cores).
-  local packages=(docker.io podman charliecloud debootstrap uidmap pigz) missing=()
-  for p in "${packages[@]}"; do
+# apt-get install those of the packages that are not installed yet (nothing when all are).
+install_missing() {
+  local missing=() p
+  for p in "$@"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
   done
   if ((${#missing[@]})); then
@@ -27,6 +27,11 @@ install_engines() {
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
   fi
+}
+
+install_engines() {
+  # pigz: ch-convert compresses the exported image with it when present (2x on 2 cores).
+  install_missing docker.io podman charliecloud debootstrap uidmap pigz
 }
 
 start_dockerd() {
@@ -145,16 +150,7 @@ EOF
 # PODMANHPC_* variables and SQUASH_DIR (siteconfig.py). DIR/squash is the migrate store the nodes read.
 podman_hpc() {
   local dir=${1:?podman-hpc DIR}
-  local packages=(podman uidmap squashfuse fuse-overlayfs inotify-tools liblz4-dev zlib1g-dev gcc make python3-venv)
-  local missing=()
-  for p in "${packages[@]}"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
-  done
-  if ((${#missing[@]})); then
-    echo "container-engines: installing ${missing[*]}" >&2
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
-  fi
+  install_missing podman uidmap squashfuse fuse-overlayfs inotify-tools liblz4-dev zlib1g-dev gcc make python3-venv
   mkdir -p "$dir/bin" "$dir/squash" "$dir/storage" "$dir/run" "$dir/config"
   dir=$(cd "$dir" && pwd)
   if ((${#dir} + 4 > 50)); then  # podman: "the specified runroot is longer than 50 characters"
