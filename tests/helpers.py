@@ -63,9 +63,9 @@ def tiny_config(tmp_path: Path, **overrides) -> dict:
 
 def run_and_parse(runs, config: dict, workdir: Path, retries=None):
     """Execute each planned run as the workflow does (raw log in workdir), then parse its record; a disturbed
-    run is measured again up to `retries` times (undisturbed_record)."""
+    run is measured again up to `retries` times (measure_until_quiet)."""
     for spec in runs:
-        yield spec, undisturbed_record(plan_run(spec, config), workdir / f"{spec.run_id}.log",
+        yield spec, measure_until_quiet(plan_run(spec, config), workdir / f"{spec.run_id}.log",
                                        DISTURBED_RETRIES if retries is None else retries)
 
 
@@ -73,7 +73,7 @@ def run_and_parse(runs, config: dict, workdir: Path, retries=None):
 DISTURBED_RETRIES = 2
 
 
-def undisturbed_record(plan, log: Path, retries=DISTURBED_RETRIES) -> dict:
+def measure_until_quiet(plan, log: Path, retries=DISTURBED_RETRIES) -> dict:
     """Measure a planned run and parse its record, at the default disturbance limits (issue 34): a run this
     shared machine disturbed says so with its measured cause, is kept (its log and samples set aside whole,
     in superseded/RUN/attempt-N beside the log), and is measured again, alone, once a spell of the
@@ -84,8 +84,7 @@ def undisturbed_record(plan, log: Path, retries=DISTURBED_RETRIES) -> dict:
         if record["status"] != "disturbed":
             break
         assert measured(record), record["reasons"]
-        if any("the hypervisor stole" in reason for reason in record["reasons"]):
-            wait_out_steal()
+        wait_out_steal_it_names(record["reasons"])
         kept = log.parent / "superseded" / log.stem / f"attempt-{attempt}"
         kept.mkdir(parents=True)
         samples = (Path(plan.telemetry["dir"]), Path(plan.telemetry["file"])) if plan.telemetry else ()
@@ -136,8 +135,8 @@ _CAUSE = (r"on \S+ (processes outside the run took \d+% of its CPUs \(cores [\d,
           r"execution units\) in the measured window|the hypervisor stole \d+% of the run's CPUs), limit \d+%")
 DISTURBED_CAUSE = re.compile(rf"disturbed: {_CAUSE}(; {_CAUSE})*")
 CONTAINERBENCH = Path(sys.executable).with_name("containerbench")  # beside this interpreter, as SNAKEMAKE
-# The config's default steal limit (max_steal_share); a spell of steal is waited out below it.
-STEAL_LIMIT = 0.05
+# The embedded default's steal limit (telemetry.max_steal_share); a spell of steal is waited out below it.
+STEAL_LIMIT = cb_config.load([ROOT / "config" / "config.yaml"])["telemetry"]["max_steal_share"]
 
 
 def host_steal_share(window_s: float) -> float:
@@ -162,6 +161,12 @@ def wait_out_steal(limit=STEAL_LIMIT, window_s=10.0, most_s=120.0) -> float:
     return share
 
 
+def wait_out_steal_it_names(reasons: list[str]) -> None:
+    """Wait out the hypervisor's steal where a disturbed run's reasons name it as a cause."""
+    if any("the hypervisor stole" in reason for reason in reasons):
+        wait_out_steal()
+
+
 def measured(record: dict) -> bool:
     """A run that measured: ok, or disturbed with each measured cause named (the retries above could not
     find a quiet spell). What a test of the benchmark's output may accept; a test of the verdict may not."""
@@ -170,7 +175,7 @@ def measured(record: dict) -> bool:
         and all(DISTURBED_CAUSE.fullmatch(reason) for reason in record["reasons"]))
 
 
-def undisturbed_records(workdir: Path, results: Path, *args: str, timeout=900, rounds=3, **popen) -> list[dict]:
+def remeasure_disturbed(workdir: Path, results: Path, *args: str, timeout=900, rounds=3, **popen) -> list[dict]:
     """The records of a workflow run that `snakemake(workdir, *args)` finished, at the default disturbance
     limits (issue 34): a run this shared machine disturbed must say so with its measured cause, never be
     wrong silently; the disturbed runs alone are then set aside, as the docs say (docs/telemetry.md), and
@@ -186,8 +191,7 @@ def undisturbed_records(workdir: Path, results: Path, *args: str, timeout=900, r
             assert all(DISTURBED_CAUSE.fullmatch(r) for r in current[run_id]["reasons"]), current[run_id]["reasons"]
         if not disturbed:
             break
-        if any("the hypervisor stole" in reason for run_id in disturbed for reason in current[run_id]["reasons"]):
-            wait_out_steal()
+        wait_out_steal_it_names([reason for run_id in disturbed for reason in current[run_id]["reasons"]])
         set_aside = run_group([str(CONTAINERBENCH), "remeasure", "--results", str(results), "--status", "disturbed"],
                               timeout=60)
         assert set_aside.returncode == 0 and len(set_aside.stdout.splitlines()) == len(disturbed), set_aside.stdout

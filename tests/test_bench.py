@@ -7,7 +7,7 @@ import subprocess
 from dataclasses import replace
 
 import pytest
-from helpers import SMOKE_MODEL, measured, run_and_parse, tiny_config, undisturbed_record
+from helpers import SMOKE_MODEL, measure_until_quiet, measured, run_and_parse, tiny_config
 
 from containerbench import config as cb_config
 from containerbench.plans import plan_run
@@ -131,7 +131,7 @@ def test_the_loss_check_passes_the_same_training_in_other_arithmetic_and_fails_a
     for label, plan in (("bare-metal", plan_run(spec, config)), ("podman", plan_run(spec, two_threads)),
                         ("charliecloud", replace(plan_run(spec, config), argv=[*plan_run(spec, config).argv,
                                                                                 "--seed", "99"]))):
-        record = undisturbed_record(plan, tmp_path / f"{label}.log")
+        record = measure_until_quiet(plan, tmp_path / f"{label}.log")
         assert record["status"] == "ok", (label, record["reasons"])  # the trajectories read ok runs only
         records.append({**record, "run_id": f"{label}-run", "spec": {**record["spec"], "runtime": label}})
     bare, reordered, reseeded = (r["result"]["per_rank"][0]["loss"] for r in records)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import sys
 import tempfile
 from dataclasses import replace
 from pathlib import Path
@@ -18,10 +19,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-from helpers import ROOT, SMOKE_MODEL, TINY, WORKFLOW_IMAGE, exported, give_back, snakemake, undisturbed_records
+from helpers import ROOT, SMOKE_MODEL, TINY, WORKFLOW_IMAGE, exported, give_back, remeasure_disturbed, snakemake
 
 from containerbench import config as cb_config
-from containerbench import launchers
+from containerbench import launchers, nodeimages
 from containerbench.execution import measure
 from containerbench.plans import plan_sweep
 from containerbench.rank import markers
@@ -39,17 +40,18 @@ HOST_MPICH = "/usr/lib/x86_64-linux-gnu/libmpich.so.12"  # Debian's, installed b
 
 
 @pytest.fixture(scope="module")
-def podman_hpc(container_engines):
-    """NERSC's podman-hpc, from PyPI, beside the engines: its own store and its migrate store (SQUASH_DIR) in
-    a directory of a short name (podman takes a run root of 50 characters at most), removed afterwards."""
-    engines, directory = ROOT / "scripts" / "container-engines.sh", Path(tempfile.mkdtemp(prefix="cb-phpc-"))
+def engines(container_engines):
+    """The container engines, and NERSC's podman-hpc from PyPI beside them: its own store and its migrate store
+    (SQUASH_DIR) in a directory of a short name (podman takes a run root of 50 characters at most), removed
+    afterwards."""
+    script, directory = ROOT / "scripts" / "container-engines.sh", Path(tempfile.mkdtemp(prefix="cb-phpc-"))
     try:
-        installed = subprocess.run([str(engines), "podman-hpc", str(directory)], capture_output=True, text=True,
+        installed = subprocess.run([str(script), "podman-hpc", str(directory)], capture_output=True, text=True,
                                    timeout=900, env=container_engines)
         assert installed.returncode == 0, installed.stderr[-3000:]
         yield {**container_engines, **exported(installed.stdout)}
     finally:
-        subprocess.run([str(engines), "clean-podman-hpc", str(directory)], timeout=300)
+        subprocess.run([str(script), "clean-podman-hpc", str(directory)], timeout=300)
         shutil.rmtree(directory, ignore_errors=True)
         # Its stamp names copies that are gone now: the next session prepares them again.
         from containerbench import images
@@ -58,8 +60,7 @@ def podman_hpc(container_engines):
 
 
 @pytest.fixture(scope="module")
-def container_run(podman_hpc, tmp_path_factory):
-    container_engines = podman_hpc  # and the other engines
+def container_run(engines, tmp_path_factory):
     workdir = tmp_path_factory.mktemp("containers")
     # The image is the repository's (its build context and build/ cache live there);
     # the results of this run go to the temporary directory.
@@ -67,7 +68,7 @@ def container_run(podman_hpc, tmp_path_factory):
     # workflow, and a shared VM's hypervisor steals time (13% of one netbench run's CPUs was measured on
     # 2026-11-25, over the 5% limit). dockerd, containerd's shim and podman's conmon relay the ranks' output:
     # that is the runtime's cost, counted apart (usage.py), not a disturbance. A run still disturbed says so
-    # with its measured cause, and is measured again alone (helpers.undisturbed_records).
+    # with its measured cause, and is measured again alone (helpers.remeasure_disturbed).
     # Two ranks only: what a container changes for MPI shows there, and one rank less per point keeps the
     # whole suite under its time (the one-rank path is the same argv with -np 1, run bare metal elsewhere).
     # The smoke network: what is proven here is that each runtime ran the same benchmark, not ResNet-50's
@@ -81,15 +82,15 @@ def container_run(podman_hpc, tmp_path_factory):
     (workdir / "tiny.yaml").write_text(yaml.safe_dump(config))
     # In the clone (its image and build cache), its results in the temporary directory.
     configs = ["--configfile", str(ROOT / "config" / "config.yaml"), str(workdir / "tiny.yaml")]
-    done = snakemake(ROOT, *configs, timeout=2400, env=container_engines)
+    done = snakemake(ROOT, *configs, timeout=2400, env=engines)
     try:
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
-        undisturbed_records(ROOT, workdir / "results", *configs, timeout=1200, env=container_engines)
+        remeasure_disturbed(ROOT, workdir / "results", *configs, timeout=1200, env=engines)
         yield workdir
     finally:
         # No later module runs the MPICH flavour or docker: their 6 GB go back before the next images come.
-        give_back(f"{WORKFLOW_IMAGE}-mpich", env=container_engines)
-        give_back(WORKFLOW_IMAGE, "docker", "archive", env=container_engines)
+        give_back(f"{WORKFLOW_IMAGE}-mpich", env=engines)
+        give_back(WORKFLOW_IMAGE, "docker", "archive", env=engines)
 
 
 def test_every_runtime_ran_the_identical_benchmark(container_run):
@@ -143,7 +144,7 @@ def test_runtimes_are_measured_interleaved_by_repetition(container_run):
     # The image is made before the first measurement (on a fresh clone, in this very workflow run):
     # every runtime's first repetition starts before any second one, so no runtime is measured
     # alone at another time of the machine's day. A run measured again after a disturbance
-    # (helpers.undisturbed_records) counts by its first attempt, the one the workflow scheduled.
+    # (helpers.remeasure_disturbed) counts by its first attempt, the one the workflow scheduled.
     results = container_run / "results"
     first: dict[str, dict] = {}
     for log in [*results.glob("runs/*.log"), *results.glob("superseded/*/attempt-*/runs/*.log")]:
@@ -260,14 +261,14 @@ def test_a_native_run_whose_runtime_kept_the_images_libmpi_is_invalid(container_
             f"not the host's {library_mpi_version(HOST_MPICH)!r} ({HOST_MPICH})") in record["reasons"]
 
 
-def test_the_readmes_remeasure_command_runs_podman_without_makes_environment(container_run, podman_hpc):
+def test_the_readmes_remeasure_command_runs_podman_without_makes_environment(container_run, engines):
     """Issue 36: the README's `.venv/bin/snakemake --profile profiles/local --forcerun results/runs/<run_id>.log`,
     typed after `make run`, made every podman run fail ("runc create failed: ... error setting rlimit type 7"):
     the engine settings came from the Makefile's CONTAINERS_CONF alone. The workflow sets them itself now."""
     run_id = "netbench_podman_tcp-loopback_1x2_rep1"
     log = container_run / "results" / "runs" / f"{run_id}.log"
     before = log.stat().st_mtime_ns
-    typed = {name: value for name, value in podman_hpc.items() if name != "CONTAINERS_CONF"}
+    typed = {name: value for name, value in engines.items() if name != "CONTAINERS_CONF"}
     configs = ["--configfile", str(ROOT / "config" / "config.yaml"), str(container_run / "tiny.yaml")]
     done = snakemake(ROOT, *configs, "--forcerun", str(log), timeout=1200, env=typed)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
@@ -283,7 +284,6 @@ def test_sruns_pmi2_socket_reaches_a_podman_rank_only_through_the_shim(container
     shim (--pmi-fd, as runtimes.Podman puts it before a pmi2 rank) moves it to fd 3 and says so."""
     import fcntl
     import os
-    import sys
 
     read_end, write_end = os.pipe()
     os.write(write_end, b"pmi2 says hello\n")
@@ -306,15 +306,15 @@ def test_sruns_pmi2_socket_reaches_a_podman_rank_only_through_the_shim(container
         os.close(pmi_fd)
 
 
-def test_podman_hpc_migrate_says_ok_when_it_squashed_nothing_and_prepare_reads_it_back(podman_hpc, monkeypatch):
+def test_podman_hpc_migrate_says_ok_when_it_squashed_nothing_and_prepare_reads_it_back(engines, monkeypatch):
     """Issue 32, finding 9, on NERSC's podman-hpc 1.2.2: `migrate` of an image its store lacks logs the error
     and exits 0 (podman_hpc/podman_hpc.py, `migrate`, drops migrate_image's result), so the prepare step reads
     the squashed copy back from `podman-hpc images` (read-only: SQUASH_DIR, siteconfig.py's
     additionalimagestore) and refuses in one line."""
     from containerbench.runtimes import BuiltImage, PodmanHPC
 
-    for name in ("PATH", "USER", "SQUASH_DIR", "CONTAINERS_CONF", *(k for k in podman_hpc if "PODMANHPC" in k)):
-        monkeypatch.setenv(name, podman_hpc[name])
+    for name in ("PATH", "USER", "SQUASH_DIR", "CONTAINERS_CONF", *(k for k in engines if "PODMANHPC" in k)):
+        monkeypatch.setenv(name, engines[name])
     missing = "localhost/containerbench-nowhere:1"
     migrated = subprocess.run(["podman-hpc", "migrate", missing], capture_output=True, text=True, timeout=300)
     assert migrated.returncode == 0, migrated.stderr
@@ -327,7 +327,7 @@ def test_podman_hpc_migrate_says_ok_when_it_squashed_nothing_and_prepare_reads_i
     with pytest.raises(ValueError) as refused:
         PodmanHPC.read_prepared(BuiltImage(missing), listed)
     assert str(refused.value).startswith(f"podman-hpc migrate {missing}: no squashed copy in SQUASH_DIR "
-                                         f"({podman_hpc['SQUASH_DIR']}); `podman-hpc images --no-trunc "
+                                         f"({engines['SQUASH_DIR']}); `podman-hpc images --no-trunc "
                                          f"--filter reference={missing} --format '{{{{.ID}}}} {{{{.ReadOnly}}}}'` "
                                          "listed nothing")
 
@@ -337,8 +337,6 @@ def test_a_site_image_pinned_by_digest_is_pulled_on_a_node_that_lacks_it(contain
     lacks it (what `podman run` would do, done before the run's clock). No registry answers here, so the pull
     fails, and the line says which command failed on which node."""
     import socket
-
-    from containerbench import nodeimages
 
     monkeypatch.setenv("CONTAINERS_CONF", container_engines["CONTAINERS_CONF"])  # this host's podman settings
     pinned = "localhost:1/containerbench-nowhere@sha256:" + "0" * 64

@@ -11,7 +11,7 @@ import json
 import pandas as pd
 import pytest
 import yaml
-from helpers import ROOT, SMOKE_MODEL, TINY, WORKFLOW_IMAGE, give_back, snakemake, undisturbed_records
+from helpers import ROOT, SMOKE_MODEL, TINY, WORKFLOW_IMAGE, give_back, remeasure_disturbed, snakemake
 
 # From scratch the fixture builds the PyTorch flavour (wheelhouse, podman build, ch-convert); TensorFlow's
 # image is the one test_containers built in the same session (the same tag and files).
@@ -41,7 +41,7 @@ def framework_run(container_engines, tmp_path_factory):
     done = snakemake(ROOT, *configs, timeout=2100, env=container_engines)  # in the clone: its image and build cache
     try:
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
-        undisturbed_records(ROOT, workdir / "results", *configs, timeout=1200, env=container_engines)
+        remeasure_disturbed(ROOT, workdir / "results", *configs, timeout=1200, env=container_engines)
         yield workdir / "results"
     finally:
         give_back(f"{WORKFLOW_IMAGE}-torch", env=container_engines)  # no later module runs it

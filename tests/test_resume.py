@@ -24,10 +24,10 @@ from helpers import (
     SMOKE_MODEL,
     SNAKEMAKE,
     TINY,
+    remeasure_disturbed,
     run_and_parse,
     snakemake,
     tiny_config,
-    undisturbed_records,
 )
 
 from containerbench import config as cb_config
@@ -272,7 +272,7 @@ def test_a_killed_controller_leaves_nothing_running_and_resumes_without_losing_a
     assert f"removed the lock of workflow controller {controller.pid}, which is gone" in resumed.stderr
     assert (hashlib.sha256(kept.read_bytes()).hexdigest(), kept.stat().st_mtime_ns) == kept_before
     assert "gone: run abandoned" not in killed.read_text() and finished(killed)
-    records = undisturbed_records(tmp_path, results, *configs, timeout=600)
+    records = remeasure_disturbed(tmp_path, results, *configs, timeout=600)
     assert sorted(record["run_id"] for record in records) == sorted(RUNS)
     assert (results / "report.html").exists()
     assert not (tmp_path / ".snakemake" / "locks" / "containerbench-controller").exists()
@@ -305,7 +305,7 @@ def test_points_a_busy_machine_disturbed_are_measured_again_alone_and_come_out_o
     assert first["status"] == "disturbed", (first["reasons"], first["telemetry"]["nodes"])
     report = (results / "report.html").read_bytes()
 
-    records = undisturbed_records(tmp_path, results, *configs, timeout=600)  # the loops have ended
+    records = remeasure_disturbed(tmp_path, results, *configs, timeout=600)  # the loops have ended
     assert [record["status"] for record in records] == ["ok"]
     assert (results / "report.html").read_bytes() != report  # remade from the new record
     done = subprocess.run([str(CONTAINERBENCH), "remeasure", "--results", "results", "--status", "disturbed"],
