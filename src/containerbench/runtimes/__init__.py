@@ -65,7 +65,7 @@ from containerbench.runtimes.base import (
 from containerbench.runtimes.oci import ENGINES, Docker, OciEngine, Podman
 from containerbench.runtimes.apptainer import Apptainer, Singularity
 from containerbench.runtimes.shifter import Shifter
-from containerbench.runtimes.charliecloud import WRITE_FAKE_SINCE, Charliecloud, ch_run_version
+from containerbench.runtimes.charliecloud import WRITE_FAKE_SINCE, Charliecloud
 from containerbench.runtimes.enroot import Enroot
 from containerbench.runtimes.sarus import Sarus
 from containerbench.runtimes.podman_hpc import PodmanHPC
@@ -76,7 +76,7 @@ __all__ = [
     "RANKEXEC", "RANK_PREFIXES", "RUNTIME_NAMES", "SLURM_GPU_VARS", "WRITE_FAKE_SINCE", "Apptainer", "BareMetal",
     "BuiltImage", "Charliecloud", "ContainerRuntime", "Docker", "Enroot", "NativeMpi", "NodeRequirement", "OciEngine",
     "Podman",
-    "PodmanHPC", "RunRequest", "Runtime", "Sarus", "Shifter", "Singularity", "ch_run_version", "check_launchers",
+    "PodmanHPC", "RunRequest", "Runtime", "Sarus", "Shifter", "Singularity", "check_launchers",
     "engine_env", "engine_usable", "host_environment", "is_image_path", "move_binds", "node_requirements", "register",
     "run_probe",
     "runtime_for", "select_runtimes",

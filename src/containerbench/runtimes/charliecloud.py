@@ -3,11 +3,8 @@ its variables filtered by an extended glob."""
 
 from __future__ import annotations
 
-import functools
 import os
 import pwd
-import re
-import subprocess
 
 from containerbench.launchers import Mpirun
 from containerbench.runtimes.base import (
@@ -18,7 +15,6 @@ from containerbench.runtimes.base import (
     ContainerRuntime,
     NodeRequirement,
     RunRequest,
-    host_environment,
     move_binds,
     register,
     run_probe,
@@ -26,18 +22,6 @@ from containerbench.runtimes.base import (
 
 # ch-run's --write-fake arrived in Charliecloud 0.36 (PR #1793); Debian 12 ships 0.31.
 WRITE_FAKE_SINCE = (0, 36)
-
-
-@functools.cache
-def ch_run_version() -> tuple[int, int] | None:
-    """The installed ch-run's version, or None where it is not installed here."""
-    try:
-        shown = subprocess.run(["ch-run", "--version"], capture_output=True, text=True, timeout=20,
-                               env=host_environment())
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    found = re.search(r"(\d+)\.(\d+)", shown.stdout + shown.stderr)
-    return (int(found[1]), int(found[2])) if found else None
 
 
 @register
@@ -112,26 +96,29 @@ class Charliecloud(ContainerRuntime):
         return [*cls.export_argvs(built.engine, built.tag, container, flat_tar), cls.convert_argv(flat_tar, out),
                 *([cls.nvidia_argv(out)] if built.gpus else [])]
 
-    def __init__(self, image: str, python: str = "python3", extra_args=(), write_fake: bool | None = None,
-                 **settings):
+    def __init__(self, image: str, python: str = "python3", extra_args=(), write_fake: bool = False, **settings):
+        """write_fake: the site's choice, never this host's guess. Without it the binds go to mount points every
+        image has (moved_binds), which any ch-run on any kernel runs; with it, every node is asked for it
+        (node_requirements). No ch-run here or on a node can answer for the others: the planning host's
+        version chose it before, and a node without unprivileged overlayfs then failed every rank."""
         super().__init__(image, python, extra_args, **settings)
-        # None: use it where this ch-run has it; where none is installed here, print what current ch-run takes.
-        if write_fake is None:
-            write_fake = (ch_run_version() or WRITE_FAKE_SINCE) >= WRITE_FAKE_SINCE
         self.write_fake = write_fake
 
     def node_requirements(self, gpus: bool = False) -> list[NodeRequirement]:
-        """Extended globs on every node (usable() asks only here); with --write-fake, a ch-run that has it.
-        Whether the node's kernel has unprivileged overlayfs no ch-run query tells: `--feature=overlayfs`
-        (0.38) reports configure's result (ch-run(1), "--feature"); without it the container fails to
-        start with "operation not permitted" (ch-run(1), "Writeable overlay with --write-fake")."""
+        """Extended globs on every node (usable() asks only here); with --write-fake, a ch-run that has it and
+        was built where the kernel has unprivileged overlayfs: `--feature=overlayfs` (ch-run(1), "--feature",
+        0.38 and later; it reports configure's result); without that the container fails to start with
+        "operation not permitted" (ch-run(1), "Writeable overlay with --write-fake", kernel 5.11 or later)."""
         found = [NodeRequirement(self.name, "a ch-run with extended globs (--unset-env keeps the rank's variables)",
                                  ("ch-run", "--feature=extglob"), source="ch-run(1), --feature")]
         if self.write_fake:
-            since = ".".join(map(str, WRITE_FAKE_SINCE))
-            found.append(NodeRequirement(self.name, f"ch-run {since} or later (--write-fake; or set "
-                                         "images.charliecloud.write_fake: false)", ("ch-run", "--version"),
-                                         at_least=since, source="hpc/charliecloud PR #1793, v0.36"))
+            since, instead = ".".join(map(str, WRITE_FAKE_SINCE)), "or set images.charliecloud.write_fake: false"
+            overlay = 'ch-run(1), --feature and "Writeable overlay with --write-fake"'
+            found += [NodeRequirement(self.name, f"ch-run {since} or later (--write-fake; {instead})",
+                                      ("ch-run", "--version"), at_least=since,
+                                      source="hpc/charliecloud PR #1793, v0.36"),
+                      NodeRequirement(self.name, f"unprivileged overlayfs for --write-fake ({instead})",
+                                      ("ch-run", "--feature=overlayfs"), source=overlay)]
         return found
 
     def usable(self) -> tuple[bool, str]:
