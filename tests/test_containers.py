@@ -369,3 +369,48 @@ def test_the_mpich_flavour_is_what_sarus_mpi_hook_needs(container_run, container
                           text=True, timeout=300)
     assert link.stdout.strip() == "libmpi.so.12", link.stderr
     assert "libmpi.so.40" in libmpi(WORKFLOW_IMAGE)
+
+
+def test_a_docker_rank_whose_client_was_killed_is_removed_by_the_nodes_next_step(container_run, container_engines):
+    """Issue 32, finding 8: dockerd starts a rank's container outside the Slurm step, and keeps it running when
+    its client is SIGKILLed (Slurm at a job's end, after KillWait; an out-of-memory kill), holding the node's
+    GPUs: "A cancelled or NODE_FAIL'd job kills the host-side `docker run --rm` client but leaves its container
+    running" (AMD-AGI/Hyperloom#1572). The shim labels each container with its client's id and start time
+    (docker-run(1) --label); the node's next node-image step, or a Slurm epilog's `node-image --orphans-only`,
+    removes those whose client has ended (docker-rm(1) --force) and leaves a live one's alone."""
+    import time
+
+    from containerbench.rank.rankexec import CLIENT_LABEL
+
+    def rank() -> subprocess.Popen:  # as Docker.rank_argv starts one: the shim execs the client, its pid kept
+        return subprocess.Popen([sys.executable, "-m", "containerbench.rank.rankexec", "--label-client", "--",
+                                 "docker", "run", "--rm", "--network", "none", WORKFLOW_IMAGE, "sleep", "600"],
+                                env=container_engines, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def ours() -> dict[int, str]:  # client pid -> its running container
+        listed = subprocess.run(["docker", "ps", "--no-trunc", "--filter", f"label={CLIENT_LABEL}", "--format",
+                                 f'{{{{.ID}}}} {{{{.Label "{CLIENT_LABEL}"}}}}'], env=container_engines,
+                                capture_output=True, text=True, timeout=120)
+        assert listed.returncode == 0, listed.stderr
+        return {int(label.split(":")[0]): container for container, label in map(str.split, listed.stdout.splitlines())}
+
+    killed, alive = rank(), rank()
+    try:
+        deadline = time.monotonic() + 120
+        while set(ours()) != {killed.pid, alive.pid} and time.monotonic() < deadline:
+            time.sleep(1)
+        orphan = ours()[killed.pid]
+        killed.kill()
+        killed.wait(timeout=60)
+        time.sleep(2)
+        assert ours().get(killed.pid) == orphan  # the defect: its client is gone, the container runs on
+        done = subprocess.run([sys.executable, "-m", "containerbench", "node-image", "--engine", "docker",
+                               "--orphans-only"], env=container_engines, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        assert [answer["removed_orphans"] for answer in nodeimages.read_lines(done.stdout)] == [[orphan]]
+        assert set(ours()) == {alive.pid}
+    finally:
+        alive.kill()
+        alive.wait(timeout=60)
+        subprocess.run(["docker", "rm", "--force", *ours().values()], env=container_engines, capture_output=True,
+                       timeout=120)

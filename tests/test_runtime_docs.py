@@ -321,6 +321,23 @@ def test_the_shim_gives_docker_the_memory_limit_of_the_ranks_cgroup(tmp_path):
         group.rmdir()
 
 
+def test_the_shim_labels_a_docker_container_with_the_client_it_becomes():
+    """Issue 32, finding 8: the label names the process the shim execs into, the engine's client (execve(2)
+    keeps the process id; proc(5): /proc/PID/stat field 22, its start time, is the process's, not the
+    program's), so `node-image` can tell a container whose client has ended (nodeimages.remove_orphans)."""
+    from containerbench.rank.rankexec import CLIENT_LABEL, client_alive, started
+
+    shown = subprocess.run([sys.executable, "-m", "containerbench.rank.rankexec", "--label-client", "--", "/bin/sh",
+                            "-c", 'echo "$@"; echo "$$"', "sh", "run", "img"], capture_output=True, text=True)
+    assert shown.returncode == 0, shown.stderr
+    words, pid = shown.stdout.splitlines()
+    run, label, image = words.split()
+    assert (run, image) == ("run", "img") and label.startswith(f"--label={CLIENT_LABEL}={pid}:")
+    assert not client_alive(label.rpartition("=")[2])  # the client has exited
+    assert client_alive(f"{os.getpid()}:{started(os.getpid())}") and not client_alive(f"{os.getpid()}:1")
+    assert "--label-client" in Docker("img").rank_argv(RunRequest(module="m", workdir="/w"))
+
+
 # --- 5. podman, podman-hpc ---------------------------------------------------------------------
 
 def test_podman_keep_id_shares_posix_shm_by_file_name():

@@ -102,13 +102,13 @@ CASES = {
     # --- docker: the shim adds the rank variables after `run` at rank start ---
     ("docker", "site"): (
         [HOST_PY, "-m", "containerbench.rank.rankexec", *PASS_RANK_VARS,
-         "--cpuset-from-affinity", "--memory-from-cgroup", "--memory-share=1", "--",
+         "--cpuset-from-affinity", "--memory-from-cgroup", "--memory-share=1", "--label-client", "--",
          "docker", "run", *HOST_NS, "--user", "1000:1000", "--log-driver", "none", "--gpus", "all", *RDMA,
          "--volume", "/tmp:/tmp", *SITE_VOLUMES, "--workdir", WD, *SITE_OWN_ENV, "containerbench:latest", *IN_IMAGE],
         container_env("docker", SITE_ENV)),
     ("docker", "cpu"): (
         [HOST_PY, "-m", "containerbench.rank.rankexec", *PASS_RANK_VARS,
-         "--cpuset-from-affinity", "--memory-from-cgroup", "--memory-share=1", "--",
+         "--cpuset-from-affinity", "--memory-from-cgroup", "--memory-share=1", "--label-client", "--",
          "docker", "run", *HOST_NS, "--user", "1000:1000", "--log-driver", "none", *NO_GPU,
          "--volume", "/tmp:/tmp", "--volume", "/work/x:/work/x", "--workdir", "/work/x", *CPU_OWN_ENV,
          "containerbench:latest", *IN_IMAGE],

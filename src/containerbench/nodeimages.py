@@ -8,9 +8,13 @@ another node would not find the tag. Before a run is timed, its launch (executio
 node's engine for the image id, loads the shared archive where the node lacks that image, and
 prints one line per node. The launch line keeps what each node answered (`node_images`), so each
 record names the image each of its nodes ran, and the seconds a load took are not start-up.
+First it removes the node's containers of ours whose client has ended (a docker rank's container
+outlives its SIGKILLed client, holding its GPUs: rank/rankexec.py); `--orphans-only` does only
+that, a line for a site's Slurm epilog.
 
     python -m containerbench node-image --engine podman --image localhost/containerbench:TAG \\
         --stamp build/images/podman-containerbench-TAG.json [--archive build/images/containerbench-TAG.tar]
+    python -m containerbench node-image --engine docker --orphans-only
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import time
 from pathlib import Path
 
 from containerbench.processes import run_group
+from containerbench.rank.rankexec import CLIENT_LABEL, client_alive
 from containerbench.runtimes import PINNED, engine_env
 
 # An image query answers in seconds; a load of a 2 GB archive took 40-70 s here.
@@ -59,15 +64,32 @@ def stored_id(engine: str, image: str, timeout: float = QUERY_TIMEOUT_S) -> str 
     return found if found.startswith("sha256:") else f"sha256:{found}"
 
 
-def _run(argv: list[str], timeout: float) -> None:
+def _run(argv: list[str], timeout: float) -> str:
     host = socket.gethostname()
     try:
         done = run_group(argv, timeout=timeout, env=engine_env(argv[0]), stdin=subprocess.DEVNULL)
+    except FileNotFoundError:
+        raise NodeImageError(f"{host}: {argv[0]} is not installed on this node") from None
     except subprocess.TimeoutExpired:
         raise NodeImageError(f"{host}: `{shlex.join(argv)}` took over {timeout:g} s") from None
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or ["no output"])[-1]
         raise NodeImageError(f"{host}: `{shlex.join(argv)}` failed: {last[:200]}")
+    return done.stdout
+
+
+def remove_orphans(engine: str, timeout: float = QUERY_TIMEOUT_S) -> list[str]:
+    """Remove this node's running containers of ours whose client has ended (CLIENT_LABEL names it): dockerd
+    keeps a container running when its client is killed, outside the Slurm step that ended, holding the
+    node's GPUs and memory. Returns their ids."""
+    argv = [engine, "ps", "--no-trunc", "--filter", f"label={CLIENT_LABEL}",
+            "--format", f'{{{{.ID}}}} {{{{.Label "{CLIENT_LABEL}"}}}}']
+    listed = _run(argv, timeout)
+    orphans = [container for container, _, client in (each.partition(" ") for each in listed.splitlines())
+               if container and not client_alive(client)]
+    if orphans:
+        _run([engine, "rm", "--force", *orphans], timeout)  # docker-rm(1): kills a running one first
+    return orphans
 
 
 def expected_id(stamp: Path | str) -> str:
@@ -92,6 +114,7 @@ def ensure(engine: str, image: str, stamp: Path | str | None = None, archive: Pa
     host, engine, image, image_id, loaded and the seconds it took."""
     host, started = socket.gethostname(), time.monotonic()
     wanted = expected_id(stamp) if stamp else None
+    orphans = remove_orphans(engine)
     with open(_lock_path(engine, image), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         found = stored_id(engine, image)
@@ -116,7 +139,7 @@ def ensure(engine: str, image: str, stamp: Path | str | None = None, archive: Pa
     # The node's Slurm name beside its host name (they may differ): the ranks' step is pinned to these nodes.
     slurm_node = {"slurm_node": os.environ["SLURMD_NODENAME"]} if os.environ.get("SLURMD_NODENAME") else {}
     return {"host": host, **slurm_node, "engine": engine, "image": image, "image_id": found, "loaded": loaded,
-            "seconds": round(time.monotonic() - started, 3)}
+            "seconds": round(time.monotonic() - started, 3), "removed_orphans": orphans}
 
 
 def read_lines(text: str) -> list[dict]:

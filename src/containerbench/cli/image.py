@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import socket
 import sys
 from pathlib import Path
 
@@ -165,6 +166,13 @@ def cmd_node_image(args) -> int:
     from containerbench import nodeimages
 
     try:
+        if args.orphans_only:
+            removed = nodeimages.remove_orphans(args.engine)
+            print(nodeimages.line({"host": socket.gethostname(), "engine": args.engine, "removed_orphans": removed}))
+            return 0
+        if not args.image:
+            print("containerbench: node-image: --image is required, unless --orphans-only", file=sys.stderr)
+            return 2
         print(nodeimages.line(nodeimages.ensure(args.engine, args.image, args.stamp, args.archive, args.timeout)))
     except nodeimages.NodeImageError as error:
         print(f"containerbench: node-image: {error}", file=sys.stderr)
@@ -248,10 +256,13 @@ def add_commands(sub) -> None:
     p = sub.add_parser("node-image", help="put a docker or podman image in this node's store, from its archive "
                                           "where the node lacks it; print the id it holds (one line)")
     p.add_argument("--engine", required=True, choices=ENGINES)
-    p.add_argument("--image", required=True, help="the tag the ranks run")
+    p.add_argument("--image", help="the tag the ranks run")
     p.add_argument("--stamp", help="the workflow's stamp of the image: the id every node must hold")
     p.add_argument("--archive", help="the docker archive to load where the node lacks the image")
     p.add_argument("--timeout", type=float, default=1800, metavar="SECONDS", help="for the load (default 1800)")
+    p.add_argument("--orphans-only", action="store_true",
+                   help="only remove this node's containers whose client has ended (what every node-image does "
+                        "first; a line for a Slurm epilog)")
     p.set_defaults(func=cmd_node_image)
 
     p = sub.add_parser("freeze-image", help="write what a runtime's image carries as a lock for a bare-metal venv")

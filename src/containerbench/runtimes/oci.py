@@ -155,8 +155,9 @@ class Docker(OciEngine):
         # The rank's CPU binding and its share of the step's memory limit (the node's ranks share one),
         # passed on by the shim: dockerd starts the container outside the Slurm step's cgroup
         # (nebius/soperator#563), so bare metal and docker ranks would differ.
+        # Its client's id, so that a container whose client was killed is found and removed (rankexec).
         return [self.host_python, "-m", RANKEXEC, *pass_flags(RANK_PREFIXES), "--cpuset-from-affinity",
-                "--memory-from-cgroup", f"--memory-share={request.ranks_per_node}", "--",
+                "--memory-from-cgroup", f"--memory-share={request.ranks_per_node}", "--label-client", "--",
                 *self.run_argv(request)]
 
 
