@@ -15,7 +15,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from containerbench.config import BenchEnv, MpiFlavour
-from containerbench.images import image_files
+from containerbench.images import build_outputs, image_files, remove_prepared
 from containerbench.imagestep import (
     ARCHIVE,
     BASE_IMAGE,
@@ -252,6 +252,8 @@ def remove_image(tag: str, build_dir: Path | str = IMAGES, only=None,
             continue
         run_step(f"remove ({engine} rmi)", rmi_argv(engine, tag), env=engine_env(engine), timeout=timeout)
         removed.append(f"{engine} {tag}")
+    for name in sorted(wanted & set(CONTAINER_RUNTIMES)):  # a copy in a runtime's own store (podman-hpc's)
+        removed += remove_prepared(name, build_outputs(tag, build_dir), timeout)
     paths = {Path(path) for name, path in files.items() if name in wanted}
     paths |= {Path(f"{path}.image-id") for path in paths if path.suffix == ".ch"}
     for path in sorted(paths):

@@ -30,6 +30,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import shlex
 from pathlib import Path
 
 from containerbench.config import (
@@ -63,6 +64,7 @@ from containerbench.runtimes import (
     Podman,
     RunRequest,
     host_environment,
+    run_probe,
 )
 
 _write = write_file  # prepare_runtime's name for it
@@ -206,6 +208,12 @@ def check_prepared_id(name: str, reference: str, prepared_id: str, built_stamp: 
                              f"({built_stamp}); prepare it again")
 
 
+def read_prepared(name: str, image: BuiltImage, timeout: float = DEFAULT_STEP_TIMEOUT_S) -> dict[str, str]:
+    """What `name`'s prepare commands made of `image`, read back (Runtime.read_prepared); ValueError if none."""
+    return CONTAINER_RUNTIMES[name].read_prepared(
+        image, lambda argv: run_step(f"{name} ({argv[0]} {argv[1]})", argv, timeout=timeout, capture=True).stdout)
+
+
 def prepare_runtime(name: str, image: BuiltImage, timeout: float = DEFAULT_STEP_TIMEOUT_S) -> str:
     """Run `name`'s prepare commands; a runtime whose artifact is not the file the commands make
     (sarus, podman-hpc: the image lives in their own store) gets a stamp naming what it runs."""
@@ -215,8 +223,7 @@ def prepare_runtime(name: str, image: BuiltImage, timeout: float = DEFAULT_STEP_
     for argv in cls.prepare_commands(image):
         run_step(f"{name} ({argv[0]} {argv[1]})", argv, timeout=timeout)
     try:
-        found = cls.read_prepared(image, lambda argv: run_step(f"{name} ({argv[0]} {argv[1]})", argv,
-                                                               timeout=timeout, capture=True).stdout)
+        found = read_prepared(name, image, timeout)
     except ValueError as error:
         raise ImageStepError(f"{name}: {error}") from None
     if found.get("image_id"):
@@ -227,3 +234,23 @@ def prepare_runtime(name: str, image: BuiltImage, timeout: float = DEFAULT_STEP_
     if cls.artifact_is_stamp:
         _write(artifact, json.dumps({"image": cls.reference(image), **found}) + "\n")
     return cls.reference(image)
+
+
+def remove_prepared(name: str, image: BuiltImage, timeout: float = DEFAULT_STEP_TIMEOUT_S) -> list[str]:
+    """Remove the copy `name`'s prepare put in its own store, where one is there (read back first, and again
+    after: podman-hpc's rmsqi exits 0 when it removed nothing). Returns what was removed."""
+    cls = CONTAINER_RUNTIMES[name]
+    commands = cls.remove_prepared_commands(image)
+    if not commands or not run_probe(cls.probe)[0]:
+        return []
+    try:
+        read_prepared(name, image, timeout)
+    except ValueError:
+        return []  # nothing prepared in this store
+    for argv in commands:
+        run_step(f"remove ({argv[0]} {argv[1]})", argv, timeout=timeout)
+    try:
+        left = read_prepared(name, image, timeout)
+    except ValueError:
+        return [f"{name} {image.tag}"]
+    raise ImageStepError(f"remove ({name}): `{shlex.join(commands[-1])}` left {image.tag} ({left}) in place")

@@ -251,6 +251,12 @@ class Runtime(abc.ABC):
         return []
 
     @classmethod
+    def remove_prepared_commands(cls, built: BuiltImage) -> list[list[str]]:
+        """What removes the copy the prepare commands put in a store of the runtime's own (`make clean-images`);
+        [] where the artifact file is the copy, removed with the other files."""
+        return []
+
+    @classmethod
     def read_prepared(cls, built: BuiltImage, run) -> dict[str, str]:
         """What the prepare commands made, read back for the artifact's stamp where their exit status does not
         tell (`run(argv)` returns a command's output); {"image_id": ...} is held against the build's."""

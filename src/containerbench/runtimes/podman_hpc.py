@@ -52,6 +52,12 @@ class PodmanHPC(Podman):
         return [["podman-hpc", "rmi", built.tag]]
 
     @classmethod
+    def remove_prepared_commands(cls, built: BuiltImage) -> list[list[str]]:
+        # SQUASH_DIR is read-only to podman (an additional store), so its `rmi` cannot take the squashed copy;
+        # `rmsqi` "Removes a squashed image" (1.2.2 podman_hpc.py), and exits 0 whatever happened, as migrate does.
+        return [["podman-hpc", "rmsqi", built.tag]]
+
+    @classmethod
     def read_prepared(cls, built: BuiltImage, run) -> dict[str, str]:
         """migrate exits 0 whatever happened (1.2.2 podman_hpc.py, `migrate`: migrate_image's result is
         dropped), so the squashed copy is read back: `images` lists SQUASH_DIR's copies read-only
