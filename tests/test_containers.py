@@ -441,3 +441,53 @@ def test_removing_the_image_takes_podman_hpcs_squashed_copy_too(container_run, e
     assert after.returncode == 0 and after.stdout.split() == [], after.stdout + after.stderr
     again = remove()
     assert (again.returncode, again.stdout.strip()) == (0, f"nothing of {WORKFLOW_IMAGE} to remove"), again.stderr
+
+
+def test_enroots_image_is_made_here_without_enroot_as_its_import_makes_it(container_engines, tmp_path):
+    """Issue 32, finding 7: `enroot import podman://` needs podman and Enroot on one host, and a site may have
+    podman on the login node only and Enroot on the compute nodes only. There the image is made where the workflow
+    builds it, as enroot's import does (NVIDIA/enroot@8ea147d src/docker.sh, docker::daemon::import): the
+    engine's export unpacked without dev/* and .dockerenv, docker::configure's /etc/fstab, /etc/environment,
+    /etc/rc and /etc/rc.local from the image's config, and mksquashfs -all-root with enroot.conf's options.
+    A small image of what configure reads (ENV, ENTRYPOINT, CMD, WORKDIR, a volume, a label), made for real."""
+    import io
+    import tarfile
+
+    from containerbench import images
+
+    tag, layer = "localhost/containerbench-enroot-test:1", tmp_path / "root.tar"
+    with tarfile.open(layer, "w") as tar:
+        files = (("hello.txt", "hi\n"), ("dev/stray", "x"), (".dockerenv", ""), ("etc/environment", "OLD=1\n"))
+        for name, text in files:
+            entry = tarfile.TarInfo(name)
+            entry.size, entry.mode = len(text), 0o400
+            tar.addfile(entry, io.BytesIO(text.encode()))
+    changes = ["ENV GREETING=hello", 'ENTRYPOINT ["/entry", "it\'s"]', 'CMD ["x"]', "WORKDIR /w", "VOLUME /data",
+               "LABEL who=me"]
+    made = subprocess.run(["podman", "import", *(f"--change={change}" for change in changes), str(layer), tag],
+                          env=container_engines, capture_output=True, text=True, timeout=300)
+    assert made.returncode == 0, made.stderr
+    try:
+        config = json.loads(subprocess.run(["podman", "image", "inspect", tag], env=container_engines,
+                                           capture_output=True, text=True, timeout=300).stdout)[0]["Config"]
+        done = subprocess.run([sys.executable, "-m", "containerbench", "image", "--engine", "podman", "--tag", tag,
+                               "prepare", "--runtime", "enroot", "--without-runtime", "--build-dir", str(tmp_path)],
+                              env=container_engines, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+        squashfs = images.image_files(tag, tmp_path)["enroot"]
+        unpacked = tmp_path / "unpacked"
+        subprocess.run(["unsquashfs", "-d", str(unpacked), squashfs], check=True, capture_output=True, timeout=300)
+    finally:
+        subprocess.run(["podman", "rmi", tag], env=container_engines, capture_output=True, timeout=300)
+    assert (unpacked / "hello.txt").read_text() == "hi\n" and (unpacked / "w").is_dir()
+    assert not (unpacked / "dev" / "stray").exists() and not (unpacked / ".dockerenv").exists()
+    assert "GREETING=hello" in config["Env"]
+    assert (unpacked / "etc" / "environment").read_text() == "".join(f"{pair}\n" for pair in config["Env"])
+    volume = "${ENROOT_ROOTFS}/data /data none x-create=dir,bind,rw,nosuid,nodev\n"
+    assert (unpacked / "etc" / "fstab").read_text() == volume
+    assert (unpacked / "etc" / "rc").read_text() == (
+        f"# enroot-provenance: podman://{tag}\n# who me\n\n"
+        'mkdir -p "/w" 2> /dev/null\ncd "/w" && unset OLDPWD || exit 1\n\n'
+        "if [ -s /etc/rc.local ]; then\n    . /etc/rc.local\nfi\n\n"
+        "if [ $# -gt 0 ]; then\n    exec '/entry' 'it'\\''s' \"$@\"\nelse\n    exec '/entry' 'it'\\''s' 'x'\nfi\n")
+    assert (unpacked / "etc" / "rc.local").read_text().startswith("# This file is sourced by /etc/rc when the")

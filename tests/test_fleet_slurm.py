@@ -94,7 +94,7 @@ def test_the_example_site_walks_from_clone_to_dry_runs_by_the_readmes_commands(f
     assert planned.returncode == 0, planned.stdout[-3000:] + planned.stderr[-3000:]
     jobs = dict(re.findall(r"^(\w+)\s+(\d+)$", planned.stdout, re.M))
     assert sum(int(count) for rule, count in jobs.items() if rule.startswith("measure_rep")) == len(runs), jobs
-    # Apptainer's and Enroot's images are converted on the compute nodes, where only they are installed.
+    # Apptainer's image is converted on a compute node, where only it is installed; Enroot's is made here.
     assert {"image_apptainer", "image_enroot"} <= set(jobs), jobs
     assert "What this sweep costs:" in planned.stderr and "What validating the batch costs:" in planned.stderr
     too_long = re.compile(r"containerbench: (note: validate_nodes would stop here|config): the job of \S+ may take "

@@ -47,14 +47,18 @@ def test_dry_run_of_the_default_config(tmp_path):
 
 
 def test_dry_run_of_the_example_site_config(tmp_path):
-    # Apptainer and Enroot are declared to be on the compute nodes only, so neither is probed here:
-    # their images are converted by jobs on a node.
+    # Apptainer and Enroot are declared to be on the compute nodes only, so neither is probed here.
+    # Apptainer's image is converted by a job on a node; Enroot's is made here without Enroot, as its import
+    # makes it (issue 32, finding 7: a node with Enroot may lack the engine that built the image).
     # The example's GPU environment needs the Horovod wheel of `make gpu-env` (opt-in, test_gpu_env.py);
     # the environment changes what is installed, not what is planned.
     relaxed = tmp_path / "relaxed.yaml"
     relaxed.write_text("runtime_policy: skip-unusable\nbenchmark_env: cpu\n")
-    done = snakemake(tmp_path, "--configfile", str(ROOT / "config" / "site.example.yaml"), str(relaxed), "--dry-run")
+    done = snakemake(tmp_path, "--configfile", str(ROOT / "config" / "site.example.yaml"), str(relaxed), "--dry-run",
+                     "--printshellcmds")
     assert done.returncode == 0, done.stderr
+    assert " prepare --runtime enroot --without-runtime --build-dir " in done.stdout
+    assert re.search(r" prepare --runtime apptainer +--build-dir ", done.stdout)
     # Bare metal, Apptainer and Enroot, each: 2 fabrics x 4 node counts x 2 batch sizes = 16 runs per
     # repetition (5), plus netbench at each of the 4 node counts over 2 fabrics in repetitions 1-3.
     counts = job_counts(done.stdout)
@@ -96,9 +100,11 @@ def test_a_site_runtime_missing_here_stops_the_workflow(tmp_path):
     done = snakemake(tmp_path, "--configfile", str(ROOT / "config" / "site.example.yaml"), str(here), "--dry-run")
     assert done.returncode == 1
     errors = [line for line in done.stderr.splitlines() if line.startswith("containerbench:")]
+    # Issue 32, finding 7: every way out, and with compute-nodes the image is made here (test_containers).
     assert errors == ["containerbench: config: runtime 'enroot' cannot run here: enroot is not installed "
                       "(not on PATH); allowed: install it, set images.enroot.available: compute-nodes where only "
-                      "the compute nodes have it (the pre-flight job probes it there), give images.enroot.image "
+                      "the compute nodes have it (the pre-flight job probes it there, its image made here without "
+                      "it as its own import makes it, with mksquashfs), give images.enroot.image "
                       "(and torch_image), or set runtime_policy: skip-unusable"]
 
 

@@ -6,6 +6,7 @@ the other engine, converted for Charliecloud, and removed with every file made f
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import shutil
 import stat
@@ -30,7 +31,15 @@ from containerbench.imagestep import (
 )
 from containerbench.processes import run_group
 from containerbench.rank import provenance
-from containerbench.runtimes import CONTAINER_RUNTIMES, ENGINES, Charliecloud, Podman, engine_env, engine_usable
+from containerbench.runtimes import (
+    CONTAINER_RUNTIMES,
+    ENGINES,
+    Charliecloud,
+    Enroot,
+    Podman,
+    engine_env,
+    engine_usable,
+)
 
 DOCKERFILE = Path("containers/Dockerfile")
 PROVENANCE_LABEL = "org.containerbench.provenance"
@@ -234,6 +243,56 @@ def charliecloud_image(engine: str, tag: str, out: Path = CHARLIECLOUD_DIR, forc
     clear_dev(out)
     marker.write_text(image_id + "\n")
     return out
+
+
+def open_permissions(rootfs: Path) -> None:
+    """enroot's common::fixperms on an unpacked image: `chmod -R u+rX`, and u+w on every directory."""
+    for root, directories, files in os.walk(rootfs):
+        for name, more in [*((d, stat.S_IRWXU) for d in directories), *((f, stat.S_IRUSR) for f in files)]:
+            path = os.path.join(root, name)
+            mode = os.lstat(path).st_mode
+            if not stat.S_ISLNK(mode):
+                executable = stat.S_IXUSR if mode & 0o111 else 0
+                os.chmod(path, stat.S_IMODE(mode) | more | executable)
+
+
+def enroot_squashfs(engine: str, tag: str, out: Path, timeout: float = DEFAULT_STEP_TIMEOUT_S) -> Path:
+    """Enroot's image, made here without Enroot (Enroot.converts_without_itself): what `enroot import podman://`
+    or `dockerd://` does (NVIDIA/enroot src/docker.sh, docker::daemon::import), for a site whose compute nodes
+    have Enroot and not the engine that built the image."""
+    info = inspect_image(engine, tag)
+    rootfs, (container, flat_tar) = Path(f"{out}.rootfs"), Charliecloud.export_paths(str(out))
+    # The same flat export that enroot's import pipes through tar (`create`, `export`, `rm`).
+    create, export, remove = Charliecloud.export_argvs(engine, tag, container, flat_tar)
+    forget = [*remove[:-1], "--force", remove[-1]]
+    shutil.rmtree(rootfs, ignore_errors=True)
+    rootfs.mkdir(parents=True)
+    subprocess.run(forget, capture_output=True, env=engine_env(engine), timeout=QUERY_TIMEOUT_S, check=False)
+    try:
+        run_step("enroot (create)", create, env=engine_env(engine), timeout=QUERY_TIMEOUT_S, capture=True)
+        run_step("enroot (export)", export, env=engine_env(engine), timeout=timeout)
+        run_step("enroot (rm)", remove, env=engine_env(engine), timeout=QUERY_TIMEOUT_S, capture=True)
+        run_step("enroot (tar)", Enroot.unpack_argv(flat_tar, str(rootfs)), timeout=timeout)
+        Path(flat_tar).unlink()
+        open_permissions(rootfs)
+        if (rootfs / "etc").is_symlink():  # written below as root: never through a link out of the image
+            raise ImageStepError(f"enroot: {tag}'s /etc is a symbolic link; allowed: an image with an /etc directory")
+        for name, text in Enroot.configured_files(info["Config"], Enroot.import_uri(engine, tag)).items():
+            path = rootfs / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.unlink(missing_ok=True)
+            path.write_text(text)
+        (rootfs / (info["Config"].get("WorkingDir") or "/").lstrip("/")).mkdir(parents=True, exist_ok=True)
+        run_step("enroot (mksquashfs)", Enroot.squash_argv(str(rootfs), str(out)), timeout=timeout)
+    finally:
+        subprocess.run(forget, capture_output=True, env=engine_env(engine), timeout=QUERY_TIMEOUT_S, check=False)
+        Path(flat_tar).unlink(missing_ok=True)
+        shutil.rmtree(rootfs, ignore_errors=True)
+    return out
+
+
+# Runtimes whose image containerbench makes itself where they are not installed (converts_without_itself).
+WITHOUT_THE_RUNTIME = {Enroot.name: enroot_squashfs}
 
 
 def remove_image(tag: str, build_dir: Path | str = IMAGES, only=None,

@@ -138,6 +138,10 @@ if PLANS_A_RUN:
 ON_COMPUTE_NODES = {
     name for name in PLANNED["runtimes"] if runtimes.runtime_for(name, PLANNED).available == "compute-nodes"
 }
+# Of those, the ones whose image is converted on a node; Enroot's is made here without it (converts_without_itself).
+CONVERTED_ON_NODES = {
+    name for name in ON_COMPUTE_NODES if not runtimes.CONTAINER_RUNTIMES[name].converts_without_itself
+}
 # A one-node, one-task job's resources on Slurm (the pre-flight job, conversions on the nodes).
 ON_A_NODE = {"nodes": 1, "tasks": 1, **SLURM_RESOURCES} if launchers.uses_slurm(config) else {}
 # What the runs need (images, the data sample) is made before the first measurement: otherwise the

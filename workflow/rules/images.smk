@@ -265,11 +265,14 @@ for BENCH_ENV, FLAVOUR in itertools.product(
                 images=STEPS,
                 runtime=runtime,
                 build_dir=IMAGES_DIR,
-            localrule: runtime not in ON_COMPUTE_NODES
+                without=(
+                    "--without-runtime" if runtime in ON_COMPUTE_NODES and runtime not in CONVERTED_ON_NODES else ""
+                ),
+            localrule: runtime not in CONVERTED_ON_NODES
             priority: BEFORE_ANY_MEASUREMENT
             resources:
                 **IMAGE_STEP,
-                **(ON_A_NODE if runtime in ON_COMPUTE_NODES else {}),
+                **(ON_A_NODE if runtime in CONVERTED_ON_NODES else {}),
             shell:
                 "{params.images} --step-timeout {resources.step_timeout_s} "
-                "prepare --runtime {params.runtime} --build-dir {params.build_dir:q} > {log:q} 2>&1"
+                "prepare --runtime {params.runtime} {params.without} --build-dir {params.build_dir:q} > {log:q} 2>&1"

@@ -27,7 +27,7 @@ from containerbench.imagestep import (
     ImageStepError,
     write_file,
 )
-from containerbench.runtimes import ENGINES, BareMetal, Charliecloud, Podman
+from containerbench.runtimes import CONTAINER_RUNTIMES, ENGINES, BareMetal, Charliecloud, Podman
 
 
 def step_argv(python, engine: str, tag: str, bench_python, repo, env: BenchEnv,
@@ -57,6 +57,7 @@ def run_image_step(args) -> str:
     from containerbench.baseimage import make_base
     from containerbench.imagebuild import (
         DOCKERFILE,
+        WITHOUT_THE_RUNTIME,
         ImageSpec,
         build_image,
         charliecloud_image,
@@ -113,7 +114,14 @@ def run_image_step(args) -> str:
         write_file(args.marker, f"{args.out}: ch-fromhost --nvidia done\n")
         return str(args.out)
     if args.step == "prepare":
-        return prepare_runtime(args.runtime, build_outputs(tag, args.build_dir, args.engine), timeout)
+        built = build_outputs(tag, args.build_dir, args.engine)
+        if args.without_runtime:
+            if args.runtime not in WITHOUT_THE_RUNTIME:
+                raise ImageStepError(f"prepare --without-runtime: runtime {args.runtime!r} has no conversion of "
+                                     f"ours; allowed: {', '.join(sorted(WITHOUT_THE_RUNTIME))}")
+            made = Path(CONTAINER_RUNTIMES[args.runtime].artifact(built))
+            return str(WITHOUT_THE_RUNTIME[args.runtime](args.engine, tag, made, timeout))
+        return prepare_runtime(args.runtime, built, timeout)
     if args.step == "remove":
         base = args.tag or default_tag(args.bench_python)
         tags = sorted({flavour_tag(base, each_env, each_flavour) for each_env in BENCH_ENVS.values()
@@ -226,6 +234,9 @@ def add_commands(sub) -> None:
     step.add_argument("--marker", type=Path, required=True, help="written when done")
     step = steps.add_parser("prepare", help="run a converting runtime's prepare commands (its class's)")
     step.add_argument("--runtime", required=True, choices=sorted(set(CONVERTED)))
+    step.add_argument("--without-runtime", action="store_true",
+                      help="make its image here without the runtime, as its own import does (enroot: where only "
+                           "the compute nodes have it)")
     step.add_argument("--build-dir", type=Path, default=IMAGES)
     step = steps.add_parser("remove", help="remove the image's tag from each engine and every file made from it")
     step.add_argument("--build-dir", type=Path, default=IMAGES)

@@ -185,9 +185,11 @@ def select_runtimes(config: dict, artifacts: dict[ImageUse, str]) -> dict[str, s
     unusable = unusable_here(config, artifacts)
     if unusable and config["runtime_policy"] == "require":
         name, reason = next(iter(unusable.items()))
+        made_here = (", its image made here without it as its own import makes it, with mksquashfs"
+                     if CONTAINER_RUNTIMES[name].converts_without_itself else "")
         raise ConfigError(f"config: runtime {name!r} cannot run here: {reason}; allowed: install it, set "
                           f"images.{name}.available: compute-nodes where only the compute nodes have it (the "
-                          f"pre-flight job probes it there), give images.{name}.image (and torch_image), or set "
-                          "runtime_policy: skip-unusable")
+                          f"pre-flight job probes it there{made_here}), give images.{name}.image (and torch_image), "
+                          "or set runtime_policy: skip-unusable")
     config["runtimes"] = [name for name in config["runtimes"] if name not in unusable]
     return unusable

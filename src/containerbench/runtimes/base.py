@@ -250,6 +250,10 @@ class Runtime(abc.ABC):
         """Run once the prepared artifact is read back (read_prepared): what the prepare left that no run needs."""
         return []
 
+    # Can its image be made where the runtime is not installed (for `available: compute-nodes`), by
+    # containerbench doing what the runtime's own import does (imagebuild.WITHOUT_THE_RUNTIME)?
+    converts_without_itself = False
+
     @classmethod
     def remove_prepared_commands(cls, built: BuiltImage) -> list[list[str]]:
         """What removes the copy the prepare commands put in a store of the runtime's own (`make clean-images`);

@@ -43,10 +43,62 @@ class Enroot(ContainerRuntime):
         # anything else is a registry reference (pyxis_slurmstepd.c).
         return os.path.abspath(cls.artifact(built))
 
+    SCHEMES = {"docker": "dockerd", "podman": "podman"}  # enroot-import(1): a local engine's image
+
+    @classmethod
+    def import_uri(cls, engine: str, tag: str) -> str:
+        return f"{cls.SCHEMES[engine]}://{tag}"
+
     @classmethod
     def prepare_commands(cls, built: BuiltImage, registry: str = "REGISTRY") -> list[list[str]]:
-        scheme = {"docker": "dockerd", "podman": "podman"}[built.engine]  # enroot-import(1) URI schemes
-        return [["enroot", "import", "-o", cls.artifact(built), f"{scheme}://{built.tag}"]]
+        return [["enroot", "import", "-o", cls.artifact(built), cls.import_uri(built.engine, built.tag)]]
+
+    # Where Enroot is on the compute nodes only (available: compute-nodes), the image is made where the workflow
+    # builds it, without Enroot, the way `enroot import dockerd://` and `podman://` make it (NVIDIA/enroot
+    # src/docker.sh, docker::daemon::import): the engine's export unpacked without dev/* and .dockerenv, the
+    # image's config written into it (docker::configure, configured_files), and mksquashfs -all-root with
+    # enroot.conf's default ENROOT_SQUASH_OPTIONS. Its import on a node would need the engine there, and the
+    # image in that node's store.
+    converts_without_itself = True
+    SQUASH_OPTIONS = ("-comp", "lzo", "-noD", "-exit-on-error")
+
+    @staticmethod
+    def unpack_argv(flat_tar: str, rootfs: str) -> list[str]:
+        return ["tar", "-C", rootfs, "--warning=no-timestamp", "--anchored", "--exclude=dev/*",
+                "--exclude=.dockerenv", "-px", "-f", flat_tar]
+
+    @classmethod
+    def squash_argv(cls, rootfs: str, out: str) -> list[str]:
+        # -noappend: enroot refuses a file that exists; a conversion here replaces its own.
+        return ["mksquashfs", rootfs, out, "-all-root", "-noappend", *cls.SQUASH_OPTIONS]
+
+    @staticmethod
+    def configured_files(config: dict, uri: str) -> dict[str, str]:
+        """The files docker::configure writes into the root filesystem from the image's config (`inspect`'s
+        Config): /etc/fstab (a bind per volume, ${ENROOT_ROOTFS} left for enroot to expand), /etc/environment
+        (the image's ENV, which Pyxis loads), /etc/rc (provenance and labels as comments, then cd to the working
+        directory and exec the entrypoint with the command) and an empty /etc/rc.local. Words are quoted
+        '...' where bash's ${word@Q} may choose $'...': the same words to the shell."""
+        def quoted(words: list[str]) -> str:
+            return " ".join("'" + word.replace("'", "'\\''") + "'" for word in words)
+
+        entrypoint, cmd = list(config.get("Entrypoint") or []), list(config.get("Cmd") or [])
+        if not entrypoint and not cmd:
+            cmd = ["/bin/sh"]
+        workdir = config.get("WorkingDir") or "/"
+        labels = "".join(f"# {key} {str(value).replace(chr(10), ' ')}\n"
+                         for key, value in (config.get("Labels") or {}).items())
+        rc = (f"# enroot-provenance: {uri}\n{labels}\n"
+              f'mkdir -p "{workdir}" 2> /dev/null\ncd "{workdir}" && unset OLDPWD || exit 1\n\n'
+              "if [ -s /etc/rc.local ]; then\n    . /etc/rc.local\nfi\n\n"
+              f'if [ $# -gt 0 ]; then\n    exec {quoted(entrypoint)} "$@"\nelse\n'
+              f"    exec {quoted(entrypoint)} {quoted(cmd)}\nfi\n")
+        return {"etc/fstab": "".join(f"${{ENROOT_ROOTFS}}{volume} {volume} none x-create=dir,bind,rw,nosuid,nodev\n"
+                                     for volume in sorted(config.get("Volumes") or {})),
+                "etc/environment": "".join(f"{pair}\n" for pair in config.get("Env") or []),
+                "etc/rc": rc,
+                "etc/rc.local": "# This file is sourced by /etc/rc when the container starts.\n# It can be used to "
+                                "manipulate the entrypoint or the command of the container.\n"}
 
     @staticmethod
     def image_is_file(image: str) -> bool:
