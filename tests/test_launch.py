@@ -311,7 +311,8 @@ def test_a_runtime_that_cannot_do_what_the_config_asks_is_refused_in_one_line(tm
                          images={"binds": binds, "charliecloud": {"write_fake": False}}, benchmark={"data": ["real"]},
                          dataset={"path": str(tmp_path)})
     (tmp_path / "train-00000-of-00001").write_bytes(b"")
-    with pytest.raises(cb_config.ConfigError, match=r"^config: runtime 'charliecloud': \d binds need --write-fake"):
+    refused = r"^config: runtime 'charliecloud': \d binds need images.charliecloud.write_fake: true"
+    with pytest.raises(cb_config.ConfigError, match=refused):
         plan_sweep(config, tmp_path, probe=False)
 
 

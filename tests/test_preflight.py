@@ -332,7 +332,8 @@ def test_the_check_runs_on_as_many_nodes_as_the_largest_run_and_asks_each_for_th
     needs = runtimes.node_requirements(sweep.config)
     assert [need.what for need in needs] == [
         "a ch-run with extended globs (--unset-env keeps the rank's variables)",
-        "ch-run 0.36 or later (--write-fake; or set images.charliecloud.write_fake: false)",
+        "ch-run 0.38 or later (--write-fake, and --feature=overlayfs to ask for it; or set "
+        "images.charliecloud.write_fake: false)",
         "unprivileged overlayfs for --write-fake (or set images.charliecloud.write_fake: false)"]
     argv = preflight.check_argv(sweep.config, ROOT, sys.executable, {}, {}, runs=sweep.runs, requirements=needs)
     assert argv[:4] == ["srun", "--nodes=4", "--ntasks=4", "--ntasks-per-node=1"]

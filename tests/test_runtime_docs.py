@@ -237,7 +237,7 @@ def test_charliecloud_writes_fake_only_where_the_site_says_and_then_asks_every_n
     assert "--write-fake" not in argv and "--bind=/data/imagenet:/mnt" in argv and "--cd=/" in argv
     asked = Charliecloud("/img.ch", write_fake=True).node_requirements()
     assert [(need.argv, need.at_least) for need in asked] == [
-        (("ch-run", "--feature=extglob"), None), (("ch-run", "--version"), "0.36"),
+        (("ch-run", "--feature=extglob"), None), (("ch-run", "--version"), "0.38"),
         (("ch-run", "--feature=overlayfs"), None)]
     assert asked[2].source == 'ch-run(1), --feature and "Writeable overlay with --write-fake"'
 
@@ -644,7 +644,8 @@ def test_what_each_runtime_needs_on_a_node_is_asked_there_with_its_source():
       support for specifying CDI devices in the --device argument") and "Generating a CDI Specification"
       (`nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml`; newer toolkits write /var/run/cdi);
     - Charliecloud: `--feature=extglob` (ch-run(1), "--feature"); --write-fake since 0.36
-      (hpc/charliecloud commit 63f77b1, "PR #1793: add --write-fake via unprivileged overlayfs", first in v0.36);
+      (hpc/charliecloud commit 63f77b1, "PR #1793: add --write-fake via unprivileged overlayfs", first in v0.36),
+      asked of a node with --feature=overlayfs since 0.38 (PR #1892; bin/ch-run.c at v0.37 has no such feature);
     - Enroot: the PMI hook is an extra hook, installed where enroot does not read it (NVIDIA/enroot Makefile:
       HOOKS_EXTRA to $(DATADIR)/hooks.d; src/runtime.sh reads ${ENROOT_SYSCONF_PATH}/hooks.d), and Pyxis has
       --container-env from v0.15.0 (NVIDIA/pyxis commit 5164d82; v0.14.0's args.c lacks it)."""
@@ -656,7 +657,7 @@ def test_what_each_runtime_needs_on_a_node_is_asked_there_with_its_source():
         ((), None, ("/etc/cdi/*.yaml", "/etc/cdi/*.json", "/var/run/cdi/*.yaml", "/var/run/cdi/*.json"))]
     assert PodmanHPC("img").node_requirements(gpus=True) == []  # its --gpu module, no CDI
     assert [(n.argv, n.at_least) for n in Charliecloud("/img", write_fake=True).node_requirements()] == [
-        (("ch-run", "--feature=extglob"), None), (("ch-run", "--version"), "0.36"),
+        (("ch-run", "--feature=extglob"), None), (("ch-run", "--version"), "0.38"),
         (("ch-run", "--feature=overlayfs"), None)]
     assert len(Charliecloud("/img", write_fake=False).node_requirements()) == 1
     hook, pyxis = Enroot("/img.sqsh", launcher="srun").node_requirements()

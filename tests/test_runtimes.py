@@ -311,7 +311,7 @@ def test_charliecloud_without_write_fake_binds_a_dataset_at_an_existing_mount_po
     argv = Charliecloud("/img", write_fake=False).rank_argv(request)
     assert "--bind=/datasets/imagenet:/mnt" in argv
     assert argv[-8:] == ["--cd=/", "/img", "--", "python3", "-m", "containerbench.rank.bench", "--data-dir", "/mnt"]
-    with pytest.raises(ValueError, match="4 binds need --write-fake"):
+    with pytest.raises(ValueError, match="4 binds need images.charliecloud.write_fake: true"):
         Charliecloud("/img", write_fake=False).rank_argv(
             RunRequest(module="m", args=(), env={}, binds=("/a", "/b", "/c", "/d")))
 
@@ -450,7 +450,7 @@ def test_runtime_for_rejects_in_one_line(name, config, message):
 
 
 def test_charliecloud_without_write_fake_binds_no_work_directory():
-    """ch-run < 0.36 cannot create mount points: only dataset binds, started in /."""
+    """Without --write-fake ch-run cannot create mount points: only dataset binds, started in /."""
     argv = Charliecloud("/img", write_fake=False).rank_argv(SITE)
     assert "--bind=/datasets/imagenet:/mnt" in argv and not any(a.startswith("--bind=/scratch") for a in argv)
     assert "--cd=/" in argv

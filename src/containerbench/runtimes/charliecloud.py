@@ -20,8 +20,10 @@ from containerbench.runtimes.base import (
     run_probe,
 )
 
-# ch-run's --write-fake arrived in Charliecloud 0.36 (PR #1793); Debian 12 ships 0.31.
-WRITE_FAKE_SINCE = (0, 36)
+# ch-run's --write-fake arrived in Charliecloud 0.36 (PR #1793); Debian 12 ships 0.31. A node is asked whether its
+# ch-run has unprivileged overlayfs with --feature=overlayfs, which 0.38 added (PR #1892; bin/ch-run.c at v0.36 and
+# v0.37 has no such feature): 0.38 is what a node needs for write_fake.
+WRITE_FAKE_SINCE = (0, 38)
 
 
 @register
@@ -114,9 +116,9 @@ class Charliecloud(ContainerRuntime):
         if self.write_fake:
             since, instead = ".".join(map(str, WRITE_FAKE_SINCE)), "or set images.charliecloud.write_fake: false"
             overlay = 'ch-run(1), --feature and "Writeable overlay with --write-fake"'
-            found += [NodeRequirement(self.name, f"ch-run {since} or later (--write-fake; {instead})",
-                                      ("ch-run", "--version"), at_least=since,
-                                      source="hpc/charliecloud PR #1793, v0.36"),
+            found += [NodeRequirement(self.name, f"ch-run {since} or later (--write-fake, and --feature=overlayfs to "
+                                      f"ask for it; {instead})", ("ch-run", "--version"), at_least=since,
+                                      source="hpc/charliecloud PR #1793 (v0.36) and PR #1892 (v0.38)"),
                       NodeRequirement(self.name, f"unprivileged overlayfs for --write-fake ({instead})",
                                       ("ch-run", "--feature=overlayfs"), source=overlay)]
         return found
@@ -138,9 +140,9 @@ class Charliecloud(ContainerRuntime):
         return "!(" + "|".join([*keep, *SLURM_GPU_VARS, "HOME", *own]) + ")"
 
     def moved_binds(self, request: RunRequest) -> dict[str, str]:
-        """Without --write-fake (ch-run < 0.36) a bind needs its mount point in the image ("can't mkdir:
+        """Without --write-fake (the default) a bind needs its mount point in the image ("can't mkdir:
         Read-only file system"), so binds move (move_binds)."""
-        remedy = "--write-fake (ch-run >= 0.36)"
+        remedy = "images.charliecloud.write_fake: true (ch-run 0.38 or later, unprivileged overlayfs on every node)"
         return {} if self.write_fake else move_binds(self.name, request, self.MOUNT_POINTS, remedy)
 
     def rank_argv(self, request: RunRequest) -> list[str]:
