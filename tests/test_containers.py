@@ -375,9 +375,10 @@ def test_a_docker_rank_whose_client_was_killed_is_removed_by_the_nodes_next_step
     """Issue 32, finding 8: dockerd starts a rank's container outside the Slurm step, and keeps it running when
     its client is SIGKILLed (Slurm at a job's end, after KillWait; an out-of-memory kill), holding the node's
     GPUs: "A cancelled or NODE_FAIL'd job kills the host-side `docker run --rm` client but leaves its container
-    running" (AMD-AGI/Hyperloom#1572). The shim labels each container with its client's id and start time
-    (docker-run(1) --label); the node's next node-image step, or a Slurm epilog's `node-image --orphans-only`,
-    removes those whose client has ended (docker-rm(1) --force) and leaves a live one's alone."""
+    running" (AMD-AGI/Hyperloom#1572). The shim labels each container with its client (host, pid namespace,
+    id and start time) and the client's uid (docker-run(1) --label); the node's next node-image step, or a
+    Slurm epilog's `node-image --orphans-only`, removes those whose client has ended (docker-rm(1) --force) and
+    leaves a live one's alone."""
     import time
 
     from containerbench.rank.rankexec import CLIENT_LABEL
@@ -392,7 +393,8 @@ def test_a_docker_rank_whose_client_was_killed_is_removed_by_the_nodes_next_step
                                  f'{{{{.ID}}}} {{{{.Label "{CLIENT_LABEL}"}}}}'], env=container_engines,
                                 capture_output=True, text=True, timeout=120)
         assert listed.returncode == 0, listed.stderr
-        return {int(label.split(":")[0]): container for container, label in map(str.split, listed.stdout.splitlines())}
+        return {int(label.rsplit(":", 2)[1]): container  # host:pid-namespace:pid:start (processes.identity)
+                for container, label in map(str.split, listed.stdout.splitlines())}
 
     killed, alive = rank(), rank()
     try:

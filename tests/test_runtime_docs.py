@@ -324,17 +324,28 @@ def test_the_shim_gives_docker_the_memory_limit_of_the_ranks_cgroup(tmp_path):
 def test_the_shim_labels_a_docker_container_with_the_client_it_becomes():
     """Issue 32, finding 8: the label names the process the shim execs into, the engine's client (execve(2)
     keeps the process id; proc(5): /proc/PID/stat field 22, its start time, is the process's, not the
-    program's), so `node-image` can tell a container whose client has ended (nodeimages.remove_orphans)."""
-    from containerbench.rank.rankexec import CLIENT_LABEL, client_alive, started
+    program's), so `node-image` can tell a container whose client has ended (nodeimages.remove_orphans). It
+    removes one only where it can see the client: on its host, in its pid namespace, its own user's or, as
+    root, anyone's (proc(5), hidepid: another user's process may be hidden, not ended)."""
+    from containerbench.nodeimages import orphaned
+    from containerbench.processes import identity
+    from containerbench.rank.rankexec import CLIENT_LABEL, CLIENT_UID_LABEL
 
     shown = subprocess.run([sys.executable, "-m", "containerbench.rank.rankexec", "--label-client", "--", "/bin/sh",
                             "-c", 'echo "$@"; echo "$$"', "sh", "run", "img"], capture_output=True, text=True)
     assert shown.returncode == 0, shown.stderr
     words, pid = shown.stdout.splitlines()
-    run, label, image = words.split()
-    assert (run, image) == ("run", "img") and label.startswith(f"--label={CLIENT_LABEL}={pid}:")
-    assert not client_alive(label.rpartition("=")[2])  # the client has exited
-    assert client_alive(f"{os.getpid()}:{started(os.getpid())}") and not client_alive(f"{os.getpid()}:1")
+    run, client, owner, image = words.split()
+    assert (run, image, owner) == ("run", "img", f"--label={CLIENT_UID_LABEL}={os.getuid()}")
+    host, namespace, me, ticks = identity(os.getpid()).split(":")
+    assert client.startswith(f"--label={CLIENT_LABEL}={host}:{namespace}:{pid}:")
+    uid = str(os.getuid())
+    assert orphaned(client.partition("=")[2].partition("=")[2], uid)  # the client has exited
+    assert not orphaned(identity(os.getpid()), uid)  # this one has not
+    assert not orphaned(f"elsewhere:{namespace}:{pid}:1", uid)
+    assert not orphaned(f"{host}:another-namespace:{pid}:1", uid)
+    if os.getuid() != 0:
+        assert not orphaned(f"{host}:{namespace}:{pid}:1", str(os.getuid() + 1))  # maybe hidden: not mine
     assert "--label-client" in Docker("img").rank_argv(RunRequest(module="m", workdir="/w"))
 
 

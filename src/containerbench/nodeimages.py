@@ -30,9 +30,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from containerbench.processes import run_group
-from containerbench.rank.rankexec import CLIENT_LABEL, client_alive
-from containerbench.runtimes import PINNED, engine_env
+from containerbench.processes import checkable, run_group, running
+from containerbench.rank.rankexec import CLIENT_LABEL, CLIENT_UID_LABEL
+from containerbench.runtimes import PINNED, Docker, engine_env
 
 # An image query answers in seconds; a load of a 2 GB archive took 40-70 s here.
 QUERY_TIMEOUT_S = 120
@@ -78,17 +78,36 @@ def _run(argv: list[str], timeout: float) -> str:
     return done.stdout
 
 
-def remove_orphans(engine: str, timeout: float = QUERY_TIMEOUT_S) -> list[str]:
-    """Remove this node's running containers of ours whose client has ended (CLIENT_LABEL names it): dockerd
-    keeps a container running when its client is killed, outside the Slurm step that ended, holding the
-    node's GPUs and memory. Returns their ids."""
+def orphaned(client: str, owner: str) -> bool:
+    """Has the client that labelled a container (CLIENT_LABEL, CLIENT_UID_LABEL) surely ended? Only where this
+    process can see it: on its host, in its pid namespace, and its own or, for root, any user's (a /proc
+    mounted hidepid hides other users' processes, which would look ended)."""
+    named = checkable(client)
+    mine = owner.isdigit() and (int(owner) == os.getuid() or os.getuid() == 0)
+    return named is not None and mine and not running(*named)
+
+
+def listed_clients(engine: str, timeout: float = QUERY_TIMEOUT_S) -> dict[str, tuple[str, str]]:
+    """This node's running containers of ours: id -> (client, its uid), from their labels."""
     argv = [engine, "ps", "--no-trunc", "--filter", f"label={CLIENT_LABEL}",
-            "--format", f'{{{{.ID}}}} {{{{.Label "{CLIENT_LABEL}"}}}}']
-    listed = _run(argv, timeout)
-    orphans = [container for container, _, client in (each.partition(" ") for each in listed.splitlines())
-               if container and not client_alive(client)]
+            "--format", f'{{{{.ID}}}} {{{{.Label "{CLIENT_LABEL}"}}}} {{{{.Label "{CLIENT_UID_LABEL}"}}}}']
+    return {words[0]: (words[1], words[2] if len(words) > 2 else "")
+            for words in map(str.split, _run(argv, timeout).splitlines()) if len(words) >= 2}
+
+
+def remove_orphans(engine: str, timeout: float = QUERY_TIMEOUT_S) -> list[str]:
+    """Remove this node's running containers of ours whose client has surely ended (orphaned): dockerd keeps
+    a container running when its client is killed, outside the Slurm step that ended, holding the node's GPUs
+    and memory. Returns their ids. A removal that fails is listed again: one gone meanwhile (its own --rm,
+    another node-image step) is no failure."""
+    orphans = [container for container, (client, owner) in listed_clients(engine, timeout).items()
+               if orphaned(client, owner)]
     if orphans:
-        _run([engine, "rm", "--force", *orphans], timeout)  # docker-rm(1): kills a running one first
+        try:
+            _run([engine, "rm", "--force", *orphans], timeout)  # docker-rm(1): kills a running one first
+        except NodeImageError:
+            if set(orphans) & set(listed_clients(engine, timeout)):
+                raise
     return orphans
 
 
@@ -112,9 +131,10 @@ def ensure(engine: str, image: str, stamp: Path | str | None = None, archive: Pa
     """Make `image` present in this node's `engine` store, as the stamp says it must be (its id), loading
     `archive` where the node lacks it or holds another image under the tag. Returns what the node ran:
     host, engine, image, image_id, loaded and the seconds it took."""
+    # Only docker's ranks are labelled (Docker.rank_argv): podman's containers stay in the step's cgroup.
+    orphans = remove_orphans(engine) if engine == Docker.binary else []
     host, started = socket.gethostname(), time.monotonic()
     wanted = expected_id(stamp) if stamp else None
-    orphans = remove_orphans(engine)
     with open(_lock_path(engine, image), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         found = stored_id(engine, image)

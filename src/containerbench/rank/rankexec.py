@@ -29,11 +29,12 @@ With --pmi-fd, where srun's pmi2 plugin gave the rank its socket as PMI_FD, it
 moves that socket to fd 3, sets PMI_FD=3 and inserts `--preserve-fds=1`: podman
 passes fds 3 to 3+N-1 into the container and closes the rest (podman-run(1),
 "--preserve-fds"), as podman-hpc does for the same socket (podman_hpc.py, pmi_fd).
-With --label-client it inserts `--label=org.containerbench.client=PID:START`, this
-process's id and start time: after the exec, the engine's client. dockerd keeps a
-container running when its client is SIGKILLed (by Slurm at a job's end, or an
-out-of-memory kill), outside the step's cgroup, holding its GPUs; the node's next
-docker run (containerbench node-image) removes every container whose client has ended.
+With --label-client it labels the container with this process, which the exec makes
+the engine's client (`org.containerbench.client=HOST:NS:PID:START`, processes.identity),
+and its uid. dockerd keeps a container running when its client is SIGKILLed (by Slurm
+at a job's end, or an out-of-memory kill), outside the step's cgroup, holding its GPUs;
+the node's next docker run (containerbench node-image) removes those whose client has
+ended.
 """
 
 from __future__ import annotations
@@ -42,28 +43,15 @@ import argparse
 import glob
 import os
 import sys
-from pathlib import Path
 
+from containerbench.processes import identity
 from containerbench.rank.telemetry import cgroup_limits
 
 # docker-run(1) --label; listed back by `docker ps --filter label=KEY` and {{.Label "KEY"}} (docker ps reference,
-# "Filtering" and "Formatting").
+# "Filtering" and "Formatting"). The client: host, pid namespace, process id and start time
+# (processes.identity); its owner's uid, as a node's /proc may hide other users' processes (hidepid).
 CLIENT_LABEL = "org.containerbench.client"
-
-
-def started(pid: int | str) -> str | None:
-    """When process `pid` started, in clock ticks after boot (proc(5), /proc/PID/stat field 22), or None where
-    there is no such process: with the id, it names one process, never a later one given the same id."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
-
-
-def client_alive(label: str) -> bool:
-    """Is the client that CLIENT_LABEL's value PID:START names still running on this host?"""
-    pid, _, start = label.partition(":")
-    return pid.isdigit() and bool(start) and started(pid) == start
+CLIENT_UID_LABEL = "org.containerbench.client-uid"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -106,7 +94,7 @@ def main(argv: list[str] | None = None) -> None:
         os.environ["PMI_FD"] = "3"
         inserted.append("--preserve-fds=1")
     if args.label_client:  # the exec keeps this process's id and start time: they become the client's
-        inserted.append(f"--label={CLIENT_LABEL}={os.getpid()}:{started(os.getpid())}")
+        inserted += [f"--label={CLIENT_LABEL}={identity(os.getpid())}", f"--label={CLIENT_UID_LABEL}={os.getuid()}"]
     if inserted:
         word = args.insert_after
         if word not in command:
