@@ -449,47 +449,74 @@ def test_enroots_image_is_made_here_without_enroot_as_its_import_makes_it(contai
     """Issue 32, finding 7: `enroot import podman://` needs podman and Enroot on one host, and a site may have
     podman on the login node only and Enroot on the compute nodes only. There the image is made where the workflow
     builds it, as enroot's import does (NVIDIA/enroot@8ea147d src/docker.sh, docker::daemon::import): the
-    engine's export unpacked without dev/* and .dockerenv, docker::configure's /etc/fstab, /etc/environment,
-    /etc/rc and /etc/rc.local from the image's config, and mksquashfs -all-root with enroot.conf's options.
-    A small image of what configure reads (ENV, ENTRYPOINT, CMD, WORKDIR, a volume, a label), made for real."""
+    engine's export unpacked without dev/* and .dockerenv, its permissions opened (common.sh, common::fixperms:
+    chmod -R u+rX, u+w on directories), docker::configure's /etc/fstab, /etc/environment, /etc/rc and
+    /etc/rc.local from the image's config, and mksquashfs -all-root with enroot.conf's options. A small image of
+    what configure reads (ENV, ENTRYPOINT, CMD, WORKDIR, a volume, a label), made for real; then one whose
+    WORKDIR passes through a link out of the image, refused in one line."""
     import io
     import tarfile
 
     from containerbench import images
 
-    tag, layer = "localhost/containerbench-enroot-test:1", tmp_path / "root.tar"
-    with tarfile.open(layer, "w") as tar:
-        files = (("hello.txt", "hi\n"), ("dev/stray", "x"), (".dockerenv", ""), ("etc/environment", "OLD=1\n"))
-        for name, text in files:
-            entry = tarfile.TarInfo(name)
-            entry.size, entry.mode = len(text), 0o400
-            tar.addfile(entry, io.BytesIO(text.encode()))
-    changes = ["ENV GREETING=hello", 'ENTRYPOINT ["/entry", "it\'s"]', 'CMD ["x"]', "WORKDIR /w", "VOLUME /data",
-               "LABEL who=me"]
-    made = subprocess.run(["podman", "import", *(f"--change={change}" for change in changes), str(layer), tag],
-                          env=container_engines, capture_output=True, text=True, timeout=300)
-    assert made.returncode == 0, made.stderr
+    def image(tag: str, workdir: str, *links: tuple[str, str]) -> None:
+        layer = tmp_path / "root.tar"
+        with tarfile.open(layer, "w") as tar:
+            files = (("hello.txt", "hi\n", 0o400), ("locked", "", 0o000), ("dev/stray", "x", 0o644),
+                     (".dockerenv", "", 0o644), ("etc/environment", "OLD=1\n", 0o644))
+            for name, text, mode in files:
+                entry = tarfile.TarInfo(name)
+                entry.size, entry.mode = len(text), mode
+                tar.addfile(entry, io.BytesIO(text.encode()))
+            shut = tarfile.TarInfo("shut")
+            shut.type, shut.mode = tarfile.DIRTYPE, 0o555
+            tar.addfile(shut)
+            for name, target in links:
+                link = tarfile.TarInfo(name)
+                link.type, link.linkname = tarfile.SYMTYPE, target
+                tar.addfile(link)
+        changes = ["ENV GREETING=hello", 'ENTRYPOINT ["/entry", "it\'s"]', 'CMD ["x"]', f"WORKDIR {workdir}",
+                   "VOLUME /data", "LABEL who=me"]
+        made = subprocess.run(["podman", "import", *(f"--change={change}" for change in changes), str(layer), tag],
+                              env=container_engines, capture_output=True, text=True, timeout=300)
+        assert made.returncode == 0, made.stderr
+
+    def convert(tag: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "containerbench", "image", "--engine", "podman", "--tag", tag,
+                               "prepare", "--runtime", "enroot", "--without-runtime", "--build-dir", str(tmp_path)],
+                              env=container_engines, capture_output=True, text=True, timeout=600)
+
+    tag, escaping = "localhost/containerbench-enroot-test:1", "localhost/containerbench-enroot-test:escaping"
+    image(tag, "/w")
+    image(escaping, "/out/w", ("out", str(tmp_path / "outside")))
     try:
         config = json.loads(subprocess.run(["podman", "image", "inspect", tag], env=container_engines,
                                            capture_output=True, text=True, timeout=300).stdout)[0]["Config"]
-        done = subprocess.run([sys.executable, "-m", "containerbench", "image", "--engine", "podman", "--tag", tag,
-                               "prepare", "--runtime", "enroot", "--without-runtime", "--build-dir", str(tmp_path)],
-                              env=container_engines, capture_output=True, text=True, timeout=600)
+        done = convert(tag)
         assert done.returncode == 0, done.stderr[-3000:]
         squashfs = images.image_files(tag, tmp_path)["enroot"]
         unpacked = tmp_path / "unpacked"
         subprocess.run(["unsquashfs", "-d", str(unpacked), squashfs], check=True, capture_output=True, timeout=300)
+        refused = convert(escaping)
     finally:
-        subprocess.run(["podman", "rmi", tag], env=container_engines, capture_output=True, timeout=300)
+        subprocess.run(["podman", "rmi", tag, escaping], env=container_engines, capture_output=True, timeout=300)
     assert (unpacked / "hello.txt").read_text() == "hi\n" and (unpacked / "w").is_dir()
+    modes = {name: (unpacked / name).stat().st_mode & 0o777 for name in ("hello.txt", "locked", "shut")}
+    assert modes == {"hello.txt": 0o400, "locked": 0o400, "shut": 0o755}
     assert not (unpacked / "dev" / "stray").exists() and not (unpacked / ".dockerenv").exists()
     assert "GREETING=hello" in config["Env"]
     assert (unpacked / "etc" / "environment").read_text() == "".join(f"{pair}\n" for pair in config["Env"])
     volume = "${ENROOT_ROOTFS}/data /data none x-create=dir,bind,rw,nosuid,nodev\n"
     assert (unpacked / "etc" / "fstab").read_text() == volume
-    assert (unpacked / "etc" / "rc").read_text() == (
+    rc = unpacked / "etc" / "rc"
+    assert rc.read_text() == (
         f"# enroot-provenance: podman://{tag}\n# who me\n\n"
         'mkdir -p "/w" 2> /dev/null\ncd "/w" && unset OLDPWD || exit 1\n\n'
         "if [ -s /etc/rc.local ]; then\n    . /etc/rc.local\nfi\n\n"
         "if [ $# -gt 0 ]; then\n    exec '/entry' 'it'\\''s' \"$@\"\nelse\n    exec '/entry' 'it'\\''s' 'x'\nfi\n")
+    assert subprocess.run(["sh", "-n", str(rc)]).returncode == 0  # enroot start runs it with the rank's words
     assert (unpacked / "etc" / "rc.local").read_text().startswith("# This file is sourced by /etc/rc when the")
+    assert refused.returncode != 0 and not (tmp_path / "outside").exists()
+    assert refused.stderr.strip().splitlines()[-1].endswith(
+        f"enroot: {escaping}'s WorkingDir '/out/w': out in the image is a link, a file or '..'; "
+        "allowed: a path of directories"), refused.stderr

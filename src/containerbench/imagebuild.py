@@ -256,6 +256,18 @@ def open_permissions(rootfs: Path) -> None:
                 os.chmod(path, stat.S_IMODE(mode) | more | executable)
 
 
+def directory_in_image(rootfs: Path, path: str, what: str) -> Path:
+    """ROOTFS/PATH, each part of it a directory of the image where it exists: written as root, a link or a `..`
+    there could reach out of the image (ImageStepError, one line, where one is)."""
+    here = rootfs
+    for part in Path(path.lstrip("/")).parts:
+        here = here / part
+        if part == ".." or here.is_symlink() or (here.exists() and not here.is_dir()):
+            raise ImageStepError(f"enroot: {what} {path!r}: {here.relative_to(rootfs)} in the image is a link, a file "
+                                 "or '..'; allowed: a path of directories")
+    return here
+
+
 def enroot_squashfs(engine: str, tag: str, out: Path, timeout: float = DEFAULT_STEP_TIMEOUT_S) -> Path:
     """Enroot's image, made here without Enroot (Enroot.converts_without_itself): what `enroot import podman://`
     or `dockerd://` does (NVIDIA/enroot src/docker.sh, docker::daemon::import), for a site whose compute nodes
@@ -275,14 +287,16 @@ def enroot_squashfs(engine: str, tag: str, out: Path, timeout: float = DEFAULT_S
         run_step("enroot (tar)", Enroot.unpack_argv(flat_tar, str(rootfs)), timeout=timeout)
         Path(flat_tar).unlink()
         open_permissions(rootfs)
-        if (rootfs / "etc").is_symlink():  # written below as root: never through a link out of the image
-            raise ImageStepError(f"enroot: {tag}'s /etc is a symbolic link; allowed: an image with an /etc directory")
         for name, text in Enroot.configured_files(info["Config"], Enroot.import_uri(engine, tag)).items():
-            path = rootfs / name
+            directory, file = name.rsplit("/", 1)
+            path = directory_in_image(rootfs, directory, f"{tag}'s /{directory} for /{name}") / file
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.unlink(missing_ok=True)
+            if path.is_dir() and not path.is_symlink():
+                raise ImageStepError(f"enroot: {tag}'s /{name} is a directory; allowed: a file, which this replaces")
+            path.unlink(missing_ok=True)  # a link is replaced, never followed
             path.write_text(text)
-        (rootfs / (info["Config"].get("WorkingDir") or "/").lstrip("/")).mkdir(parents=True, exist_ok=True)
+        workdir = info["Config"].get("WorkingDir") or "/"
+        directory_in_image(rootfs, workdir, f"{tag}'s WorkingDir").mkdir(parents=True, exist_ok=True)
         run_step("enroot (mksquashfs)", Enroot.squash_argv(str(rootfs), str(out)), timeout=timeout)
     finally:
         subprocess.run(forget, capture_output=True, env=engine_env(engine), timeout=QUERY_TIMEOUT_S, check=False)
