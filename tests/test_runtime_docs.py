@@ -523,6 +523,35 @@ def test_enroot_has_no_documented_mpi_swap_and_refuses_the_native_model():
         runtime_for("enroot", native_config("enroot"))
 
 
+def test_enroot_on_the_compute_nodes_only_needs_tar_and_mksquashfs_where_the_workflow_plans(tmp_path, monkeypatch):
+    """Issue 32, finding 7: with available: compute-nodes Enroot's image is made where the workflow builds it, by
+    tar and mksquashfs, as NVIDIA/enroot src/docker.sh docker::daemon::import makes it (its checkcmd: jq, the
+    engine, mksquashfs, tar); a login node without mksquashfs is told when planning, not at the image step.
+    Real: this machine's tar, on a PATH without mksquashfs. And a site's ENROOT_SQUASH_OPTIONS is taken, as
+    enroot takes it (enroot.in: config::export ENROOT_SQUASH_OPTIONS "-comp lzo -noD -exit-on-error")."""
+    from helpers import tiny_config
+
+    from containerbench.plans import plan_sweep
+    from containerbench.runtimes import Enroot, select_runtimes
+
+    config = tiny_config(tmp_path, runtimes=["bare-metal", "enroot"], launcher={"kind": "srun"},
+                         runtime_policy="require", images={"enroot": {"available": "compute-nodes"}})
+    sweep = plan_sweep(config, tmp_path, probe=False)
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    (tools / "tar").symlink_to(shutil.which("tar"))
+    monkeypatch.setenv("PATH", str(tools))
+    with pytest.raises(ConfigError) as refused:
+        select_runtimes(sweep.config, sweep.artifacts)
+    assert str(refused.value).startswith(
+        "config: runtime 'enroot' cannot run here: its image is made here without it (available: compute-nodes), "
+        "with tar and mksquashfs, and mksquashfs is not installed here; allowed: ")
+    assert Enroot.squash_argv("r", "o.sqsh", {}) == ["mksquashfs", "r", "o.sqsh", "-all-root", "-noappend",
+                                                      "-comp", "lzo", "-noD", "-exit-on-error"]
+    assert Enroot.squash_argv("r", "o.sqsh", {"ENROOT_SQUASH_OPTIONS": "-comp zstd -Xcompression-level 3"})[5:] == [
+        "-comp", "zstd", "-Xcompression-level", "3"]
+
+
 def test_native_runs_under_mpirun_are_launched_by_the_host_mpichs_hydra(tmp_path):
     # MPICH's mpiexec (Hydra) wires up MPICH ranks; Open MPI's mpirun cannot. Hydra passes the whole
     # environment by default (MPICH's Hydra usage: -genvall is the default). Its usage text (mpiexec -h,

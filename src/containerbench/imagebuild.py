@@ -11,6 +11,7 @@ import shlex
 import shutil
 import stat
 import subprocess
+import tempfile
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -273,12 +274,14 @@ def enroot_squashfs(engine: str, tag: str, out: Path, timeout: float = DEFAULT_S
     or `dockerd://` does (NVIDIA/enroot src/docker.sh, docker::daemon::import), for a site whose compute nodes
     have Enroot and not the engine that built the image."""
     info = inspect_image(engine, tag)
-    rootfs, (container, flat_tar) = Path(f"{out}.rootfs"), Charliecloud.export_paths(str(out))
+    # Unpacked where enroot unpacks (ENROOT_TEMP_PATH, else TMPDIR: node-local), not beside the image on the
+    # filesystem every node mounts: the export and its tree are twice the image, in many small files.
+    scratch = Path(tempfile.mkdtemp(prefix="containerbench-enroot-", dir=os.environ.get("ENROOT_TEMP_PATH") or None))
+    rootfs, flat_tar, container = scratch / "rootfs", str(scratch / "image.tar"), Charliecloud.export_paths(str(out))[0]
     # The same flat export that enroot's import pipes through tar (`create`, `export`, `rm`).
     create, export, remove = Charliecloud.export_argvs(engine, tag, container, flat_tar)
     forget = [*remove[:-1], "--force", remove[-1]]
-    shutil.rmtree(rootfs, ignore_errors=True)
-    rootfs.mkdir(parents=True)
+    rootfs.mkdir()
     subprocess.run(forget, capture_output=True, env=engine_env(engine), timeout=QUERY_TIMEOUT_S, check=False)
     try:
         run_step("enroot (create)", create, env=engine_env(engine), timeout=QUERY_TIMEOUT_S, capture=True)
@@ -300,8 +303,7 @@ def enroot_squashfs(engine: str, tag: str, out: Path, timeout: float = DEFAULT_S
         run_step("enroot (mksquashfs)", Enroot.squash_argv(str(rootfs), str(out)), timeout=timeout)
     finally:
         subprocess.run(forget, capture_output=True, env=engine_env(engine), timeout=QUERY_TIMEOUT_S, check=False)
-        Path(flat_tar).unlink(missing_ok=True)
-        shutil.rmtree(rootfs, ignore_errors=True)
+        shutil.rmtree(scratch, ignore_errors=True)
     return out
 
 

@@ -30,6 +30,7 @@ starts; where a runtime cannot pass them by prefix, rankexec.py does it on the n
 from __future__ import annotations
 
 import inspect
+import shutil
 
 from containerbench.config import ConfigError, ImageUse, image_keys, mpi_models
 from containerbench.frameworks import framework as framework_named
@@ -165,6 +166,12 @@ def unusable_here(config: dict, artifacts: dict[ImageUse, str]) -> dict[str, str
             continue
         runtime = runtime_for(name, config)
         if runtime.available == "compute-nodes":
+            # Its image made here without it: what that needs is asked here (Enroot's tar and mksquashfs).
+            runs_built = any(use.runtime == name for use in artifacts)
+            if missing := [tool for tool in runtime.conversion_tools if runs_built and not shutil.which(tool)]:
+                unusable[name] = (f"its image is made here without it (available: compute-nodes), with "
+                                  f"{' and '.join(runtime.conversion_tools)}, and {', '.join(missing)} is not "
+                                  "installed here")
             continue
         ok, reason = runtime.usable()
         runs_built = any(use.runtime == name for use in artifacts)

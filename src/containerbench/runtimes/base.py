@@ -253,6 +253,7 @@ class Runtime(abc.ABC):
     # Can its image be made where the runtime is not installed (for `available: compute-nodes`), by
     # containerbench doing what the runtime's own import does (imagebuild.WITHOUT_THE_RUNTIME)?
     converts_without_itself = False
+    conversion_tools: tuple[str, ...] = ()  # the programs that conversion needs here, checked when planning
 
     @classmethod
     def remove_prepared_commands(cls, built: BuiltImage) -> list[list[str]]:

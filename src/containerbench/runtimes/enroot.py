@@ -4,6 +4,7 @@ contributes srun options rather than words of its own."""
 from __future__ import annotations
 
 import os
+import shlex
 
 from containerbench.launchers import Srun
 from containerbench.runtimes.base import (
@@ -60,7 +61,8 @@ class Enroot(ContainerRuntime):
     # enroot.conf's default ENROOT_SQUASH_OPTIONS. Its import on a node would need the engine there, and the
     # image in that node's store.
     converts_without_itself = True
-    SQUASH_OPTIONS = ("-comp", "lzo", "-noD", "-exit-on-error")
+    conversion_tools = ("tar", "mksquashfs")
+    SQUASH_OPTIONS = ("-comp", "lzo", "-noD", "-exit-on-error")  # enroot.conf's ENROOT_SQUASH_OPTIONS default
 
     @staticmethod
     def unpack_argv(flat_tar: str, rootfs: str) -> list[str]:
@@ -68,9 +70,12 @@ class Enroot(ContainerRuntime):
                 "--exclude=.dockerenv", "-px", "-f", flat_tar]
 
     @classmethod
-    def squash_argv(cls, rootfs: str, out: str) -> list[str]:
-        # -noappend: enroot refuses a file that exists; a conversion here replaces its own.
-        return ["mksquashfs", rootfs, out, "-all-root", "-noappend", *cls.SQUASH_OPTIONS]
+    def squash_argv(cls, rootfs: str, out: str, environ=os.environ) -> list[str]:
+        # -noappend: enroot refuses a file that exists; a conversion here replaces its own. A site's
+        # ENROOT_SQUASH_OPTIONS (enroot.conf(5), or the environment) is taken, as enroot takes it.
+        options = shlex.split(environ["ENROOT_SQUASH_OPTIONS"]) if environ.get("ENROOT_SQUASH_OPTIONS") else \
+            list(cls.SQUASH_OPTIONS)
+        return ["mksquashfs", rootfs, out, "-all-root", "-noappend", *options]
 
     @staticmethod
     def configured_files(config: dict, uri: str) -> dict[str, str]:
