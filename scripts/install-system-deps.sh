@@ -23,6 +23,9 @@ optional=()
 command -v mpiexec.mpich >/dev/null || optional+=(mpich)
 # ccache: Horovod's second compile (the MPICH flavour's wheel) reuses what the first compiled.
 command -v ccache >/dev/null || optional+=(ccache)
+# mksquashfs: Enroot's image, made where the workflow builds it when Enroot is on the compute nodes only
+# (images.enroot.available: compute-nodes, as config/site.example.yaml has it; imagebuild.enroot_squashfs).
+command -v mksquashfs >/dev/null || optional+=(squashfs-tools)
 if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
   missing+=("${optional[@]}")
 fi
