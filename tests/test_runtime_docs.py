@@ -329,7 +329,9 @@ def test_the_shim_labels_a_docker_container_with_the_client_it_becomes():
     root, anyone's (proc(5), hidepid: another user's process may be hidden, not ended)."""
     from containerbench.nodeimages import orphaned
     from containerbench.processes import identity
-    from containerbench.rank.rankexec import CLIENT_LABEL, CLIENT_UID_LABEL
+    from containerbench.rank.rankexec import CLIENT_LABEL, CLIENT_UID_LABEL, own_identity
+
+    assert own_identity() == identity(os.getpid())  # the shim's, written apart, names a process as the house does
 
     shown = subprocess.run([sys.executable, "-m", "containerbench.rank.rankexec", "--label-client", "--", "/bin/sh",
                             "-c", 'echo "$@"; echo "$$"', "sh", "run", "img"], capture_output=True, text=True)

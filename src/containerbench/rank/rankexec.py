@@ -42,9 +42,10 @@ from __future__ import annotations
 import argparse
 import glob
 import os
+import socket
 import sys
+from pathlib import Path
 
-from containerbench.processes import identity
 from containerbench.rank.telemetry import cgroup_limits
 
 # docker-run(1) --label; listed back by `docker ps --filter label=KEY` and {{.Label "KEY"}} (docker ps reference,
@@ -52,6 +53,13 @@ from containerbench.rank.telemetry import cgroup_limits
 # (processes.identity); its owner's uid, as a node's /proc may hide other users' processes (hidepid).
 CLIENT_LABEL = "org.containerbench.client"
 CLIENT_UID_LABEL = "org.containerbench.client-uid"
+
+
+def own_identity() -> str:
+    """This process as processes.identity names one, host:pid-namespace:pid:start-ticks (proc(5): /proc/PID/stat
+    field 22), written here because the shim is of the rank side, which imports nothing of the workflow's."""
+    ticks = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19]
+    return f"{socket.gethostname()}:{os.stat('/proc/self/ns/pid').st_ino}:{os.getpid()}:{ticks}"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -94,7 +102,7 @@ def main(argv: list[str] | None = None) -> None:
         os.environ["PMI_FD"] = "3"
         inserted.append("--preserve-fds=1")
     if args.label_client:  # the exec keeps this process's id and start time: they become the client's
-        inserted += [f"--label={CLIENT_LABEL}={identity(os.getpid())}", f"--label={CLIENT_UID_LABEL}={os.getuid()}"]
+        inserted += [f"--label={CLIENT_LABEL}={own_identity()}", f"--label={CLIENT_UID_LABEL}={os.getuid()}"]
     if inserted:
         word = args.insert_after
         if word not in command:
