@@ -8,9 +8,9 @@ another node would not find the tag. Before a run is timed, its launch (executio
 node's engine for the image id, loads the shared archive where the node lacks that image, and
 prints one line per node. The launch line keeps what each node answered (`node_images`), so each
 record names the image each of its nodes ran, and the seconds a load took are not start-up.
-First it removes the node's containers of ours whose client has ended (a docker rank's container
-outlives its SIGKILLed client, holding its GPUs: rank/rankexec.py); `--orphans-only` does only
-that, a line for a site's Slurm epilog.
+For docker, it first removes the node's containers of ours whose client has ended (a docker rank's
+container outlives its SIGKILLed client, holding its GPUs: rank/rankexec.py); `--orphans-only`
+does only that, a line for a site's Slurm epilog.
 
     python -m containerbench node-image --engine podman --image localhost/containerbench:TAG \\
         --stamp build/images/podman-containerbench-TAG.json [--archive build/images/containerbench-TAG.tar]
@@ -131,7 +131,7 @@ def ensure(engine: str, image: str, stamp: Path | str | None = None, archive: Pa
     """Make `image` present in this node's `engine` store, as the stamp says it must be (its id), loading
     `archive` where the node lacks it or holds another image under the tag. Returns what the node ran:
     host, engine, image, image_id, loaded and the seconds it took."""
-    # Only docker's ranks are labelled (Docker.rank_argv): podman's containers stay in the step's cgroup.
+    # Only docker's ranks are labelled (Docker.rank_argv, through the shim): dockerd, not the rank, starts them.
     orphans = remove_orphans(engine) if engine == Docker.binary else []
     host, started = socket.gethostname(), time.monotonic()
     wanted = expected_id(stamp) if stamp else None

@@ -165,16 +165,15 @@ def unusable_here(config: dict, artifacts: dict[ImageUse, str]) -> dict[str, str
         if name == BareMetal.name:
             continue
         runtime = runtime_for(name, config)
+        runs_built = any(use.runtime == name for use in artifacts)
         if runtime.available == "compute-nodes":
             # Its image made here without it: what that needs is asked here (Enroot's tar and mksquashfs).
-            runs_built = any(use.runtime == name for use in artifacts)
             if missing := [tool for tool in runtime.conversion_tools if runs_built and not shutil.which(tool)]:
                 unusable[name] = (f"its image is made here without it (available: compute-nodes), with "
                                   f"{' and '.join(runtime.conversion_tools)}, and {', '.join(missing)} is not "
                                   "installed here")
             continue
         ok, reason = runtime.usable()
-        runs_built = any(use.runtime == name for use in artifacts)
         if ok and runs_built and not build_ok:
             ok, reason = False, f"the image cannot be built here: {build_reason}"
         if not ok:
