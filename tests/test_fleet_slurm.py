@@ -26,10 +26,12 @@ pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.slurm, pytest.mark
 CLUSTER = SLURM_CLUSTER
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 SLOW_NODE, SLOW_LINK, CANCELLED_LINK = "n3", ("n1", "n2"), "n2+n4"
-# One CPU of this VM's two for everything the slow node runs: its training at about half the healthy
-# nodes' rate (2026-11-29, at 40% of a CPU: 82% below, and its job 130 s where the others took 33), far
-# past the 10% shortfall that fails, and its job and its three links' about a minute and a half sooner.
-SLOW_NODE_PERCENT = "100"
+# 40% of a CPU for everything the slow node runs: its training 82% below the healthy nodes' (2026-11-29).
+# Not less slowed, though its job takes 130 s where the others take 33: these four slurmd share two vCPUs, so a
+# figure's repetitions on one node differ by more than the 10% shortfall that fails, the variable is unjudged,
+# and then only a node whose best repetition is under half the others' worst fails (fleet.py). At one CPU its
+# training came out 43 to 48% below: once failed, once only unjudged (a fresh clone's CI, 2026-11-29).
+SLOW_NODE_PERCENT = "40"
 # The seed make test runs, and the sweep's length without chaos on this machine (benchmarks/chaos_sweep.py
 # measures it itself when not given): the events land between 10% and 70% of it.
 CHAOS_SEED, CHAOS_UNDISTURBED_S = 2, 216
