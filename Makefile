@@ -4,6 +4,8 @@ PYTHON ?= python3
 VENV := .venv
 BENCH_VENV := .venv-bench
 TORCH_VENV := .venv-bench-torch
+DEBIAN_MPICH := /usr/lib/x86_64-linux-gnu/libmpich.so.12
+HOST_MPI := build/host-mpi/lib/libmpich.so.12
 PROFILE ?= profiles/local
 SNAKEMAKE_ARGS ?=
 
@@ -21,7 +23,7 @@ help:
 	@echo "make gpu-env    the GPU benchmark venv (.venv-bench-gpu) and its NCCL Horovod wheel (benchmark_env: gpu)"
 	@echo "make test-gpu-env  build it, and the GPU image from it, and test both (opt-in: 5 GB, 15-30 minutes)"
 
-setup: $(VENV)/.containerbench-ready $(BENCH_VENV)/.containerbench-ready $(TORCH_VENV)/.containerbench-ready build/engines/containers.conf
+setup: $(VENV)/.containerbench-ready $(BENCH_VENV)/.containerbench-ready $(TORCH_VENV)/.containerbench-ready build/engines/containers.conf $(HOST_MPI)
 
 # What `make run` and `make test` need first, two things at a time: the base image (debootstrap's
 # downloads and unpacking) is made beside the benchmark venv's pip installs and Horovod compile
@@ -57,6 +59,13 @@ SYSTEM_DEPS := build/system-deps.done
 $(SYSTEM_DEPS): scripts/install-system-deps.sh | build/engines/containers.conf
 	scripts/install-system-deps.sh
 	@mkdir -p $(dir $@) && touch $@
+
+# The native MPI model's host MPI (config/native.yaml): this machine's MPICH and every library it loads in a
+# directory of their own, as a site's MPI is installed; Debian's /usr/lib cannot be bound over an image's.
+# Not fatal here: without MPICH the native runs' node-mpi step says what is missing.
+$(HOST_MPI): scripts/host-mpi-tree.sh | $(SYSTEM_DEPS)
+	@if [ -e $(DEBIAN_MPICH) ]; then scripts/host-mpi-tree.sh $(DEBIAN_MPICH) build/host-mpi; \
+	else echo "host MPI: no $(DEBIAN_MPICH) here, so no build/host-mpi for config/native.yaml"; fi
 
 # Container engines for the runtimes the default config measures (podman,
 # Charliecloud; docker when its daemon runs), and podman settings that work

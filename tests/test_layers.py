@@ -31,7 +31,7 @@ LAYERS = [
     ("the layers that pick a network, one class each (fabrics' parts)", {"fabriclayers"}),
     ("leaves", {"rank.markers", "outputs", "processes", "rank.provenance", "rank.datasets",
                 "rank.distribution", "fabrics", "config", "rank.telemetry", "intervals"}),
-    ("Slurm, runs set aside to be measured again", {"slurm", "attempts"}),
+    ("Slurm, runs set aside to be measured again, the host MPI on a node", {"slurm", "attempts", "hostmpi"}),
     ("launchers (a runtime asks them what its launcher does)", {"launchers"}),
     ("benchmark, runtimes, recipes, telemetry read back, PyTorch's input, an image step's runner",
      {"rank.bench", "rank.netbench", "rank.rankexec", "runtimes", "singularity", "usage", "rank.torchdata",

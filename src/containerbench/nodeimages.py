@@ -162,13 +162,14 @@ def ensure(engine: str, image: str, stamp: Path | str | None = None, archive: Pa
             "seconds": round(time.monotonic() - started, 3), "removed_orphans": orphans}
 
 
-def read_lines(text: str) -> list[dict]:
-    """Each node's answer, from the step's output (the lines `node-image` printed, in any order)."""
+def read_lines(text: str, prefix: str = LINE) -> list[dict]:
+    """Each node's answer, from a per-node step's output (the lines `node-image`, or `node-mpi` with its
+    prefix, printed, in any order)."""
     found = []
     for line in text.splitlines():
-        if line.startswith(LINE):
+        if line.startswith(prefix):
             try:
-                found.append(json.loads(line[len(LINE):]))
+                found.append(json.loads(line[len(prefix):]))
             except ValueError:
                 continue  # cut by another task's output: that node counts as not answering
     return sorted(found, key=lambda each: each["host"])

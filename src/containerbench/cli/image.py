@@ -188,6 +188,17 @@ def cmd_node_image(args) -> int:
     return 0
 
 
+def cmd_node_mpi(args) -> int:
+    from containerbench import hostmpi
+
+    try:
+        print(hostmpi.line(hostmpi.closure(args.library, args.library_dir)))
+    except hostmpi.HostMpiError as error:
+        print(f"containerbench: node-mpi: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def add_commands(sub) -> None:
     image = sub.add_parser("image", help="one step of building the benchmark image and what each runtime runs from it",
                            description="Container images: build the one benchmark image and hand it to every runtime.")
@@ -275,6 +286,14 @@ def add_commands(sub) -> None:
                    help="only remove this node's containers whose client has ended (what every node-image does "
                         "first; a line for a Slurm epilog)")
     p.set_defaults(func=cmd_node_image)
+
+    p = sub.add_parser("node-mpi", help="the host MPI a native run's ranks load on this node: the library and every "
+                                        "library it maps, with device and inode (one line); refuse one from outside "
+                                        "--library-dir")
+    p.add_argument("--library", required=True, help="the host's MPICH-ABI libmpi (native_mpi.library)")
+    p.add_argument("--library-dir", action="append", default=[], help="a directory bound into the containers "
+                   "(native_mpi.library_dirs; repeat for each)")
+    p.set_defaults(func=cmd_node_mpi)
 
     p = sub.add_parser("freeze-image", help="write what a runtime's image carries as a lock for a bare-metal venv")
     p.add_argument("--config", action="append", default=None, help="YAML file(s) (default config/config.yaml)")

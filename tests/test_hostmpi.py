@@ -1,0 +1,83 @@
+"""The host MPI of a native run, read on the node (containerbench.hostmpi): this machine's real MPICH, opened in a
+fresh process as on a compute node, in the directory `make setup` lays out for config/native.yaml and where Debian
+installs it. Marked bench: it needs the system MPICH that setup installs beside Open MPI."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from helpers import ROOT
+
+from containerbench import hostmpi
+from containerbench.records import Verdict, judge_host_mpi_closure
+
+pytestmark = pytest.mark.bench
+DEBIAN_MPICH = "/usr/lib/x86_64-linux-gnu/libmpich.so.12"
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory):
+    """The host MPI in a directory of its own, made by the script `make setup` runs."""
+    if not os.path.exists(DEBIAN_MPICH):
+        pytest.skip(f"no {DEBIAN_MPICH}: scripts/install-system-deps.sh installs it")
+    out = tmp_path_factory.mktemp("host-mpi") / "mpich"
+    subprocess.run([str(ROOT / "scripts" / "host-mpi-tree.sh"), DEBIAN_MPICH, str(out)], check=True)
+    return out / "lib"
+
+
+def maps_device(path) -> str:
+    """st_dev as /proc/PID/maps writes it, major:minor in hex (proc(5), "dev")."""
+    dev = os.stat(path).st_dev
+    return f"{os.major(dev):02x}:{os.minor(dev):02x}"
+
+
+def test_the_node_reads_every_library_the_host_mpi_loads_with_its_device_and_inode(tree):
+    found = hostmpi.closure(str(tree / "libmpich.so.12"), [str(tree)])
+    library = found["library"]
+    assert library["path"] == str(tree / "libmpich.so.12") and library["version"].startswith("MPICH Version:")
+    assert (library["device"], library["inode"]) == (maps_device(library["path"]), os.stat(library["path"]).st_ino)
+    names = {each["name"] for each in found["closure"]}
+    # Debian's libmpich12 links UCX, hwloc, numa and udev (ldd); none of the C runtime, the image's, is listed.
+    assert {"libucp.so.0", "libucs.so.0", "libuct.so.0", "libucm.so.0", "libhwloc.so.15", "libnuma.so.1"} <= names
+    assert not [name for name in names if hostmpi.is_c_runtime(name)]
+    for each in found["closure"]:
+        assert os.path.dirname(each["path"]) == str(tree), each
+        assert (each["device"], each["inode"]) == (maps_device(each["path"]), os.stat(each["path"]).st_ino)
+
+
+def test_a_host_mpi_that_loads_from_a_system_directory_is_refused_on_the_node_in_one_line():
+    """Debian's own MPICH loads UCX from /usr/lib/x86_64-linux-gnu, which the image has too: no bind can make
+    those the host's, so the node refuses before any rank starts, naming the library and the way out."""
+    if not os.path.exists(DEBIAN_MPICH):
+        pytest.skip(f"no {DEBIAN_MPICH}")
+    done = subprocess.run([sys.executable, "-m", "containerbench", "node-mpi", "--library", DEBIAN_MPICH],
+                          capture_output=True, text=True)
+    assert done.returncode == 1 and done.stdout == ""
+    [line] = done.stderr.splitlines()
+    assert line.startswith(f"containerbench: node-mpi: {os.uname().nodename}: the host MPI {DEBIAN_MPICH} loads ")
+    assert line.endswith("which is in no directory of native_mpi.library_dirs (empty), so a rank would load the "
+                         "image's; allowed: every directory of the host MPI's libraries in native_mpi.library_dirs, "
+                         "each bound into every container at its path: directories of the MPI's own, not a system "
+                         "one the image has too")
+
+
+def test_the_node_step_prints_its_answer_as_one_line_the_launch_reads_back(tree):
+    done = subprocess.run([sys.executable, "-m", "containerbench", "node-mpi", "--library",
+                           str(tree / "libmpich.so.12"), "--library-dir", str(tree)],
+                          capture_output=True, text=True, check=True)
+    from containerbench.nodeimages import read_lines
+
+    [answer] = read_lines(done.stdout, hostmpi.LINE)
+    assert answer == hostmpi.closure(str(tree / "libmpich.so.12"), [str(tree)])
+    assert hostmpi.names([answer]) == sorted(each["name"] for each in answer["closure"])
+
+
+def test_a_rank_whose_host_did_not_answer_is_not_taken_on_trust(tree):
+    answer = hostmpi.closure(str(tree / "libmpich.so.12"), [str(tree)])
+    verdict = Verdict()
+    judge_host_mpi_closure([answer], {"processes": [{"rank": 1, "hostname": "other-node", "context": {}}]}, verdict)
+    assert verdict.reasons == [f"native MPI: rank 1 ran on other-node, where the host MPI was not read (node-mpi "
+                               f"answered from {answer['host']})"]
