@@ -36,7 +36,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.containers, pytest
 RUNTIMES = ["bare-metal", "podman", "docker", "charliecloud", "podman-hpc"]
 NATIVE = ["podman", "charliecloud"]  # and in the native MPI model, labelled "NAME (native)" in the tables
 LABELS = [*RUNTIMES, *(f"{name} (native)" for name in NATIVE)]
-HOST_MPICH = "/usr/lib/x86_64-linux-gnu/libmpich.so.12"  # Debian's, installed by scripts/install-system-deps.sh
+# Debian's MPICH (scripts/install-system-deps.sh) with every library it loads, in a directory of its own, as `make
+# setup` lays it out for config/native.yaml (scripts/host-mpi-tree.sh): the native runs' host MPI.
+NATIVE_MPI = yaml.safe_load((ROOT / "config" / "native.yaml").read_text())["native_mpi"]
+HOST_MPI_DIR = str(ROOT / NATIVE_MPI["library_dirs"][0])
+HOST_MPICH = str(ROOT / NATIVE_MPI["library"])
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +80,7 @@ def container_run(engines, tmp_path_factory):
     config = {**TINY, "runtimes": RUNTIMES, "runtime_policy": "require", "results_dir": str(workdir / "results"),
               "benchmark": {**TINY["benchmark"], "model": SMOKE_MODEL, "repetitions": 2},
               "scaling": {"nodes": [1], "ranks_per_node": [2]},
-              "images": {name: {"mpi_model": ["hybrid", "native"]} for name in NATIVE},
+              "images": {name: {"mpi_model": ["hybrid", "native"]} for name in NATIVE}, "native_mpi": NATIVE_MPI,
               # The workflow runs in the clone (its image and build cache); its results store does not.
               "history": {"store": str(workdir / "history.sqlite")}}
     (workdir / "tiny.yaml").write_text(yaml.safe_dump(config))
@@ -209,10 +213,22 @@ def test_native_runs_loaded_this_machines_mpich_over_the_images_own(container_ru
         assert record["status"] == "ok", (record["run_id"], record["reasons"])
         assert record["launch_context"]["native_mpi"] == {"library": HOST_MPICH, "version": host_version}
         assert record["result"]["provenance"]["mpi"] == {"mpich": "5.0.2"}
+        # Issue 32, finding 3: every library the host's MPICH loads came from the host, not from the image's
+        # Debian UCX and hwloc of the same names. The node read its closure before the run (hostmpi.py), and each
+        # rank mapped those very files (device and inode): the record's verdict, checked here once more.
+        [node] = record["node_mpi"]
+        closure = {each["name"]: each for each in node["closure"]}
+        assert {"libucp.so.0", "libucs.so.0", "libuct.so.0", "libhwloc.so.15"} <= set(closure), closure
+        assert all(each["path"].startswith(HOST_MPI_DIR + "/") for each in closure.values())
         for process in record["result"]["processes"]:
             mpi = process["context"]["mpi"]
             assert mpi["version"] == host_version != "MPICH Version:\t5.0.2", record["run_id"]
             assert [f["path"] for f in mpi["files"]] == ["/opt/containerbench/venv/lib/libmpi.so.12"]
+            assert (mpi["files"][0]["device"], mpi["files"][0]["inode"]) == (node["library"]["device"],
+                                                                                node["library"]["inode"])
+            for name, needed in closure.items():
+                assert (mpi["closure"][name]["device"], mpi["closure"][name]["inode"]) == (
+                    needed["device"], needed["inode"]), (record["run_id"], name, mpi["closure"][name])
         if record["spec"]["ranks"] == 2:
             assert record["fabric_check"]["status"] == "ok"
             assert record["fabric_check"]["reason"] == "as asked: ucx: tcp over lo", record["fabric_check"]
@@ -246,9 +262,11 @@ def test_a_native_run_whose_runtime_kept_the_images_libmpi_is_invalid(container_
               and plan.spec["mpi_model"] == "native" and plan.spec["kind"] == "netbench"]
     bind = f"--bind={HOST_MPICH}:/opt/containerbench/venv/lib/libmpi.so.12"
     assert plan.argv.count(bind) == 1
+    # Every bind of the host MPI goes: its directory too, whose UCX would otherwise come before the wheel's own.
+    dropped = {bind, *(word for word in plan.argv if word.startswith(f"--bind={HOST_MPI_DIR}:"))}
     log = tmp_path / f"{plan.run_id}.log"
     env = {name: value for name, value in plan.env.items() if name not in ("UCX_TLS", "UCX_NET_DEVICES")}
-    measure(replace(plan, argv=[word for word in plan.argv if word != bind], env=env), log, echo=None)
+    measure(replace(plan, argv=[word for word in plan.argv if word not in dropped], env=env), log, echo=None)
     record = parse_log(log)
     assert record["status"] == "invalid", (record["reasons"], log.read_text()[-3000:])
     [process, *_] = sorted(record["result"]["processes"], key=lambda p: p["rank"])
@@ -259,6 +277,36 @@ def test_a_native_run_whose_runtime_kept_the_images_libmpi_is_invalid(container_
     assert (f"native MPI not swapped in: rank 0 on {process['hostname']} loaded "
             f"{image_library['path']} (inode {image_library['inode']}), which reports {image_version!r}, "
             f"not the host's {library_mpi_version(HOST_MPICH)!r} ({HOST_MPICH})") in record["reasons"]
+
+
+def test_a_native_run_that_took_the_host_mpis_libraries_from_the_image_is_invalid(container_run, tmp_path,
+                                                                                  monkeypatch):
+    """Issue 32, finding 3, on a real run: the native Charliecloud run's own plan with the host MPI's directory left
+    unbound (ch-run(1), -b/--bind SRC:DST), so the host's MPICH is swapped in but what it loads (UCX, hwloc) resolves
+    to the image's files of the same names, as it did before this check, when only the libmpi file was bound.
+    The run works; the record says it is not the host's MPI, naming the library, the image's file and the host's."""
+    monkeypatch.chdir(ROOT)
+    config = cb_config.load([ROOT / "config" / "config.yaml", container_run / "tiny.yaml"])
+    config["results_dir"] = str(tmp_path / "results")
+    sweep = plan_sweep(config, ROOT, probe=False)
+    [plan] = [plan for plan in sweep.plans.values() if plan.spec["runtime"] == "charliecloud"
+              and plan.spec["mpi_model"] == "native" and plan.spec["kind"] == "netbench"]
+    [bind] = [word for word in plan.argv if word.startswith(f"--bind={HOST_MPI_DIR}:")]
+    log = tmp_path / f"{plan.run_id}.log"
+    measure(replace(plan, argv=[word for word in plan.argv if word != bind]), log, echo=None)
+    record = parse_log(log)
+    assert record["status"] == "invalid", (record["reasons"], log.read_text()[-3000:])
+    [node] = record["node_mpi"]
+    [process, *_] = sorted(record["result"]["processes"], key=lambda p: p["rank"])
+    assert process["context"]["mpi"]["version"] == node["library"]["version"]  # the host's libmpi itself, swapped in
+    first = min(node["closure"], key=lambda each: each["name"])
+    taken = process["context"]["mpi"]["closure"][first["name"]]
+    assert not taken["path"].startswith(HOST_MPI_DIR) and (taken["device"], taken["inode"]) != (first["device"],
+                                                                                                  first["inode"])
+    assert (f"native MPI: rank 0 on {process['hostname']} loaded {first['name']} from {taken['path']} (device "
+            f"{taken['device']}, inode {taken['inode']}), not the host's {first['path']} (device {first['device']}, "
+            f"inode {first['inode']}), which the host's library loads there; allowed: its directory in "
+            "native_mpi.library_dirs") in record["reasons"]
 
 
 def test_the_readmes_remeasure_command_runs_podman_without_makes_environment(container_run, engines):

@@ -182,3 +182,33 @@ def test_a_docker_or_podman_run_on_nodes_no_srun_reaches_is_refused_in_one_line(
     assert str(refused.value) == ("config: runtime 'podman' on 2 nodes under launcher 'mpirun': its image must "
                                   "first be put in each node's own store, which only srun reaches; allowed: "
                                   "launcher srun, or one node")
+
+
+def test_a_native_run_reads_the_host_mpi_on_each_of_its_nodes_before_its_ranks(tmp_path, monkeypatch):
+    """Issue 32, finding 3: the host MPI's closure is read where the ranks run, on every node of the run (srun, one
+    task a node, as node-image), not where the workflow plans; and a launch no srun reaches is refused."""
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    tree = str(tmp_path / "mpich" / "lib")
+    native_mpi = {"library": f"{tree}/libmpi.so.12", "library_dirs": [tree]}
+    config = tiny_config(tmp_path, runtimes=["bare-metal", "charliecloud"], launcher={"kind": "srun"},
+                         images={"charliecloud": {"mpi_model": "native"}}, native_mpi=native_mpi,
+                         scaling={"nodes": [2], "ranks_per_node": [1]})
+    sweep = plan_sweep(config, tmp_path, probe=False)
+    for spec in sweep.runs:
+        run_plan = sweep.plans[spec.run_id]
+        if spec.runtime == "bare-metal":
+            assert run_plan.node_mpi is None and run_plan.native_mpi is None
+            continue
+        assert run_plan.native_mpi == native_mpi
+        assert run_plan.node_mpi[:5] == ["srun", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--export=ALL"]
+        assert run_plan.node_mpi[6:] == ["-m", "containerbench", "node-mpi", "--library", f"{tree}/libmpi.so.12",
+                                         "--library-dir", tree]
+        assert RunPlan.from_json(run_plan.to_json()).node_mpi == run_plan.node_mpi
+    monkeypatch.setenv("SLURM_JOB_ID", "7")  # mpirun inside an allocation may span its nodes
+    config = tiny_config(tmp_path, runtimes=["charliecloud"], images={"charliecloud": {"mpi_model": "native"}},
+                         native_mpi=native_mpi, scaling={"nodes": [2], "ranks_per_node": [1]})
+    with pytest.raises(cb_config.ConfigError) as refused:
+        plan_sweep(config, tmp_path, probe=False)
+    assert str(refused.value) == ("config: runtime 'charliecloud' native on 2 nodes under launcher 'mpirun': the host "
+                                  "MPI must first be read on each node, which only srun reaches; allowed: launcher "
+                                  "srun, or one node")

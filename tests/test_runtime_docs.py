@@ -598,6 +598,7 @@ def test_the_native_example_runs_both_models_side_by_side_with_the_mpich_flavour
     from containerbench.plans import plan_sweep
 
     root = Path(__file__).resolve().parents[1]
+    monkeypatch.chdir(root)  # the host MPI's paths are the clone's, as the workflow plans them there
     config = cb_config.load([root / "config" / "config.yaml", root / "config" / "native.yaml"])
     sweep = plan_sweep(config, root, probe=False)
     assert sorted(sweep.artifacts) == [(name, model, "tensorflow") for name in ("charliecloud", "podman")
@@ -607,11 +608,20 @@ def test_the_native_example_runs_both_models_side_by_side_with_the_mpich_flavour
     native = sweep.plans["train_podman_tcp-loopback_1x2_b8_native_rep1"]
     assert native.argv[:7] == ["mpiexec.mpich", "-pmi-port", "-n", "2", "-ppn", "2", "-bind-to"]
     assert "localhost/containerbench:latest-mpich" in native.argv and native.spec["mpi_model"] == "native"
-    assert native.native_mpi == {"library": "/usr/lib/x86_64-linux-gnu/libmpich.so.12"}
+    # The host MPI's own directory (scripts/host-mpi-tree.sh) bound whole at its path, first on LD_LIBRARY_PATH,
+    # and read on the node before the ranks (hostmpi.py).
+    tree = str(root / "build" / "host-mpi" / "lib")
+    assert native.native_mpi == {"library": f"{tree}/libmpich.so.12", "library_dirs": [tree]}
+    assert f"{tree}:{tree}:ro" in native.argv
+    assert native.env["LD_LIBRARY_PATH"] == f"{tree}:/opt/containerbench/venv/lib"
+    assert native.node_mpi[-5:] == ["node-mpi", "--library", f"{tree}/libmpich.so.12", "--library-dir", tree]
     hybrid = sweep.plans["train_podman_tcp-loopback_1x2_b8_rep1"]
     assert hybrid.argv[0] == "mpirun" and "localhost/containerbench:latest" in hybrid.argv
     charliecloud = sweep.plans["netbench_charliecloud_tcp-loopback_1x2_native_rep1"].argv
     assert "--join-ct=2" in charliecloud and charliecloud[charliecloud.index("--") - 1].endswith("latest-mpich.ch")
+    # Without --write-fake, onto a mount point the image has (ch-run(1), -b: the destination must exist).
+    [moved] = [word for word in charliecloud if word.startswith(f"--bind={tree}:")]
+    assert moved.split(":")[1] in ("/mnt", "/media", "/srv")
     assert len(sweep.runs) == 5 * (2 * 3 + 1)  # 5 runtime/model pairs x (2 rank counts x 3 repetitions + netbench)
 
 

@@ -82,6 +82,11 @@ def native(runtime):
     return runtime
 
 
+def native_env(name: str, base: dict) -> dict:
+    """A native rank's: also the variable the launch sets to the host MPI closure's names (hostmpi.py)."""
+    return {**container_env(name, base), "CONTAINERBENCH_HOST_MPI_LIBS": ""}
+
+
 def podman_env(name: str, base: dict) -> dict:
     return {**container_env(name, base), "UCX_POSIX_USE_PROC_LINK": "n"}
 
@@ -171,18 +176,20 @@ CASES = {
     ("shifter", "site"): (
         [HOST_PY, "-m", "containerbench.rank.rankexec", "--env-form", "value", "--insert-after", "shifter",
          *PASS_RANK_VARS, "--pass-prefix", "CUDA_VISIBLE_DEVICES",
-         "--pass-name", "CONTAINERBENCH_RUNTIME", "--pass-name", "NCCL_IB_HCA", "--pass-name", "PYTHONNOUSERSITE",
+         "--pass-name", "CONTAINERBENCH_HOST_MPI_LIBS", "--pass-name", "CONTAINERBENCH_RUNTIME",
+         "--pass-name", "NCCL_IB_HCA", "--pass-name", "PYTHONNOUSERSITE",
          "--pass-name", "PYTHONUNBUFFERED", "--pass-name", "UCX_TLS", "--",
          "shifter", "--clearenv", "--image=id:0123abcd", "--module=gpu,mpich", "--volume=/datasets/imagenet:/mnt",
          "--workdir=/", "--", *IN_IMAGE],
-        container_env("shifter", SITE_ENV)),
+        native_env("shifter", SITE_ENV)),
     ("shifter", "cpu"): (
         [HOST_PY, "-m", "containerbench.rank.rankexec", "--env-form", "value", "--insert-after", "shifter",
          *PASS_RANK_VARS, "--pass-prefix", "CUDA_VISIBLE_DEVICES",
-         "--pass-name", "CONTAINERBENCH_RUNTIME", "--pass-name", "NCCL_SOCKET_IFNAME",
+         "--pass-name", "CONTAINERBENCH_HOST_MPI_LIBS", "--pass-name", "CONTAINERBENCH_RUNTIME",
+         "--pass-name", "NCCL_SOCKET_IFNAME",
          "--pass-name", "PYTHONNOUSERSITE",
          "--", "shifter", "--clearenv", "--image=id:0123abcd", "--module=mpich", "--workdir=/", "--", *IN_IMAGE],
-        container_env("shifter", CPU_ENV)),
+        native_env("shifter", CPU_ENV)),
     # --- charliecloud: keep only what is needed, then the image's ENV ---
     ("charliecloud", "site"): (
         ["ch-run", "--join",
@@ -209,15 +216,17 @@ CASES = {
          "--device-glob", "/dev/infiniband/uverbs*", "--",
          "sarus", "run", "--mpi", f"--mount=type=bind,source={WD},destination={WD}",
          "--mount=type=bind,source=/datasets/imagenet,destination=/datasets/imagenet", f"--workdir={WD}",
-         "--env", "CONTAINERBENCH_RUNTIME", "--env", "NCCL_IB_HCA", "--env", "OMPI_MCA_pml", "--env", "PMIX_MCA_gds",
+         "--env", "CONTAINERBENCH_HOST_MPI_LIBS", "--env", "CONTAINERBENCH_RUNTIME", "--env", "NCCL_IB_HCA",
+         "--env", "OMPI_MCA_pml", "--env", "PMIX_MCA_gds",
          "--env", "PYTHONNOUSERSITE", "--env", "PYTHONUNBUFFERED", "--env", "UCX_TLS",
          "containerbench:latest", *IN_IMAGE],
-        container_env("sarus", SITE_ENV)),
+        native_env("sarus", SITE_ENV)),
     ("sarus", "cpu"): (
         ["sarus", "run", "--mpi", "--mount=type=bind,source=/work/x,destination=/work/x", "--workdir=/work/x",
-         "--env", "CONTAINERBENCH_RUNTIME", "--env", "NCCL_SOCKET_IFNAME", "--env", "OMPI_MCA_btl",
+         "--env", "CONTAINERBENCH_HOST_MPI_LIBS", "--env", "CONTAINERBENCH_RUNTIME", "--env", "NCCL_SOCKET_IFNAME",
+         "--env", "OMPI_MCA_btl",
          "--env", "PMIX_MCA_gds", "--env", "PYTHONNOUSERSITE", "containerbench:latest", *IN_IMAGE],
-        container_env("sarus", CPU_ENV)),
+        native_env("sarus", CPU_ENV)),
 }
 REQUESTS = {"site": SITE, "cpu": CPU}
 
@@ -462,6 +471,68 @@ def test_runtime_for_gives_the_launch_settings_to_the_constructor():
     expected = Podman("x", launcher="srun", mpi_model="native", srun_mpi="pmi2", available="compute-nodes",
                       native_mpi=NativeMpi(library="/host/libmpich.so.12"))
     assert vars(runtime_for("podman", config)) == vars(expected)
+
+
+HOST_MPI = NativeMpi(library="/opt/mpich/lib/libmpi.so.12", library_dirs=("/opt/mpich/lib", "/opt/fabric/lib64"))
+HOST_MPI_PATH = "/opt/mpich/lib:/opt/fabric/lib64:/opt/containerbench/venv/lib"
+
+
+@pytest.mark.parametrize("engine", [Docker, Podman])
+def test_the_bind_model_binds_the_host_mpis_directories_read_only_at_their_paths_and_searches_them_first(engine):
+    """Issue 32, finding 3: the host's libmpi alone was bound, and what it loads came from the image. The host MPI's
+    directories (native_mpi.library_dirs) go in whole, as Apptainer's bind model binds the host's MPI installation
+    (user guide, "MPI": "Bind model") and podman-hpc's mpich module binds its library directories and puts them on
+    LD_LIBRARY_PATH (etc/modules.d/mpich.yaml, `bind:` and `-e LD_LIBRARY_PATH=`): `--volume SRC:DST:ro`
+    (docker run reference, "--volume"; podman-run(1), "--volume": options after the second colon)."""
+    runtime = engine("containerbench:latest", uid=1000, gid=1000, mpi_model="native", native_mpi=HOST_MPI)
+    argv = runtime.rank_argv(CPU)
+    binds = [argv[i + 1] for i, word in enumerate(argv) if word == "--volume" and argv[i + 1].startswith("/opt/")]
+    assert binds == ["/opt/mpich/lib/libmpi.so.12:/opt/containerbench/venv/lib/libmpi.so.12:ro",
+                     "/opt/mpich/lib:/opt/mpich/lib:ro", "/opt/fabric/lib64:/opt/fabric/lib64:ro"]
+    env = runtime.environment(CPU)
+    assert env["LD_LIBRARY_PATH"] == HOST_MPI_PATH and env["CONTAINERBENCH_HOST_MPI_LIBS"] == ""
+
+
+def test_apptainer_binds_the_host_mpis_directories_as_its_bind_model_does():
+    """Apptainer user guide, "Bind Paths and Mounts": `--bind src[:dest[:opts]]`, opts `ro`; "MPI", "Bind model"."""
+    runtime = Apptainer("/images/cb.sif", host_python=HOST_PY, mpi_model="native", native_mpi=HOST_MPI)
+    argv = runtime.rank_argv(CPU)
+    binds = [argv[i + 1] for i, word in enumerate(argv) if word == "--bind" and argv[i + 1].startswith("/opt/")]
+    assert binds == ["/opt/mpich/lib/libmpi.so.12:/opt/containerbench/venv/lib/libmpi.so.12",
+                     "/opt/mpich/lib:/opt/mpich/lib:ro", "/opt/fabric/lib64:/opt/fabric/lib64:ro"]
+    assert runtime.environment(CPU)["APPTAINERENV_LD_LIBRARY_PATH"] == HOST_MPI_PATH
+
+
+def test_charliecloud_binds_the_host_mpis_directories_onto_the_images_mount_points_without_write_fake():
+    """ch-run(1), "-b, --bind=SRC[:DST]": without --write-fake DST must exist in the image, so the directories take
+    the mount points every image has (/mnt, /media, /srv) beside the dataset's, and LD_LIBRARY_PATH names them
+    there; with --write-fake they keep their host paths."""
+    moved = Charliecloud("/img", write_fake=False, mpi_model="native", native_mpi=HOST_MPI)
+    argv = moved.rank_argv(SITE)
+    assert ["--bind=/datasets/imagenet:/mnt", "--bind=/opt/mpich/lib:/media", "--bind=/opt/fabric/lib64:/srv"] == [
+        word for word in argv if word.startswith("--bind=") and not word.endswith("/libmpi.so.12")]
+    assert moved.environment(SITE)["LD_LIBRARY_PATH"] == "/media:/srv:/opt/containerbench/venv/lib"
+    kept = Charliecloud("/img", write_fake=True, mpi_model="native", native_mpi=HOST_MPI)
+    argv = kept.rank_argv(SITE)
+    assert "--bind=/opt/mpich/lib" in argv and "--bind=/opt/fabric/lib64" in argv
+    assert kept.environment(SITE)["LD_LIBRARY_PATH"] == HOST_MPI_PATH
+    two_datasets = RunRequest(**{**vars(SITE), "binds": ("/datasets/a", "/datasets/b")})
+    with pytest.raises(ValueError) as refused:
+        moved.rank_argv(two_datasets)
+    assert str(refused.value) == ("runtime 'charliecloud': 4 binds need images.charliecloud.write_fake: true (ch-run "
+                                  "0.38 or later, unprivileged overlayfs on every node); allowed: at most 3 (/mnt, "
+                                  "/media, /srv)")
+
+
+def test_the_module_and_hook_runtimes_leave_the_host_mpis_binds_to_the_sites_configuration():
+    """podman-hpc's --mpi module (etc/modules.d/mpich.yaml), Shifter's mpich module (udiRoot.conf) and Sarus's MPI hook
+    (doc/config/mpi-hook.rst: MPI_LIBS, MPI_DEPENDENCY_LIBS) bind the host MPI as the site set them: no bind of ours,
+    but the ranks still report what they mapped, and the node's closure is still read (hostmpi.py)."""
+    for runtime in (PodmanHPC("containerbench:latest", uid=1000, gid=1000, mpi_model="native", native_mpi=HOST_MPI),
+                    native(Sarus("containerbench:latest", host_python=HOST_PY, native_mpi=HOST_MPI))):
+        argv, env = runtime.rank_argv(CPU), runtime.environment(CPU)
+        assert not [word for word in argv if "/opt/mpich" in word or "/opt/fabric" in word], runtime.name
+        assert "LD_LIBRARY_PATH" not in env and env["CONTAINERBENCH_HOST_MPI_LIBS"] == "", runtime.name
 
 
 def test_the_clones_podman_settings_reach_podman_however_the_workflow_is_started(tmp_path):

@@ -21,7 +21,7 @@ import threading
 import time
 from pathlib import Path
 
-from containerbench import nodeimages, outputs, slurm
+from containerbench import hostmpi, nodeimages, outputs, slurm
 from containerbench.launchers import Allocation, Mpirun, Srun
 from containerbench.plans import RunPlan
 from containerbench.processes import die_with_parent, run_group, stop_session, watch_controller
@@ -132,13 +132,12 @@ class _NotStarted(Exception):
     """The run's ranks were not started: why, in one line."""
 
 
-def prepare_nodes(run_plan: RunPlan) -> tuple[dict, str, str | None]:
-    """Run the plan's node_prepare step (once on every node of the run; nodeimages): (what the launch line
-    keeps: each node's answer and the step's seconds, the step's output for the log, why it failed or
-    None). Every node must answer: a node whose line is missing is as much a failure as one that said no."""
-    if not run_plan.node_prepare:
-        return {}, "", None
-    argv, started = _final_argv(run_plan.node_prepare), time.monotonic()
+def _each_node(argv: list[str], run_plan: RunPlan, prefix: str,
+               command: str) -> tuple[list[dict], float, str, str | None]:
+    """A per-node step of the plan (once on every node of the run): (each node's answer, its seconds, its output for
+    the log, why it failed or None). Every node must answer: a node whose line is missing is as much a failure as
+    one that said no."""
+    argv, started = _final_argv(argv), time.monotonic()
     try:  # its own limit: a load is not part of the run, whose timeout_s may come from earlier runs' times
         done = run_group(argv, timeout=PREPARE_TIMEOUT_S, env={**host_environment(), **run_plan.env},
                          stdin=subprocess.DEVNULL, preexec_fn=die_with_parent())  # noqa: PLW1509 (prctl only)
@@ -147,16 +146,41 @@ def prepare_nodes(run_plan: RunPlan) -> tuple[dict, str, str | None]:
         output, returncode = "", 127
     except subprocess.TimeoutExpired:
         output, returncode = "", None
-    answers = nodeimages.read_lines(output)
-    kept = {"node_images": answers, "node_prepare_s": round(time.monotonic() - started, 3)}
+    answers, seconds = nodeimages.read_lines(output, prefix), round(time.monotonic() - started, 3)
     nodes = run_plan.spec.get("nodes", 1)
     if returncode == 0 and len(answers) == nodes:
-        return kept, output, None
-    said = [line.removeprefix("containerbench: node-image: ") for line in output.splitlines()
-            if line.startswith("containerbench: node-image: ")]
-    why = ("; ".join(said) or (f"did not end within {PREPARE_TIMEOUT_S:g} s" if returncode is None else
-                               f"exit {returncode}, {len(answers)} of {nodes} node(s) answered"))
-    return kept, output, f"the image is not on every node of the run ({shlex.join(argv[:3])} ...): {why}"
+        return answers, seconds, output, None
+    said = [line.removeprefix(f"containerbench: {command}: ") for line in output.splitlines()
+            if line.startswith(f"containerbench: {command}: ")]
+    return answers, seconds, output, ("; ".join(said) or (
+        f"did not end within {PREPARE_TIMEOUT_S:g} s" if returncode is None else
+        f"exit {returncode}, {len(answers)} of {nodes} node(s) answered"))
+
+
+def prepare_nodes(run_plan: RunPlan) -> tuple[dict, str, str | None]:
+    """Run the plan's per-node steps before its ranks: the image on every node (node_prepare; nodeimages), and for
+    a native run the host MPI read on every node (node_mpi; hostmpi). (What the launch line keeps: each node's
+    answers and the steps' seconds, the steps' output for the log, why one failed or None.)"""
+    kept, output = {}, ""
+    if run_plan.node_prepare:
+        answers, seconds, said, failed = _each_node(run_plan.node_prepare, run_plan, nodeimages.LINE, "node-image")
+        kept, output = {"node_images": answers, "node_prepare_s": seconds}, said
+        if failed:
+            return kept, output, (f"the image is not on every node of the run "
+                                  f"({shlex.join(_final_argv(run_plan.node_prepare)[:3])} ...): {failed}")
+    if run_plan.node_mpi:
+        answers, seconds, said, failed = _each_node(run_plan.node_mpi, run_plan, hostmpi.LINE, "node-mpi")
+        kept, output = {**kept, "node_mpi": answers, "node_mpi_s": seconds}, output + said
+        if failed:
+            return kept, output, f"the host MPI cannot be what the ranks load on every node of the run: {failed}"
+    return kept, output, None
+
+
+def closure_names(prepared: dict) -> dict[str, str]:
+    """The files of the nodes' host MPI closures, named to every rank, which reports where it mapped each from."""
+    if "node_mpi" not in prepared:
+        return {}
+    return {hostmpi.NAMES_VARIABLE: ":".join(hostmpi.names(prepared["node_mpi"]))}
 
 
 class RunAbandoned(SystemExit):
@@ -196,7 +220,7 @@ def execute(run_plan: RunPlan, log_path: Path, echo=sys.stdout, allocation: str 
             # starts: the death signal follows the thread that forks, and preexec_fn is unsafe with threads.
             process = subprocess.Popen(
                 argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
-                env={**host_environment(), **run_plan.env}, start_new_session=True,
+                env={**host_environment(), **run_plan.env, **closure_names(prepared)}, start_new_session=True,
                 preexec_fn=die_with_parent(),  # noqa: PLW1509 (it only calls prctl, getppid, kill)
             )
         except _NotStarted as error:

@@ -81,10 +81,11 @@ class RunPlan:
     allocation: list[str] | None = None  # salloc's argv, where the run asks for its own (Allocation.PER_RUN)
     launch_context: dict | None = None  # where the launch ran (execution.measure adds it)
     node_prepare: list[str] | None = None  # run on every node of the run before its ranks (nodeimages)
+    node_mpi: list[str] | None = None  # native runs: the host MPI read on every node before the ranks (hostmpi)
     allocation_options: list[str] | None = None  # the runtime's words in `allocation` (Runtime.allocation_options)
     exit_grace_s: float = 30.0  # how long a run that printed its result may take to exit (execution.ExitGuard)
 
-    OPTIONAL = ("native_mpi", "allocation", "launch_context", "node_prepare", "allocation_options")
+    OPTIONAL = ("native_mpi", "allocation", "launch_context", "node_prepare", "node_mpi", "allocation_options")
     NOT_WRITTEN = ("benchmark_args",)
 
     @property
@@ -206,6 +207,11 @@ def plan_run(spec: RunSpec, config: dict, allocation: Allocation | None = None,
         raise ValueError(f"runtime {runtime.name!r} on {spec.nodes} nodes under launcher {launcher.kind!r}: its image "
                          "must first be put in each node's own store, which only srun reaches; allowed: launcher "
                          "srun, or one node")
+    native = getattr(runtime, "native", False)
+    if native and spec.nodes > 1 and not launcher.slurm_step:
+        raise ValueError(f"runtime {runtime.name!r} native on {spec.nodes} nodes under launcher {launcher.kind!r}: the "
+                         "host MPI must first be read on each node, which only srun reaches; allowed: launcher srun, "
+                         "or one node")
     return RunPlan(
         run_id=spec.run_id,
         spec={**spec.as_dict(), "system": config["system"], "launcher": config["launcher"]["kind"],
@@ -218,14 +224,22 @@ def plan_run(spec: RunSpec, config: dict, allocation: Allocation | None = None,
         fabric={"name": spec.fabric, "env": fabric_env, "expect": fabric.get("expect")},
         telemetry=telemetry,
         benchmark_args=tuple(arguments),
-        native_mpi={"library": runtime.native_mpi.library} if getattr(runtime, "native", False) else None,
+        native_mpi={"library": runtime.native_mpi.library, "library_dirs": list(runtime.native_mpi.library_dirs)}
+        if native else None,
         allocation=[*slurm.allocation_argv(config["slurm"], spec.nodes, spec.ranks_per_node,
                                            config["slurm"]["runtime_minutes"], f"containerbench-{spec.run_id}",
                                            spec.nodelist), *own_allocation]
         if allocation is Allocation.PER_RUN else None,
         node_prepare=launcher.on_each_node(node_prepare, spec) if node_prepare else None,
+        node_mpi=launcher.on_each_node(node_mpi_argv(runtime.native_mpi), spec) if native else None,
         allocation_options=own_allocation or None,
     )
+
+
+def node_mpi_argv(native_mpi, python: str = sys.executable) -> list[str]:
+    """`containerbench node-mpi` for a native run's host MPI (hostmpi.py), once on every node of the run."""
+    return [python, "-m", "containerbench", "node-mpi", "--library", native_mpi.library,
+            *(word for path in native_mpi.library_dirs for word in ("--library-dir", path))]
 
 
 @dataclass

@@ -50,6 +50,7 @@ ADDED_KEYS = {
     "telemetry": None,  # 269ee2c
     "hung_at_exit": None,  # a run stopped after its result (execution.ExitGuard)
     "node_images": None,  # the image id each node of a docker or podman run held (nodeimages)
+    "node_mpi": None,  # the host MPI each node of a native run read, library and closure (hostmpi)
 }
 # Ranks that averaged their gradients hold the same weights to rounding; ranks
 # that did not drift apart by orders of magnitude more than this.
@@ -284,6 +285,42 @@ def judge_native_mpi(launch: dict, spec: dict, result: dict, verdict: Verdict) -
                                f"loaded {files}, which reports {mpi.get('version')!r}, not the host's "
                                f"{host['version']!r} ({host['library']})")
             return
+    if "node_mpi" in launch:
+        judge_host_mpi_closure(launch["node_mpi"], result, verdict)
+
+
+def _where(found: dict) -> str:
+    return f"{found['path']} (device {found['device']}, inode {found['inode']})"
+
+
+def judge_host_mpi_closure(answers: list[dict], result: dict, verdict: Verdict) -> None:
+    """Every library of the host MPI came from the host (hostmpi.py): each rank mapped its node's host library and
+    every library of that node's closure from the very files the node read (device and inode), not the image's
+    files of the same names."""
+    nodes = {answer["host"]: answer for answer in answers}
+    for process in result.get("processes") or []:
+        rank, host = process.get("rank"), process.get("hostname")
+        mpi = (process.get("context") or {}).get("mpi") or {}
+        node = nodes.get(host)
+        if node is None:
+            verdict.invalidate(f"native MPI: rank {rank} ran on {host}, where the host MPI was not read (node-mpi "
+                               f"answered from {', '.join(sorted(nodes)) or 'no node'})")
+            return
+        library = node["library"]
+        files = mpi.get("files") or []
+        if not any((f.get("device"), f.get("inode")) == (library["device"], library["inode"]) for f in files):
+            mapped = ", ".join(map(_where, [f for f in files if "device" in f])) or "no libmpi"
+            verdict.invalidate(f"native MPI: rank {rank} on {host} mapped {mapped}, not the host's library "
+                               f"{_where(library)}")
+            return
+        mapped = mpi.get("closure") or {}
+        for needed in node.get("closure") or []:
+            found = mapped.get(needed["name"])
+            if found is None or (found["device"], found["inode"]) != (needed["device"], needed["inode"]):
+                taken = f"loaded {needed['name']} from {_where(found)}" if found else f"mapped no {needed['name']}"
+                verdict.invalidate(f"native MPI: rank {rank} on {host} {taken}, not the host's {_where(needed)}, which "
+                                   "the host's library loads there; allowed: its directory in native_mpi.library_dirs")
+                return
 
 
 def judge_binding(argv: list[str] | None, result: dict, verdict: Verdict) -> None:
@@ -377,6 +414,7 @@ def parse_log(log_path: str | Path, telemetry_file: str | Path | None = None) ->
         "result": found.result,
         "image": launch.get("image"),
         "node_images": launch.get("node_images"),
+        "node_mpi": launch.get("node_mpi"),
         "launch_context": launch.get("launch_context"),
         "fabric_check": fabric_check,
         "telemetry": telemetry,

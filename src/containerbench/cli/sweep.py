@@ -60,7 +60,8 @@ def cmd_plan(args) -> int:
             print(run_plan.to_json())
         else:
             env = " ".join(f"{k}={v}" for k, v in sorted(run_plan.env.items()))
-            each_node = f"\n  on each node: {shlex.join(run_plan.node_prepare)}" if run_plan.node_prepare else ""
+            each_node = "".join(f"\n  on each node: {shlex.join(step)}" for step in (run_plan.node_prepare,
+                                                                                 run_plan.node_mpi) if step)
             print(f"{spec.run_id}{each_node}\n  env:  {env}\n  argv: {shlex.join(run_plan.argv)}")
     return 0
 
@@ -169,8 +170,9 @@ def every_runtime(config: dict, repo: Path) -> str:
             lines = [title, *(f"  prepare: {shlex.join(argv)}" for argv in shown)]
             if run_plan.allocation:  # a run's own salloc, with what a runtime's plugin reads there (Shifter)
                 lines.append(f"  allocation: {shlex.join(run_plan.allocation)}")
-            if run_plan.node_prepare:  # on every node of the run, before its ranks (nodeimages)
-                lines.append(f"  on each node: {shlex.join(run_plan.node_prepare)}")
+            for step in (run_plan.node_prepare, run_plan.node_mpi):  # on every node, before its ranks (nodeimages,
+                if step:                                               # hostmpi)
+                    lines.append(f"  on each node: {shlex.join(step)}")
             env = " ".join(f"{k}={v}" for k, v in sorted(run_plan.env.items()))
             lines += [f"  env:  {env}", f"  argv: {shlex.join(run_plan.argv)}"]
             blocks.append("\n".join(lines))

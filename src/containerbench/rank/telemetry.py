@@ -134,23 +134,37 @@ def cgroup_limits(proc_cgroup: str | None = None, root: str = "/sys/fs/cgroup") 
     return limits
 
 
-def loaded_mpi(maps: str | None = None) -> dict | None:
-    """The MPI library this process has loaded: the mapped files named libmpi*/libmpich* (path and
-    inode, from /proc/self/maps) and, once mpi4py is imported, MPI_Get_library_version's first line,
+# Names, colon-separated, of the host MPI's libraries this rank reports (containerbench.hostmpi.NAMES_VARIABLE, set
+# at launch from every node's closure): the rank side imports nothing of the workflow's.
+HOST_MPI_NAMES = "CONTAINERBENCH_HOST_MPI_LIBS"
+
+
+def loaded_mpi(maps: str | None = None, names: str | None = None) -> dict | None:
+    """The MPI library this process has loaded: the mapped files named libmpi*/libmpich* (path and inode,
+    from /proc/self/maps) and, once mpi4py is imported, MPI_Get_library_version's first line,
     which tells two builds apart even under the same file name (a native run binds the host's
-    library over the image's)."""
+    library over the image's). In a native run (HOST_MPI_NAMES set), also each file's device, and where
+    each library of the host MPI's closure was mapped from: a bound host file keeps its device and inode
+    in the container."""
     if maps is None:
         maps = _read(Path("/proc/self/maps")) or ""
-    files = {}
+    wanted = set(filter(None, (os.environ.get(HOST_MPI_NAMES, "") if names is None else names).split(":")))
+    files, closure = {}, {}
     for line in maps.splitlines():
         fields = line.split(maxsplit=5)
-        if len(fields) == 6 and os.path.basename(fields[5]).startswith(("libmpi.so", "libmpich.so")):
-            files[fields[5]] = int(fields[4])
+        if len(fields) != 6:
+            continue
+        path, name = fields[5].strip(), os.path.basename(fields[5].strip())
+        if name.startswith(("libmpi.so", "libmpich.so")):
+            files[path] = {"inode": int(fields[4]), **({"device": fields[3]} if wanted else {})}
+        if name in wanted:
+            closure.setdefault(name, {"path": path, "device": fields[3], "inode": int(fields[4])})
     module = sys.modules.get("mpi4py.MPI")
     version = module.Get_library_version().replace("\0", "").splitlines()[0].strip() if module else None
     if not files and version is None:
         return None
-    return {"files": [{"path": path, "inode": inode} for path, inode in sorted(files.items())], "version": version}
+    found = {"files": [{"path": path, **where} for path, where in sorted(files.items())], "version": version}
+    return {**found, "closure": dict(sorted(closure.items()))} if wanted else found
 
 
 def library_mpi_version(library: str) -> str | None:

@@ -30,6 +30,7 @@ starts; where a runtime cannot pass them by prefix, rankexec.py does it on the n
 from __future__ import annotations
 
 import inspect
+import os
 import shutil
 
 from containerbench.config import ConfigError, ImageUse, image_keys, mpi_models
@@ -93,6 +94,15 @@ def own_options(cls: type[ContainerRuntime]) -> list[str]:
     return sorted(p.name for p in parameters if p.kind is not p.VAR_KEYWORD and p.name not in ("self", "image"))
 
 
+def native_mpi(settings: dict) -> NativeMpi:
+    """The config's native_mpi as the ranks bind it: host paths made absolute (a clone-relative one names the
+    same file on every node that sees the clone at the same path)."""
+    found = {key: settings[key] for key in ("library", "image_library") if key in settings}
+    if "library" in found:
+        found["library"] = os.path.abspath(found["library"])
+    return NativeMpi(**found, library_dirs=tuple(os.path.abspath(path) for path in settings.get("library_dirs", ())))
+
+
 def runtime_for(name: str, config: dict, mpi_model: str | None = None, framework: str | None = None) -> Runtime:
     """The runtime called `name`, in `mpi_model` (default: its first); container runtimes read
     config["images"][name] = {image: ..., native_image: ..., options}. Bare metal runs the
@@ -125,7 +135,7 @@ def runtime_for(name: str, config: dict, mpi_model: str | None = None, framework
     if model == "native" and "srun_mpi" not in settings:
         settings["srun_mpi"] = native.get("srun_mpi", "pmi2")  # an MPICH libmpi speaks PMI2 to srun (mpi_guide)
     runtime = cls(image, **options, **settings, launcher=config.get("launcher", {}).get("kind", NoLauncher.kind),
-                  native_mpi=NativeMpi(**{key: native[key] for key in ("library", "image_library") if key in native}))
+                  native_mpi=native_mpi(native))
     runtime.check_mpi_model()
     return runtime
 

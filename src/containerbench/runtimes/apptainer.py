@@ -77,6 +77,7 @@ class Apptainer(ContainerRuntime):
             argv += ["--bind", path]
         if self.native:
             argv += ["--bind", ":".join(self.native_mpi.bind)]
+            argv += [word for path in self.native_mpi.library_dirs for word in ("--bind", f"{path}:{path}:ro")]
         return [*shim, *argv, "--pwd", self.workdir(request), *self.extra_args, self.image, *self.command(request)]
 
 

@@ -12,6 +12,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass, field
 
+from containerbench import hostmpi
 from containerbench.launchers import NoLauncher, launcher_class
 
 # Set by mpirun (Open MPI, MPICH Hydra) or srun for each rank; the MPI/PMI library in the image needs them.
@@ -111,18 +112,28 @@ class NativeMpi:
     `library` is the host's (on every node, at this path), `image_library` the file in the image it
     replaces; the rank loads the host's under the image's file name, which LD_LIBRARY_PATH finds
     for every later library that links libmpi.so.12 (the host's file has its own soname, e.g.
-    Debian's libmpich.so.12)."""
+    Debian's libmpich.so.12). `library_dirs`: the host's directories that hold what the library loads
+    (its fabric library, UCX, hwloc, a vendor PMI), bound into the container and put on LD_LIBRARY_PATH,
+    so every one of them is the host's (hostmpi.py checks it on each node)."""
 
     library: str = "/usr/lib/x86_64-linux-gnu/libmpich.so.12"
     image_library: str = "/opt/containerbench/venv/lib/libmpi.so.12"
+    library_dirs: tuple[str, ...] = ()
 
     @property
     def bind(self) -> tuple[str, str]:
         return self.library, self.image_library
 
+    def library_path(self, targets: list[str] | tuple[str, ...] | None = None) -> str:
+        """LD_LIBRARY_PATH in the container: the host's directories where they are bound (`targets`; default: at
+        their own paths), first, so that none of the closure resolves to the image's venv; then the image library's
+        directory, where the host's library is bound."""
+        bound = self.library_dirs if targets is None else targets
+        return os.pathsep.join([*bound, os.path.dirname(self.image_library)])
+
     @property
     def env(self) -> dict[str, str]:
-        return {"LD_LIBRARY_PATH": os.path.dirname(self.image_library)}
+        return {"LD_LIBRARY_PATH": self.library_path()}
 
 
 @dataclass(frozen=True)
@@ -179,7 +190,7 @@ class Runtime(abc.ABC):
 
     def environment(self, request: RunRequest) -> dict[str, str]:
         """The variables the launcher sets on the host and forwards (mpirun -x)."""
-        return {"CONTAINERBENCH_RUNTIME": self.name, **request.env, **self.native_env()}
+        return {"CONTAINERBENCH_RUNTIME": self.name, **request.env, **self.native_env(request)}
 
     @property
     def in_slurm_step(self) -> bool:
@@ -190,9 +201,20 @@ class Runtime(abc.ABC):
     def native(self) -> bool:
         return self.mpi_model == "native"
 
-    def native_env(self) -> dict[str, str]:
-        """What the native model adds to a rank's environment (the bind model's LD_LIBRARY_PATH)."""
-        return self.native_mpi.env if self.native and self.native_support == "bind" else {}
+    def native_env(self, request: RunRequest | None = None) -> dict[str, str]:
+        """What the native model adds to a rank's environment: the bind model's LD_LIBRARY_PATH, and the name of
+        the variable that tells every rank which of its libraries to report (set at launch from the nodes'
+        answers: hostmpi.py)."""
+        if not self.native:
+            return {}
+        env = {hostmpi.NAMES_VARIABLE: ""}
+        if self.native_support == "bind":
+            env["LD_LIBRARY_PATH"] = self.native_mpi.library_path(self.library_dir_targets(request))
+        return env
+
+    def library_dir_targets(self, request: RunRequest | None) -> list[str]:
+        """Where the bind model binds native_mpi.library_dirs in the container: at their own paths."""
+        return list(self.native_mpi.library_dirs)
 
     def check_mpi_model(self) -> None:
         if self.mpi_model not in MPI_MODELS:
@@ -291,12 +313,13 @@ class Runtime(abc.ABC):
 
 
 def move_binds(runtime: str, request: RunRequest, mount_points: tuple[str, ...],
-               remedy: str = "fewer binds") -> dict[str, str]:
+               remedy: str = "fewer binds", also: tuple[str, ...] = ()) -> dict[str, str]:
     """For a runtime that binds only onto mount points the image already has: each bind goes to an
     empty directory every Debian/Ubuntu image has, and the arguments and variables naming it (a
     dataset, the clone's src/ on PYTHONPATH, the telemetry directory) are rewritten to match. The
-    work directory is not bound: the benchmark needs nothing else from it."""
-    sources = list(dict.fromkeys(map(os.path.abspath, request.binds)))
+    work directory is not bound: the benchmark needs nothing else from it. `also`: host directories
+    bound beside the request's (the host MPI's, native_mpi.library_dirs)."""
+    sources = list(dict.fromkeys(map(os.path.abspath, [*request.binds, *also])))
     if len(sources) > len(mount_points):
         raise ValueError(f"runtime {runtime!r}: {len(sources)} binds need {remedy}; "
                          f"allowed: at most {len(mount_points)} ({', '.join(mount_points)})")

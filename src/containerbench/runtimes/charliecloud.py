@@ -143,7 +143,13 @@ class Charliecloud(ContainerRuntime):
         """Without --write-fake (the default) a bind needs its mount point in the image ("can't mkdir:
         Read-only file system"), so binds move (move_binds)."""
         remedy = "images.charliecloud.write_fake: true (ch-run 0.38 or later, unprivileged overlayfs on every node)"
-        return {} if self.write_fake else move_binds(self.name, request, self.MOUNT_POINTS, remedy)
+        also = self.native_mpi.library_dirs if self.native else ()
+        return {} if self.write_fake else move_binds(self.name, request, self.MOUNT_POINTS, remedy, also)
+
+    def library_dir_targets(self, request: RunRequest | None) -> list[str]:
+        # Without --write-fake the host MPI's directories are bound onto the image's mount points too.
+        moved = self.moved_binds(request) if request is not None else {}
+        return [moved.get(os.path.abspath(path), path) for path in self.native_mpi.library_dirs]
 
     def rank_argv(self, request: RunRequest) -> list[str]:
         # --join: ranks of a node share one container, else cross-memory attach between them fails.
@@ -157,7 +163,8 @@ class Charliecloud(ContainerRuntime):
                 *(["--write-fake"] if self.write_fake else []),
                 *([f"--bind={':'.join(self.native_mpi.bind)}"] if self.native else [])]
         if self.write_fake:
-            argv += [f"--bind={path}" for path in self.mounts(request)]
+            library_dirs = list(self.native_mpi.library_dirs) if self.native else []
+            argv += [f"--bind={path}" for path in dict.fromkeys([*self.mounts(request), *library_dirs])]
             return [*argv, f"--cd={self.workdir(request)}", *self.extra_args, self.image, "--", *self.command(request)]
         # The benchmark needs nothing else from the work directory.
         argv += [f"--bind={source}:{target}" for source, target in self.moved_binds(request).items()]

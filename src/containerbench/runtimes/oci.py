@@ -75,8 +75,11 @@ class OciEngine(ContainerRuntime):
         """The engine's words that give the container the node's NVIDIA GPUs."""
 
     def native_args(self) -> list[str]:
+        if not self.native:
+            return []
         host, image = self.native_mpi.bind
-        return ["--volume", f"{host}:{image}:ro"] if self.native else []
+        return [word for source, target in [(host, image), *((d, d) for d in self.native_mpi.library_dirs)]
+                for word in ("--volume", f"{source}:{target}:ro")]
 
     def env_args(self, request: RunRequest) -> list[str]:
         """`--env NAME` (value copied from the engine's environment) for what no rank prefix covers."""
