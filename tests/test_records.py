@@ -191,14 +191,14 @@ def test_loaded_mpi_names_the_mapped_library_file_and_its_inode():
             "7f2 r-xp 00001000 fd:01 4242 /opt/containerbench/venv/lib/libmpi.so.12\n"
             "7f3 r--p 00000000 fd:01 99 /usr/lib/x86_64-linux-gnu/libc.so.6\n"
             "7f4 r--p 00000000 fd:02 77 /opt/mpich/lib/libucp.so.0\n"
-            "7f5 r--p 00000000 fd:01 78 /usr/lib/x86_64-linux-gnu/libhwloc.so.15\n")
+            "7f5 r--p 00000000 fd:01 78 /usr/lib/x86_64-linux-gnu/libhwloc.so.15.6.1\n")
     assert loaded_mpi(maps, names="")["files"] == [{"path": "/opt/containerbench/venv/lib/libmpi.so.12", "inode": 4242}]
     assert "closure" not in loaded_mpi(maps, names="")  # a hybrid run names none: nothing more to report
     # A native run names its host MPI's closure (hostmpi.NAMES_VARIABLE): where each one was mapped from.
     native = loaded_mpi(maps, names="libucp.so.0:libhwloc.so.15:libnuma.so.1")
     assert native["files"] == [{"path": "/opt/containerbench/venv/lib/libmpi.so.12", "device": "fd:01", "inode": 4242}]
     assert native["closure"] == {
-        "libhwloc.so.15": {"path": "/usr/lib/x86_64-linux-gnu/libhwloc.so.15", "device": "fd:01", "inode": 78},
+        "libhwloc.so.15": {"path": "/usr/lib/x86_64-linux-gnu/libhwloc.so.15.6.1", "device": "fd:01", "inode": 78},
         "libucp.so.0": {"path": "/opt/mpich/lib/libucp.so.0", "device": "fd:02", "inode": 77}}
 
 

@@ -379,6 +379,41 @@ def test_a_nodes_podman_store_lacks_the_image_until_the_run_puts_it_there(cluste
           "later:", {host: later[host]["seconds"] for host in later})
 
 
+def test_a_native_runs_host_mpi_is_read_on_each_of_its_nodes_where_the_ranks_will_run(cluster, tmp_path):
+    """Issue 32, finding 3, on the cluster whose nodes are separate (cluster.sh: each slurmd in its own mount
+    namespace, the clone shared): a native run's launch reads the host MPI on every node of its allocation (the
+    node-mpi step, srun one task a node, before the ranks; execution.prepare_nodes), and each node answers from
+    its own view, under its own Slurm name, with the closure whose files its ranks must map."""
+    tree = ROOT / "build" / "host-mpi" / "lib"  # `make setup` (scripts/host-mpi-tree.sh)
+    assert (tree / "libmpich.so.12").exists()
+    with open(ROOT / "tests" / "slurm" / "config.yaml") as handle:
+        config = yaml.safe_load(handle)
+    config |= {"runtimes": ["bare-metal", "charliecloud"], "results_dir": str(tmp_path / "results"),
+               "images": {"charliecloud": {"image": str(tmp_path / "image.ch"), "mpi_model": "native"}},
+               "native_mpi": {"library": str(tree / "libmpich.so.12"), "library_dirs": [str(tree)]}}
+    path = tmp_path / "native.yaml"
+    path.write_text(yaml.safe_dump(config))
+    loaded = cb_config.load([str(path)])
+    spec = next(r for r in cb_config.plan_runs(loaded) if r.runtime == "charliecloud" and r.nodes == 2)
+    plan_file = tmp_path / "plan.json"
+    plan_file.write_text(plan_run(spec, loaded).to_json())
+    read = ("import json, sys; from containerbench.plans import RunPlan; from containerbench.execution import "
+            "prepare_nodes; kept, _, why = prepare_nodes(RunPlan.from_json(open(sys.argv[1]).read())); "
+            "print(json.dumps({'kept': kept, 'why': why}))")
+    done = on_controller(cluster, "salloc", "-N2", "--ntasks-per-node=1", "-p", "cpu", sys.executable, "-c", read,
+                         str(plan_file), timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    answer = json.loads(done.stdout.strip().splitlines()[-1])
+    assert answer["why"] is None, answer
+    nodes = answer["kept"]["node_mpi"]
+    assert [(node["host"], node["slurm_node"]) for node in nodes] == [("n1", "n1"), ("n2", "n2")]
+    for node in nodes:
+        assert node["library"]["path"] == str(tree / "libmpich.so.12")
+        assert node["library"]["version"].startswith("MPICH Version:")
+        assert {"libucp.so.0", "libhwloc.so.15"} <= {each["name"] for each in node["closure"]}
+        assert all(each["path"].startswith(f"{tree}/") for each in node["closure"])
+
+
 def test_training_on_the_wrong_wire_is_caught_by_the_counters(cluster, tmp_path):
     """Training asked for the fast network, but its MPI was pointed at the slow one: the bytes
     counted on the interfaces say so, with the numbers."""

@@ -268,9 +268,14 @@ def judge_node_images(launch: dict, result: dict, verdict: Verdict) -> None:
 
 def judge_native_mpi(launch: dict, spec: dict, result: dict, verdict: Verdict) -> None:
     """A run in the native MPI model really ran on the host's MPI: every rank's loaded library reports
-    the version the host's library file reports (MPI_Get_library_version). A run that silently kept
-    the image's library is invalid, with the rank's own line as evidence."""
+    the version the host's library file reports (MPI_Get_library_version), read on the rank's own node
+    (node_mpi, with every library the host's loads: judge_host_mpi_closure) or, in a log older than that
+    step, where the run was launched. A run that silently kept the image's library is invalid, with the
+    rank's own line as evidence."""
     if spec.get("mpi_model") != "native":
+        return
+    if "node_mpi" in launch:
+        judge_host_mpi_closure(launch["node_mpi"], result, verdict)
         return
     host = (launch.get("launch_context") or {}).get("native_mpi") or {}
     if not host.get("version"):
@@ -278,15 +283,18 @@ def judge_native_mpi(launch: dict, spec: dict, result: dict, verdict: Verdict) -
                            "where the run was launched")
         return
     for process in result.get("processes") or []:
-        mpi = (process.get("context") or {}).get("mpi") or {}
-        if mpi.get("version") != host["version"]:
-            files = ", ".join(f"{f['path']} (inode {f['inode']})" for f in mpi.get("files") or []) or "no libmpi"
-            verdict.invalidate(f"native MPI not swapped in: rank {process.get('rank')} on {process.get('hostname')} "
-                               f"loaded {files}, which reports {mpi.get('version')!r}, not the host's "
-                               f"{host['version']!r} ({host['library']})")
+        if not _same_version(process, host["version"], host["library"], verdict):
             return
-    if "node_mpi" in launch:
-        judge_host_mpi_closure(launch["node_mpi"], result, verdict)
+
+
+def _same_version(process: dict, version: str, library: str, verdict: Verdict) -> bool:
+    mpi = (process.get("context") or {}).get("mpi") or {}
+    if mpi.get("version") == version:
+        return True
+    files = ", ".join(f"{f['path']} (inode {f['inode']})" for f in mpi.get("files") or []) or "no libmpi"
+    verdict.invalidate(f"native MPI not swapped in: rank {process.get('rank')} on {process.get('hostname')} "
+                       f"loaded {files}, which reports {mpi.get('version')!r}, not the host's {version!r} ({library})")
+    return False
 
 
 def _where(found: dict) -> str:
@@ -294,9 +302,9 @@ def _where(found: dict) -> str:
 
 
 def judge_host_mpi_closure(answers: list[dict], result: dict, verdict: Verdict) -> None:
-    """Every library of the host MPI came from the host (hostmpi.py): each rank mapped its node's host library and
-    every library of that node's closure from the very files the node read (device and inode), not the image's
-    files of the same names."""
+    """Every library of the host MPI came from the host (hostmpi.py): each rank's libmpi reports the version its
+    node's host library reports, and the rank mapped that library and every library of the node's closure from
+    the very files the node read (device and inode), not the image's files of the same names."""
     nodes = {answer["host"]: answer for answer in answers}
     for process in result.get("processes") or []:
         rank, host = process.get("rank"), process.get("hostname")
@@ -307,6 +315,11 @@ def judge_host_mpi_closure(answers: list[dict], result: dict, verdict: Verdict) 
                                f"answered from {', '.join(sorted(nodes)) or 'no node'})")
             return
         library = node["library"]
+        if not library.get("version"):
+            verdict.invalidate(f"native MPI: the host's library {library['path']} did not report its version on {host}")
+            return
+        if not _same_version(process, library["version"], library["path"], verdict):
+            return
         files = mpi.get("files") or []
         if not any((f.get("device"), f.get("inode")) == (library["device"], library["inode"]) for f in files):
             mapped = ", ".join(map(_where, [f for f in files if "device" in f])) or "no libmpi"

@@ -157,8 +157,11 @@ def loaded_mpi(maps: str | None = None, names: str | None = None) -> dict | None
         path, name = fields[5].strip(), os.path.basename(fields[5].strip())
         if name.startswith(("libmpi.so", "libmpich.so")):
             files[path] = {"inode": int(fields[4]), **({"device": fields[3]} if wanted else {})}
-        if name in wanted:
-            closure.setdefault(name, {"path": path, "device": fields[3], "inode": int(fields[4])})
+        # By its name, or as the versioned file a link of that name leads to (libucp.so.0 -> libucp.so.0.0.0):
+        # maps names the file itself, and an image's copy is often such a link where the host's is a plain file.
+        for each in wanted:
+            if name == each or name.startswith(each + "."):
+                closure.setdefault(each, {"path": path, "device": fields[3], "inode": int(fields[4])})
     module = sys.modules.get("mpi4py.MPI")
     version = module.Get_library_version().replace("\0", "").splitlines()[0].strip() if module else None
     if not files and version is None:
