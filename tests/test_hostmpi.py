@@ -68,11 +68,27 @@ def test_the_node_step_prints_its_answer_as_one_line_the_launch_reads_back(tree)
     done = subprocess.run([sys.executable, "-m", "containerbench", "node-mpi", "--library",
                            str(tree / "libmpich.so.12"), "--library-dir", str(tree)],
                           capture_output=True, text=True, check=True)
-    from containerbench.nodeimages import read_lines
-
-    [answer] = read_lines(done.stdout, hostmpi.LINE)
+    [answer] = hostmpi.read_answers(done.stdout)
     assert answer == hostmpi.closure(str(tree / "libmpich.so.12"), [str(tree)])
     assert hostmpi.names([answer]) == sorted(each["name"] for each in answer["closure"])
+
+
+def test_two_nodes_answers_cut_and_interleaved_as_srun_forwards_them_are_read_back_whole(tree):
+    """Found on the Slurm test cluster (1 run in 3): slurmstepd forwards a task's output a line at a time, but a
+    line longer than 1 kB (SLURM_IO_MAX_MSG_LEN) in pieces, between other tasks' lines, so two nodes' answers of
+    1.3 kB each came back cut into each other, and neither was read. The answer goes out in lines of under 900
+    bytes (rank/markers.py: numbered parts, each checked), which arrive whole in any order."""
+    from containerbench.rank import markers
+
+    answer = hostmpi.closure(str(tree / "libmpich.so.12"), [str(tree)])
+    first, second = ({**answer, "host": host} for host in ("n1", "n2"))
+    parts = [markers.framed(hostmpi.LINE, first), markers.framed(hostmpi.LINE, second)]
+    assert len(parts[0]) > 1 and all(len(part.encode()) < 1024 for each in parts for part in each)
+    interleaved = [line for pair in zip(*reversed(parts)) for line in pair]  # n2's first part first
+    assert hostmpi.read_answers("".join(interleaved)) == [first, second]
+    # What the cluster printed: one line of 1.3 kB each, cut at 1 kB and interleaved; neither is taken.
+    whole = [markers.line(hostmpi.LINE, each) for each in (first, second)]
+    assert hostmpi.read_answers(whole[0][:1024] + whole[1][:1024] + "\n" + whole[0][1024:] + whole[1][1024:]) == []
 
 
 def test_a_rank_whose_host_did_not_answer_is_not_taken_on_trust(tree):

@@ -398,8 +398,8 @@ def test_a_native_runs_host_mpi_is_read_on_each_of_its_nodes_where_the_ranks_wil
     plan_file = tmp_path / "plan.json"
     plan_file.write_text(plan_run(spec, loaded).to_json())
     read = ("import json, sys; from containerbench.plans import RunPlan; from containerbench.execution import "
-            "prepare_nodes; kept, _, why = prepare_nodes(RunPlan.from_json(open(sys.argv[1]).read())); "
-            "print(json.dumps({'kept': kept, 'why': why}))")
+            "prepare_nodes; kept, said, why = prepare_nodes(RunPlan.from_json(open(sys.argv[1]).read())); "
+            "print(json.dumps({'kept': kept, 'said': said, 'why': why}))")
     done = on_controller(cluster, "salloc", "-N2", "--ntasks-per-node=1", "-p", "cpu", sys.executable, "-c", read,
                          str(plan_file), timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]

@@ -132,8 +132,7 @@ class _NotStarted(Exception):
     """The run's ranks were not started: why, in one line."""
 
 
-def _each_node(argv: list[str], run_plan: RunPlan, prefix: str,
-               command: str) -> tuple[list[dict], float, str, str | None]:
+def _each_node(argv: list[str], run_plan: RunPlan, read, command: str) -> tuple[list[dict], float, str, str | None]:
     """A per-node step of the plan (once on every node of the run): (each node's answer, its seconds, its output for
     the log, why it failed or None). Every node must answer: a node whose line is missing is as much a failure as
     one that said no."""
@@ -146,7 +145,7 @@ def _each_node(argv: list[str], run_plan: RunPlan, prefix: str,
         output, returncode = "", 127
     except subprocess.TimeoutExpired:
         output, returncode = "", None
-    answers, seconds = nodeimages.read_lines(output, prefix), round(time.monotonic() - started, 3)
+    answers, seconds = read(output), round(time.monotonic() - started, 3)
     nodes = run_plan.spec.get("nodes", 1)
     if returncode == 0 and len(answers) == nodes:
         return answers, seconds, output, None
@@ -163,13 +162,14 @@ def prepare_nodes(run_plan: RunPlan) -> tuple[dict, str, str | None]:
     answers and the steps' seconds, the steps' output for the log, why one failed or None.)"""
     kept, output = {}, ""
     if run_plan.node_prepare:
-        answers, seconds, said, failed = _each_node(run_plan.node_prepare, run_plan, nodeimages.LINE, "node-image")
+        answers, seconds, said, failed = _each_node(run_plan.node_prepare, run_plan, nodeimages.read_lines,
+                                                    "node-image")
         kept, output = {"node_images": answers, "node_prepare_s": seconds}, said
         if failed:
             return kept, output, (f"the image is not on every node of the run "
                                   f"({shlex.join(_final_argv(run_plan.node_prepare)[:3])} ...): {failed}")
     if run_plan.node_mpi:
-        answers, seconds, said, failed = _each_node(run_plan.node_mpi, run_plan, hostmpi.LINE, "node-mpi")
+        answers, seconds, said, failed = _each_node(run_plan.node_mpi, run_plan, hostmpi.read_answers, "node-mpi")
         kept, output = {**kept, "node_mpi": answers, "node_mpi_s": seconds}, output + said
         if failed:
             return kept, output, f"the host MPI cannot be what the ranks load on every node of the run: {failed}"

@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 from containerbench.processes import checkable, run_group, running
+from containerbench.rank import markers
 from containerbench.rank.rankexec import CLIENT_LABEL, CLIENT_UID_LABEL
 from containerbench.runtimes import PINNED, Docker, engine_env
 
@@ -162,18 +163,9 @@ def ensure(engine: str, image: str, stamp: Path | str | None = None, archive: Pa
             "seconds": round(time.monotonic() - started, 3), "removed_orphans": orphans}
 
 
-def read_lines(text: str, prefix: str = LINE) -> list[dict]:
-    """Each node's answer, from a per-node step's output (the lines `node-image`, or `node-mpi` with its
-    prefix, printed, in any order)."""
-    found = []
-    for line in text.splitlines():
-        if line.startswith(prefix):
-            try:
-                found.append(json.loads(line[len(prefix):]))
-            except ValueError:
-                continue  # cut by another task's output: that node counts as not answering
-    return sorted(found, key=lambda each: each["host"])
-
-
-def line(answer: dict) -> str:
-    return LINE + json.dumps(answer, sort_keys=True)
+def read_lines(text: str) -> list[dict]:
+    """Each node's answer, from the step's output, in any order: whole, or put back together from its parts
+    (emitted as rank/markers.py frames a long line: slurmstepd forwards a line over 1 kB in pieces, between other
+    tasks' lines, and the ids of the containers removed can make one that long)."""
+    return sorted((answer for answer in markers.payloads_of(text.splitlines(), LINE) if answer),
+                  key=lambda each: each["host"])

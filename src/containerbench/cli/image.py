@@ -27,6 +27,7 @@ from containerbench.imagestep import (
     ImageStepError,
     write_file,
 )
+from containerbench.rank import markers
 from containerbench.runtimes import CONTAINER_RUNTIMES, ENGINES, BareMetal, Charliecloud, Podman
 
 
@@ -176,12 +177,14 @@ def cmd_node_image(args) -> int:
     try:
         if args.orphans_only:
             removed = nodeimages.remove_orphans(args.engine)
-            print(nodeimages.line({"host": socket.gethostname(), "engine": args.engine, "removed_orphans": removed}))
+            markers.emit(nodeimages.LINE, {"host": socket.gethostname(), "engine": args.engine,
+                                           "removed_orphans": removed})
             return 0
         if not args.image:
             print("containerbench: node-image: --image is required, unless --orphans-only", file=sys.stderr)
             return 2
-        print(nodeimages.line(nodeimages.ensure(args.engine, args.image, args.stamp, args.archive, args.timeout)))
+        answer = nodeimages.ensure(args.engine, args.image, args.stamp, args.archive, args.timeout)
+        markers.emit(nodeimages.LINE, answer)
     except nodeimages.NodeImageError as error:
         print(f"containerbench: node-image: {error}", file=sys.stderr)
         return 1
@@ -192,7 +195,9 @@ def cmd_node_mpi(args) -> int:
     from containerbench import hostmpi
 
     try:
-        print(hostmpi.line(hostmpi.closure(args.library, args.library_dir)))
+        # In parts where it is long: srun forwards a task's output in pieces of 1 kB, between other tasks'
+        # (rank/markers.py, SLURM_IO_MAX_MSG_LEN), and a closure of a few libraries is longer.
+        markers.emit(hostmpi.LINE, hostmpi.closure(args.library, args.library_dir))
     except hostmpi.HostMpiError as error:
         print(f"containerbench: node-mpi: {error}", file=sys.stderr)
         return 1

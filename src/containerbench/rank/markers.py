@@ -32,7 +32,7 @@ NETBENCH = "containerbench-netbench "  # rank 0 of netbench: one measurement
 PART = "containerbench-part "  # one piece of a long marker line: PART <marker> <sha12> <i>/<n> <length> <crc32> <text>
 
 PART_TEXT = 768  # JSON characters per part: a part line stays under 900 bytes
-PART_HEADER = re.compile(r"containerbench-part (\w+) ([0-9a-f]{12}) (\d+)/(\d+) (\d+) ([0-9a-f]{8}) ")
+PART_HEADER = re.compile(r"containerbench-part ([\w-]+) ([0-9a-f]{12}) (\d+)/(\d+) (\d+) ([0-9a-f]{8}) ")
 SPLICE_LINES = 8  # how many lines after a cut part its rest is looked for in
 
 
@@ -108,9 +108,10 @@ class Found:
     problem: str | None = None  # why it is unreadable
 
 
-def read_payloads(lines: list[str]) -> list[Found]:
-    """The RESULT and NETBENCH payloads of a log, single lines or in parts, in the order they start.
-    A marker is read where it starts on its line: output forwarding can put another task's text first."""
+def read_payloads(lines: list[str], also: tuple[str, ...] = ()) -> list[Found]:
+    """The RESULT and NETBENCH payloads of a log (and those of the markers in `also`), single lines or in parts,
+    in the order they start. A marker is read where it starts on its line: output forwarding can put another
+    task's text first."""
     groups: dict[tuple[str, str], dict] = {}
     order: list[tuple[int, str, tuple[str, str] | str]] = []
     for index, text in enumerate(lines):
@@ -126,7 +127,7 @@ def read_payloads(lines: list[str]) -> list[Found]:
             if piece is not None:
                 groups[(name, digest)]["pieces"][int(number)] = piece
             continue
-        for marker in (RESULT, NETBENCH):
+        for marker in (RESULT, NETBENCH, *also):
             if marker in text:
                 order.append((index + 1, marker, text[text.index(marker):]))
                 break
@@ -135,7 +136,8 @@ def read_payloads(lines: list[str]) -> list[Found]:
 
 def payloads_of(lines: list[str], marker: str) -> list[dict | None]:
     """The `marker` payloads of some output, in order (None for one that cannot be read)."""
-    return [found.payload for found in read_payloads(lines) if found.marker == marker]
+    also = () if marker in (RESULT, NETBENCH) else (marker,)
+    return [found.payload for found in read_payloads(lines, also) if found.marker == marker]
 
 
 def _found(number: int, marker: str, what: tuple[str, str] | str, groups: dict) -> Found:
