@@ -528,6 +528,16 @@ def test_enroots_image_is_made_here_without_enroot_as_its_import_makes_it(contai
         made = subprocess.run(["podman", "import", *(f"--change={change}" for change in changes), str(layer), tag],
                               env=container_engines, capture_output=True, text=True, timeout=300)
         assert made.returncode == 0, made.stderr
+        stamp(tag, inspect(tag)["Id"])  # as the workflow's build stamps what it built (imagebuild.build_stamp)
+
+    def inspect(tag: str) -> dict:
+        return json.loads(subprocess.run(["podman", "image", "inspect", tag], env=container_engines,
+                                         capture_output=True, text=True, timeout=300).stdout)[0]
+
+    def stamp(tag: str, image_id: str) -> Path:
+        path = Path(images.image_files(tag, tmp_path)["podman"])
+        path.write_text(json.dumps({"image_id": f"sha256:{image_id.removeprefix('sha256:')}"}))
+        return path
 
     def convert(tag: str) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "containerbench", "image", "--engine", "podman", "--tag", tag,
@@ -538,14 +548,17 @@ def test_enroots_image_is_made_here_without_enroot_as_its_import_makes_it(contai
     image(tag, "/w")
     image(escaping, "/out/w", ("out", str(tmp_path / "outside")))
     try:
-        config = json.loads(subprocess.run(["podman", "image", "inspect", tag], env=container_engines,
-                                           capture_output=True, text=True, timeout=300).stdout)[0]["Config"]
+        config, own = inspect(tag)["Config"], inspect(tag)["Id"]
         done = convert(tag)
         assert done.returncode == 0, done.stderr[-3000:]
         squashfs = images.image_files(tag, tmp_path)["enroot"]
         unpacked = tmp_path / "unpacked"
         subprocess.run(["unsquashfs", "-d", str(unpacked), squashfs], check=True, capture_output=True, timeout=300)
         refused = convert(escaping)
+        # The tag names another image than the build stamped (built again elsewhere, pulled over): refused.
+        other = inspect(escaping)["Id"]
+        stamped = stamp(tag, other)
+        moved = convert(tag)
     finally:
         subprocess.run(["podman", "rmi", tag, escaping], env=container_engines, capture_output=True, timeout=300)
     assert (unpacked / "hello.txt").read_text() == "hi\n" and (unpacked / "w").is_dir()
@@ -564,6 +577,9 @@ def test_enroots_image_is_made_here_without_enroot_as_its_import_makes_it(contai
         "if [ $# -gt 0 ]; then\n    exec '/entry' 'it'\\''s' \"$@\"\nelse\n    exec '/entry' 'it'\\''s' 'x'\nfi\n")
     assert subprocess.run(["sh", "-n", str(rc)]).returncode == 0  # enroot start runs it with the rank's words
     assert (unpacked / "etc" / "rc.local").read_text().startswith("# This file is sourced by /etc/rc when the")
+    assert moved.returncode != 0 and moved.stderr.strip().splitlines()[-1].endswith(
+        f"enroot: {tag} in podman is sha256:{own}, not the built sha256:{other} ({stamped}); "
+        "allowed: the image the workflow built: build it again"), moved.stderr
     assert refused.returncode != 0 and not (tmp_path / "outside").exists()
     assert refused.stderr.strip().splitlines()[-1].endswith(
         f"enroot: {escaping}'s WorkingDir '/out/w': out in the image is a link, a file or '..'; "

@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from containerbench.config import BenchEnv, MpiFlavour
-from containerbench.images import build_outputs, image_files, remove_prepared
+from containerbench.images import BuiltImage, build_outputs, image_files, remove_prepared, stamped_id
 from containerbench.imagestep import (
     ARCHIVE,
     BASE_IMAGE,
@@ -269,17 +269,24 @@ def directory_in_image(rootfs: Path, path: str, what: str) -> Path:
     return here
 
 
-def enroot_squashfs(engine: str, tag: str, out: Path, timeout: float = DEFAULT_STEP_TIMEOUT_S) -> Path:
+def enroot_squashfs(built: BuiltImage, out: Path, timeout: float = DEFAULT_STEP_TIMEOUT_S) -> Path:
     """Enroot's image, made here without Enroot (Enroot.converts_without_itself): what `enroot import podman://`
     or `dockerd://` does (NVIDIA/enroot src/docker.sh, docker::daemon::import), for a site whose compute nodes
-    have Enroot and not the engine that built the image."""
+    have Enroot and not the engine that built the image. Of the image the build stamped, by its id: a tag that
+    names another image now (built again elsewhere, or pulled over) is refused, and the export is of that id."""
+    engine, tag = built.engine, built.tag
     info = inspect_image(engine, tag)
+    stamp = Path(image_files(tag, built.build_dir)[engine])
+    found, expected = image_digest(engine, tag, info), stamped_id(Enroot.name, stamp)
+    if found != expected:
+        raise ImageStepError(f"enroot: {tag} in {engine} is {found}, not the built {expected} ({stamp}); allowed: "
+                             "the image the workflow built: build it again")
     # Unpacked where enroot unpacks (ENROOT_TEMP_PATH, else TMPDIR: node-local), not beside the image on the
     # filesystem every node mounts: the export and its tree are twice the image, in many small files.
     scratch = Path(tempfile.mkdtemp(prefix="containerbench-enroot-", dir=os.environ.get("ENROOT_TEMP_PATH") or None))
     rootfs, flat_tar, container = scratch / "rootfs", str(scratch / "image.tar"), Charliecloud.export_paths(str(out))[0]
     # The same flat export that enroot's import pipes through tar (`create`, `export`, `rm`).
-    create, export, remove = Charliecloud.export_argvs(engine, tag, container, flat_tar)
+    create, export, remove = Charliecloud.export_argvs(engine, found, container, flat_tar)
     forget = [*remove[:-1], "--force", remove[-1]]
     rootfs.mkdir()
     subprocess.run(forget, capture_output=True, env=engine_env(engine), timeout=QUERY_TIMEOUT_S, check=False)

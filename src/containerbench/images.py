@@ -196,13 +196,18 @@ def check_bench_env(config: dict, repo: Path | str, artifacts: dict[ImageUse, st
 CONVERTED = tuple(name for name, cls in CONTAINER_RUNTIMES.items() if cls.prepare_from)
 
 
-def check_prepared_id(name: str, reference: str, prepared_id: str, built_stamp: Path) -> None:
-    """The prepared copy is the image the engine built, by its id (the build's stamp: imagebuild.build_stamp)."""
+def stamped_id(name: str, built_stamp: Path) -> str:
+    """The id of the image the engine built, from the build's stamp (imagebuild.build_stamp)."""
     try:
-        built_id = json.loads(built_stamp.read_text())["image_id"]
+        return json.loads(Path(built_stamp).read_text())["image_id"]
     except (OSError, ValueError, KeyError, TypeError) as error:
         raise ImageStepError(f"{name}: the build's stamp {built_stamp} names no image id ({error!r}); "
                              "build the image again") from None
+
+
+def check_prepared_id(name: str, reference: str, prepared_id: str, built_stamp: Path) -> None:
+    """The prepared copy is the image the engine built, by its id (the build's stamp: imagebuild.build_stamp)."""
+    built_id = stamped_id(name, built_stamp)
     if prepared_id != built_id:
         raise ImageStepError(f"{name}: prepared {reference} as {prepared_id}, not the built {built_id} "
                              f"({built_stamp}); prepare it again")

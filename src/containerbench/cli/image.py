@@ -121,7 +121,7 @@ def run_image_step(args) -> str:
                 raise ImageStepError(f"prepare --without-runtime: runtime {args.runtime!r} has no conversion of "
                                      f"ours; allowed: {', '.join(sorted(WITHOUT_THE_RUNTIME))}")
             made = Path(CONTAINER_RUNTIMES[args.runtime].artifact(built))
-            return str(WITHOUT_THE_RUNTIME[args.runtime](args.engine, tag, made, timeout))
+            return str(WITHOUT_THE_RUNTIME[args.runtime](built, made, timeout))
         return prepare_runtime(args.runtime, built, timeout)
     if args.step == "remove":
         base = args.tag or default_tag(args.bench_python)
