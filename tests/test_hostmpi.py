@@ -5,6 +5,7 @@ installs it. Marked bench: it needs the system MPICH that setup installs beside 
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 import sys
 
@@ -97,3 +98,28 @@ def test_a_rank_whose_host_did_not_answer_is_not_taken_on_trust(tree):
     judge_host_mpi_closure([answer], {"processes": [{"rank": 1, "hostname": "other-node", "context": {}}]}, verdict)
     assert verdict.reasons == [f"native MPI: rank 1 ran on other-node, where the host MPI was not read (node-mpi "
                                f"answered from {answer['host']})"]
+
+
+def test_the_preflight_check_refuses_a_host_mpi_the_nodes_cannot_bind_before_any_job(tmp_path, tree):
+    """Before any job, not run by run (issue 32, finding 10): each native runtime's need, the host MPI as its ranks
+    will load it, is asked on each node by the pre-flight check with the same node-mpi step each run takes."""
+    from helpers import tiny_config
+
+    from containerbench import preflight, runtimes
+
+    def needs(native_mpi: dict) -> list:
+        config = tiny_config(tmp_path, runtimes=["bare-metal", "charliecloud"], native_mpi=native_mpi,
+                             images={"charliecloud": {"image": str(tmp_path / "image.ch"),
+                                                             "mpi_model": ["hybrid", "native"]}})
+        return [need for need in runtimes.node_requirements(config) if need.source == "hostmpi.py"]
+
+    [bound] = needs({"library": str(tree / "libmpich.so.12"), "library_dirs": [str(tree)]})
+    assert bound.argv == (sys.executable, "-m", "containerbench", "node-mpi", "--library",
+                          str(tree / "libmpich.so.12"), "--library-dir", str(tree))
+    assert preflight.check_requirements([bound]) == []
+    [system] = needs({"library": DEBIAN_MPICH})
+    [problem] = preflight.check_requirements([system])
+    assert problem.startswith("runtime 'charliecloud' needs the host MPI with every library it loads in "
+                              f"native_mpi.library_dirs: `{shlex.join(system.argv)}` failed: containerbench: "
+                              f"node-mpi: {os.uname().nodename}: the host MPI {DEBIAN_MPICH} loads "), problem
+    assert problem.endswith(" (hostmpi.py)") and "\n" not in problem

@@ -59,6 +59,13 @@ print(json.dumps({"files": files, "version": version}))
 """
 
 
+def node_argv(library: str, library_dirs, python: str = sys.executable) -> list[str]:
+    """`containerbench node-mpi` for this host MPI: run on every node of a native run before its ranks (plans.py),
+    and by the pre-flight check on each node before any job (runtimes.node_requirements)."""
+    return [python, "-m", "containerbench", "node-mpi", "--library", library,
+            *(word for path in library_dirs for word in ("--library-dir", path))]
+
+
 class HostMpiError(RuntimeError):
     """The host MPI cannot be what a native run's ranks load on this node: one line naming the node and the library."""
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from containerbench import config as cb_config
-from containerbench import slurm
+from containerbench import hostmpi, slurm
 from containerbench.config import RunSpec, dataset_dir
 from containerbench.fabrics import debug_environment, expected_transport
 from containerbench.frameworks import FRAMEWORKS, framework
@@ -231,15 +231,10 @@ def plan_run(spec: RunSpec, config: dict, allocation: Allocation | None = None,
                                            spec.nodelist), *own_allocation]
         if allocation is Allocation.PER_RUN else None,
         node_prepare=launcher.on_each_node(node_prepare, spec) if node_prepare else None,
-        node_mpi=launcher.on_each_node(node_mpi_argv(runtime.native_mpi), spec) if native else None,
+        node_mpi=launcher.on_each_node(hostmpi.node_argv(runtime.native_mpi.library, runtime.native_mpi.library_dirs),
+                                       spec) if native else None,
         allocation_options=own_allocation or None,
     )
-
-
-def node_mpi_argv(native_mpi, python: str = sys.executable) -> list[str]:
-    """`containerbench node-mpi` for a native run's host MPI (hostmpi.py), once on every node of the run."""
-    return [python, "-m", "containerbench", "node-mpi", "--library", native_mpi.library,
-            *(word for path in native_mpi.library_dirs for word in ("--library-dir", path))]
 
 
 @dataclass

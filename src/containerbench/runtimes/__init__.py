@@ -33,6 +33,7 @@ import inspect
 import os
 import shutil
 
+from containerbench import hostmpi
 from containerbench.config import ConfigError, ImageUse, image_keys, mpi_models
 from containerbench.frameworks import framework as framework_named
 from containerbench.launchers import NoLauncher
@@ -144,8 +145,15 @@ def node_requirements(config: dict) -> list[NodeRequirement]:
     """What the sweep's runtimes need on each node it runs on (Runtime.node_requirements), in each MPI model
     they run, once each: the pre-flight check asks the nodes."""
     gpus = config["slurm"]["gpus_per_node"] > 0
-    found = [need for name in config["runtimes"] for model in mpi_models(config, name)
-             for need in runtime_for(name, config, model).node_requirements(gpus)]
+    found = []
+    for name in config["runtimes"]:
+        for model in mpi_models(config, name):
+            runtime = runtime_for(name, config, model)
+            found += runtime.node_requirements(gpus)
+            if runtime.native:  # the host MPI as the ranks will load it, read as each run's own step reads it
+                native, what = runtime.native_mpi, "the host MPI with every library it loads in native_mpi.library_dirs"
+                found.append(NodeRequirement(name, what, tuple(hostmpi.node_argv(native.library, native.library_dirs)),
+                                             source="hostmpi.py"))
     return list(dict.fromkeys(found))
 
 
