@@ -13,7 +13,8 @@ and node:
   probe there (they are not probed when planning);
 - what each runtime needs on a node beyond its probe (Runtime.node_requirements:
   Sarus's and podman's versions, a CDI spec for GPUs, ch-run's features, enroot's
-  PMI hook, a Pyxis with --container-env), asked there, not where the workflow plans;
+  PMI hook, a Pyxis with --container-env, the host MPI of a native runtime with every library
+  it loads: hostmpi.py), asked there, not where the workflow plans;
 - the image files the site supplies (a SIF, a squashfs) are there;
 - every device the fabrics name (an HCA port, a network interface) is there and up;
 - a node holds the ranks the sweep puts on it: a GPU each, and the CPUs each asks for.
