@@ -8,11 +8,11 @@ directories (native_mpi.library_dirs) are bound into every container and put on 
 user guide, "MPI", the bind model; Sarus's MPI hook, MPI_DEPENDENCY_LIBS; podman-hpc's modules.d/mpich.yaml),
 and it is checked, not assumed: before a native run's ranks start, `containerbench node-mpi` runs once on
 every node of the run (srun, one task a node, as node-image does) and opens the host library there in a
-fresh process, with the ranks' LD_LIBRARY_PATH. Every file that opening maps (/proc/self/maps: path, device,
-inode) is the host MPI's closure on that node. A node whose closure takes a library from outside the
-configured directories refuses the run in one line: a rank would take that one from the image. Each rank
-then reports the files it mapped under those names (rank/telemetry.py, loaded_mpi), and the parser holds
-them against its node's closure, device and inode (records.judge_native_mpi).
+fresh process, with those directories on LD_LIBRARY_PATH as the ranks have them. Every file that opening
+maps (/proc/self/maps: path, device, inode) is the host MPI's closure on that node. A node whose closure
+takes a library from outside the configured directories refuses the run in one line: a rank would take
+that one from the image. Each rank then reports the files it mapped under those names (rank/telemetry.py,
+loaded_mpi), and the parser holds them against its node's closure, device and inode (records.judge_native_mpi).
 
     python -m containerbench node-mpi --library /opt/mpich/lib/libmpi.so.12 --library-dir /opt/mpich/lib
 """

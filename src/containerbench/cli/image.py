@@ -293,8 +293,8 @@ def add_commands(sub) -> None:
     p.set_defaults(func=cmd_node_image)
 
     p = sub.add_parser("node-mpi", help="the host MPI a native run's ranks load on this node: the library and every "
-                                        "library it maps, with device and inode (one line); refuse one from outside "
-                                        "--library-dir")
+                                        "library it maps, with device and inode (a line, or its parts); refuse one "
+                                        "from outside --library-dir")
     p.add_argument("--library", required=True, help="the host's MPICH-ABI libmpi (native_mpi.library)")
     p.add_argument("--library-dir", action="append", default=[], help="a directory bound into the containers "
                    "(native_mpi.library_dirs; repeat for each)")
