@@ -6,7 +6,8 @@
 #   scripts/container-engines.sh start-dockerd DIR  # prints DOCKER_HOST=unix://DIR/docker.sock and PATH=DIR/bin:...
 #   scripts/container-engines.sh stop-dockerd DIR   # stops the dockerd whose pid is in DIR/docker.pid
 #   scripts/container-engines.sh podman-conf DIR    # prints CONTAINERS_CONF=DIR/containers.conf
-#   scripts/container-engines.sh podman-hpc DIR     # NERSC's podman-hpc in DIR; prints its variables
+#   scripts/container-engines.sh podman-hpc DIR [MPI_DIR]  # NERSC's podman-hpc in DIR, its --mpi module
+#                                                   # binding MPI_DIR; prints its variables
 #   scripts/container-engines.sh clean-podman-hpc DIR  # unmounts and removes its stores in DIR
 #
 # start-dockerd, podman-conf and podman-hpc print the variables to export, one NAME=VALUE per line, last,
@@ -14,7 +15,7 @@
 # Nothing here assumes a daemon is already running.
 set -euo pipefail
 
-usage() { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 
 # apt-get install those of the packages that are not installed yet (nothing when all are).
 install_missing() {
@@ -148,8 +149,12 @@ EOF
 # has 4.5.1, so 4.6 is built from Debian trixie's source. Prints what a run needs: the tool on PATH (DIR/bin: its
 # two commands and that mksquashfs, not its venv's python), USER (siteconfig.py reads it where getlogin fails), and its stores and modules, by its
 # PODMANHPC_* variables and SQUASH_DIR (siteconfig.py). DIR/squash is the migrate store the nodes read.
+# Its modules are the package's (DIR/etc, copied from etc/podman_hpc), with the site's MPICH as a site sets it: the
+# mpich module (`--mpi`, the native MPI model) binds /usr/lib/shifter/mpich-2.2, NERSC's, at /opt/udiImage/modules/mpich
+# (modules.d/mpich.yaml); with MPI_DIR (build/host-mpi/lib: scripts/host-mpi-tree.sh) it binds that directory instead.
+# A source that is missing is skipped (hook_tool.py resolve_src_and_dest: iglob), as Cray's /dev/cxi* are here.
 podman_hpc() {
-  local dir=${1:?podman-hpc DIR}
+  local dir=${1:?podman-hpc DIR} mpi_dir=${2:-}
   install_missing podman uidmap squashfuse fuse-overlayfs inotify-tools liblz4-dev zlib1g-dev gcc make python3-venv
   mkdir -p "$dir/bin" "$dir/squash" "$dir/storage" "$dir/run" "$dir/config"
   dir=$(cd "$dir" && pwd)
@@ -167,6 +172,13 @@ podman_hpc() {
   "$dir/venv/bin/python" -m podman_hpc.configure_hooks -f >/dev/null
   ln -sfn "$dir/venv/bin/podman-hpc" "$dir/bin/podman-hpc"
   ln -sfn "$dir/venv/bin/fuse-overlayfs-wrap" "$dir/bin/fuse-overlayfs-wrap"
+  rm -rf "$dir/etc" && cp -r "$dir/venv/etc/podman_hpc" "$dir/etc"
+  if [[ -n $mpi_dir ]]; then
+    mpi_dir=$(cd "$mpi_dir" && pwd)
+    grep -q '^  - /usr/lib/shifter/mpich-2.2:/opt/udiImage/modules/mpich$' "$dir/etc/modules.d/mpich.yaml" \
+      || { echo "container-engines: podman-hpc's mpich.yaml has no bind of /usr/lib/shifter/mpich-2.2" >&2; return 2; }
+    sed -i "s|^  - /usr/lib/shifter/mpich-2.2:|  - $mpi_dir:|" "$dir/etc/modules.d/mpich.yaml"
+  fi
   local mksquashfs=$dir/bin/mksquashfs.static
   if ! "$mksquashfs" -version 2>/dev/null | grep -Eq '^mksquashfs version (4\.([6-9]|[1-9][0-9])|[5-9])'; then
     build_static_mksquashfs "$dir/mksquashfs-build" "$mksquashfs"
@@ -178,7 +190,7 @@ podman_hpc() {
   echo "PODMANHPC_RUN_ROOT=$dir/run"
   echo "PODMANHPC_CONFIG_HOME=$dir/config"
   echo "PODMANHPC_MKSQUASHFS_BIN=$mksquashfs"
-  echo "PODMANHPC_MODULES_DIR=$dir/venv/etc/podman_hpc/modules.d"
+  echo "PODMANHPC_MODULES_DIR=$dir/etc/modules.d"
 }
 
 build_static_mksquashfs() {
@@ -201,7 +213,7 @@ case "${1:-}" in
   start-dockerd) start_dockerd "${2:-}" ;;
   stop-dockerd) stop_dockerd "${2:-}" ;;
   podman-conf) podman_conf "${2:-}" ;;
-  podman-hpc) podman_hpc "${2:-}" ;;
+  podman-hpc) podman_hpc "${2:-}" "${3:-}" ;;
   clean-podman-hpc) clean_podman_hpc "${2:-}" ;;
   *) usage ;;
 esac

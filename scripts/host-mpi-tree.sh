@@ -13,6 +13,10 @@ into=${2:?usage: host-mpi-tree.sh LIBRARY DIR}
 partial="$into.partial"
 rm -rf "$partial" && mkdir -p "$partial/lib"
 cp -L "$library" "$partial/lib/$(basename "$library")"
+# The MPICH ABI's name, which an image's MPICH links (MPICH's own install names its library libmpi.so.12; Debian's,
+# libmpich.so.12): a runtime that binds the directory and puts it on LD_LIBRARY_PATH without binding over the image's
+# file (podman-hpc's mpich module, Shifter's) finds the host's library by it.
+if [ "$(basename "$library")" = libmpich.so.12 ]; then ln -s libmpich.so.12 "$partial/lib/libmpi.so.12"; fi
 # ldd's "NAME => PATH (ADDRESS)" lines: every library of the closure, resolved as the loader does here.
 ldd "$library" | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}' | while read -r name path; do
   case "$name" in
