@@ -23,6 +23,7 @@ from containerbench.records import (
     load_records,
     migrate,
     parse_log,
+    ran_on_the_host,
     write_record,
 )
 from containerbench.status import Check, Status
@@ -346,3 +347,20 @@ def test_a_rank_that_crashed_under_srun_is_named_before_the_timeout_that_followe
     assert record["reasons"] == ["Slurm's srun: task 0 on n1 ended first: Segmentation fault",
                                  "timed out after 300 s", "no result line"]
     assert record["returncode"] == 139 and record["wall_s"] == pytest.approx(300.139)
+
+
+def test_a_rank_on_another_node_is_held_to_that_nodes_own_mount_namespace():
+    """Issue 32, on the separated test cluster: the machine the suite runs on is itself a docker container (it has
+    /.dockerenv), so a docker rank on a node showed no marker its host lacks, and was judged to have run on the host.
+    Where the node-image step answered from the rank's node (nodeimages.ensure: the node's own mount namespace), the
+    rank's namespace is held to that instead: another one is a container's, the node's own is the host."""
+    launch = {"host": "login", "launch_context": {"markers": ["docker"], "mnt_ns": "mnt:[1]"},
+              "node_images": [{"host": "n1", "mnt_ns": "mnt:[2]"}]}
+    in_docker = {"hostname": "n1", "context": {"markers": ["docker"], "mnt_ns": "mnt:[3]"}}
+    on_node = {"hostname": "n1", "context": {"markers": ["docker"], "mnt_ns": "mnt:[2]"}}
+    assert not ran_on_the_host(in_docker, launch)
+    assert ran_on_the_host(on_node, launch)
+    # Without the node's answer (a log older than the step, or a runtime without it) only markers can tell.
+    assert ran_on_the_host(in_docker, {**launch, "node_images": None})
+    assert not ran_on_the_host({"hostname": "n1", "context": {"markers": ["docker", "podman"], "mnt_ns": "mnt:[2]"}},
+                               {**launch, "node_images": None})

@@ -159,8 +159,10 @@ def ensure(engine: str, image: str, stamp: Path | str | None = None, archive: Pa
                                  f"built {wanted}; allowed: the archive made from that build (rebuild it)")
     # The node's Slurm name beside its host name (they may differ): the ranks' step is pinned to these nodes.
     slurm_node = {"slurm_node": os.environ["SLURMD_NODENAME"]} if os.environ.get("SLURMD_NODENAME") else {}
+    # And the node's own mount namespace, outside any container: each rank's must differ (records.ran_on_the_host).
     return {"host": host, **slurm_node, "engine": engine, "image": image, "image_id": found, "loaded": loaded,
-            "seconds": round(time.monotonic() - started, 3), "removed_orphans": orphans}
+            "seconds": round(time.monotonic() - started, 3), "removed_orphans": orphans,
+            "mnt_ns": os.readlink("/proc/self/ns/mnt")}
 
 
 def read_lines(text: str) -> list[dict]:

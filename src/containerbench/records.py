@@ -232,11 +232,20 @@ def check_fabric(found: LogLines, spec: dict) -> dict:
 
 
 def ran_on_the_host(process: dict, launch: dict) -> bool:
-    """A rank with no container marker the launching host lacks and, on that host, its mount namespace."""
+    """A rank with no container marker the launching host lacks and its host's mount namespace: the launching
+    host's, or on another node the one its node-image step answered from there (nodeimages). Without that answer
+    a rank on another node is judged by its markers alone, which a host that has them too (a node that is itself
+    a container, with /.dockerenv) cannot tell apart."""
     context, host = process.get("context") or {}, launch.get("launch_context") or {}
     new_markers = set(context.get("markers") or []) - set(host.get("markers") or [])
-    same_namespace = process.get("hostname") == launch.get("host") and context.get("mnt_ns") == host.get("mnt_ns")
-    return not new_markers and (same_namespace or process.get("hostname") != launch.get("host"))
+    nodes = {answer["host"]: answer.get("mnt_ns") for answer in launch.get("node_images") or []}
+    if process.get("hostname") == launch.get("host"):
+        node_namespace = host.get("mnt_ns")
+    else:
+        node_namespace = nodes.get(process.get("hostname"))
+    if node_namespace is None:
+        return not new_markers and process.get("hostname") != launch.get("host")
+    return not new_markers and context.get("mnt_ns") == node_namespace
 
 
 def judge_container(launch: dict, spec: dict, result: dict, verdict: Verdict) -> None:
