@@ -3,6 +3,9 @@
 #
 #   tests/slurm/cluster.sh install          apt packages (idempotent)
 #   tests/slurm/cluster.sh start DIR        network, munge, MariaDB, slurmdbd, slurmctld, N x slurmd
+#                                           (CB_NODE_DOCKERD=D: and a dockerd on each node, answering at D as the
+#                                           login node's does: scripts/container-engines.sh start-dockerd D;
+#                                           CB_NODE_SYSFS=1: and a /sys of each node's own network namespace)
 #   tests/slurm/cluster.sh stop DIR         everything it started, by PID; namespaces removed
 #   tests/slurm/cluster.sh exec DIR CMD...  run a client command (sbatch, snakemake) on the controller host
 #   tests/slurm/cluster.sh slow-node DIR NODE PERCENT   cap everything NODE's slurmd runs at PERCENT of a CPU
@@ -34,6 +37,14 @@ SPOOL=/var/spool/containerbench-slurmd
 # and runroot, and podman's tmpdir): an image loaded where the workflow plans is not on the nodes.
 # The clone's filesystem stays shared, as /home is at a site.
 NODE_LOCAL=(/var/lib/containers /run/containers /run/libpod)
+# And, with CB_NODE_DOCKERD, a dockerd of its own, as each node of a site has: the login node's dockerd directory
+# (its socket, which DOCKER_HOST names and jobs inherit, its data and exec roots) is the node's own at the same path.
+NODE_DOCKERD=${CB_NODE_DOCKERD:-}
+# With CB_NODE_SYSFS=1, a sysfs mounted in each node's namespaces, its cgroup mounts moved onto it: /sys/class/net
+# then lists the node's own interfaces, as a node's does; UCX (MPICH's) finds its devices only there, and a
+# container's /sys is the node's ("network device 'fast0' is not available" without it). The suite's tests keep
+# the host's /sys, which their pre-flight and fleet checks were measured with.
+NODE_SYSFS=${CB_NODE_SYSFS:-}
 
 die() { echo "cluster.sh: $*" >&2; exit 1; }
 in_ns() { local ns=$1; shift; nsenter --net=/run/netns/"$ns" "$@"; }
@@ -190,17 +201,42 @@ start() {
   in_ns "$NS_CTL" sacctmgr -i add user root Account=cbtest-account Cluster="$CLUSTER" >/dev/null
   in_ns "$NS_CTL" unshare --uts sh -c 'hostname ctl && exec slurmctld -i'
   mkdir -p "$SPOOL" "${NODE_LOCAL[@]}"
+  local paths=("${NODE_LOCAL[@]}")
+  if [ -n "$NODE_DOCKERD" ]; then
+    [ -S "$NODE_DOCKERD/docker.sock" ] || die "CB_NODE_DOCKERD=$NODE_DOCKERD: no docker.sock there (start-dockerd first)"
+    paths+=("$NODE_DOCKERD")
+  fi
   for node in "${NODES[@]}"; do
-    local own="" path
-    for path in "${NODE_LOCAL[@]}"; do
+    local own="" path docker="" sysfs=""
+    if [ -n "$NODE_SYSFS" ]; then
+      mkdir -p "$dir/node-local/cgroup-$node"
+      sysfs="mount --rbind /sys/fs/cgroup '$dir/node-local/cgroup-$node' && mount -t sysfs sysfs /sys \
+             && mount --move '$dir/node-local/cgroup-$node' /sys/fs/cgroup && "
+    fi
+    for path in "${paths[@]}"; do
       mkdir -p "$dir/node-local/$node$path"
       own+="mount --bind '$dir/node-local/$node$path' '$path' && "
     done
+    if [ -n "$NODE_DOCKERD" ]; then
+      # The same client on PATH as the login node's (start-dockerd's bin/docker), and the daemon started by the
+      # node's shell before slurmd, in the node's namespaces; its pid where stop finds it.
+      mkdir -p "$dir/node-local/$node$NODE_DOCKERD/bin"
+      cp -P "$NODE_DOCKERD/bin/docker" "$dir/node-local/$node$NODE_DOCKERD/bin/docker"
+      docker="setsid /usr/sbin/dockerd --data-root '$NODE_DOCKERD/data' --exec-root '$NODE_DOCKERD/exec' \
+              -H 'unix://$NODE_DOCKERD/docker.sock' --pidfile '$dir/dockerd-$node.pid' --bridge=none --iptables=false \
+              --ip-masq=false --ip-forward=false </dev/null >'$dir/log/dockerd-$node.log' 2>&1 & "
+    fi
     nsenter --net=/run/netns/"cb$node" unshare --uts --mount --propagation private \
       sh -c "mount --bind '$dir/spool/$node' '$SPOOL' && mount -t tmpfs -o mode=1777 shm /dev/shm \
-             && $own hostname $node && exec slurmd -N $node"
+             && $own $sysfs hostname $node && { ${docker}true; } && exec slurmd -N $node"
   done
   wait_for 60 "${#NODES[@]} idle nodes" sh -c "nsenter --net=/run/netns/$NS_CTL sinfo -h -t idle -o %D | grep -qx ${#NODES[@]}"
+  if [ -n "$NODE_DOCKERD" ]; then
+    for node in "${NODES[@]}"; do
+      wait_for 120 "$node's dockerd" sh -c "[ -s '$dir/dockerd-$node.pid' ] && nsenter --target \$(cat '$dir/dockerd-$node.pid') \
+        --mount --net '$NODE_DOCKERD/bin/docker' -H 'unix://$NODE_DOCKERD/docker.sock' info"
+    done
+  fi
   echo "cluster.sh: $CLUSTER up: nodes ${NODES[*]}, fast0 10.77.1.0/24, slow0 10.77.2.0/24 ($SLOW_RATE)" >&2
 }
 
@@ -278,7 +314,7 @@ restart_controller() {
 stop() {
   local dir=$1
   # The daemons first: a slowed group is removed only once nothing is left in it.
-  for node in "${NODES[@]}"; do stop_pidfile "$dir/slurmd-$node.pid"; done
+  for node in "${NODES[@]}"; do stop_pidfile "$dir/slurmd-$node.pid"; stop_pidfile "$dir/dockerd-$node.pid"; done
   stop_pidfile "$dir/slurmctld.pid"
   stop_pidfile "$dir/slurmdbd.pid"
   stop_pidfile "$dir/mysql-run/mysqld.pid"
