@@ -140,6 +140,15 @@ def report(workdir: Path, configs: list[Path]) -> int:
     return len(broken)
 
 
+def another_cluster() -> bool:
+    """Is a test cluster running already (cluster.sh's controller namespace), a suite's say? Its stop would be ours."""
+    if Path("/run/netns/cbctl").exists():
+        print("cluster_sweep: a test cluster is already running (/run/netns/cbctl); allowed: run this once it is "
+              "stopped", file=sys.stderr)
+        return True
+    return False
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--keep", type=Path, help="work here and keep it (default: a temporary directory, removed)")
@@ -148,15 +157,19 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.recheck:
         return int(report(args.recheck, [args.recheck / "cluster.yaml", args.recheck / "sweep.yaml"]) > 0)
-    workdir = args.keep or Path(tempfile.mkdtemp(prefix="cluster-sweep-"))
+    if another_cluster():
+        return 2
+    # Absolute: cluster.sh writes the state directory's paths into slurm.conf and the nodes' mounts.
+    workdir = (args.keep or Path(tempfile.mkdtemp(prefix="cluster-sweep-"))).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
-    state, engines, phpc = workdir / "cluster", workdir / "engines", Path(tempfile.mkdtemp(prefix="cs-phpc-"))
+    state, engines = workdir / "cluster", workdir / "engines"
     subprocess.run([str(ENGINES), "install"], check=True, timeout=900)
     subprocess.run([str(CLUSTER), "install"], check=True, timeout=900)
     env = dict(os.environ)
     env |= exported(subprocess.run([str(ENGINES), "podman-conf", str(engines)], check=True, capture_output=True,
                                    text=True).stdout)
-    failures = 1
+    # podman takes a run root of 50 characters at most: a short directory of its own.
+    phpc, cluster_started = Path(tempfile.mkdtemp(prefix="cs-phpc-")), False
     try:
         env |= exported(subprocess.run([str(ENGINES), "start-dockerd", str(engines / "docker")], check=True,
                                        capture_output=True, text=True, timeout=300).stdout)
@@ -174,6 +187,9 @@ def main(argv=None) -> int:
               flush=True)
         if built.returncode:
             return 1
+        if another_cluster():  # started while the images were made
+            return 2
+        cluster_started = True  # from here stop is ours to run, even after a start that failed half-way
         subprocess.run([str(CLUSTER), "start", str(state)], check=True, timeout=600,
                        env={**env, "CB_NODE_DOCKERD": str(engines / "docker"), "CB_NODE_SYSFS": "1"})
         started = time.monotonic()
@@ -185,10 +201,10 @@ def main(argv=None) -> int:
                 stdout=log, stderr=subprocess.STDOUT, env=env, timeout=7200)
         print(f"sweep: {time.monotonic() - started:.0f} s (snakemake rc {swept.returncode}; {workdir / 'sweep.log'})",
               flush=True)
-        failures = int(report(workdir, configs) > 0 or swept.returncode != 0)
-        return failures
+        return int(report(workdir, configs) > 0 or swept.returncode != 0)
     finally:
-        subprocess.run([str(CLUSTER), "stop", str(state)], timeout=600)
+        if cluster_started:  # never another's: stop kills what runs in the cluster's namespaces
+            subprocess.run([str(CLUSTER), "stop", str(state)], timeout=600)
         subprocess.run([str(ENGINES), "stop-dockerd", str(engines / "docker")], timeout=300)
         subprocess.run([str(ENGINES), "clean-podman-hpc", str(phpc)], timeout=300)
         shutil.rmtree(phpc, ignore_errors=True)

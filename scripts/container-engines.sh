@@ -175,6 +175,11 @@ podman_hpc() {
   rm -rf "$dir/etc" && cp -r "$dir/venv/etc/podman_hpc" "$dir/etc"
   if [[ -n $mpi_dir ]]; then
     mpi_dir=$(cd "$mpi_dir" && pwd)
+    # The image's MPI is opened by the MPICH ABI's name (MPI4PY_LIBMPI); podman-hpc reads a bind as SRC:DEST.
+    [[ -e $mpi_dir/libmpi.so.12 ]] || { echo "container-engines: podman-hpc MPI_DIR $mpi_dir holds no libmpi.so.12" \
+      "(the MPICH ABI's name); allowed: a directory that does (scripts/host-mpi-tree.sh makes one)" >&2; return 2; }
+    [[ $mpi_dir != *[:\|\&]* ]] || { echo "container-engines: podman-hpc MPI_DIR $mpi_dir: a path without ':', '|'" \
+      "or '&' is allowed (a module's bind is SRC:DEST)" >&2; return 2; }
     grep -q '^  - /usr/lib/shifter/mpich-2.2:/opt/udiImage/modules/mpich$' "$dir/etc/modules.d/mpich.yaml" \
       || { echo "container-engines: podman-hpc's mpich.yaml has no bind of /usr/lib/shifter/mpich-2.2" >&2; return 2; }
     sed -i "s|^  - /usr/lib/shifter/mpich-2.2:|  - $mpi_dir:|" "$dir/etc/modules.d/mpich.yaml"

@@ -84,7 +84,7 @@ def native(runtime):
 
 def native_env(name: str, base: dict) -> dict:
     """A native rank's: also the variable the launch sets to the host MPI closure's names (hostmpi.py), and mpi4py's
-    MPI4PY_LIBMPI, the ABI's name for the loader to find (mpi4py 4.1.1 src/mpi4py/_mpiabi.py, _get_mpiabi)."""
+    MPI4PY_LIBMPI, the ABI's name for the loader to find (mpi4py 4.1.2 src/mpi4py/_mpiabi.py, _get_mpiabi)."""
     return {**container_env(name, base), "CONTAINERBENCH_HOST_MPI_LIBS": "", "MPI4PY_LIBMPI": "libmpi.so.12"}
 
 
@@ -219,14 +219,16 @@ CASES = {
          "--device-glob", "/dev/infiniband/uverbs*", "--",
          "sarus", "run", "--mpi", f"--mount=type=bind,source={WD},destination={WD}",
          "--mount=type=bind,source=/datasets/imagenet,destination=/datasets/imagenet", f"--workdir={WD}",
-         "--env", "CONTAINERBENCH_HOST_MPI_LIBS", "--env", "CONTAINERBENCH_RUNTIME", "--env", "MPI4PY_LIBMPI", "--env", "NCCL_IB_HCA",
+         "--env", "CONTAINERBENCH_HOST_MPI_LIBS", "--env", "CONTAINERBENCH_RUNTIME", "--env", "MPI4PY_LIBMPI",
+         "--env", "NCCL_IB_HCA",
          "--env", "OMPI_MCA_pml", "--env", "PMIX_MCA_gds",
          "--env", "PYTHONNOUSERSITE", "--env", "PYTHONUNBUFFERED", "--env", "UCX_TLS",
          "containerbench:latest", *IN_IMAGE],
         native_env("sarus", SITE_ENV)),
     ("sarus", "cpu"): (
         ["sarus", "run", "--mpi", "--mount=type=bind,source=/work/x,destination=/work/x", "--workdir=/work/x",
-         "--env", "CONTAINERBENCH_HOST_MPI_LIBS", "--env", "CONTAINERBENCH_RUNTIME", "--env", "MPI4PY_LIBMPI", "--env", "NCCL_SOCKET_IFNAME",
+         "--env", "CONTAINERBENCH_HOST_MPI_LIBS", "--env", "CONTAINERBENCH_RUNTIME", "--env", "MPI4PY_LIBMPI",
+         "--env", "NCCL_SOCKET_IFNAME",
          "--env", "OMPI_MCA_btl",
          "--env", "PMIX_MCA_gds", "--env", "PYTHONNOUSERSITE", "containerbench:latest", *IN_IMAGE],
         native_env("sarus", CPU_ENV)),

@@ -238,14 +238,11 @@ def ran_on_the_host(process: dict, launch: dict) -> bool:
     a container, with /.dockerenv) cannot tell apart."""
     context, host = process.get("context") or {}, launch.get("launch_context") or {}
     new_markers = set(context.get("markers") or []) - set(host.get("markers") or [])
-    nodes = {answer["host"]: answer.get("mnt_ns") for answer in launch.get("node_images") or []}
     if process.get("hostname") == launch.get("host"):
-        node_namespace = host.get("mnt_ns")
-    else:
-        node_namespace = nodes.get(process.get("hostname"))
-    if node_namespace is None:
-        return not new_markers and process.get("hostname") != launch.get("host")
-    return not new_markers and context.get("mnt_ns") == node_namespace
+        return not new_markers and context.get("mnt_ns") == host.get("mnt_ns")
+    nodes = {answer["host"]: answer.get("mnt_ns") for answer in launch.get("node_images") or []}
+    node_namespace = nodes.get(process.get("hostname"))
+    return not new_markers and (node_namespace is None or context.get("mnt_ns") == node_namespace)
 
 
 def judge_container(launch: dict, spec: dict, result: dict, verdict: Verdict) -> None:

@@ -181,6 +181,10 @@ EOF
 start() {
   local dir=$1
   [ -e /run/netns/$NS_CTL ] && die "a test cluster is already running (namespace $NS_CTL); stop it first"
+  if [ -n "$NODE_DOCKERD" ]; then  # before anything starts, so a refusal leaves nothing to stop
+    case $NODE_DOCKERD in /*) ;; *) die "CB_NODE_DOCKERD=$NODE_DOCKERD: not an absolute path" ;; esac
+    [ -S "$NODE_DOCKERD/docker.sock" ] || die "CB_NODE_DOCKERD=$NODE_DOCKERD: no docker.sock there (start-dockerd first)"
+  fi
   mkdir -p "$dir"
   [ "${#NODES[@]}" -le 9 ] || die "CB_NODES=${#NODES[@]}: at most 9 (addresses 10.77.x.11-19)"
   echo "${#NODES[@]}" > "$dir/nodes"
@@ -202,10 +206,7 @@ start() {
   in_ns "$NS_CTL" unshare --uts sh -c 'hostname ctl && exec slurmctld -i'
   mkdir -p "$SPOOL" "${NODE_LOCAL[@]}"
   local paths=("${NODE_LOCAL[@]}")
-  if [ -n "$NODE_DOCKERD" ]; then
-    [ -S "$NODE_DOCKERD/docker.sock" ] || die "CB_NODE_DOCKERD=$NODE_DOCKERD: no docker.sock there (start-dockerd first)"
-    paths+=("$NODE_DOCKERD")
-  fi
+  [ -n "$NODE_DOCKERD" ] && paths+=("$NODE_DOCKERD")
   for node in "${NODES[@]}"; do
     local own="" path docker="" sysfs=""
     if [ -n "$NODE_SYSFS" ]; then

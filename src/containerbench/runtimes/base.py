@@ -208,7 +208,7 @@ class Runtime(abc.ABC):
         if not self.native:
             return {}
         # mpi4py's ABI wheels dlopen the MPI of their own venv by its full path before the loader's search (mpi4py
-        # 4.1.1 src/mpi4py/_mpiabi.py: _dlopen_rpath puts sys.prefix/lib first), so a module's LD_LIBRARY_PATH
+        # 4.1.2 src/mpi4py/_mpiabi.py: _dlopen_rpath puts sys.prefix/lib first), so a module's LD_LIBRARY_PATH
         # (podman-hpc's and Shifter's mpich modules) never reached it: podman-hpc --mpi ran the image's MPICH on the
         # host's UCX (seen here). MPI4PY_LIBMPI (its _get_mpiabi) makes it ask the loader for the ABI's name instead.
         env = {hostmpi.NAMES_VARIABLE: "", "MPI4PY_LIBMPI": os.path.basename(self.native_mpi.image_library)}
