@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -23,7 +24,7 @@ from helpers import ROOT, SMOKE_MODEL, TINY, WORKFLOW_IMAGE, exported, give_back
 
 from containerbench import config as cb_config
 from containerbench import launchers, nodeimages
-from containerbench.execution import measure
+from containerbench.execution import measure, node_answers
 from containerbench.plans import plan_sweep
 from containerbench.rank import markers
 from containerbench.records import parse_log
@@ -110,13 +111,16 @@ def test_every_runtime_ran_the_identical_benchmark(container_run):
     for record in records:
         if record["spec"]["runtime"] != "bare-metal":
             assert record["image"]  # what ran: tag or image directory
-        if record["spec"]["runtime"] in ("podman", "docker"):
-            # Asked in this node's own store before the run (nodeimages): the id the workflow's stamp holds.
+        if record["spec"]["runtime"] != "bare-metal":
+            # Asked on the node before the run (nodeimages): docker's and podman's store, podman-hpc's squashed
+            # copy (held to its stamp, the id migrate left), the id kept beside Charliecloud's directory.
             launch = json.loads(Path(record["log"]["path"]).read_text().splitlines()[0].split(" ", 1)[1])
             step = launch["node_prepare"]
-            stamp = json.loads(Path(step[step.index("--stamp") + 1]).read_text())
+            wanted = (Path(f"{step[step.index('--image') + 1]}.image-id").read_text().strip()
+                      if record["spec"]["runtime"] == "charliecloud"
+                      else json.loads(Path(step[step.index("--stamp") + 1]).read_text())["image_id"])
             (held,) = record["node_images"]
-            assert (held["image_id"], held["loaded"], held["host"]) == (stamp["image_id"], False, record["host"])
+            assert (held["image_id"], held["loaded"], held["host"]) == (wanted, False, record["host"])
         else:
             assert record["node_images"] is None
         if record["spec"]["runtime"] == "podman-hpc":
@@ -363,7 +367,7 @@ def test_podman_hpc_migrate_says_ok_when_it_squashed_nothing_and_prepare_reads_i
     """Issue 32, finding 9, on NERSC's podman-hpc 1.2.2: `migrate` of an image its store lacks logs the error
     and exits 0 (podman_hpc/podman_hpc.py, `migrate`, drops migrate_image's result), so the prepare step reads
     the squashed copy back from `podman-hpc images` (read-only: SQUASH_DIR, siteconfig.py's
-    additionalimagestore) and refuses in one line."""
+    additionalimagestore) and refuses in one line; so does each node of a run, asked for the copy it would run."""
     from containerbench.runtimes import BuiltImage, PodmanHPC
 
     for name in ("PATH", "USER", "SQUASH_DIR", "CONTAINERS_CONF", *(k for k in engines if "PODMANHPC" in k)):
@@ -383,14 +387,18 @@ def test_podman_hpc_migrate_says_ok_when_it_squashed_nothing_and_prepare_reads_i
                                          f"({engines['SQUASH_DIR']}); `podman-hpc images --no-trunc "
                                          f"--filter reference={missing} --format '{{{{.ID}}}} {{{{.ReadOnly}}}}'` "
                                          "listed nothing")
+    # And a run's node step, on a node whose SQUASH_DIR lacks the image, says so in one line before any rank starts.
+    with pytest.raises(nodeimages.NodeImageError) as refused:
+        nodeimages.shared_copy("podman-hpc", missing)
+    assert str(refused.value) == (f"{socket.gethostname()}: no squashed copy of {missing} in SQUASH_DIR "
+                                  f"({engines['SQUASH_DIR']}) here; allowed: a SQUASH_DIR every node mounts at the "
+                                  "same path, set for the run, migrated to by the workflow")
 
 
 def test_a_site_image_pinned_by_digest_is_pulled_on_a_node_that_lacks_it(container_engines, monkeypatch):
     """No archive for an image the site supplies: node-image pulls a pinned reference where the node's store
     lacks it (what `podman run` would do, done before the run's clock). No registry answers here, so the pull
     fails, and the line says which command failed on which node."""
-    import socket
-
     monkeypatch.setenv("CONTAINERS_CONF", container_engines["CONTAINERS_CONF"])  # this host's podman settings
     pinned = "localhost:1/containerbench-nowhere@sha256:" + "0" * 64
     with pytest.raises(nodeimages.NodeImageError) as failed:
@@ -462,7 +470,7 @@ def test_a_docker_rank_whose_client_was_killed_is_removed_by_the_nodes_next_step
         done = subprocess.run([sys.executable, "-m", "containerbench", "node-image", "--engine", "docker",
                                "--orphans-only"], env=container_engines, capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr
-        assert [answer["removed_orphans"] for answer in nodeimages.read_lines(done.stdout)] == [[orphan]]
+        assert [answer["removed_orphans"] for answer in node_answers(done.stdout, nodeimages.LINE)] == [[orphan]]
         assert set(ours()) == {alive.pid}
     finally:
         alive.kill()

@@ -13,6 +13,7 @@ import pytest
 from helpers import ROOT
 
 from containerbench import hostmpi
+from containerbench.execution import node_answers
 from containerbench.records import Verdict, judge_host_mpi_closure
 
 pytestmark = pytest.mark.bench
@@ -69,7 +70,7 @@ def test_the_node_step_prints_its_answer_as_one_line_the_launch_reads_back(tree)
     done = subprocess.run([sys.executable, "-m", "containerbench", "node-mpi", "--library",
                            str(tree / "libmpich.so.12"), "--library-dir", str(tree)],
                           capture_output=True, text=True, check=True)
-    [answer] = hostmpi.read_answers(done.stdout)
+    [answer] = node_answers(done.stdout, hostmpi.LINE)
     assert answer == hostmpi.closure(str(tree / "libmpich.so.12"), [str(tree)])
     assert hostmpi.names([answer]) == sorted(each["name"] for each in answer["closure"])
 
@@ -86,10 +87,11 @@ def test_two_nodes_answers_cut_and_interleaved_as_srun_forwards_them_are_read_ba
     parts = [markers.framed(hostmpi.LINE, first), markers.framed(hostmpi.LINE, second)]
     assert len(parts[0]) > 1 and all(len(part.encode()) < 1024 for each in parts for part in each)
     interleaved = [line for pair in zip(*reversed(parts)) for line in pair]  # n2's first part first
-    assert hostmpi.read_answers("".join(interleaved)) == [first, second]
+    assert node_answers("".join(interleaved), hostmpi.LINE) == [first, second]
     # What the cluster printed: one line of 1.3 kB each, cut at 1 kB and interleaved; neither is taken.
     whole = [markers.line(hostmpi.LINE, each) for each in (first, second)]
-    assert hostmpi.read_answers(whole[0][:1024] + whole[1][:1024] + "\n" + whole[0][1024:] + whole[1][1024:]) == []
+    mangled = whole[0][:1024] + whole[1][:1024] + "\n" + whole[0][1024:] + whole[1][1024:]
+    assert node_answers(mangled, hostmpi.LINE) == []
 
 
 def test_a_rank_whose_host_did_not_answer_is_not_taken_on_trust(tree):

@@ -16,7 +16,7 @@ from helpers import BENCH_PYTHON, ROOT, tiny_config
 
 from containerbench import config as cb_config
 from containerbench import launchers
-from containerbench.execution import execute
+from containerbench.execution import execute, node_answers
 from containerbench.plans import RunPlan, plan_run, plan_sweep
 from containerbench.rank import markers
 from containerbench.records import parse_log
@@ -161,6 +161,31 @@ def test_a_run_whose_image_is_not_on_every_node_never_starts_its_ranks_and_says_
                                   f"...): {host}: the image stamp {stamp} is unreadable here ([Errno 2] No such file "
                                   f"or directory: '{stamp}'); allowed: a clone on a filesystem every node mounts at "
                                   "the same path")
+
+
+def test_each_node_answers_for_the_charliecloud_directory_it_sees_and_a_node_without_it_says_so(tmp_path):
+    """Issue 32: every record names the image each of its nodes ran. Charliecloud's nodes read one image directory
+    on the shared filesystem (ch-run(1): IMAGE is a directory or SquashFS); its node step loads nothing, but reads
+    the id of the image the directory was converted from, kept beside it (imagebuild.charliecloud_image), as the
+    node sees it, with the node's own mount namespace."""
+    from containerbench import nodeimages
+
+    image = tmp_path / "containerbench-latest.ch"
+    step = [sys.executable, "-m", "containerbench", "node-image", "--engine", "charliecloud", "--image", str(image)]
+    missing = subprocess.run(step, capture_output=True, text=True, timeout=120)
+    host = os.uname().nodename
+    assert (missing.returncode, missing.stdout) == (1, "")
+    assert missing.stderr == (f"containerbench: node-image: {host}: the image directory {image} (with "
+                              "containerbench-latest.ch.image-id beside it) is not here; allowed: a clone on a "
+                              "filesystem every node mounts at the same path\n")
+    (image / "ch").mkdir(parents=True)
+    Path(f"{image}.image-id").write_text("sha256:" + "c" * 64 + "\n")
+    found = subprocess.run(step, capture_output=True, text=True, timeout=120)
+    assert found.returncode == 0, found.stderr
+    (answer,) = node_answers(found.stdout, nodeimages.LINE)
+    assert {key: answer[key] for key in ("host", "engine", "image", "image_id", "loaded", "mnt_ns")} == {
+        "host": host, "engine": "charliecloud", "image": str(image), "image_id": "sha256:" + "c" * 64,
+        "loaded": False, "mnt_ns": os.readlink("/proc/self/ns/mnt")}
 
 
 def test_a_rank_on_a_node_whose_image_was_not_checked_invalidates_the_run():

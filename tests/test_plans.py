@@ -126,8 +126,11 @@ def test_a_docker_or_podman_run_under_slurm_loads_the_image_on_each_of_its_nodes
     sweep = plan_sweep(config, tmp_path, probe=False)
     for spec in sweep.runs:
         run_plan, needs = sweep.plans[spec.run_id], sweep.inputs[spec.run_id]
-        if spec.runtime not in ("podman", "docker"):  # bare metal; ch-run, podman-hpc read a shared file
+        if spec.runtime == "bare-metal":
             assert run_plan.node_prepare is None and "archive" not in needs, spec.run_id
+            continue
+        if spec.runtime in ("charliecloud", "podman-hpc"):  # every node reads one shared copy: asked, not loaded
+            assert "archive" not in needs, spec.run_id
             continue
         stamp = sweep.artifacts[cb_config.ImageUse.of(spec)]
         assert needs["archive"] == f"{tmp_path}/build/images/containerbench-latest.tar" and needs["image"] == stamp
@@ -136,6 +139,34 @@ def test_a_docker_or_podman_run_under_slurm_loads_the_image_on_each_of_its_nodes
             "-m", "containerbench", "node-image", "--engine", spec.runtime, "--image",
             "localhost/containerbench:latest", "--stamp", stamp, "--archive", needs["archive"]]
         assert RunPlan.from_json(run_plan.to_json()).node_prepare == run_plan.node_prepare
+
+
+def test_each_node_is_asked_for_the_shared_copy_podman_hpc_and_charliecloud_run(tmp_path, monkeypatch):
+    """Issue 32: every record names the image each of its nodes ran. podman-hpc's nodes run the squashed copy in
+    SQUASH_DIR, a shared directory (podman-hpc 1.2.2 README, "migrate"; siteconfig.py adds it as an
+    additionalimagestore), and Charliecloud's the image directory on the shared filesystem: nothing is loaded, but
+    each node is asked which image it sees there (one task a node, as node-image does for docker and podman). Under
+    mpirun on several nodes no step reaches each node, and the run goes without (as before), not refused."""
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    config = tiny_config(tmp_path, runtimes=["charliecloud", "podman-hpc"], launcher={"kind": "srun"},
+                         scaling={"nodes": [2], "ranks_per_node": [1]})
+    sweep = plan_sweep(config, tmp_path, probe=False)
+    for spec in sweep.runs:
+        run_plan = sweep.plans[spec.run_id]
+        assert run_plan.node_prepare[:5] == ["srun", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--export=ALL"]
+        step = node_image_step(run_plan)[1:]
+        if spec.runtime == "charliecloud":
+            assert step == ["-m", "containerbench", "node-image", "--engine", "charliecloud", "--image",
+                            f"{tmp_path}/build/images/containerbench-latest.ch"]
+        else:
+            assert step == ["-m", "containerbench", "node-image", "--engine", "podman-hpc", "--image",
+                            "localhost/containerbench:latest", "--stamp",
+                            f"{tmp_path}/build/images/podman-hpc-containerbench-latest.json"]
+    monkeypatch.setenv("SLURM_JOB_ID", "7")  # mpirun inside an allocation may span its nodes
+    config = tiny_config(tmp_path, runtimes=["charliecloud", "podman-hpc"],
+                         scaling={"nodes": [2], "ranks_per_node": [1]})
+    sweep = plan_sweep(config, tmp_path, probe=False)
+    assert sweep.runs and all(plan.node_prepare is None for plan in sweep.plans.values())
 
 
 def test_a_local_podman_run_checks_the_image_here_without_loading_an_archive(tmp_path):

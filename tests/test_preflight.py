@@ -343,6 +343,24 @@ def test_the_check_runs_on_as_many_nodes_as_the_largest_run_and_asks_each_for_th
     assert json.loads(parsed.requirements) == given
 
 
+def test_podman_hpc_under_srun_needs_each_slurm_path_it_binds_on_every_node(tmp_path):
+    """Under srun each podman-hpc rank binds images.podman-hpc.slurm_paths (what its openmpi-pmix module binds:
+    podman-hpc 1.2.2 etc/modules.d/openmpi-pmix.yaml), and `podman run` fails on a bind whose source is missing
+    (podman-run(1), --volume; seen on the test cluster: "statfs /var/spool/slurmd: no such file or directory").
+    The pre-flight asks every node for each, and names the key; under mpirun nothing is bound, nothing asked."""
+    spool = tmp_path / "no-spool"
+    config = tiny_config(tmp_path, runtimes=["podman-hpc"], launcher={"kind": "srun"},
+                         images={"podman-hpc": {"slurm_paths": [str(spool), "/tmp"]}})
+    needs = runtimes.node_requirements(plan_sweep(config, tmp_path, probe=False).config)
+    assert [(need.runtime, need.paths) for need in needs] == [("podman-hpc", (str(spool),)), ("podman-hpc", ("/tmp",))]
+    assert preflight.check_requirements(needs) == [
+        f"runtime 'podman-hpc' needs {spool}, which each rank binds under srun (images.podman-hpc.slurm_paths: the "
+        f"site's SlurmdSpoolDir and munge socket directory): none of {spool} is on this node (podman-hpc 1.2.2 "
+        "etc/modules.d/openmpi-pmix.yaml, its binds; podman-run(1), --volume)"]
+    config = tiny_config(tmp_path, runtimes=["podman-hpc"], images={"podman-hpc": {"slurm_paths": [str(spool)]}})
+    assert runtimes.node_requirements(plan_sweep(config, tmp_path, probe=False).config) == []
+
+
 def test_a_runtime_need_the_node_lacks_is_one_line_naming_the_runtime_what_the_node_has_and_the_source():
     """Real commands of this node stand in for a runtime's (python3's version, ls's --help)."""
     need = runtimes.NodeRequirement

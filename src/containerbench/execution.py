@@ -132,7 +132,16 @@ class _NotStarted(Exception):
     """The run's ranks were not started: why, in one line."""
 
 
-def _each_node(argv: list[str], run_plan: RunPlan, read, command: str) -> tuple[list[dict], float, str, str | None]:
+def node_answers(output: str, line: str) -> list[dict]:
+    """Each node's answer in a per-node step's output (the lines starting with `line`, nodeimages.LINE or
+    hostmpi.LINE), by host: whole, or put back together from its parts (emitted as rank/markers.py frames a long
+    line: slurmstepd forwards a line over 1 kB in pieces, between other tasks' lines)."""
+    return sorted((answer for answer in markers.payloads_of(output.splitlines(), line) if answer),
+                  key=lambda answer: answer["host"])
+
+
+def _each_node(argv: list[str], run_plan: RunPlan, line: str,
+               command: str) -> tuple[list[dict], float, str, str | None]:
     """A per-node step of the plan (once on every node of the run): (each node's answer, its seconds, its output for
     the log, why it failed or None). Every node must answer: a node whose line is missing is as much a failure as
     one that said no."""
@@ -145,7 +154,7 @@ def _each_node(argv: list[str], run_plan: RunPlan, read, command: str) -> tuple[
         output, returncode = "", 127
     except subprocess.TimeoutExpired:
         output, returncode = "", None
-    answers, seconds = read(output), round(time.monotonic() - started, 3)
+    answers, seconds = node_answers(output, line), round(time.monotonic() - started, 3)
     nodes = run_plan.spec.get("nodes", 1)
     if returncode == 0 and len(answers) == nodes:
         return answers, seconds, output, None
@@ -162,14 +171,14 @@ def prepare_nodes(run_plan: RunPlan) -> tuple[dict, str, str | None]:
     answers and the steps' seconds, the steps' output for the log, why one failed or None.)"""
     kept, output = {}, ""
     if run_plan.node_prepare:
-        answers, seconds, said, failed = _each_node(run_plan.node_prepare, run_plan, nodeimages.read_lines,
+        answers, seconds, said, failed = _each_node(run_plan.node_prepare, run_plan, nodeimages.LINE,
                                                     "node-image")
         kept, output = {"node_images": answers, "node_prepare_s": seconds}, said
         if failed:
             return kept, output, (f"the image is not on every node of the run "
                                   f"({shlex.join(_final_argv(run_plan.node_prepare)[:3])} ...): {failed}")
     if run_plan.node_mpi:
-        answers, seconds, said, failed = _each_node(run_plan.node_mpi, run_plan, hostmpi.read_answers, "node-mpi")
+        answers, seconds, said, failed = _each_node(run_plan.node_mpi, run_plan, hostmpi.LINE, "node-mpi")
         kept, output = {**kept, "node_mpi": answers, "node_mpi_s": seconds}, output + said
         if failed:
             return kept, output, f"the host MPI cannot be what the ranks load on every node of the run: {failed}"

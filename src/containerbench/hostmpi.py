@@ -26,7 +26,6 @@ import subprocess
 import sys
 
 from containerbench.processes import run_group
-from containerbench.rank import markers
 
 # The C and C++ runtimes come from the image: one dynamic loader and one libc per process, the image's, which
 # the rank's Python already has when libmpi is opened (Sarus's MPI hook also takes glibc from the image and
@@ -121,7 +120,3 @@ def names(answers: list[dict]) -> list[str]:
     return sorted({each["name"] for answer in answers for each in answer.get("closure") or []})
 
 
-def read_answers(output: str) -> list[dict]:
-    """Each node's answer, from the step's output: whole, or put back together from its parts (rank/markers.py)."""
-    return sorted((answer for answer in markers.payloads_of(output.splitlines(), LINE) if answer),
-                  key=lambda answer: answer["host"])

@@ -217,7 +217,7 @@ def charliecloud_image(engine: str, tag: str, out: Path = CHARLIECLOUD_DIR, forc
     the engine exports the image flat, ch-convert unpacks that tarball (Charliecloud.export_argvs says
     why not `ch-convert -i ENGINE` itself), and the image's ENV goes where ch-run --set-env reads it."""
     info = inspect_image(engine, tag)
-    marker, image_id = Path(f"{out}.image-id"), image_digest(engine, tag, info)
+    marker, image_id = Path(Charliecloud.image_id_file(str(out))), image_digest(engine, tag, info)
     if not force and marker.exists() and marker.read_text().strip() == image_id and (out / "ch").is_dir():
         return out
     marker.unlink(missing_ok=True)
@@ -337,7 +337,7 @@ def remove_image(tag: str, build_dir: Path | str = IMAGES, only=None,
     for name in sorted(wanted & set(CONTAINER_RUNTIMES)):  # a copy in a runtime's own store (podman-hpc's)
         removed += remove_prepared(name, build_outputs(tag, build_dir), timeout)
     paths = {Path(path) for name, path in files.items() if name in wanted}
-    paths |= {Path(f"{path}.image-id") for path in paths if path.suffix == ".ch"}
+    paths |= {Path(Charliecloud.image_id_file(str(path))) for path in paths if path.suffix == ".ch"}
     for path in sorted(paths):
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path)

@@ -10,11 +10,14 @@ prints one line per node. The launch line keeps what each node answered (`node_i
 record names the image each of its nodes ran, and the seconds a load took are not start-up.
 For docker, it first removes the node's containers of ours whose client has ended (a docker rank's
 container outlives its SIGKILLed client, holding its GPUs: rank/rankexec.py); `--orphans-only`
-does only that, a line for a site's Slurm epilog.
+does only that, a line for a site's Slurm epilog. podman-hpc's and Charliecloud's nodes read one
+shared copy instead (SQUASH_DIR; the image directory): the step loads nothing there, and answers
+with the image id as the node sees it (shared_copy).
 
     python -m containerbench node-image --engine podman --image localhost/containerbench:TAG \\
         --stamp build/images/podman-containerbench-TAG.json [--archive build/images/containerbench-TAG.tar]
     python -m containerbench node-image --engine docker --orphans-only
+    python -m containerbench node-image --engine charliecloud --image build/images/containerbench-TAG.ch
 """
 
 from __future__ import annotations
@@ -31,9 +34,8 @@ import time
 from pathlib import Path
 
 from containerbench.processes import checkable, run_group, running
-from containerbench.rank import markers
 from containerbench.rank.rankexec import CLIENT_LABEL, CLIENT_UID_LABEL
-from containerbench.runtimes import PINNED, Docker, engine_env
+from containerbench.runtimes import PINNED, Charliecloud, Docker, PodmanHPC, engine_env
 
 # An image query answers in seconds; a load of a 2 GB archive took 40-70 s here.
 QUERY_TIMEOUT_S = 120
@@ -41,6 +43,8 @@ LOAD_TIMEOUT_S = 1800
 # The line each node prints: not a rank's marker (containerbench.rank.markers is in the benchmark's
 # provenance), as only the launch reads it, from the node-image step's own output.
 LINE = "containerbench-node-image "
+# The runtimes whose nodes all read one shared copy (shared_copy), not a store of their own (ensure).
+SHARED_COPIES = (PodmanHPC.name, Charliecloud.name)
 
 
 class NodeImageError(RuntimeError):
@@ -157,17 +161,47 @@ def ensure(engine: str, image: str, stamp: Path | str | None = None, archive: Pa
         if wanted is not None and found != wanted:
             raise NodeImageError(f"{host}: {engine} holds {image} as {found} after loading {archive}, and the sweep "
                                  f"built {wanted}; allowed: the archive made from that build (rebuild it)")
+    return answer(engine, image, found, loaded, started, removed_orphans=orphans)
+
+
+def answer(engine: str, image: str, image_id: str, loaded: bool, started: float, **more) -> dict:
+    """What a node answers for the image its ranks will run."""
     # The node's Slurm name beside its host name (they may differ): the ranks' step is pinned to these nodes.
     slurm_node = {"slurm_node": os.environ["SLURMD_NODENAME"]} if os.environ.get("SLURMD_NODENAME") else {}
     # And the node's own mount namespace, outside any container: each rank's must differ (records.ran_on_the_host).
-    return {"host": host, **slurm_node, "engine": engine, "image": image, "image_id": found, "loaded": loaded,
-            "seconds": round(time.monotonic() - started, 3), "removed_orphans": orphans,
+    return {"host": socket.gethostname(), **slurm_node, "engine": engine, "image": image, "image_id": image_id,
+            "loaded": loaded, "seconds": round(time.monotonic() - started, 3), **more,
             "mnt_ns": os.readlink("/proc/self/ns/mnt")}
 
 
-def read_lines(text: str) -> list[dict]:
-    """Each node's answer, from the step's output, in any order: whole, or put back together from its parts
-    (emitted as rank/markers.py frames a long line: slurmstepd forwards a line over 1 kB in pieces, between other
-    tasks' lines, and the ids of the containers removed can make one that long)."""
-    return sorted((answer for answer in markers.payloads_of(text.splitlines(), LINE) if answer),
-                  key=lambda each: each["host"])
+def shared_copy(engine: str, image: str, stamp: Path | str | None = None) -> dict:
+    """The image this node's ranks will run where every node reads one shared copy, as this node sees it; nothing
+    is loaded. podman-hpc: the copy of the tag a run takes, its squashed one in SQUASH_DIR unless the node's own
+    store holds one too, which podman takes first (its graph_root is the main store, SQUASH_DIR an additional one),
+    held to the stamp's id. Charliecloud: the id of the image the directory was converted from, kept beside it."""
+    host, started = socket.gethostname(), time.monotonic()
+    if engine not in SHARED_COPIES:
+        raise NodeImageError(f"{host}: {engine} keeps no shared copy; allowed: {', '.join(SHARED_COPIES)}")
+    if engine == Charliecloud.name:
+        marker = Path(Charliecloud.image_id_file(image))
+        if not (Path(image) / "ch").is_dir() or not marker.is_file():
+            raise NodeImageError(f"{host}: the image directory {image} (with {marker.name} beside it) is not here; "
+                                 "allowed: a clone on a filesystem every node mounts at the same path")
+        return answer(engine, image, marker.read_text().strip(), False, started)
+    copies = PodmanHPC.listed_copies(_run(PodmanHPC.listing_argv(image), QUERY_TIMEOUT_S))
+    squash_dir = os.environ.get("SQUASH_DIR", "unset: $SCRATCH/storage")
+    store, found = next(((store, ids[0]) for store, ids in (("own", copies["own"]), ("squashed", copies["squashed"]))
+                         if ids), (None, None))
+    if found is None:
+        raise NodeImageError(f"{host}: no squashed copy of {image} in SQUASH_DIR ({squash_dir}) here; allowed: a "
+                             "SQUASH_DIR every node mounts at the same path, set for the run, migrated to by the "
+                             "workflow")
+    wanted = expected_id(stamp) if stamp else None
+    if wanted is not None and found != wanted:
+        where = ("podman-hpc's own store here, which a run takes before SQUASH_DIR's" if store == "own" else
+                 f"SQUASH_DIR ({squash_dir}) here")
+        raise NodeImageError(f"{host}: {where} holds {image} as {found}, and the workflow migrated {wanted}; allowed: "
+                             f"the SQUASH_DIR the workflow migrated to, with no other copy of {image} in the node's "
+                             f"own store (`podman-hpc rmi {image}`)")
+    return answer(engine, image, found, False, started, store=store)
+

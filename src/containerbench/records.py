@@ -49,7 +49,7 @@ ADDED_KEYS = {
     "launch_context": None,  # 269ee2c
     "telemetry": None,  # 269ee2c
     "hung_at_exit": None,  # a run stopped after its result (execution.ExitGuard)
-    "node_images": None,  # the image id each node of a docker or podman run held (nodeimages)
+    "node_images": None,  # the image id each node of the run held or saw (nodeimages)
     "node_mpi": None,  # the host MPI each node of a native run read, library and closure (hostmpi)
 }
 # Ranks that averaged their gradients hold the same weights to rounding; ranks

@@ -27,6 +27,7 @@ from containerbench.imagestep import (
     ImageStepError,
     write_file,
 )
+from containerbench.nodeimages import SHARED_COPIES
 from containerbench.rank import markers
 from containerbench.runtimes import CONTAINER_RUNTIMES, ENGINES, BareMetal, Charliecloud, Podman
 
@@ -183,7 +184,8 @@ def cmd_node_image(args) -> int:
         if not args.image:
             print("containerbench: node-image: --image is required, unless --orphans-only", file=sys.stderr)
             return 2
-        answer = nodeimages.ensure(args.engine, args.image, args.stamp, args.archive, args.timeout)
+        answer = (nodeimages.shared_copy(args.engine, args.image, args.stamp) if args.engine in SHARED_COPIES
+                  else nodeimages.ensure(args.engine, args.image, args.stamp, args.archive, args.timeout))
         markers.emit(nodeimages.LINE, answer)
     except nodeimages.NodeImageError as error:
         print(f"containerbench: node-image: {error}", file=sys.stderr)
@@ -281,8 +283,9 @@ def add_commands(sub) -> None:
     p.set_defaults(func=cmd_singularity_definition)
 
     p = sub.add_parser("node-image", help="put a docker or podman image in this node's store, from its archive "
-                                          "where the node lacks it; print the id it holds (one line)")
-    p.add_argument("--engine", required=True, choices=ENGINES)
+                                          "where the node lacks it, or find podman-hpc's squashed copy or "
+                                          "Charliecloud's directory as this node sees it; print the id (one line)")
+    p.add_argument("--engine", required=True, choices=[*ENGINES, *SHARED_COPIES])
     p.add_argument("--image", help="the tag the ranks run")
     p.add_argument("--stamp", help="the workflow's stamp of the image: the id every node must hold")
     p.add_argument("--archive", help="the docker archive to load where the node lacks the image")

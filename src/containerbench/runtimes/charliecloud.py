@@ -80,6 +80,12 @@ class Charliecloud(ContainerRuntime):
         return f"{out}/ch/environment"
 
     @staticmethod
+    def image_id_file(out: str) -> str:
+        """Beside the image directory OUT: the id of the image it was converted from (imagebuild.charliecloud_image),
+        which each node of a run reads back (nodeimages.shared_copy)."""
+        return f"{out}.image-id"
+
+    @staticmethod
     def export_paths(out: str) -> tuple[str, str]:
         """The container and flat tarball a conversion into OUT uses, named after it."""
         return f"{os.path.basename(out)}-export", f"{out}.tar"
@@ -105,6 +111,13 @@ class Charliecloud(ContainerRuntime):
         version chose it before, and a node without unprivileged overlayfs then failed every rank."""
         super().__init__(image, python, extra_args, **settings)
         self.write_fake = write_fake
+
+    def node_prepare_argv(self, python: str, stamp: str | None = None, archive: str | None = None) -> list[str] | None:
+        # Nothing to load: each node is asked for the directory as it sees it (nodeimages.shared_copy), where the
+        # workflow made it (`stamp`, its artifact) and so kept the id of its image beside it; a site's own is not.
+        if stamp is None:
+            return None
+        return [python, "-m", "containerbench", "node-image", "--engine", self.name, "--image", self.image]
 
     def node_requirements(self, gpus: bool = False) -> list[NodeRequirement]:
         """Extended globs on every node (usable() asks only here); with --write-fake, a ch-run that has it and

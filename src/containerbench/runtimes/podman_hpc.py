@@ -7,7 +7,7 @@ import os
 import shlex
 
 from containerbench.launchers import Mpirun
-from containerbench.runtimes.base import RANK_PREFIXES, BuiltImage, RunRequest, register
+from containerbench.runtimes.base import RANK_PREFIXES, BuiltImage, NodeRequirement, RunRequest, register
 from containerbench.runtimes.oci import Podman
 
 
@@ -57,22 +57,42 @@ class PodmanHPC(Podman):
         # `rmsqi` "Removes a squashed image" (1.2.2 podman_hpc.py), and exits 0 whatever happened, as migrate does.
         return [["podman-hpc", "rmsqi", built.tag]]
 
+    @staticmethod
+    def listing_argv(tag: str) -> list[str]:
+        """Every copy of `tag` podman-hpc would run: `images` lists SQUASH_DIR's copies as read-only beside its own
+        store's (siteconfig.py adds SQUASH_DIR as additionalimagestore to `images` and `run` only)."""
+        return ["podman-hpc", "images", "--no-trunc", "--filter", f"reference={tag}",
+                "--format", "{{.ID}} {{.ReadOnly}}"]
+
+    @staticmethod
+    def listed_copies(listing: str) -> dict[str, list[str]]:
+        """`listing_argv`'s answer: {"squashed": ids in SQUASH_DIR, "own": ids in the store of the host it ran on},
+        each as sha256:..."""
+        copies = {"squashed": [], "own": []}
+        for words in map(str.split, listing.splitlines()):
+            if words:
+                image_id = words[0] if words[0].startswith("sha256:") else f"sha256:{words[0]}"
+                copies["squashed" if words[1:] == ["true"] else "own"].append(image_id)
+        return copies
+
     @classmethod
     def read_prepared(cls, built: BuiltImage, run) -> dict[str, str]:
         """migrate exits 0 whatever happened (1.2.2 podman_hpc.py, `migrate`: migrate_image's result is
-        dropped), so the squashed copy is read back: `images` lists SQUASH_DIR's copies read-only
-        (siteconfig.py adds it as additionalimagestore to `images` and `run` only)."""
-        argv = ["podman-hpc", "images", "--no-trunc", "--filter", f"reference={built.tag}",
-                "--format", "{{.ID}} {{.ReadOnly}}"]
+        dropped), so the squashed copy is read back."""
+        argv = cls.listing_argv(built.tag)
         listed = run(argv)
-        squashed = [line.split()[0] for line in listed.splitlines() if line.split()[1:] == ["true"]]
+        squashed = cls.listed_copies(listed)["squashed"]
         if not squashed:
             raise ValueError(f"podman-hpc migrate {built.tag}: no squashed copy in SQUASH_DIR "
                              f"({os.environ.get('SQUASH_DIR', 'unset: $SCRATCH/storage')}); `{shlex.join(argv)}` "
                              f"listed {listed.strip() or 'nothing'}; migrate exits 0 when it fails, and logs why "
                              "at --log-level info")
-        image_id = squashed[0]
-        return {"image_id": image_id if image_id.startswith("sha256:") else f"sha256:{image_id}"}
+        return {"image_id": squashed[0]}
+
+    def node_prepare_argv(self, python: str, stamp: str | None = None, archive: str | None = None) -> list[str] | None:
+        # Nothing to load: each node is asked which copy it would run, from the SQUASH_DIR it mounts (nodeimages).
+        return [python, "-m", "containerbench", "node-image", "--engine", self.binary, "--image", self.image,
+                *(["--stamp", stamp] if stamp else [])]
 
     # What podman-hpc's openmpi-pmix module adds for a Slurm-launched Open MPI rank, without its
     # --privileged (etc/modules.d/openmpi-pmix.yaml): slurmd's spool (the PMIx server's rendezvous
@@ -99,8 +119,14 @@ class PodmanHPC(Podman):
     def gpu_args(self) -> list[str]:
         return ["--gpu"]  # module gpu.yaml: driver libraries, /dev/nvidia*, NVIDIA_VISIBLE_DEVICES
 
-    def node_requirements(self, gpus: bool = False) -> list:
-        return []  # its --gpu module binds the driver itself: no CDI
+    def node_requirements(self, gpus: bool = False) -> list[NodeRequirement]:
+        # Its --gpu module binds the driver itself: no CDI. Under srun every rank binds slurm_paths, and `podman run`
+        # fails on a bind whose source is missing ("statfs /var/spool/slurmd: no such file or directory", seen on
+        # the test cluster, whose SlurmdSpoolDir is elsewhere): each must be on every node.
+        source = "podman-hpc 1.2.2 etc/modules.d/openmpi-pmix.yaml, its binds; podman-run(1), --volume"
+        return [NodeRequirement(self.name, f"{path}, which each rank binds under srun (images.podman-hpc.slurm_paths: "
+                                "the site's SlurmdSpoolDir and munge socket directory)", paths=(path,), source=source)
+                for path in (self.slurm_paths if self.in_slurm_step else ())]
 
     def native_args(self) -> list[str]:
         return ["--mpi"] if self.native else []
