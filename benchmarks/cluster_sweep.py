@@ -16,8 +16,9 @@ host MPI; docker hybrid only, as srun's pmi2 socket cannot reach its containers)
 the nodes as a site's do: docker's and podman's through each run's node-image step (loaded from the shared archive
 where a node lacks the image), podman-hpc's squashed copy and Charliecloud's directory from the shared filesystem.
 
-Checks, a line each, exit 1 when one fails: every planned run has a record and every record is ok; each of a
-docker or podman run's nodes held the build's image id; every record of one framework has one provenance hash.
+Checks, a line each, exit 1 when one fails: every planned run has a record and every record is ok; each node of a
+container run answered with the build's image id (docker's and podman's store, podman-hpc's squashed copy, the id
+kept beside Charliecloud's directory); every record of one framework has one provenance hash.
 Prints the wall time of the image steps and of the sweep, and each node-image step's seconds, first load and later.
 """
 
@@ -37,6 +38,7 @@ import yaml
 
 from containerbench import config as cb_config
 from containerbench.images import built_image
+from containerbench.runtimes import Charliecloud
 
 ROOT = Path(__file__).resolve().parents[1]
 CLUSTER = ROOT / "tests" / "slurm" / "cluster.sh"
@@ -103,7 +105,7 @@ def check(records: list[dict], planned: int, stamps: dict[str, str]) -> list[str
         spec, where = record["spec"], record["run_id"]
         if record["status"] != "ok":
             broken.append(f"{where}: {record['status']}: {record['reasons']}")
-        if spec["runtime"] in ("docker", "podman"):
+        if spec["runtime"] != "bare-metal":
             held = {node["host"]: node["image_id"] for node in record["node_images"] or []}
             hosts = {p["hostname"] for p in record["result"]["processes"]} if record.get("result") else set()
             if set(held) != hosts or len(hosts) != spec["nodes"]:
@@ -124,11 +126,13 @@ def report(workdir: Path, configs: list[Path]) -> int:
     """Each node-image step's seconds, then the checks, a line each; the number broken."""
     planned = len(cb_config.plan_runs(cb_config.load([str(p) for p in configs])))
     records = [json.loads(p.read_text()) for p in sorted((workdir / "results" / "runs").glob("*.json"))]
-    stamps = {}
-    for runtime in ("docker", "podman"):
+    stamps = {}  # (runtime, image) -> the id the workflow built, migrated or converted from
+    for runtime in ("docker", "podman", "podman-hpc"):
         for path in (ROOT / "build" / "images").glob(f"{runtime}-containerbench-*.json"):
             stamp = json.loads(path.read_text())
             stamps[(runtime, stamp["image"])] = stamp["image_id"]
+    for path in (ROOT / "build" / "images").glob("containerbench-*.ch"):
+        stamps[("charliecloud", str(path))] = Path(Charliecloud.image_id_file(str(path))).read_text().strip()
     for record in records:
         for node in record.get("node_images") or []:
             print(f"    node-image {record['spec']['runtime']} {record['run_id']} {node['host']}: "

@@ -40,6 +40,7 @@ NODE_LOCAL=(/var/lib/containers /run/containers /run/libpod)
 # And, with CB_NODE_DOCKERD, a dockerd of its own, as each node of a site has: the login node's dockerd directory
 # (its socket, which DOCKER_HOST names and jobs inherit, its data and exec roots) is the node's own at the same path.
 NODE_DOCKERD=${CB_NODE_DOCKERD:-}
+ENGINES=$(cd "$(dirname "$0")/../.." && pwd)/scripts/container-engines.sh
 # With CB_NODE_SYSFS=1, a sysfs mounted in each node's namespaces, its cgroup mounts moved onto it: /sys/class/net
 # then lists the node's own interfaces, as a node's does; UCX (MPICH's) finds its devices only there, and a
 # container's /sys is the node's ("network device 'fast0' is not available" without it). The suite's tests keep
@@ -219,25 +220,17 @@ start() {
       own+="mount --bind '$dir/node-local/$node$path' '$path' && "
     done
     if [ -n "$NODE_DOCKERD" ]; then
-      # The same client on PATH as the login node's (start-dockerd's bin/docker), and the daemon started by the
-      # node's shell before slurmd, in the node's namespaces; its pid where stop finds it.
-      mkdir -p "$dir/node-local/$node$NODE_DOCKERD/bin"
-      cp -P "$NODE_DOCKERD/bin/docker" "$dir/node-local/$node$NODE_DOCKERD/bin/docker"
-      docker="setsid /usr/sbin/dockerd --data-root '$NODE_DOCKERD/data' --exec-root '$NODE_DOCKERD/exec' \
-              -H 'unix://$NODE_DOCKERD/docker.sock' --pidfile '$dir/dockerd-$node.pid' --bridge=none --iptables=false \
-              --ip-masq=false --ip-forward=false </dev/null >'$dir/log/dockerd-$node.log' 2>&1 & "
+      # Started by the node's shell before slurmd, in the node's namespaces, as the login node's was (start-dockerd:
+      # its flags, its client on PATH, waiting until it answers); its pid copied where stop finds it.
+      docker="'$ENGINES' start-dockerd '$NODE_DOCKERD' >'$dir/log/dockerd-$node.log' 2>&1 \
+              && cp '$NODE_DOCKERD/docker.pid' '$dir/dockerd-$node.pid' && "
     fi
     nsenter --net=/run/netns/"cb$node" unshare --uts --mount --propagation private \
       sh -c "mount --bind '$dir/spool/$node' '$SPOOL' && mount -t tmpfs -o mode=1777 shm /dev/shm \
-             && $own $sysfs hostname $node && { ${docker}true; } && exec slurmd -N $node"
+             && $own $sysfs hostname $node && $docker exec slurmd -N $node" \
+      || die "node $node did not start${docker:+ (the output of its dockerd: $dir/log/dockerd-$node.log)}"
   done
   wait_for 60 "${#NODES[@]} idle nodes" sh -c "nsenter --net=/run/netns/$NS_CTL sinfo -h -t idle -o %D | grep -qx ${#NODES[@]}"
-  if [ -n "$NODE_DOCKERD" ]; then
-    for node in "${NODES[@]}"; do
-      wait_for 120 "$node's dockerd" sh -c "[ -s '$dir/dockerd-$node.pid' ] && nsenter --target \$(cat '$dir/dockerd-$node.pid') \
-        --mount --net '$NODE_DOCKERD/bin/docker' -H 'unix://$NODE_DOCKERD/docker.sock' info"
-    done
-  fi
   echo "cluster.sh: $CLUSTER up: nodes ${NODES[*]}, fast0 10.77.1.0/24, slow0 10.77.2.0/24 ($SLOW_RATE)" >&2
 }
 
