@@ -70,10 +70,6 @@ def container_env(name: str, base: dict, gds: bool = True) -> dict:
             **({"PMIX_MCA_gds": "hash"} if gds else {})}
 
 
-# Under srun, Slurm's PMIx client directory in /tmp, which the runtime shares (test_pmix_client_dir_...).
-PMIX_CLIENT_DIR = {"SLURM_PMIX_TMPDIR": "/tmp"}
-
-
 def under_srun(runtime):
     """podman-hpc binds slurmd's spool and munge only under srun."""
     runtime.launcher = "srun"
@@ -143,13 +139,13 @@ CASES = {
          "--gpu", *RDMA, "--volume", "/tmp:/tmp", "--volume", "/dev/shm:/dev/shm", *HPC_SLURM,
          "--volume", "/etc/libibverbs.d:/etc/libibverbs.d", *SITE_VOLUMES, "--workdir", WD,
          *HPC_RANK_VARS, *PODMAN_SITE_ENV, "containerbench:latest", *IN_IMAGE],
-        {**podman_env("podman-hpc", SITE_ENV), **PMIX_CLIENT_DIR}),
+        podman_env("podman-hpc", SITE_ENV)),
     ("podman-hpc", "cpu"): (
         ["podman-hpc", "shared-run", *HOST_NS, "--userns", "keep-id", "--user", "1000:1000", "--log-driver", "none",
          *NO_GPU, "--volume", "/tmp:/tmp", "--volume", "/dev/shm:/dev/shm", *HPC_SLURM,
          "--volume", "/work/x:/work/x", "--workdir", "/work/x", *HPC_RANK_VARS, *PODMAN_CPU_ENV,
          "containerbench:latest", *IN_IMAGE],
-        {**podman_env("podman-hpc", CPU_ENV), **PMIX_CLIENT_DIR}),
+        podman_env("podman-hpc", CPU_ENV)),
     # --- apptainer/singularity: --cleanenv, variables through APPTAINERENV_/SINGULARITYENV_ ---
     ("apptainer", "site"): (
         [HOST_PY, "-m", "containerbench.rank.rankexec", "--env-prefix", "APPTAINERENV_", *PASS_RANK_VARS,
@@ -245,26 +241,6 @@ def test_rank_argv_and_environment_are_exact(name, kind):
     runtime, (argv, env) = RUNTIMES[name](), CASES[(name, kind)]
     assert runtime.rank_argv(REQUESTS[kind]) == argv
     assert runtime.environment(REQUESTS[kind]) == env
-
-
-def test_under_srun_slurms_pmix_client_directory_is_made_where_the_container_sees_it():
-    """Open MPI makes its session directory in the PMIx client directory Slurm's mpi/pmix plugin makes for each step,
-    in TmpFS unless the step's environment names a base in SLURM_PMIX_TMPDIR (Slurm pmixp_common.h PMIXP_TMPDIR_CLI,
-    read in pmixp_info.c; mpi.conf(5) PMIxCliTmpDirBase sets it for a site). With TmpFS outside /tmp a Charliecloud
-    rank failed in MPI_Init ("ORTE_ERROR_LOG ... session_dir.c", on the test cluster). So under srun each runtime
-    that shares the host's /tmp at /tmp names it: docker and podman bind it (their shared_paths), ch-run binds it
-    (ch-run(1), "--private-tmp"), Apptainer binds it by default (user guide, "Bind Paths and Mounts") and gets it
-    unprefixed, as srun's, not the rank's. Enroot's and Sarus's own hooks bind TmpFS's directory instead (enroot
-    50-slurm-pmi.sh; Sarus's pmix hook reads TmpFS from `scontrol show config`), so they name nothing; nor does
-    Shifter, whose /tmp is the site's udiRoot.conf choice."""
-    for name, make in sorted(RUNTIMES.items()):
-        runtime = make()
-        runtime.launcher = "srun"
-        env = runtime.environment(CPU)
-        shares_tmp = name in ("docker", "podman", "podman-hpc", "charliecloud", "apptainer", "singularity")
-        assert env.get("SLURM_PMIX_TMPDIR") == ("/tmp" if shares_tmp else None), name
-        runtime.launcher = "mpirun"  # no Slurm step: nothing to name
-        assert "SLURM_PMIX_TMPDIR" not in runtime.environment(CPU), name
 
 
 def test_every_runtime_has_both_cases():

@@ -204,3 +204,4 @@ def shared_copy(engine: str, image: str, stamp: Path | str | None = None) -> dic
                              f"the SQUASH_DIR the workflow migrated to, with no other copy of {image} in the node's "
                              f"own store (`podman-hpc rmi {image}`)")
     return answer(engine, image, found, False, started, store=store)
+

@@ -33,8 +33,6 @@ class Apptainer(ContainerRuntime):
     # The .sif is built from the archive; the Singularity definition is made beside it, for a site that
     # builds the same image with Apptainer (workflow/rules/images.smk).
     prepare_from = ("archive", "definition")
-    # /tmp is among the default bind mounts (user guide, "Bind Paths and Mounts", "System-defined bind paths").
-    pmix_client_dir = "/tmp"
 
     # userns: ranks run in unprivileged user namespaces (the default without a setuid installation,
     # "apptainer buildcfg" / --userns); false for a setuid installation, where UCX needs no workaround.
@@ -67,9 +65,7 @@ class Apptainer(ContainerRuntime):
             kept = [tl for tl in env["UCX_TLS"].split(",") if tl not in ("sm", "posix", "cma", "sysv")]
             shared = any(tl in ("sm", "posix", "cma", "sysv") for tl in env["UCX_TLS"].split(","))
             env["UCX_TLS"] = ",".join([*kept[:1], *(["sysv"] if shared else []), *kept[1:]])
-        # SLURM_PMIX_TMPDIR is srun's, read by Slurm where it starts the step (pmix_client_dir): not the rank's.
-        for_srun = {name: env.pop(name) for name in ("SLURM_PMIX_TMPDIR",) if name in env}
-        return {**{self.env_prefix + name: value for name, value in env.items()}, **for_srun}
+        return {self.env_prefix + name: value for name, value in env.items()}
 
     def rank_argv(self, request: RunRequest) -> list[str]:
         shim = [self.host_python, "-m", RANKEXEC, "--env-prefix", self.env_prefix,

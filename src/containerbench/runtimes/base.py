@@ -349,13 +349,6 @@ class ContainerRuntime(Runtime):
     """Runs the benchmark with the image's Python; `image` is the runtime's own image reference."""
 
     pmix_gds_hash = True
-    # Where a rank under srun finds Slurm's PMIx client directory at the host's path: Open MPI makes its session
-    # directory there, and fails in MPI_Init where it is missing ("ORTE_ERROR_LOG ... session_dir.c", seen on the
-    # test cluster with TmpFS outside /tmp). Slurm makes it in TmpFS unless the step's environment names another
-    # base, SLURM_PMIX_TMPDIR (Slurm's mpi/pmix plugin: pmixp_common.h PMIXP_TMPDIR_CLI, pmixp_info.c; a site sets
-    # it for all jobs with mpi.conf(5) PMIxCliTmpDirBase). So a runtime that shares the host's /tmp names /tmp;
-    # None where the runtime's own hook binds TmpFS's directory (Enroot's 50-slurm-pmi.sh, Sarus's pmix hook).
-    pmix_client_dir: str | None = None
     # A command that succeeds when `image` (appended) is in this machine's local image store.
     in_local_store: tuple[str, ...] = ()
 
@@ -408,8 +401,6 @@ class ContainerRuntime(Runtime):
 
     def environment(self, request: RunRequest) -> dict[str, str]:
         extra = {"PMIX_MCA_gds": "hash"} if self.pmix_gds_hash else {}
-        if self.pmix_client_dir and self.in_slurm_step:
-            extra["SLURM_PMIX_TMPDIR"] = self.pmix_client_dir
         moved = self.moved_binds(request)
         env = {**super().environment(request), "PYTHONNOUSERSITE": "1", **extra}
         return {name: moved.get(value, value) for name, value in env.items()}

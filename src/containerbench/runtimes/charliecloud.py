@@ -41,9 +41,6 @@ class Charliecloud(ContainerRuntime):
     # file). ch-fromhost --path would copy it in under the host's own file name, beside the image's
     # libmpi.so.12, which mpi4py would still load first.
     native_support = "bind"
-    # ch-run binds the host's /tmp at /tmp unless --private-tmp (ch-run(1), "--private-tmp"), and $TMPDIR there
-    # where it is set: Slurm's steps set it to /tmp (seen under srun here).
-    pmix_client_dir = "/tmp"
 
     @classmethod
     def tool_environment(cls, env: dict[str, str]) -> dict[str, str]:

@@ -28,7 +28,6 @@ class OciEngine(ContainerRuntime):
     native_support = "bind"  # the host's libmpi bound over the image's (a file bind: --volume FILE:FILE)
     artifact_is_stamp = True
     shared_paths: tuple[str, ...] = ("/tmp",)  # Open MPI/PMIx session directories live under /tmp
-    pmix_client_dir = "/tmp"  # shared_paths: bound at the same path
     save_options: tuple[str, ...] = ()  # what `save` needs to write an archive every converting runtime reads
 
     def __init__(self, image: str, python: str = "python3", extra_args=(), uid: int | None = None,
