@@ -18,7 +18,7 @@ where a node lacks the image), podman-hpc's squashed copy and Charliecloud's dir
 
 Checks, a line each, exit 1 when one fails: every planned run has a record and every record is ok; each node of a
 container run answered with the build's image id (docker's and podman's store, podman-hpc's squashed copy, the id
-kept beside Charliecloud's directory); every record of one framework has one provenance hash.
+kept beside Charliecloud's directory, held to podman's build); every record of one framework has one provenance hash.
 Prints the wall time of the image steps and of the sweep, and each node-image step's seconds, first load and later.
 """
 
@@ -37,8 +37,7 @@ from pathlib import Path
 import yaml
 
 from containerbench import config as cb_config
-from containerbench.images import built_image
-from containerbench.runtimes import Charliecloud
+from containerbench.images import built_image, image_files
 
 ROOT = Path(__file__).resolve().parents[1]
 CLUSTER = ROOT / "tests" / "slurm" / "cluster.sh"
@@ -126,13 +125,14 @@ def report(workdir: Path, configs: list[Path]) -> int:
     """Each node-image step's seconds, then the checks, a line each; the number broken."""
     planned = len(cb_config.plan_runs(cb_config.load([str(p) for p in configs])))
     records = [json.loads(p.read_text()) for p in sorted((workdir / "results" / "runs").glob("*.json"))]
-    stamps = {}  # (runtime, image) -> the id the workflow built, migrated or converted from
+    stamps = {}  # (runtime, image) -> the id the workflow built, loaded or migrated
     for runtime in ("docker", "podman", "podman-hpc"):
         for path in (ROOT / "build" / "images").glob(f"{runtime}-containerbench-*.json"):
             stamp = json.loads(path.read_text())
             stamps[(runtime, stamp["image"])] = stamp["image_id"]
-    for path in (ROOT / "build" / "images").glob("containerbench-*.ch"):
-        stamps[("charliecloud", str(path))] = Path(Charliecloud.image_id_file(str(path))).read_text().strip()
+            if runtime == "podman":  # the build engine: Charliecloud's directory is converted from its image
+                directory = image_files(stamp["image"], ROOT / "build" / "images")["charliecloud-dir"]
+                stamps[("charliecloud", directory)] = stamp["image_id"]
     for record in records:
         for node in record.get("node_images") or []:
             print(f"    node-image {record['spec']['runtime']} {record['run_id']} {node['host']}: "

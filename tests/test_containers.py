@@ -23,7 +23,7 @@ import yaml
 from helpers import ROOT, SMOKE_MODEL, TINY, WORKFLOW_IMAGE, exported, give_back, remeasure_disturbed, snakemake
 
 from containerbench import config as cb_config
-from containerbench import launchers, nodeimages
+from containerbench import images, launchers, nodeimages
 from containerbench.execution import measure, node_answers
 from containerbench.plans import plan_sweep
 from containerbench.rank import markers
@@ -60,8 +60,6 @@ def engines(container_engines):
         subprocess.run([str(script), "clean-podman-hpc", str(directory)], timeout=300)
         shutil.rmtree(directory, ignore_errors=True)
         # Its stamp names copies that are gone now: the next session prepares them again.
-        from containerbench import images
-
         Path(images.image_files(WORKFLOW_IMAGE, ROOT / images.IMAGES)["podman-hpc"]).unlink(missing_ok=True)
 
 
@@ -113,21 +111,18 @@ def test_every_runtime_ran_the_identical_benchmark(container_run):
             assert record["image"]  # what ran: tag or image directory
         if record["spec"]["runtime"] != "bare-metal":
             # Asked on the node before the run (nodeimages): docker's and podman's store, podman-hpc's squashed
-            # copy (held to its stamp, the id migrate left), the id kept beside Charliecloud's directory.
-            launch = json.loads(Path(record["log"]["path"]).read_text().splitlines()[0].split(" ", 1)[1])
-            step = launch["node_prepare"]
-            wanted = (Path(f"{step[step.index('--image') + 1]}.image-id").read_text().strip()
-                      if record["spec"]["runtime"] == "charliecloud"
-                      else json.loads(Path(step[step.index("--stamp") + 1]).read_text())["image_id"])
+            # copy (held to its stamp, the id migrate left), Charliecloud's directory (the id kept beside it):
+            # each the id of the image podman built.
+            tag = next(tag for tag in (WORKFLOW_IMAGE, f"{WORKFLOW_IMAGE}-mpich")
+                       if record["image"] in (tag, images.image_files(tag, ROOT / images.IMAGES)["charliecloud-dir"]))
+            built = json.loads(Path(images.image_files(tag, ROOT / images.IMAGES)["podman"]).read_text())
             (held,) = record["node_images"]
-            assert (held["image_id"], held["loaded"], held["host"]) == (wanted, False, record["host"])
+            assert (held["image_id"], held["loaded"], held["host"]) == (built["image_id"], False, record["host"])
         else:
             assert record["node_images"] is None
         if record["spec"]["runtime"] == "podman-hpc":
             # The squashed copy migrate left in SQUASH_DIR, read back (migrate's exit status says nothing):
             # the image podman built, by its id.
-            from containerbench import images
-
             files = images.image_files(WORKFLOW_IMAGE, ROOT / images.IMAGES)
             squashed, built = (json.loads(Path(files[name]).read_text()) for name in ("podman-hpc", "podman"))
             assert squashed == {"image": WORKFLOW_IMAGE, "image_id": built["image_id"]}
@@ -242,7 +237,6 @@ def test_native_runs_loaded_this_machines_mpich_over_the_images_own(container_ru
             assert record["fabric_check"]["status"] == "ok"
             assert record["fabric_check"]["reason"] == "as asked: ucx: tcp over lo", record["fabric_check"]
     # The flavour's own provenance: the bare-metal hash (the same benchmark packages), its MPI wheel beside it.
-    from containerbench import images
 
     stamp = json.loads(Path(images.image_files(f"{WORKFLOW_IMAGE}-mpich", ROOT / images.IMAGES)[
         "podman"]).read_text())
@@ -484,7 +478,6 @@ def test_removing_the_image_takes_podman_hpcs_squashed_copy_too(container_run, e
     but not its squashed copy, which SQUASH_DIR keeps read-only to podman (an additional store: its `rmi` cannot
     take it). NERSC's `rmsqi` "Removes a squashed image" (1.2.2 podman_hpc/podman_hpc.py, rmsqi) and exits 0
     whatever happened, so the copy is read back after it. Last in this module: the runs above used that copy."""
-    from containerbench import images
 
     stamp = images.image_files(WORKFLOW_IMAGE, images.IMAGES)["podman-hpc"]  # the command's default, from ROOT
     squashed = ["podman-hpc", "images", "--no-trunc", "--filter", f"reference={WORKFLOW_IMAGE}",
@@ -518,7 +511,6 @@ def test_enroots_image_is_made_here_without_enroot_as_its_import_makes_it(contai
     import io
     import tarfile
 
-    from containerbench import images
 
     def image(tag: str, workdir: str, *links: tuple[str, str]) -> None:
         layer = tmp_path / "root.tar"

@@ -162,9 +162,22 @@ def test_each_node_is_asked_for_the_shared_copy_podman_hpc_and_charliecloud_run(
             assert step == ["-m", "containerbench", "node-image", "--engine", "podman-hpc", "--image",
                             "localhost/containerbench:latest", "--stamp",
                             f"{tmp_path}/build/images/podman-hpc-containerbench-latest.json"]
-    monkeypatch.setenv("SLURM_JOB_ID", "7")  # mpirun inside an allocation may span its nodes
+    monkeypatch.setenv("SLURM_JOB_ID", "7")  # mpirun inside an allocation places ranks on its nodes, even on one
     config = tiny_config(tmp_path, runtimes=["charliecloud", "podman-hpc"],
-                         scaling={"nodes": [2], "ranks_per_node": [1]})
+                         scaling={"nodes": [1, 2], "ranks_per_node": [1]})
+    sweep = plan_sweep(config, tmp_path, probe=False)
+    assert {spec.nodes for spec in sweep.runs} == {1, 2}
+    assert all(plan.node_prepare is None for plan in sweep.plans.values())
+
+
+def test_a_site_image_podman_hpc_pulls_itself_gets_no_node_step(tmp_path, monkeypatch):
+    """A podman-hpc image the site supplies is pinned by digest, and `podman-hpc shared-run` runs podman, which pulls
+    an image a node lacks (podman-run(1), --pull: "missing" by default): nothing the workflow migrated to ask the
+    nodes for, so no step stands between the run and that pull, as before."""
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    pinned = "registry.example.org/containerbench@sha256:" + "1" * 64
+    config = tiny_config(tmp_path, runtimes=["podman-hpc"], launcher={"kind": "srun"},
+                         images={"podman-hpc": {"image": pinned}}, scaling={"nodes": [2], "ranks_per_node": [1]})
     sweep = plan_sweep(config, tmp_path, probe=False)
     assert sweep.runs and all(plan.node_prepare is None for plan in sweep.plans.values())
 

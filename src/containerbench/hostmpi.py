@@ -118,5 +118,3 @@ def closure(library: str, library_dirs: list[str], python: str = sys.executable)
 def names(answers: list[dict]) -> list[str]:
     """The file names every rank reports: those of the nodes' closures."""
     return sorted({each["name"] for answer in answers for each in answer.get("closure") or []})
-
-

@@ -176,9 +176,9 @@ def answer(engine: str, image: str, image_id: str, loaded: bool, started: float,
 
 def shared_copy(engine: str, image: str, stamp: Path | str | None = None) -> dict:
     """The image this node's ranks will run where every node reads one shared copy, as this node sees it; nothing
-    is loaded. podman-hpc: the copy of the tag a run takes, its squashed one in SQUASH_DIR unless the node's own
-    store holds one too, which podman takes first (its graph_root is the main store, SQUASH_DIR an additional one),
-    held to the stamp's id. Charliecloud: the id of the image the directory was converted from, kept beside it."""
+    is loaded. podman-hpc: its squashed copy in SQUASH_DIR, and any copy of the tag in the node's own store (its
+    graph_root, the main store beside SQUASH_DIR's additional one): every copy a run could take, held to the
+    stamp's id. Charliecloud: the id of the image the directory was converted from, kept beside it."""
     host, started = socket.gethostname(), time.monotonic()
     if engine not in SHARED_COPIES:
         raise NodeImageError(f"{host}: {engine} keeps no shared copy; allowed: {', '.join(SHARED_COPIES)}")
@@ -190,18 +190,16 @@ def shared_copy(engine: str, image: str, stamp: Path | str | None = None) -> dic
         return answer(engine, image, marker.read_text().strip(), False, started)
     copies = PodmanHPC.listed_copies(_run(PodmanHPC.listing_argv(image), QUERY_TIMEOUT_S))
     squash_dir = os.environ.get("SQUASH_DIR", "unset: $SCRATCH/storage")
-    store, found = next(((store, ids[0]) for store, ids in (("own", copies["own"]), ("squashed", copies["squashed"]))
-                         if ids), (None, None))
-    if found is None:
+    held = sorted(set(copies["own"] + copies["squashed"]))
+    if not held:
         raise NodeImageError(f"{host}: no squashed copy of {image} in SQUASH_DIR ({squash_dir}) here; allowed: a "
                              "SQUASH_DIR every node mounts at the same path, set for the run, migrated to by the "
                              "workflow")
     wanted = expected_id(stamp) if stamp else None
-    if wanted is not None and found != wanted:
-        where = ("podman-hpc's own store here, which a run takes before SQUASH_DIR's" if store == "own" else
-                 f"SQUASH_DIR ({squash_dir}) here")
-        raise NodeImageError(f"{host}: {where} holds {image} as {found}, and the workflow migrated {wanted}; allowed: "
-                             f"the SQUASH_DIR the workflow migrated to, with no other copy of {image} in the node's "
-                             f"own store (`podman-hpc rmi {image}`)")
-    return answer(engine, image, found, False, started, store=store)
-
+    if len(held) > 1 or (wanted is not None and held != [wanted]):
+        listed = "; ".join(f"{store} {', '.join(ids)}" for store, ids in copies.items() if ids)
+        raise NodeImageError(f"{host}: podman-hpc here holds {image} as {listed}, and the workflow migrated "
+                             f"{wanted}; allowed: the SQUASH_DIR the workflow migrated to ({squash_dir}), with no "
+                             f"other copy of {image} in the node's own store (`podman-hpc rmi {image}`)")
+    stores = [store for store, ids in copies.items() if ids]
+    return answer(engine, image, held[0], False, started, stores=stores)

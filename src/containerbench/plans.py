@@ -203,8 +203,11 @@ def plan_run(spec: RunSpec, config: dict, allocation: Allocation | None = None,
     stamp = os.path.abspath(artifact) if artifact else None
     archive = node_archive(runtime, artifact, config)
     node_prepare = runtime.node_prepare_argv(sys.executable, stamp, os.path.abspath(archive) if archive else None)
-    if node_prepare and spec.nodes > 1 and not launcher.slurm_step and not runtime.stores_images_per_node:
-        node_prepare = None  # every node reads the shared copy; only its ranks, not a step of its own, reach them
+    if node_prepare and not launcher.slurm_step and not runtime.stores_images_per_node and (
+            spec.nodes > 1 or slurm.in_allocation()):
+        # Every node reads the shared copy, and no step of its own reaches the ranks' nodes: on several, or on one
+        # that mpirun in an allocation may place away from here. The run goes without the answer, as before.
+        node_prepare = None
     if node_prepare and spec.nodes > 1 and not launcher.slurm_step:
         raise ValueError(f"runtime {runtime.name!r} on {spec.nodes} nodes under launcher {launcher.kind!r}: its image "
                          "must first be put in each node's own store, which only srun reaches; allowed: launcher "

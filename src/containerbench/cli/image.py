@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from containerbench import config as cb_config
+from containerbench import nodeimages
 from containerbench.config import BENCH_ENVS, MPI_FLAVOURS, BenchEnv, MpiFlavour
 from containerbench.images import CONVERTED
 from containerbench.imagestep import (
@@ -173,9 +174,11 @@ def cmd_freeze_image(args) -> int:
 
 
 def cmd_node_image(args) -> int:
-    from containerbench import nodeimages
-
     try:
+        if args.orphans_only and args.engine not in ENGINES:
+            print(f"containerbench: node-image: --orphans-only is for {' and '.join(ENGINES)}, whose containers "
+                  f"outlive their client; {args.engine} has none", file=sys.stderr)
+            return 2
         if args.orphans_only:
             removed = nodeimages.remove_orphans(args.engine)
             markers.emit(nodeimages.LINE, {"host": socket.gethostname(), "engine": args.engine,

@@ -90,9 +90,13 @@ class PodmanHPC(Podman):
         return {"image_id": squashed[0]}
 
     def node_prepare_argv(self, python: str, stamp: str | None = None, archive: str | None = None) -> list[str] | None:
-        # Nothing to load: each node is asked which copy it would run, from the SQUASH_DIR it mounts (nodeimages).
+        # Nothing to load: each node is asked which copy it would run, from the SQUASH_DIR it mounts (nodeimages), of
+        # an image the workflow migrated (`stamp`). A site's image is pinned by digest, and podman-hpc pulls it where
+        # a node lacks it, as before: no step.
+        if stamp is None:
+            return None
         return [python, "-m", "containerbench", "node-image", "--engine", self.binary, "--image", self.image,
-                *(["--stamp", stamp] if stamp else [])]
+                "--stamp", stamp]
 
     # What podman-hpc's openmpi-pmix module adds for a Slurm-launched Open MPI rank, without its
     # --privileged (etc/modules.d/openmpi-pmix.yaml): slurmd's spool (the PMIx server's rendezvous
