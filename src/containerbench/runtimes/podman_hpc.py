@@ -3,8 +3,11 @@ benchmark needs (no --privileged)."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shlex
+from pathlib import Path
 
 from containerbench.launchers import Mpirun
 from containerbench.runtimes.base import RANK_PREFIXES, BuiltImage, NodeRequirement, RunRequest, register
@@ -52,10 +55,44 @@ class PodmanHPC(Podman):
         return [["podman-hpc", "rmi", built.tag]]
 
     @classmethod
-    def remove_prepared_commands(cls, built: BuiltImage) -> list[list[str]]:
+    def remove_prepared_commands(cls, built: BuiltImage, mountinfo: str | None = None) -> list[list[str]]:
         # SQUASH_DIR is read-only to podman (an additional store), so its `rmi` cannot take the squashed copy;
-        # `rmsqi` "Removes a squashed image" (1.2.2 podman_hpc.py), and exits 0 whatever happened, as migrate does.
-        return [["podman-hpc", "rmsqi", built.tag]]
+        # `rmsqi` "Removes a squashed image" (1.2.2 podman_hpc.py). It deletes the image's layer directory with
+        # rmtree, which fails inside a squashfuse mount left there ("OSError: [Errno 38] Function not implemented",
+        # exit 1, seen in CI): such a mount is unmounted first. umount(8) without -l refuses one a container
+        # still holds ("target is busy"), which then stops the removal in one line naming it.
+        if mountinfo is None:
+            mountinfo = Path("/proc/self/mountinfo").read_text()
+        return [*(["umount", path] for path in cls.squash_mounts(built.tag, mountinfo)),
+                ["podman-hpc", "rmsqi", built.tag]]
+
+    @staticmethod
+    def squash_dir() -> Path:
+        """The migrate store podman-hpc uses here: SQUASH_DIR, else $SCRATCH/storage (1.2.2 siteconfig.py)."""
+        return Path(os.environ.get("SQUASH_DIR", f"{os.environ.get('SCRATCH', '/tmp')}/storage"))
+
+    @classmethod
+    def squash_mounts(cls, tag: str, mountinfo: str) -> list[str]:
+        """The squashfuse mounts of `tag`'s squashed layers on this host (`mountinfo`: /proc/self/mountinfo's text).
+        fuse-overlayfs-wrap mounts a layer's squash file at the lower directory podman names, the layer's diff or
+        its short link under overlay/l (1.2.2 bin/fuse-overlayfs-wrap; both seen in /proc/mounts here)."""
+        store = cls.squash_dir().resolve()
+        try:
+            records = json.loads((store / "overlay-images" / "images.json").read_text())
+        except (OSError, ValueError):
+            return []
+        roots = []
+        for layer in (record["layer"] for record in records if tag in record.get("names", ())):
+            roots.append(store / "overlay" / layer)
+            if (link := store / "overlay" / layer / "link").is_file():
+                roots.append(store / "overlay" / "l" / link.read_text().strip())
+        mounts = []
+        for line in mountinfo.splitlines():  # proc(5): ID PARENT DEV ROOT MOUNTPOINT ... - FSTYPE SOURCE ...
+            fields, _, after = line.partition(" - ")
+            point = re.sub(r"\\([0-7]{3})", lambda code: chr(int(code[1], 8)), fields.split()[4])
+            if after.startswith("fuse.squashfuse") and any(Path(point).is_relative_to(root) for root in roots):
+                mounts.append(point)
+        return mounts[::-1]  # the last mounted first: one mounted over another is taken before it
 
     @staticmethod
     def listing_argv(tag: str) -> list[str]:
@@ -156,8 +193,22 @@ class PodmanHPC(Podman):
     def engine_args(self) -> list[str]:
         return [self.binary, "shared-run"]
 
+    # fuse-overlayfs-wrap leaves a waiter that unmounts the image's squashfuse once the container's overlay is
+    # gone, trying UMOUNT_WAIT_RETRIES times UMOUNT_WAIT_DELAY s apart and then giving up (1.2.2
+    # bin/fuse-overlayfs-wrap, `wait`; defaults 5 and 1 s). A mount held 5 s longer (a second container of the
+    # image ending later; fuse-overlayfs or conmon slow to end on a busy node) stays mounted for good: one per run,
+    # and `rmsqi` then fails in it. The waiter inherits podman's environment (its LOG and retries seen here) and
+    # ends once the unmount succeeds, so a long bound costs only a sleeping shell while the mount is held.
+    UMOUNT_WAIT_RETRIES = "3600"
+
+    def env_args(self, request: RunRequest) -> list[str]:
+        words = super().env_args(request)  # pairs of --env NAME; the wrap's bound is the engine's, not the rank's
+        return [word for at in range(0, len(words), 2) if words[at + 1] != "UMOUNT_WAIT_RETRIES"
+                for word in words[at:at + 2]]
+
     def environment(self, request: RunRequest) -> dict[str, str]:
         env = super().environment(request)
+        env["UMOUNT_WAIT_RETRIES"] = os.environ.get("UMOUNT_WAIT_RETRIES", self.UMOUNT_WAIT_RETRIES)
         if self.launcher == Mpirun.kind:
             local_id, local_count = self.LOCAL_RANK[self.native]
             env.update(PODMANHPC_LOCALID_VAR=local_id, PODMANHPC_TASKS_PER_NODE_VAR=local_count)
