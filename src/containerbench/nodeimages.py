@@ -35,7 +35,7 @@ from pathlib import Path
 
 from containerbench.processes import checkable, run_group, running
 from containerbench.rank.rankexec import CLIENT_LABEL, CLIENT_UID_LABEL
-from containerbench.runtimes import PINNED, Charliecloud, Docker, PodmanHPC, engine_env
+from containerbench.runtimes import CONTAINER_RUNTIMES, PINNED, Docker, engine_env
 
 # An image query answers in seconds; a load of a 2 GB archive took 40-70 s here.
 QUERY_TIMEOUT_S = 120
@@ -44,7 +44,7 @@ LOAD_TIMEOUT_S = 1800
 # provenance), as only the launch reads it, from the node-image step's own output.
 LINE = "containerbench-node-image "
 # The runtimes whose nodes all read one shared copy (shared_copy), not a store of their own (ensure).
-SHARED_COPIES = (PodmanHPC.name, Charliecloud.name)
+SHARED_COPIES = tuple(name for name, runtime in CONTAINER_RUNTIMES.items() if runtime.shares_one_copy)
 
 
 class NodeImageError(RuntimeError):
@@ -176,30 +176,14 @@ def answer(engine: str, image: str, image_id: str, loaded: bool, started: float,
 
 def shared_copy(engine: str, image: str, stamp: Path | str | None = None) -> dict:
     """The image this node's ranks will run where every node reads one shared copy, as this node sees it; nothing
-    is loaded. podman-hpc: its squashed copy in SQUASH_DIR, and any copy of the tag in the node's own store (its
-    graph_root, the main store beside SQUASH_DIR's additional one): every copy a run could take, held to the
-    stamp's id. Charliecloud: the id of the image the directory was converted from, kept beside it."""
+    is loaded (the runtime's shared_copy: podman-hpc's copies in SQUASH_DIR and its own store, held to the
+    stamp's id; Charliecloud's directory and the id of the image it was converted from)."""
     host, started = socket.gethostname(), time.monotonic()
     if engine not in SHARED_COPIES:
         raise NodeImageError(f"{host}: {engine} keeps no shared copy; allowed: {', '.join(SHARED_COPIES)}")
-    if engine == Charliecloud.name:
-        marker = Path(Charliecloud.image_id_file(image))
-        if not (Path(image) / "ch").is_dir() or not marker.is_file():
-            raise NodeImageError(f"{host}: the image directory {image} (with {marker.name} beside it) is not here; "
-                                 "allowed: a clone on a filesystem every node mounts at the same path")
-        return answer(engine, image, marker.read_text().strip(), False, started)
-    copies = PodmanHPC.listed_copies(_run(PodmanHPC.listing_argv(image), QUERY_TIMEOUT_S))
-    squash_dir = os.environ.get("SQUASH_DIR", "unset: $SCRATCH/storage")
-    held = sorted(set(copies["own"] + copies["squashed"]))
-    if not held:
-        raise NodeImageError(f"{host}: no squashed copy of {image} in SQUASH_DIR ({squash_dir}) here; allowed: a "
-                             "SQUASH_DIR every node mounts at the same path, set for the run, migrated to by the "
-                             "workflow")
     wanted = expected_id(stamp) if stamp else None
-    if len(held) > 1 or (wanted is not None and held != [wanted]):
-        listed = "; ".join(f"{store} {', '.join(ids)}" for store, ids in copies.items() if ids)
-        raise NodeImageError(f"{host}: podman-hpc here holds {image} as {listed}, and the workflow migrated "
-                             f"{wanted}; allowed: the SQUASH_DIR the workflow migrated to ({squash_dir}), with no "
-                             f"other copy of {image} in the node's own store (`podman-hpc rmi {image}`)")
-    stores = [store for store, ids in copies.items() if ids]
-    return answer(engine, image, held[0], False, started, stores=stores)
+    try:
+        image_id, more = CONTAINER_RUNTIMES[engine].shared_copy(image, wanted, lambda argv: _run(argv, QUERY_TIMEOUT_S))
+    except ValueError as error:
+        raise NodeImageError(f"{host}: {error}") from None
+    return answer(engine, image, image_id, False, started, **more)

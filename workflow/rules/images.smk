@@ -165,7 +165,7 @@ for BENCH_ENV, FLAVOUR in itertools.product(
             getattr(rules, f"image_build{RULE_SUFFIX}").output,
         output:
             image=directory(FILES["charliecloud-dir"]),
-            image_id=f"{FILES['charliecloud-dir']}.image-id",  # the id of the image it was converted from
+            image_id=runtimes.Charliecloud.image_id_file(FILES["charliecloud-dir"]),  # the id it was converted from
         log:
             LOGS / "charliecloud.txt",
         params:

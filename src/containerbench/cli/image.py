@@ -28,7 +28,6 @@ from containerbench.imagestep import (
     ImageStepError,
     write_file,
 )
-from containerbench.nodeimages import SHARED_COPIES
 from containerbench.rank import markers
 from containerbench.runtimes import CONTAINER_RUNTIMES, ENGINES, BareMetal, Charliecloud, Podman
 
@@ -187,7 +186,7 @@ def cmd_node_image(args) -> int:
         if not args.image:
             print("containerbench: node-image: --image is required, unless --orphans-only", file=sys.stderr)
             return 2
-        answer = (nodeimages.shared_copy(args.engine, args.image, args.stamp) if args.engine in SHARED_COPIES
+        answer = (nodeimages.shared_copy(args.engine, args.image, args.stamp) if args.engine in nodeimages.SHARED_COPIES
                   else nodeimages.ensure(args.engine, args.image, args.stamp, args.archive, args.timeout))
         markers.emit(nodeimages.LINE, answer)
     except nodeimages.NodeImageError as error:
@@ -288,7 +287,7 @@ def add_commands(sub) -> None:
     p = sub.add_parser("node-image", help="put a docker or podman image in this node's store, from its archive "
                                           "where the node lacks it, or find podman-hpc's squashed copy or "
                                           "Charliecloud's directory as this node sees it; print the id (one line)")
-    p.add_argument("--engine", required=True, choices=[*ENGINES, *SHARED_COPIES])
+    p.add_argument("--engine", required=True, choices=[*ENGINES, *nodeimages.SHARED_COPIES])
     p.add_argument("--image", help="the tag the ranks run")
     p.add_argument("--stamp", help="the workflow's stamp of the image: the id every node must hold")
     p.add_argument("--archive", help="the docker archive to load where the node lacks the image")

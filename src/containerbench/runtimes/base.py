@@ -287,6 +287,16 @@ class Runtime(abc.ABC):
         [] where the artifact file is the copy, removed with the other files."""
         return []
 
+    # Do all nodes run one copy on a shared filesystem (shared_copy), not one in a store of each node's own?
+    shares_one_copy = False
+
+    @classmethod
+    def shared_copy(cls, image: str, wanted: str | None, run) -> tuple[str, dict]:
+        """Where shares_one_copy: the id of the copy of `image` this node's ranks will run, as this node sees it,
+        and what more its answer holds; nothing is loaded. `wanted`: the id the workflow made, or None; `run(argv)`
+        returns a command's output. A ValueError names what is wrong here and what is allowed."""
+        raise NotImplementedError(f"{cls.name} keeps no shared copy")
+
     @classmethod
     def read_prepared(cls, built: BuiltImage, run) -> dict[str, str]:
         """What the prepare commands made, read back for the artifact's stamp where their exit status does not

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import pwd
+from pathlib import Path
 
 from containerbench.launchers import Mpirun
 from containerbench.runtimes.base import (
@@ -78,6 +79,17 @@ class Charliecloud(ContainerRuntime):
         (ch-run(1), "--set-env": "the file /ch/environment within the image"), written from the engine's
         inspect (Config.Env), as ch-convert's own export does."""
         return f"{out}/ch/environment"
+
+    shares_one_copy = True
+
+    @classmethod
+    def shared_copy(cls, image: str, wanted: str | None, run) -> tuple[str, dict]:
+        # The id of the image the directory was converted from, kept beside it; held to the build by its reader.
+        marker = Path(cls.image_id_file(image))
+        if not (Path(image) / "ch").is_dir() or not marker.is_file():
+            raise ValueError(f"the image directory {image} (with {marker.name} beside it) is not here; "
+                             "allowed: a clone on a filesystem every node mounts at the same path")
+        return marker.read_text().strip(), {}
 
     @staticmethod
     def image_id_file(out: str) -> str:

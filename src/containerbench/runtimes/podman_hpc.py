@@ -94,6 +94,25 @@ class PodmanHPC(Podman):
                 mounts.append(point)
         return mounts[::-1]  # the last mounted first: one mounted over another is taken before it
 
+    shares_one_copy = True
+
+    @classmethod
+    def shared_copy(cls, image: str, wanted: str | None, run) -> tuple[str, dict]:
+        # Every copy a run could take: the squashed one in SQUASH_DIR, and any in the node's own store (its
+        # graph_root, the main store beside SQUASH_DIR's additional one), held to the migrated id.
+        copies = cls.listed_copies(run(cls.listing_argv(image)))
+        held = sorted(set(copies["own"] + copies["squashed"]))
+        if not held:
+            raise ValueError(f"no squashed copy of {image} in SQUASH_DIR ({cls.squash_dir()}) here; allowed: a "
+                             "SQUASH_DIR every node mounts at the same path, set for the run, migrated to by the "
+                             "workflow")
+        if len(held) > 1 or (wanted is not None and held != [wanted]):
+            listed = "; ".join(f"{store} {', '.join(ids)}" for store, ids in copies.items() if ids)
+            raise ValueError(f"podman-hpc here holds {image} as {listed}, and the workflow migrated {wanted}; "
+                             f"allowed: the SQUASH_DIR the workflow migrated to ({cls.squash_dir()}), with no "
+                             f"other copy of {image} in the node's own store (`podman-hpc rmi {image}`)")
+        return held[0], {"stores": [store for store, ids in copies.items() if ids]}
+
     @staticmethod
     def listing_argv(tag: str) -> list[str]:
         """Every copy of `tag` podman-hpc would run: `images` lists SQUASH_DIR's copies as read-only beside its own
