@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 from helpers import example_request
@@ -564,29 +565,71 @@ def test_the_clones_podman_settings_reach_podman_however_the_workflow_is_started
 def test_podman_hpc_removal_unmounts_the_images_squashfuse_mounts_only(tmp_path, monkeypatch):
     """A squashfuse mount fuse-overlayfs-wrap left (1.2.2 bin/fuse-overlayfs-wrap mounts LAYER's squash file at the
     lower directory podman names: overlay/LAYER/diff or its link overlay/l/LINK, both seen in /proc/mounts here) is
-    unmounted before `rmsqi`, last mounted first; another image's, and what is not squashfuse, are left. The mount
-    table as proc(5) writes it (octal escapes); the store as podman-hpc's migrate lays it out (images.json, link).
-    The real leak and its removal: test_containers."""
+    unmounted before `rmsqi` (release_prepared), last mounted first; another image's, and what is not squashfuse,
+    are left. The image is the one rmsqi takes for the tag (get_img_info: a short name as localhost/NAME:latest
+    among others). The mount table as proc(5) writes it (optional fields, octal escapes, resolved paths: SQUASH_DIR
+    here is a link); the store as podman-hpc's migrate lays it out (images.json, link). The real leak and its
+    removal: test_containers."""
     store = tmp_path / "sq uash"
-    monkeypatch.setenv("SQUASH_DIR", str(store))
+    (tmp_path / "scratch").symlink_to(store)
+    monkeypatch.setenv("SQUASH_DIR", str(tmp_path / "scratch"))
     (store / "overlay-images").mkdir(parents=True)
     (store / "overlay-images" / "images.json").write_text(json.dumps(
         [{"id": "1" * 64, "names": ["localhost/cb:latest"], "layer": "a" * 64},
-         {"id": "2" * 64, "names": ["localhost/other:1"], "layer": "b" * 64}]))
-    for layer, link in (("a", "LINKA"), ("b", "LINKB")):
+         {"id": "2" * 64, "names": ["localhost/other:1"], "layer": "b" * 64},
+         {"id": "3" * 64, "names": ["localhost/unlinked:1"], "layer": "c" * 64}]))
+    for layer, link in (("a", "LINKA"), ("b", "LINKB"), ("c", "")):
         (store / "overlay" / (layer * 64)).mkdir(parents=True)
         (store / "overlay" / (layer * 64) / "link").write_text(link)
     root = str(store).replace(" ", "\\040")
     mountinfo = "\n".join([
-        "22 1 0:21 / / rw - ext4 /dev/vda rw",
-        f"90 22 0:50 / {root}/overlay/{'a' * 64}/diff rw,nosuid - fuse.squashfuse_ll squashfuse_ll rw",
-        f"91 22 0:51 / {root}/overlay/l/LINKA rw,nosuid - fuse.squashfuse_ll squashfuse_ll rw",
+        "22 1 0:21 / / rw shared:1 - ext4 /dev/vda rw",
+        f"90 22 0:50 / {root}/overlay/{'a' * 64}/diff rw,nosuid shared:40 - fuse.squashfuse_ll squashfuse_ll rw",
+        f"91 22 0:51 / {root}/overlay/l/LINKA rw,nosuid shared:41 master:3 - fuse.squashfuse_ll squashfuse_ll rw",
         f"92 22 0:52 / {root}/overlay/l/LINKB rw,nosuid - fuse.squashfuse squashfuse rw",
         f"93 22 0:53 / {root}/overlay/{'a' * 64}/merged rw - fuse.fuse-overlayfs fuse-overlayfs rw"])
-    built = BuiltImage("localhost/cb:latest")
-    assert PodmanHPC.remove_prepared_commands(built, mountinfo) == [
-        ["umount", f"{store}/overlay/l/LINKA"], ["umount", f"{store}/overlay/{'a' * 64}/diff"],
-        ["podman-hpc", "rmsqi", "localhost/cb:latest"]]
-    # No store there (nothing migrated): rmsqi alone, which finds nothing.
+    assert PodmanHPC.squash_mounts("cb", mountinfo) == [f"{store}/overlay/l/LINKA", f"{store}/overlay/{'a' * 64}/diff"]
+    assert PodmanHPC.remove_prepared_commands(BuiltImage("cb")) == [["podman-hpc", "rmsqi", "cb"]]
+    # A layer whose link file is empty: its own directory only, never all of overlay/l.
+    assert PodmanHPC.squash_mounts("localhost/unlinked:1", mountinfo) == []
+    # No store there (nothing migrated): none.
     monkeypatch.setenv("SQUASH_DIR", str(tmp_path / "none"))
-    assert PodmanHPC.remove_prepared_commands(built, mountinfo) == [["podman-hpc", "rmsqi", "localhost/cb:latest"]]
+    assert PodmanHPC.squash_mounts("cb", mountinfo) == []
+
+
+def test_podman_hpc_prepares_and_removals_take_turns_on_a_lock_in_squash_dir(tmp_path, monkeypatch):
+    """migrate and rmsqi rewrite SQUASH_DIR's images.json in place with no lock (1.2.2 migrate2scratch.py,
+    upsert_image and del_rec: `json.dump(data, open(path, "w"))`); the two flavours' migrates at once failed in the
+    workflow here ("JSONDecodeError: Extra data"). Another process's prepare or removal waits for the lock in
+    SQUASH_DIR, which every host that migrates shares."""
+    monkeypatch.setenv("SQUASH_DIR", str(tmp_path / "squash"))
+    second = [sys.executable, "-c", "from containerbench.runtimes import PodmanHPC\n"
+              "with PodmanHPC.store_lock():\n    print('took it', flush=True)"]
+    with PodmanHPC.store_lock():
+        waiting = subprocess.Popen(second, stdout=subprocess.PIPE, text=True)
+        with pytest.raises(subprocess.TimeoutExpired):
+            waiting.wait(timeout=1.5)
+    assert waiting.communicate(timeout=60)[0] == "took it\n"
+    assert (tmp_path / "squash" / ".containerbench-lock").is_file()
+
+
+def test_podman_hpc_shared_run_containers_whose_starter_ended_are_orphans():
+    """shared-run names the node's container uid-UID-pid-PPID after the process that started the rank's podman-hpc
+    (1.2.2 podman_hpc.py, _shared_run); `podman ps --format {{.StartedAt}}` gives when it started, in seconds. An
+    orphan: its starter is gone, or the pid belongs to a process started after the container (reused). A live
+    starter's, another user's (for a user; root judges all), and a container of another name are left."""
+    me, now = os.getuid(), int(time.time())
+    live = subprocess.Popen(["sleep", "60"])
+    try:
+        gone = subprocess.Popen(["true"])
+        gone.wait()
+        listing = "\n".join(f"{name} {started} localhost/cb:{tag}" for tag, (name, started) in enumerate([
+            (f"uid-{me}-pid-{live.pid}", now + 5), (f"uid-{me}-pid-{gone.pid}", now),
+            (f"uid-{me}-pid-{live.pid}", now - 3600),  # the pid reused since that container started
+            (f"uid-{me + 1}-pid-{gone.pid}", now), ("quirky_name", now)])) + "\nError: no such thing"
+        others = {f"uid-{me + 1}-pid-{gone.pid}": "localhost/cb:3"} if me == 0 else {}
+        assert PodmanHPC.orphaned_shared_runs(listing) == {f"uid-{me}-pid-{gone.pid}": "localhost/cb:1",
+                                                           f"uid-{me}-pid-{live.pid}": "localhost/cb:2", **others}
+    finally:
+        live.kill()
+        live.wait()

@@ -225,17 +225,18 @@ def prepare_runtime(name: str, image: BuiltImage, timeout: float = DEFAULT_STEP_
     cls = CONTAINER_RUNTIMES[name]
     artifact = Path(cls.artifact(image))
     artifact.parent.mkdir(parents=True, exist_ok=True)
-    for argv in cls.prepare_commands(image):
-        run_step(f"{name} ({argv[0]} {argv[1]})", argv, timeout=timeout)
-    try:
-        found = read_prepared(name, image, timeout)
-    except ValueError as error:
-        raise ImageStepError(f"{name}: {error}") from None
-    if found.get("image_id"):
-        check_prepared_id(name, cls.reference(image), found["image_id"],
-                          Path(image_files(image.tag, image.build_dir)[image.engine]))
-    for argv in cls.after_prepared_commands(image):
-        run_step(f"{name} ({argv[0]} {argv[1]})", argv, timeout=timeout)
+    with cls.store_lock():
+        for argv in cls.prepare_commands(image):
+            run_step(f"{name} ({argv[0]} {argv[1]})", argv, timeout=timeout)
+        try:
+            found = read_prepared(name, image, timeout)
+        except ValueError as error:
+            raise ImageStepError(f"{name}: {error}") from None
+        if found.get("image_id"):
+            check_prepared_id(name, cls.reference(image), found["image_id"],
+                              Path(image_files(image.tag, image.build_dir)[image.engine]))
+        for argv in cls.after_prepared_commands(image):
+            run_step(f"{name} ({argv[0]} {argv[1]})", argv, timeout=timeout)
     if cls.artifact_is_stamp:
         _write(artifact, json.dumps({"image": cls.reference(image), **found}) + "\n")
     return cls.reference(image)
@@ -245,17 +246,22 @@ def remove_prepared(name: str, image: BuiltImage, timeout: float = DEFAULT_STEP_
     """Remove the copy `name`'s prepare put in its own store, where one is there (read back first, and again
     after: podman-hpc's rmsqi exits 0 when it removed nothing). Returns what was removed."""
     cls = CONTAINER_RUNTIMES[name]
-    commands = cls.remove_prepared_commands(image)
-    if not commands or not run_probe(cls.probe)[0]:
+    if not cls.remove_prepared_commands(image) or not run_probe(cls.probe)[0]:
         return []
-    try:
-        read_prepared(name, image, timeout)
-    except ValueError:
-        return []  # nothing prepared in this store
-    for argv in commands:
-        run_step(f"remove ({argv[0]} {argv[1]})", argv, timeout=timeout)
-    try:
-        left = read_prepared(name, image, timeout)
-    except ValueError:
-        return [f"{name} {image.tag}"]
+    with cls.store_lock():
+        try:
+            read_prepared(name, image, timeout)
+        except ValueError:
+            return []  # nothing prepared in this store
+        try:
+            cls.release_prepared(image)
+        except ValueError as error:
+            raise ImageStepError(f"remove ({name}): {error}") from None
+        commands = cls.remove_prepared_commands(image)
+        for argv in commands:
+            run_step(f"remove ({argv[0]} {argv[1]})", argv, timeout=timeout)
+        try:
+            left = read_prepared(name, image, timeout)
+        except ValueError:
+            return [f"{name} {image.tag}"]
     raise ImageStepError(f"remove ({name}): `{shlex.join(commands[-1])}` left {image.tag} ({left}) in place")

@@ -35,7 +35,7 @@ from pathlib import Path
 
 from containerbench.processes import checkable, run_group, running
 from containerbench.rank.rankexec import CLIENT_LABEL, CLIENT_UID_LABEL
-from containerbench.runtimes import CONTAINER_RUNTIMES, PINNED, Docker, engine_env
+from containerbench.runtimes import CONTAINER_RUNTIMES, PINNED, Docker, PodmanHPC, engine_env
 
 # An image query answers in seconds; a load of a 2 GB archive took 40-70 s here.
 QUERY_TIMEOUT_S = 120
@@ -43,6 +43,8 @@ LOAD_TIMEOUT_S = 1800
 # The line each node prints: not a rank's marker (containerbench.rank.markers is in the benchmark's
 # provenance), as only the launch reads it, from the node-image step's own output.
 LINE = "containerbench-node-image "
+# The engines whose containers outlive the ranks that started them (remove_orphans).
+LEAVES_ORPHANS = (Docker.binary, PodmanHPC.binary)
 # The runtimes whose nodes all read one shared copy (shared_copy), not a store of their own (ensure).
 SHARED_COPIES = tuple(name for name, runtime in CONTAINER_RUNTIMES.items() if runtime.shares_one_copy)
 
@@ -100,19 +102,32 @@ def listed_clients(engine: str, timeout: float = QUERY_TIMEOUT_S) -> dict[str, t
             for words in map(str.split, _run(argv, timeout).splitlines()) if len(words) >= 2}
 
 
+def listed_orphans(engine: str, timeout: float = QUERY_TIMEOUT_S) -> list[str]:
+    """This node's containers of ours whose client has surely ended: docker's by their labels (orphaned),
+    podman-hpc's shared-run containers by the process their name holds (PodmanHPC.orphaned_shared_runs)."""
+    if engine == PodmanHPC.binary:
+        return list(PodmanHPC.orphaned_shared_runs(_run(list(PodmanHPC.SHARED_RUNS_ARGV), timeout)))
+    return [container for container, (client, owner) in listed_clients(engine, timeout).items()
+            if orphaned(client, owner)]
+
+
 def remove_orphans(engine: str, timeout: float = QUERY_TIMEOUT_S) -> list[str]:
-    """Remove this node's running containers of ours whose client has surely ended (orphaned): dockerd keeps
-    a container running when its client is killed, outside the Slurm step that ended, holding the node's GPUs
-    and memory. Returns their ids. A removal that fails is listed again: one gone meanwhile (its own --rm,
-    another node-image step) is no failure."""
-    orphans = [container for container, (client, owner) in listed_clients(engine, timeout).items()
-               if orphaned(client, owner)]
+    """Remove this node's running containers of ours whose client has surely ended (listed_orphans): dockerd
+    keeps a container running when its client is killed, outside the Slurm step that ended, and podman-hpc's
+    shared-run one when its ranks are, holding the node's GPUs and memory. Returns their ids or names. A removal
+    that fails is listed again: one gone meanwhile (its own --rm, another node-image step) is no failure."""
+    if engine == PodmanHPC.binary:  # their images too: what the removed ones had mounted
+        images = PodmanHPC.orphaned_shared_runs(_run(list(PodmanHPC.SHARED_RUNS_ARGV), timeout))
+        orphans = list(images)
+    else:
+        images, orphans = {}, listed_orphans(engine, timeout)
     if orphans:
         try:
-            _run([engine, "rm", "--force", *orphans], timeout)  # docker-rm(1): kills a running one first
+            _run([engine, "rm", "--force", *orphans], timeout)  # docker-rm(1), podman-rm(1): kill a running one first
         except NodeImageError:
-            if set(orphans) & set(listed_clients(engine, timeout)):
+            if set(orphans) & set(listed_orphans(engine, timeout)):
                 raise
+    PodmanHPC.unmount_released(images.values())
     return orphans
 
 
@@ -137,7 +152,7 @@ def ensure(engine: str, image: str, stamp: Path | str | None = None, archive: Pa
     `archive` where the node lacks it or holds another image under the tag. Returns what the node ran:
     host, engine, image, image_id, loaded and the seconds it took."""
     # Only docker's ranks are labelled (Docker.rank_argv, through the shim): dockerd, not the rank, starts them.
-    orphans = remove_orphans(engine) if engine == Docker.binary else []
+    orphans = remove_orphans(engine) if engine in LEAVES_ORPHANS else []
     host, started = socket.gethostname(), time.monotonic()
     wanted = expected_id(stamp) if stamp else None
     with open(_lock_path(engine, image), "w") as lock:
@@ -181,9 +196,10 @@ def shared_copy(engine: str, image: str, stamp: Path | str | None = None) -> dic
     host, started = socket.gethostname(), time.monotonic()
     if engine not in SHARED_COPIES:
         raise NodeImageError(f"{host}: {engine} keeps no shared copy; allowed: {', '.join(SHARED_COPIES)}")
+    orphans = {"removed_orphans": remove_orphans(engine)} if engine in LEAVES_ORPHANS else {}
     wanted = expected_id(stamp) if stamp else None
     try:
         image_id, more = CONTAINER_RUNTIMES[engine].shared_copy(image, wanted, lambda argv: _run(argv, QUERY_TIMEOUT_S))
     except ValueError as error:
         raise NodeImageError(f"{host}: {error}") from None
-    return answer(engine, image, image_id, False, started, **more)
+    return answer(engine, image, image_id, False, started, **orphans, **more)

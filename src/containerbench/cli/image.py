@@ -174,8 +174,9 @@ def cmd_freeze_image(args) -> int:
 
 def cmd_node_image(args) -> int:
     try:
-        if args.orphans_only and args.engine not in ENGINES:
-            print(f"containerbench: node-image: --orphans-only is for {' and '.join(ENGINES)}, whose containers "
+        with_orphans = list(dict.fromkeys([*ENGINES, *nodeimages.LEAVES_ORPHANS]))
+        if args.orphans_only and args.engine not in with_orphans:
+            print(f"containerbench: node-image: --orphans-only is for {', '.join(with_orphans)}, whose containers "
                   f"outlive their client; {args.engine} has none", file=sys.stderr)
             return 2
         if args.orphans_only:

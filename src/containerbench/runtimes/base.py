@@ -4,6 +4,7 @@ base classes with their hooks, and the registry a runtime class joins with @regi
 from __future__ import annotations
 
 import abc
+import contextlib
 import getpass
 import os
 import re
@@ -287,6 +288,11 @@ class Runtime(abc.ABC):
         [] where the artifact file is the copy, removed with the other files."""
         return []
 
+    @classmethod
+    def store_lock(cls) -> contextlib.AbstractContextManager:
+        """Held around its prepare and its removal, where its own store takes no lock of its own."""
+        return contextlib.nullcontext()
+
     # Do all nodes run one copy on a shared filesystem (shared_copy), not one in a store of each node's own?
     shares_one_copy = False
 
@@ -296,6 +302,12 @@ class Runtime(abc.ABC):
         and what more its answer holds; nothing is loaded. `wanted`: the id the workflow made, or None; `run(argv)`
         returns a command's output. A ValueError names what is wrong here and what is allowed."""
         raise NotImplementedError(f"{cls.name} keeps no shared copy")
+
+    @classmethod
+    def release_prepared(cls, built: BuiltImage) -> None:
+        """Before remove_prepared_commands: let go of what holds the copy on this host; a ValueError names what
+        still does and what is allowed."""
+        return None
 
     @classmethod
     def read_prepared(cls, built: BuiltImage, run) -> dict[str, str]:

@@ -3,15 +3,36 @@ benchmark needs (no --privileged)."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import re
 import shlex
+import subprocess
+import tempfile
+import time
 from pathlib import Path
 
 from containerbench.launchers import Mpirun
-from containerbench.runtimes.base import RANK_PREFIXES, BuiltImage, NodeRequirement, RunRequest, register
+from containerbench.processes import started_unix
+from containerbench.runtimes.base import (
+    RANK_PREFIXES,
+    BuiltImage,
+    NodeRequirement,
+    RunRequest,
+    register,
+    run_probe,
+)
 from containerbench.runtimes.oci import Podman
+
+
+def mount_table() -> str:
+    """This host's /proc/self/mountinfo; empty where there is none."""
+    try:
+        return Path("/proc/self/mountinfo").read_text()
+    except OSError:
+        return ""
 
 
 @register
@@ -55,21 +76,100 @@ class PodmanHPC(Podman):
         return [["podman-hpc", "rmi", built.tag]]
 
     @classmethod
-    def remove_prepared_commands(cls, built: BuiltImage, mountinfo: str | None = None) -> list[list[str]]:
+    def remove_prepared_commands(cls, built: BuiltImage) -> list[list[str]]:
         # SQUASH_DIR is read-only to podman (an additional store), so its `rmi` cannot take the squashed copy;
-        # `rmsqi` "Removes a squashed image" (1.2.2 podman_hpc.py). It deletes the image's layer directory with
-        # rmtree, which fails inside a squashfuse mount left there ("OSError: [Errno 38] Function not implemented",
-        # exit 1, seen in CI): such a mount is unmounted first. umount(8) without -l refuses one a container
-        # still holds ("target is busy"), which then stops the removal in one line naming it.
-        if mountinfo is None:
-            mountinfo = Path("/proc/self/mountinfo").read_text()
-        return [*(["umount", path] for path in cls.squash_mounts(built.tag, mountinfo)),
-                ["podman-hpc", "rmsqi", built.tag]]
+        # `rmsqi` "Removes a squashed image" (1.2.2 podman_hpc.py), after release_prepared.
+        return [["podman-hpc", "rmsqi", built.tag]]
+
+    @classmethod
+    def release_prepared(cls, built: BuiltImage) -> None:
+        # rmsqi deletes the image's layer directory with rmtree, which fails inside a squashfuse mount left there
+        # ("OSError: [Errno 38] Function not implemented", exit 1, seen in CI). An orphaned shared-run container,
+        # which holds the mount, goes first (its removal has fuse-overlayfs-wrap's waiter unmount it); then what is
+        # still mounted is unmounted. umount(8) without -l refuses a mount a live container holds ("target is busy").
+        if not cls.squash_mounts(built.tag, mount_table()):
+            return
+        if orphans := cls.orphaned_shared_runs(run_probe(cls.SHARED_RUNS_ARGV, whole=True)[1]):
+            subprocess.run(["podman-hpc", "rm", "--force", *orphans], capture_output=True, timeout=300)
+            time.sleep(1)  # a waiter that lives unmounts its own; what it does not, is unmounted below
+        for path in cls.squash_mounts(built.tag, mount_table()):
+            done = subprocess.run(["umount", path], capture_output=True, text=True, timeout=120)
+            if done.returncode and path in cls.squash_mounts(built.tag, mount_table()):
+                raise ValueError(f"`umount {path}` failed: {(done.stderr.strip().splitlines() or ['?'])[-1]}; "
+                                 f"allowed: the removal once no container of {built.tag} runs on this host")
+
+    @classmethod
+    @contextlib.contextmanager
+    def store_lock(cls):
+        # migrate and rmsqi rewrite SQUASH_DIR's overlay-images/images.json in place (`json.dump(data, open(path,
+        # "w"))`) with no lock (1.2.2 migrate2scratch.py, upsert_image, del_rec): two flavours' migrates at once
+        # failed here ("JSONDecodeError: Extra data" reading it), and either could lose the other's record. Ours take
+        # turns on a lock in SQUASH_DIR, which every host that migrates shares; where its filesystem takes no flock
+        # (Lustre without -o flock), on one in this host's temporary directory.
+        squash = cls.squash_dir()
+        try:
+            squash.mkdir(exist_ok=True)
+            handle = open(squash / ".containerbench-lock", "a")
+        except OSError:
+            handle = None
+        try:
+            if handle is not None:
+                fcntl.flock(handle, fcntl.LOCK_EX)
+        except OSError:
+            handle.close()
+            handle = None
+        if handle is None:
+            handle = open(Path(tempfile.gettempdir()) / f"containerbench-squash-{os.getuid()}.lock", "a")
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        with handle:
+            yield
+
+    # shared-run names the node's container uid-UID-pid-PPID, PPID the process that started the rank's podman-hpc (the
+    # launcher's proxy), and rank 0's monitor stops it once every local rank has reported back (1.2.2 podman_hpc.py,
+    # _shared_run and monitor). Ranks stopped before they report (a run hung at exit or timed out, which the launch
+    # stops) leave it running `sleep infinity`, with the image's mount and what the ranks held (seen here): an orphan
+    # once that process has ended, or its pid belongs to a process started after the container.
+    SHARED_RUN_NAME = re.compile(r"uid-(\d+)-pid-(\d+)")
+    SHARED_RUNS_ARGV = ("podman-hpc", "ps", "--format", "{{.Names}} {{.StartedAt}} {{.Image}}")
+
+    @classmethod
+    def orphaned_shared_runs(cls, listing: str) -> dict[str, str]:
+        """The containers of SHARED_RUNS_ARGV's `listing` whose starting process has ended here (this user's, or
+        anyone's for root): name -> its image."""
+        orphans = {}
+        for words in map(str.split, listing.splitlines()):
+            named = cls.SHARED_RUN_NAME.fullmatch(words[0]) if len(words) == 3 and words[1].isdigit() else None
+            if named and (int(named[1]) == os.getuid() or os.getuid() == 0):
+                parent_started = started_unix(int(named[2]))
+                if parent_started is None or parent_started > int(words[1]) + 1:  # +1: StartedAt is whole seconds
+                    orphans[words[0]] = words[2]
+        return orphans
+
+    @classmethod
+    def unmount_released(cls, images) -> None:
+        """Unmount the squashfuse mounts of `images` once their orphans are removed: the launch that stopped the
+        ranks stopped the wrap's waiter with them (it runs in their session), so none would (seen here). A mount
+        another container still holds is refused by umount(8) without -l, and left."""
+        for image in dict.fromkeys(images):
+            for path in cls.squash_mounts(image, mount_table()):
+                subprocess.run(["umount", path], capture_output=True, timeout=120)
 
     @staticmethod
     def squash_dir() -> Path:
         """The migrate store podman-hpc uses here: SQUASH_DIR, else $SCRATCH/storage (1.2.2 siteconfig.py)."""
         return Path(os.environ.get("SQUASH_DIR", f"{os.environ.get('SCRATCH', '/tmp')}/storage"))
+
+    @staticmethod
+    def long_names(tag: str) -> list[str]:
+        """The names rmsqi finds an image by, in its order (1.2.2 migrate2scratch.py, get_img_info)."""
+        name = tag if ":" in tag else f"{tag}:latest"
+        first = name.split("/", 1)[0]
+        if not ("/" in name and ("." in first or ":" in first or first == "localhost")):
+            return [name, f"docker.io/{name}", f"docker.io/library/{name}", f"localhost/{name}"]
+        # Its docker.io/library/ branch follows a docker.io/ one that takes every such name: never reached.
+        if name.startswith("docker.io/") and "/" not in name.removeprefix("docker.io/"):
+            return [name, f"docker.io/library/{name.removeprefix('docker.io/')}"]
+        return [name]
 
     @classmethod
     def squash_mounts(cls, tag: str, mountinfo: str) -> list[str]:
@@ -81,10 +181,14 @@ class PodmanHPC(Podman):
             records = json.loads((store / "overlay-images" / "images.json").read_text())
         except (OSError, ValueError):
             return []
+        # The image rmsqi takes: the first whose id starts with the tag, else the first by name (get_img_info).
+        found = next((record for record in records if record["id"].startswith(tag)), None) or next(
+            (record for name in cls.long_names(tag) for record in records if name in record.get("names", ())), None)
         roots = []
-        for layer in (record["layer"] for record in records if tag in record.get("names", ())):
-            roots.append(store / "overlay" / layer)
-            if (link := store / "overlay" / layer / "link").is_file():
+        if found:
+            roots.append(store / "overlay" / found["layer"])
+            link = store / "overlay" / found["layer"] / "link"
+            if link.is_file() and link.read_text().strip():
                 roots.append(store / "overlay" / "l" / link.read_text().strip())
         mounts = []
         for line in mountinfo.splitlines():  # proc(5): ID PARENT DEV ROOT MOUNTPOINT ... - FSTYPE SOURCE ...
@@ -140,7 +244,7 @@ class PodmanHPC(Podman):
         squashed = cls.listed_copies(listed)["squashed"]
         if not squashed:
             raise ValueError(f"podman-hpc migrate {built.tag}: no squashed copy in SQUASH_DIR "
-                             f"({os.environ.get('SQUASH_DIR', 'unset: $SCRATCH/storage')}); `{shlex.join(argv)}` "
+                             f"({cls.squash_dir()}); `{shlex.join(argv)}` "
                              f"listed {listed.strip() or 'nothing'}; migrate exits 0 when it fails, and logs why "
                              "at --log-level info")
         return {"image_id": squashed[0]}
