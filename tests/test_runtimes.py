@@ -615,21 +615,28 @@ def test_podman_hpc_prepares_and_removals_take_turns_on_a_lock_in_squash_dir(tmp
 
 def test_podman_hpc_shared_run_containers_whose_starter_ended_are_orphans():
     """shared-run names the node's container uid-UID-pid-PPID after the process that started the rank's podman-hpc
-    (1.2.2 podman_hpc.py, _shared_run); `podman ps --format {{.StartedAt}}` gives when it started, in seconds. An
-    orphan: its starter is gone, or the pid belongs to a process started after the container (reused). A live
-    starter's, another user's (for a user; root judges all), and a container of another name are left."""
-    me, now = os.getuid(), int(time.time())
-    live = subprocess.Popen(["sleep", "60"])
+    (1.2.2 podman_hpc.py, _shared_run); `podman ps --format {{.Pid}}` gives the container's first process. An
+    orphan: its starter is gone, or the pid belongs to a process started after that first process (reused), by
+    /proc's start ticks. A live starter's, another user's (for a user; root judges all), and a container of
+    another name are left."""
+    me, started = os.getuid(), []
+    for _ in range(3):  # early, live, late: each at least one clock tick after the one before
+        started.append(subprocess.Popen(["sleep", "60"]))
+        time.sleep(0.1)
+    early, live, late = started
+    gone = subprocess.Popen(["true"])
+    gone.wait()
     try:
-        gone = subprocess.Popen(["true"])
-        gone.wait()
-        listing = "\n".join(f"{name} {started} localhost/cb:{tag}" for tag, (name, started) in enumerate([
-            (f"uid-{me}-pid-{live.pid}", now + 5), (f"uid-{me}-pid-{gone.pid}", now),
-            (f"uid-{me}-pid-{live.pid}", now - 3600),  # the pid reused since that container started
-            (f"uid-{me + 1}-pid-{gone.pid}", now), ("quirky_name", now)])) + "\nError: no such thing"
+        listing = "\n".join(f"{name} {pid} localhost/cb:{tag}" for tag, (name, pid) in enumerate([
+            (f"uid-{me}-pid-{live.pid}", late.pid), (f"uid-{me}-pid-{gone.pid}", late.pid),
+            (f"uid-{me}-pid-{live.pid}", early.pid),  # the pid taken since that container started
+            (f"uid-{me + 1}-pid-{gone.pid}", late.pid), ("quirky_name", late.pid)])) + "\nError: no such thing"
         others = {f"uid-{me + 1}-pid-{gone.pid}": "localhost/cb:3"} if me == 0 else {}
         assert PodmanHPC.orphaned_shared_runs(listing) == {f"uid-{me}-pid-{gone.pid}": "localhost/cb:1",
                                                            f"uid-{me}-pid-{live.pid}": "localhost/cb:2", **others}
     finally:
-        live.kill()
-        live.wait()
+        for process in started:
+            process.kill()
+            process.wait()
+
+

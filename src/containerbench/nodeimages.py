@@ -127,7 +127,7 @@ def remove_orphans(engine: str, timeout: float = QUERY_TIMEOUT_S) -> list[str]:
         except NodeImageError:
             if set(orphans) & set(listed_orphans(engine, timeout)):
                 raise
-    PodmanHPC.unmount_released(images.values())
+    PodmanHPC.unmount_released(images.values())  # one still held by another container is left as it is
     return orphans
 
 

@@ -50,15 +50,16 @@ def start_ticks(pid: int) -> int | None:
     return int(fields[19]) if fields else None
 
 
-def started_unix(pid: int) -> float | None:
-    """When the process started, in seconds since the epoch (boot time from /proc/stat, proc(5)); None when
-    there is no such process."""
-    ticks = start_ticks(pid)
-    if ticks is None:
-        return None
-    boot = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
-                if line.startswith("btime "))
-    return boot + ticks / os.sysconf("SC_CLK_TCK")
+def ended(pid: int) -> bool:
+    """Is there no process `pid` on this host? One this user may not signal or see (another user's, under a /proc
+    mounted hidepid) is there."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
 
 
 def running(pid: int, ticks: int) -> bool:

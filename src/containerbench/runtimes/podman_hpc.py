@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from containerbench.launchers import Mpirun
-from containerbench.processes import started_unix
+from containerbench.processes import ended, start_ticks
 from containerbench.runtimes.base import (
     RANK_PREFIXES,
     BuiltImage,
@@ -85,18 +85,19 @@ class PodmanHPC(Podman):
     def release_prepared(cls, built: BuiltImage) -> None:
         # rmsqi deletes the image's layer directory with rmtree, which fails inside a squashfuse mount left there
         # ("OSError: [Errno 38] Function not implemented", exit 1, seen in CI). An orphaned shared-run container,
-        # which holds the mount, goes first (its removal has fuse-overlayfs-wrap's waiter unmount it); then what is
-        # still mounted is unmounted. umount(8) without -l refuses a mount a live container holds ("target is busy").
+        # which holds the mount, goes first; then what is still mounted is unmounted. umount(8) without -l refuses a
+        # mount a live container holds ("target is busy"): the removal then stops in one line naming it.
         if not cls.squash_mounts(built.tag, mount_table()):
             return
-        if orphans := cls.orphaned_shared_runs(run_probe(cls.SHARED_RUNS_ARGV, whole=True)[1]):
-            subprocess.run(["podman-hpc", "rm", "--force", *orphans], capture_output=True, timeout=300)
-            time.sleep(1)  # a waiter that lives unmounts its own; what it does not, is unmounted below
-        for path in cls.squash_mounts(built.tag, mount_table()):
-            done = subprocess.run(["umount", path], capture_output=True, text=True, timeout=120)
-            if done.returncode and path in cls.squash_mounts(built.tag, mount_table()):
-                raise ValueError(f"`umount {path}` failed: {(done.stderr.strip().splitlines() or ['?'])[-1]}; "
-                                 f"allowed: the removal once no container of {built.tag} runs on this host")
+        listed, listing = run_probe(cls.SHARED_RUNS_ARGV, whole=True, timeout=120)
+        if listed and (orphans := cls.orphaned_shared_runs(listing)):
+            try:
+                subprocess.run(["podman-hpc", "rm", "--force", *orphans], capture_output=True, timeout=300)
+            except (OSError, subprocess.TimeoutExpired) as error:
+                raise ValueError(f"podman-hpc rm --force {' '.join(orphans)}: {error}") from None
+        if left := cls.unmount_released([built.tag]):
+            raise ValueError(f"{left[0]} stays mounted (umount: target is busy); allowed: the removal once no "
+                             f"container of {built.tag} runs on this host (podman-hpc ps)")
 
     @classmethod
     @contextlib.contextmanager
@@ -130,29 +131,44 @@ class PodmanHPC(Podman):
     # stops) leave it running `sleep infinity`, with the image's mount and what the ranks held (seen here): an orphan
     # once that process has ended, or its pid belongs to a process started after the container.
     SHARED_RUN_NAME = re.compile(r"uid-(\d+)-pid-(\d+)")
-    SHARED_RUNS_ARGV = ("podman-hpc", "ps", "--format", "{{.Names}} {{.StartedAt}} {{.Image}}")
+    SHARED_RUNS_ARGV = ("podman-hpc", "ps", "--format", "{{.Names}} {{.Pid}} {{.Image}}")
 
     @classmethod
     def orphaned_shared_runs(cls, listing: str) -> dict[str, str]:
         """The containers of SHARED_RUNS_ARGV's `listing` whose starting process has ended here (this user's, or
-        anyone's for root): name -> its image."""
+        anyone's for root): name -> its image. Ended: no such process, or one started after the container's own
+        first process (the pid taken since), both by /proc's start ticks, one clock. A process this user may not
+        see (/proc mounted hidepid; slurmstepd is root's) counts as running."""
         orphans = {}
         for words in map(str.split, listing.splitlines()):
             named = cls.SHARED_RUN_NAME.fullmatch(words[0]) if len(words) == 3 and words[1].isdigit() else None
-            if named and (int(named[1]) == os.getuid() or os.getuid() == 0):
-                parent_started = started_unix(int(named[2]))
-                if parent_started is None or parent_started > int(words[1]) + 1:  # +1: StartedAt is whole seconds
-                    orphans[words[0]] = words[2]
+            if not named or (int(named[1]) != os.getuid() and os.getuid() != 0):
+                continue
+            starter, container = start_ticks(int(named[2])), start_ticks(int(words[1]))
+            if starter is None and not ended(int(named[2])):
+                continue
+            if starter is None or (container is not None and starter > container):
+                orphans[words[0]] = words[2]
         return orphans
 
     @classmethod
-    def unmount_released(cls, images) -> None:
+    def unmount_released(cls, images, wait_s: float = 10) -> list[str]:
         """Unmount the squashfuse mounts of `images` once their orphans are removed: the launch that stopped the
-        ranks stopped the wrap's waiter with them (it runs in their session), so none would (seen here). A mount
-        another container still holds is refused by umount(8) without -l, and left."""
-        for image in dict.fromkeys(images):
-            for path in cls.squash_mounts(image, mount_table()):
-                subprocess.run(["umount", path], capture_output=True, timeout=120)
+        ranks stopped the wrap's waiter with them (it runs in their session), so none would (seen here).
+        fuse-overlayfs may hold one a moment after its container is gone: tried for `wait_s`. A mount another
+        container holds is refused by umount(8) without -l, and left; what is left is returned."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            left = [path for image in dict.fromkeys(images) for path in cls.squash_mounts(image, mount_table())]
+            for path in left:
+                try:
+                    subprocess.run(["umount", path], capture_output=True, timeout=60)
+                except (OSError, subprocess.TimeoutExpired):
+                    pass
+            left = [path for image in dict.fromkeys(images) for path in cls.squash_mounts(image, mount_table())]
+            if not left or time.monotonic() > deadline:
+                return left
+            time.sleep(0.5)
 
     @staticmethod
     def squash_dir() -> Path:
