@@ -600,16 +600,24 @@ def test_podman_hpc_removal_unmounts_the_images_squashfuse_mounts_only(tmp_path,
 def test_podman_hpc_prepares_and_removals_take_turns_on_a_lock_in_squash_dir(tmp_path, monkeypatch):
     """migrate and rmsqi rewrite SQUASH_DIR's images.json in place with no lock (1.2.2 migrate2scratch.py,
     upsert_image and del_rec: `json.dump(data, open(path, "w"))`); the two flavours' migrates at once failed in the
-    workflow here ("JSONDecodeError: Extra data"). Another process's prepare or removal waits for the lock in
-    SQUASH_DIR, which every host that migrates shares."""
+    workflow here ("JSONDecodeError: Extra data"). Another process's migrate, rmsqi or read-back waits for the lock
+    in SQUASH_DIR, which every host that migrates shares; its load and rmi, which touch only this host's store
+    (podman locks that itself), do not wait."""
     monkeypatch.setenv("SQUASH_DIR", str(tmp_path / "squash"))
-    second = [sys.executable, "-c", "from containerbench.runtimes import PodmanHPC\n"
-              "with PodmanHPC.store_lock():\n    print('took it', flush=True)"]
-    with PodmanHPC.store_lock():
-        waiting = subprocess.Popen(second, stdout=subprocess.PIPE, text=True)
-        with pytest.raises(subprocess.TimeoutExpired):
-            waiting.wait(timeout=1.5)
-    assert waiting.communicate(timeout=60)[0] == "took it\n"
+
+    def other(step: list[str] | None) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-c", "from containerbench.runtimes import PodmanHPC\n"
+                                 f"with PodmanHPC.store_lock({step!r}):\n    print('took it', flush=True)"],
+                                stdout=subprocess.PIPE, text=True)
+
+    with PodmanHPC.store_lock(["podman-hpc", "migrate", "cb"]):
+        unlocked = [other(["podman-hpc", verb, "cb"]).communicate(timeout=60)[0] for verb in ("load", "rmi")]
+        waiting = [other(step) for step in (None, ["podman-hpc", "migrate", "cb"], ["podman-hpc", "rmsqi", "cb"])]
+        for process in waiting:
+            with pytest.raises(subprocess.TimeoutExpired):
+                process.wait(timeout=0.5)
+    assert unlocked == ["took it\n"] * 2
+    assert [process.communicate(timeout=60)[0] for process in waiting] == ["took it\n"] * 3
     assert (tmp_path / "squash" / ".containerbench-lock").is_file()
 
 

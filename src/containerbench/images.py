@@ -225,17 +225,19 @@ def prepare_runtime(name: str, image: BuiltImage, timeout: float = DEFAULT_STEP_
     cls = CONTAINER_RUNTIMES[name]
     artifact = Path(cls.artifact(image))
     artifact.parent.mkdir(parents=True, exist_ok=True)
-    with cls.store_lock():
-        for argv in cls.prepare_commands(image):
+    for argv in cls.prepare_commands(image):
+        with cls.store_lock(argv):
             run_step(f"{name} ({argv[0]} {argv[1]})", argv, timeout=timeout)
+    with cls.store_lock():
         try:
             found = read_prepared(name, image, timeout)
         except ValueError as error:
             raise ImageStepError(f"{name}: {error}") from None
-        if found.get("image_id"):
-            check_prepared_id(name, cls.reference(image), found["image_id"],
-                              Path(image_files(image.tag, image.build_dir)[image.engine]))
-        for argv in cls.after_prepared_commands(image):
+    if found.get("image_id"):
+        check_prepared_id(name, cls.reference(image), found["image_id"],
+                          Path(image_files(image.tag, image.build_dir)[image.engine]))
+    for argv in cls.after_prepared_commands(image):
+        with cls.store_lock(argv):
             run_step(f"{name} ({argv[0]} {argv[1]})", argv, timeout=timeout)
     if cls.artifact_is_stamp:
         _write(artifact, json.dumps({"image": cls.reference(image), **found}) + "\n")

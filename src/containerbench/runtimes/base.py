@@ -11,6 +11,7 @@ import re
 import shlex
 import shutil
 import subprocess
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from containerbench import hostmpi
@@ -289,8 +290,9 @@ class Runtime(abc.ABC):
         return []
 
     @classmethod
-    def store_lock(cls) -> contextlib.AbstractContextManager:
-        """Held around its prepare and its removal, where its own store takes no lock of its own."""
+    def store_lock(cls, step: Sequence[str] | None = None) -> contextlib.AbstractContextManager:
+        """Held around a prepare or removal `step` that writes a store every host shares and which takes no lock of
+        its own, and (`step` None) around reading that store back; a no-op for any other step."""
         return contextlib.nullcontext()
 
     # Do all nodes run one copy on a shared filesystem (shared_copy), not one in a store of each node's own?

@@ -12,6 +12,7 @@ import shlex
 import subprocess
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from containerbench.launchers import Mpirun
@@ -99,27 +100,31 @@ class PodmanHPC(Podman):
             raise ValueError(f"{left[0]} stays mounted (umount: target is busy); allowed: the removal once no "
                              f"container of {built.tag} runs on this host (podman-hpc ps)")
 
+    # migrate and rmsqi rewrite SQUASH_DIR's overlay-images/images.json in place (`json.dump(data, open(path, "w"))`)
+    # with no lock (1.2.2 migrate2scratch.py, upsert_image, del_rec): two flavours' migrates at once failed here
+    # ("JSONDecodeError: Extra data" reading it), and either could lose the other's record. Ours, and our reads of it,
+    # take turns; load and rmi touch only this host's own store, which podman locks itself, and run beside them.
+    SHARED_STORE_STEPS = ("migrate", "rmsqi")
+
+    @classmethod
+    def store_lock(cls, step: Sequence[str] | None = None) -> contextlib.AbstractContextManager:
+        if step is not None and step[1] not in cls.SHARED_STORE_STEPS:
+            return contextlib.nullcontext()
+        return cls._squash_dir_lock()
+
     @classmethod
     @contextlib.contextmanager
-    def store_lock(cls):
-        # migrate and rmsqi rewrite SQUASH_DIR's overlay-images/images.json in place (`json.dump(data, open(path,
-        # "w"))`) with no lock (1.2.2 migrate2scratch.py, upsert_image, del_rec): two flavours' migrates at once
-        # failed here ("JSONDecodeError: Extra data" reading it), and either could lose the other's record. Ours take
-        # turns on a lock in SQUASH_DIR, which every host that migrates shares; where its filesystem takes no flock
-        # (Lustre without -o flock), on one in this host's temporary directory.
-        squash = cls.squash_dir()
+    def _squash_dir_lock(cls):
+        # In SQUASH_DIR, which every host that migrates shares; where its filesystem takes no flock (Lustre without
+        # -o flock), in this host's temporary directory.
+        handle = None
         try:
-            squash.mkdir(exist_ok=True)
-            handle = open(squash / ".containerbench-lock", "a")
+            cls.squash_dir().mkdir(exist_ok=True)
+            handle = open(cls.squash_dir() / ".containerbench-lock", "a")
+            fcntl.flock(handle, fcntl.LOCK_EX)
         except OSError:
-            handle = None
-        try:
             if handle is not None:
-                fcntl.flock(handle, fcntl.LOCK_EX)
-        except OSError:
-            handle.close()
-            handle = None
-        if handle is None:
+                handle.close()
             handle = open(Path(tempfile.gettempdir()) / f"containerbench-squash-{os.getuid()}.lock", "a")
             fcntl.flock(handle, fcntl.LOCK_EX)
         with handle:
