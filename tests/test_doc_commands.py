@@ -140,7 +140,7 @@ HOW = {
     "BENCH_LOCK=envs/vendor.lock.txt scripts/setup-venv.sh bench /sw/containerbench/venv-vendor":
         ("refused", "setup-venv: BENCH_LOCK=envs/vendor.lock.txt is not a file; allowed: a lock that containerbench "
                     "freeze-image wrote"),
-    ".venv/bin/python -m pytest tests/test_intervals.py -q": ("real", " passed"),
+    ".venv/bin/python -m pytest tests/test_config.py -q": ("real", " passed"),
     # The recorded runs are one repetition each: the script says so (test_benchmarks runs it on two).
     ".venv/bin/python benchmarks/precision_per_minute.py results/runs/*.json --target 5":
         ("real", "records: 3; training points with 2+ ok runs: 0; target +-5%"),
