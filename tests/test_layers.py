@@ -33,9 +33,9 @@ LAYERS = [
                 "rank.distribution", "fabrics", "config", "rank.telemetry", "intervals"}),
     ("Slurm, runs set aside to be measured again, the host MPI on a node", {"slurm", "attempts", "hostmpi"}),
     ("launchers (a runtime asks them what its launcher does)", {"launchers"}),
+    ("the shim a container's rank starts through (docker's runtime reads the labels it gives)", {"rank.rankexec"}),
     ("benchmark, runtimes, recipes, telemetry read back, PyTorch's input, an image step's runner",
-     {"rank.bench", "rank.netbench", "rank.rankexec", "runtimes", "singularity", "usage", "rank.torchdata",
-      "imagestep"}),
+     {"rank.bench", "rank.netbench", "runtimes", "singularity", "usage", "rank.torchdata", "imagestep"}),
     ("the PyTorch harness (bench's record), which image each runtime runs, wheelhouses, records, the pre-flight job, "
      "the image on each node", {"rank.torchbench", "images", "wheelhouse", "records", "preflight", "nodeimages"}),
     ("the runs table and its summary", {"runtables"}),

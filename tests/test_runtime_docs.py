@@ -324,13 +324,13 @@ def test_the_shim_gives_docker_the_memory_limit_of_the_ranks_cgroup(tmp_path):
 def test_the_shim_labels_a_docker_container_with_the_client_it_becomes():
     """Issue 32, finding 8: the label names the process the shim execs into, the engine's client (execve(2)
     keeps the process id; proc(5): /proc/PID/stat field 22, its start time, is the process's, not the
-    program's), so `node-image` can tell a container whose client has ended (nodeimages.remove_orphans). It
+    program's), so `node-image` can tell a container whose client has ended (Docker.orphans, remove_orphans). It
     removes one only where it can see the client: on its host, in its pid namespace, its own user's or, as
     root, anyone's (proc(5), hidepid: another user's process may be hidden, not ended)."""
-    from containerbench.nodeimages import orphaned
     from containerbench.processes import identity
     from containerbench.rank.rankexec import CLIENT_LABEL, CLIENT_UID_LABEL, own_identity
 
+    orphaned = Docker.client_ended
     assert own_identity() == identity(os.getpid())  # the shim's, written apart, names a process as the house does
 
     shown = subprocess.run([sys.executable, "-m", "containerbench.rank.rankexec", "--label-client", "--", "/bin/sh",

@@ -648,3 +648,29 @@ def test_podman_hpc_shared_run_containers_whose_starter_ended_are_orphans():
             process.wait()
 
 
+def test_an_orphan_whose_removal_failed_is_a_failure_only_while_it_is_still_there(tmp_path, monkeypatch):
+    """The node-image step, --orphans-only and rmsqi's release share one removal (Runtime.remove_orphans): list,
+    `podman-hpc rm --force` the orphans (podman-rm(1): a running one is killed first), then unmount what they held.
+    A failed rm is listed again: a container gone meanwhile (shared-run's own --rm, another node-image step) is no
+    failure; one still there is, with what `rm` said."""
+    monkeypatch.setenv("SQUASH_DIR", str(tmp_path / "squash"))  # no images.json: nothing of theirs is mounted
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    orphan = f"uid-{os.getuid()}-pid-{gone.pid}"
+    listings, calls = [], []
+
+    def run(argv: list[str]) -> str:
+        calls.append(argv[1])
+        if argv[1] == "rm":
+            raise ValueError("`podman-hpc rm --force` failed: no such container")
+        return listings.pop(0)
+
+    listings[:] = [f"{orphan} {os.getpid()} localhost/cb:t\n", ""]
+    assert PodmanHPC.remove_orphans(run) == [orphan] and calls == ["ps", "rm", "ps"]
+    listings[:] = [f"{orphan} {os.getpid()} localhost/cb:t\n"] * 2
+    with pytest.raises(ValueError, match="no such container"):
+        PodmanHPC.remove_orphans(run)
+    listings[:], calls[:] = ["Error: nothing here\n"], []
+    assert PodmanHPC.remove_orphans(run) == [] and calls == ["ps"]
+
+

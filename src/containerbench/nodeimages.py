@@ -33,9 +33,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from containerbench.processes import checkable, run_group, running
-from containerbench.rank.rankexec import CLIENT_LABEL, CLIENT_UID_LABEL
-from containerbench.runtimes import CONTAINER_RUNTIMES, PINNED, Docker, PodmanHPC, engine_env
+from containerbench.processes import run_group
+from containerbench.runtimes import CONTAINER_RUNTIMES, PINNED, engine_env
 
 # An image query answers in seconds; a load of a 2 GB archive took 40-70 s here.
 QUERY_TIMEOUT_S = 120
@@ -44,7 +43,7 @@ LOAD_TIMEOUT_S = 1800
 # provenance), as only the launch reads it, from the node-image step's own output.
 LINE = "containerbench-node-image "
 # The engines whose containers outlive the ranks that started them (remove_orphans).
-LEAVES_ORPHANS = (Docker.binary, PodmanHPC.binary)
+LEAVES_ORPHANS = tuple(name for name, runtime in CONTAINER_RUNTIMES.items() if runtime.leaves_orphans)
 # The runtimes whose nodes all read one shared copy (shared_copy), not a store of their own (ensure).
 SHARED_COPIES = tuple(name for name, runtime in CONTAINER_RUNTIMES.items() if runtime.shares_one_copy)
 
@@ -85,50 +84,12 @@ def _run(argv: list[str], timeout: float) -> str:
     return done.stdout
 
 
-def orphaned(client: str, owner: str) -> bool:
-    """Has the client that labelled a container (CLIENT_LABEL, CLIENT_UID_LABEL) surely ended? Only where this
-    process can see it: on its host, in its pid namespace, and its own or, for root, any user's (a /proc
-    mounted hidepid hides other users' processes, which would look ended)."""
-    named = checkable(client)
-    mine = owner.isdigit() and (int(owner) == os.getuid() or os.getuid() == 0)
-    return named is not None and mine and not running(*named)
-
-
-def listed_clients(engine: str, timeout: float = QUERY_TIMEOUT_S) -> dict[str, tuple[str, str]]:
-    """This node's running containers of ours: id -> (client, its uid), from their labels."""
-    argv = [engine, "ps", "--no-trunc", "--filter", f"label={CLIENT_LABEL}",
-            "--format", f'{{{{.ID}}}} {{{{.Label "{CLIENT_LABEL}"}}}} {{{{.Label "{CLIENT_UID_LABEL}"}}}}']
-    return {words[0]: (words[1], words[2] if len(words) > 2 else "")
-            for words in map(str.split, _run(argv, timeout).splitlines()) if len(words) >= 2}
-
-
-def listed_orphans(engine: str, timeout: float = QUERY_TIMEOUT_S) -> list[str]:
-    """This node's containers of ours whose client has surely ended: docker's by their labels (orphaned),
-    podman-hpc's shared-run containers by the process their name holds (PodmanHPC.orphaned_shared_runs)."""
-    if engine == PodmanHPC.binary:
-        return list(PodmanHPC.orphaned_shared_runs(_run(list(PodmanHPC.SHARED_RUNS_ARGV), timeout)))
-    return [container for container, (client, owner) in listed_clients(engine, timeout).items()
-            if orphaned(client, owner)]
-
-
 def remove_orphans(engine: str, timeout: float = QUERY_TIMEOUT_S) -> list[str]:
-    """Remove this node's running containers of ours whose client has surely ended (listed_orphans): dockerd
-    keeps a container running when its client is killed, outside the Slurm step that ended, and podman-hpc's
-    shared-run one when its ranks are, holding the node's GPUs and memory. Returns their ids or names. A removal
-    that fails is listed again: one gone meanwhile (its own --rm, another node-image step) is no failure."""
-    if engine == PodmanHPC.binary:  # their images too: what the removed ones had mounted
-        images = PodmanHPC.orphaned_shared_runs(_run(list(PodmanHPC.SHARED_RUNS_ARGV), timeout))
-        orphans = list(images)
-    else:
-        images, orphans = {}, listed_orphans(engine, timeout)
-    if orphans:
-        try:
-            _run([engine, "rm", "--force", *orphans], timeout)  # docker-rm(1), podman-rm(1): kill a running one first
-        except NodeImageError:
-            if set(orphans) & set(listed_orphans(engine, timeout)):
-                raise
-    PodmanHPC.unmount_released(images.values())  # one still held by another container is left as it is
-    return orphans
+    """Remove this node's running containers of ours whose starter has surely ended, and what they held (the
+    runtime's remove_orphans): dockerd keeps a container running when its client is killed, outside the Slurm step
+    that ended, and podman-hpc its shared-run one when its ranks are, holding the node's GPUs, memory and the
+    image's mount. Returns their ids or names."""
+    return CONTAINER_RUNTIMES[engine].remove_orphans(lambda argv: _run(argv, timeout))
 
 
 def expected_id(stamp: Path | str) -> str:
@@ -151,8 +112,7 @@ def ensure(engine: str, image: str, stamp: Path | str | None = None, archive: Pa
     """Make `image` present in this node's `engine` store, as the stamp says it must be (its id), loading
     `archive` where the node lacks it or holds another image under the tag. Returns what the node ran:
     host, engine, image, image_id, loaded and the seconds it took."""
-    # Only docker's ranks are labelled (Docker.rank_argv, through the shim): dockerd, not the rank, starts them.
-    orphans = remove_orphans(engine) if engine in LEAVES_ORPHANS else []
+    orphans = remove_orphans(engine)
     host, started = socket.gethostname(), time.monotonic()
     wanted = expected_id(stamp) if stamp else None
     with open(_lock_path(engine, image), "w") as lock:

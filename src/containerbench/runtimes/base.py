@@ -305,6 +305,36 @@ class Runtime(abc.ABC):
         returns a command's output. A ValueError names what is wrong here and what is allowed."""
         raise NotImplementedError(f"{cls.name} keeps no shared copy")
 
+    # Do its containers outlive the ranks that started them, holding the node's GPUs, memory and mounts until
+    # they are removed (remove_orphans: the node-image step, a Slurm epilog's --orphans-only)?
+    leaves_orphans = False
+
+    @classmethod
+    def orphans(cls, run) -> dict[str, str]:
+        """This host's running containers of ours whose starter has surely ended: id or name -> its image ("" where
+        the listing does not say). `run(argv)` returns a command's output, and raises where it fails."""
+        return {}
+
+    @classmethod
+    def release_orphans(cls, images) -> None:
+        """After the orphans of `images` are removed: let go of what they held here that nothing else would."""
+        return None
+
+    @classmethod
+    def remove_orphans(cls, run) -> list[str]:
+        """Remove this host's orphans (docker-rm(1), podman-rm(1) --force: a running one is killed first), then
+        what they held; their ids or names. A removal that fails is listed again: one gone meanwhile (its own
+        --rm, another node-image step) is no failure."""
+        orphans = cls.orphans(run)
+        if orphans:
+            try:
+                run([cls.binary, "rm", "--force", *orphans])
+            except Exception:  # what `run` raised, raised again if one is still there
+                if set(orphans) & set(cls.orphans(run)):
+                    raise
+        cls.release_orphans(orphans.values())
+        return list(orphans)
+
     @classmethod
     def release_prepared(cls, built: BuiltImage) -> None:
         """Before remove_prepared_commands: let go of what holds the copy on this host; a ValueError names what

@@ -9,6 +9,8 @@ import shutil
 import sys
 from pathlib import Path
 
+from containerbench.processes import checkable, running
+from containerbench.rank.rankexec import CLIENT_LABEL, CLIENT_UID_LABEL
 from containerbench.runtimes.base import (
     RANK_PREFIXES,
     RANKEXEC,
@@ -136,6 +138,26 @@ class Docker(OciEngine):
     def tool_environment(cls, env: dict[str, str]) -> dict[str, str]:
         env["DOCKER_BUILDKIT"] = "0"  # Debian's docker.io has no buildx
         return env
+
+    # dockerd, not the rank, starts the container, and keeps it running when its client is killed, outside the Slurm
+    # step that ended (rank/rankexec.py): the shim labels each with its client (rank_argv's --label-client).
+    leaves_orphans = True
+
+    @classmethod
+    def orphans(cls, run) -> dict[str, str]:
+        argv = [cls.binary, "ps", "--no-trunc", "--filter", f"label={CLIENT_LABEL}",
+                "--format", f'{{{{.ID}}}} {{{{.Label "{CLIENT_LABEL}"}}}} {{{{.Label "{CLIENT_UID_LABEL}"}}}}']
+        return {words[0]: "" for words in map(str.split, run(argv).splitlines())
+                if len(words) >= 2 and cls.client_ended(words[1], words[2] if len(words) > 2 else "")}
+
+    @staticmethod
+    def client_ended(client: str, owner: str) -> bool:
+        """Has the client that labelled a container (CLIENT_LABEL, CLIENT_UID_LABEL) surely ended? Only where this
+        process can see it: on its host, in its pid namespace, and its own or, for root, any user's (a /proc
+        mounted hidepid hides other users' processes, which would look ended)."""
+        named = checkable(client)
+        mine = owner.isdigit() and (int(owner) == os.getuid() or os.getuid() == 0)
+        return named is not None and mine and not running(*named)
 
     @classmethod
     def probe_failure_hint(cls) -> str:

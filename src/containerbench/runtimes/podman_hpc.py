@@ -90,12 +90,14 @@ class PodmanHPC(Podman):
         # mount a live container holds ("target is busy"): the removal then stops in one line naming it.
         if not cls.squash_mounts(built.tag, mount_table()):
             return
-        listed, listing = run_probe(cls.SHARED_RUNS_ARGV, whole=True, timeout=120)
-        if listed and (orphans := cls.orphaned_shared_runs(listing)):
-            try:
-                subprocess.run(["podman-hpc", "rm", "--force", *orphans], capture_output=True, timeout=300)
-            except (OSError, subprocess.TimeoutExpired) as error:
-                raise ValueError(f"podman-hpc rm --force {' '.join(orphans)}: {error}") from None
+
+        def run(argv: list[str]) -> str:
+            done, said = run_probe(argv, whole=True, timeout=300)
+            if not done:
+                raise ValueError(said)
+            return said
+
+        cls.remove_orphans(run)
         if left := cls.unmount_released([built.tag]):
             raise ValueError(f"{left[0]} stays mounted (umount: target is busy); allowed: the removal once no "
                              f"container of {built.tag} runs on this host (podman-hpc ps)")
@@ -138,6 +140,16 @@ class PodmanHPC(Podman):
     SHARED_RUN_NAME = re.compile(r"uid-(\d+)-pid-(\d+)")
     SHARED_RUNS_ARGV = ("podman-hpc", "ps", "--format", "{{.Names}} {{.Pid}} {{.Image}}")
 
+    leaves_orphans = True
+
+    @classmethod
+    def orphans(cls, run) -> dict[str, str]:
+        return cls.orphaned_shared_runs(run(list(cls.SHARED_RUNS_ARGV)))
+
+    @classmethod
+    def release_orphans(cls, images) -> None:
+        cls.unmount_released(images)  # one still held by another container is left as it is
+
     @classmethod
     def orphaned_shared_runs(cls, listing: str) -> dict[str, str]:
         """The containers of SHARED_RUNS_ARGV's `listing` whose starting process has ended here (this user's, or
@@ -162,15 +174,14 @@ class PodmanHPC(Podman):
         ranks stopped the wrap's waiter with them (it runs in their session), so none would (seen here).
         fuse-overlayfs may hold one a moment after its container is gone: tried for `wait_s`. A mount another
         container holds is refused by umount(8) without -l, and left; what is left is returned."""
-        deadline = time.monotonic() + wait_s
+        deadline, roots = time.monotonic() + wait_s, [root for image in set(images) for root in cls.squash_roots(image)]
         while True:
-            left = [path for image in dict.fromkeys(images) for path in cls.squash_mounts(image, mount_table())]
-            for path in left:
+            for path in cls.mounts_under(roots, mount_table()):
                 try:
                     subprocess.run(["umount", path], capture_output=True, timeout=60)
                 except (OSError, subprocess.TimeoutExpired):
                     pass
-            left = [path for image in dict.fromkeys(images) for path in cls.squash_mounts(image, mount_table())]
+            left = cls.mounts_under(roots, mount_table())
             if not left or time.monotonic() > deadline:
                 return left
             time.sleep(0.5)
@@ -194,9 +205,14 @@ class PodmanHPC(Podman):
 
     @classmethod
     def squash_mounts(cls, tag: str, mountinfo: str) -> list[str]:
-        """The squashfuse mounts of `tag`'s squashed layers on this host (`mountinfo`: /proc/self/mountinfo's text).
-        fuse-overlayfs-wrap mounts a layer's squash file at the lower directory podman names, the layer's diff or
-        its short link under overlay/l (1.2.2 bin/fuse-overlayfs-wrap; both seen in /proc/mounts here)."""
+        """The squashfuse mounts of `tag`'s squashed layers on this host (`mountinfo`: /proc/self/mountinfo's text),
+        the last mounted first."""
+        return cls.mounts_under(cls.squash_roots(tag), mountinfo)
+
+    @classmethod
+    def squash_roots(cls, tag: str) -> list[Path]:
+        """Where fuse-overlayfs-wrap mounts `tag`'s squash file: at the lower directory podman names, the layer's diff
+        or its short link under overlay/l (1.2.2 bin/fuse-overlayfs-wrap; both seen in /proc/mounts here)."""
         store = cls.squash_dir().resolve()
         try:
             records = json.loads((store / "overlay-images" / "images.json").read_text())
@@ -205,19 +221,23 @@ class PodmanHPC(Podman):
         # The image rmsqi takes: the first whose id starts with the tag, else the first by name (get_img_info).
         found = next((record for record in records if record["id"].startswith(tag)), None) or next(
             (record for name in cls.long_names(tag) for record in records if name in record.get("names", ())), None)
-        roots = []
-        if found:
-            roots.append(store / "overlay" / found["layer"])
-            link = store / "overlay" / found["layer"] / "link"
-            if link.is_file() and link.read_text().strip():
-                roots.append(store / "overlay" / "l" / link.read_text().strip())
+        if not found:
+            return []
+        link = store / "overlay" / found["layer"] / "link"
+        short = link.read_text().strip() if link.is_file() else ""
+        return [store / "overlay" / found["layer"], *([store / "overlay" / "l" / short] if short else [])]
+
+    @staticmethod
+    def mounts_under(roots: list[Path], mountinfo: str) -> list[str]:
+        """The squashfuse mounts at or under `roots` in `mountinfo`, the last mounted first: one mounted over another
+        is taken before it."""
         mounts = []
         for line in mountinfo.splitlines():  # proc(5): ID PARENT DEV ROOT MOUNTPOINT ... - FSTYPE SOURCE ...
             fields, _, after = line.partition(" - ")
             point = re.sub(r"\\([0-7]{3})", lambda code: chr(int(code[1], 8)), fields.split()[4])
             if after.startswith("fuse.squashfuse") and any(Path(point).is_relative_to(root) for root in roots):
                 mounts.append(point)
-        return mounts[::-1]  # the last mounted first: one mounted over another is taken before it
+        return mounts[::-1]
 
     shares_one_copy = True
 
