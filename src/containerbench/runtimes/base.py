@@ -194,6 +194,14 @@ class Runtime(abc.ABC):
         """The variables the launcher sets on the host and forwards (mpirun -x)."""
         return {"CONTAINERBENCH_RUNTIME": self.name, **request.env, **self.native_env(request)}
 
+    # Names in environment() for the runtime's own program on the host, kept out of the container.
+    engine_only_variables: tuple[str, ...] = ()
+
+    def container_variables(self, request: RunRequest) -> list[str]:
+        """The names of environment() a rank inside the container gets beyond what RANK_PREFIXES covers."""
+        return sorted(name for name in self.environment(request)
+                      if not name.startswith(RANK_PREFIXES) and name not in self.engine_only_variables)
+
     @property
     def in_slurm_step(self) -> bool:
         """Do its ranks start as a Slurm job step (launcher srun), which Slurm's plugins (SPANK) see?"""

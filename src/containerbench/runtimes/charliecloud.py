@@ -161,8 +161,7 @@ class Charliecloud(ContainerRuntime):
     def keep_glob(self, request: RunRequest) -> str:
         """Extended glob of the variables to keep (`ch-run --feature=extglob` must succeed)."""
         keep = [prefix + "*" if prefix.endswith("_") else prefix for prefix in RANK_PREFIXES]
-        own = sorted(name for name in self.environment(request) if not name.startswith(RANK_PREFIXES))
-        return "!(" + "|".join([*keep, *SLURM_GPU_VARS, "HOME", *own]) + ")"
+        return "!(" + "|".join([*keep, *SLURM_GPU_VARS, "HOME", *self.container_variables(request)]) + ")"
 
     def moved_binds(self, request: RunRequest) -> dict[str, str]:
         """Without --write-fake (the default) a bind needs its mount point in the image ("can't mkdir:

@@ -85,8 +85,7 @@ class OciEngine(ContainerRuntime):
 
     def env_args(self, request: RunRequest) -> list[str]:
         """`--env NAME` (value copied from the engine's environment) for what no rank prefix covers."""
-        names = sorted(name for name in self.environment(request) if not name.startswith(RANK_PREFIXES))
-        return [word for name in names for word in ("--env", name)]
+        return [word for name in self.container_variables(request) for word in ("--env", name)]
 
     def namespace_args(self) -> list[str]:
         return ["--network", "host", "--ipc", "host", "--pid", "host"]

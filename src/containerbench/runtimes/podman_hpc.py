@@ -364,11 +364,7 @@ class PodmanHPC(Podman):
     # and `rmsqi` then fails in it. The waiter inherits podman's environment (its LOG and retries seen here) and
     # ends once the unmount succeeds, so a long bound costs only a sleeping shell while the mount is held.
     UMOUNT_WAIT_RETRIES = "3600"
-
-    def env_args(self, request: RunRequest) -> list[str]:
-        words = super().env_args(request)  # pairs of --env NAME; the wrap's bound is the engine's, not the rank's
-        return [word for at in range(0, len(words), 2) if words[at + 1] != "UMOUNT_WAIT_RETRIES"
-                for word in words[at:at + 2]]
+    engine_only_variables = ("UMOUNT_WAIT_RETRIES",)
 
     def environment(self, request: RunRequest) -> dict[str, str]:
         env = super().environment(request)

@@ -86,7 +86,7 @@ class Shifter(ContainerRuntime):
         return self.step_options(request) if self.in_slurm_step and not request.own_allocation else []
 
     def rank_argv(self, request: RunRequest) -> list[str]:
-        names = sorted(name for name in self.environment(request) if not name.startswith(RANK_PREFIXES))
+        names = self.container_variables(request)
         shim = [self.host_python, "-m", RANKEXEC, "--env-form", "value", "--insert-after", "shifter",
                 *pass_flags(RANK_PREFIXES + SLURM_GPU_VARS), *(w for n in names for w in ("--pass-name", n)), "--"]
         own = [] if self.in_slurm_step else self.step_options(request)
