@@ -8,11 +8,12 @@ another node would not find the tag. Before a run is timed, its launch (executio
 node's engine for the image id, loads the shared archive where the node lacks that image, and
 prints one line per node. The launch line keeps what each node answered (`node_images`), so each
 record names the image each of its nodes ran, and the seconds a load took are not start-up.
-For docker, it first removes the node's containers of ours whose client has ended (a docker rank's
-container outlives its SIGKILLed client, holding its GPUs: rank/rankexec.py); `--orphans-only`
-does only that, a line for a site's Slurm epilog. podman-hpc's and Charliecloud's nodes read one
-shared copy instead (SQUASH_DIR; the image directory): the step loads nothing there, and answers
-with the image id as the node sees it (shared_copy).
+For docker and podman-hpc, it first removes the node's containers of ours whose starter has ended (a
+docker rank's container outlives its SIGKILLed client, holding its GPUs: rank/rankexec.py; a podman-hpc
+shared-run container, its ranks stopped: the runtime's orphans); `--orphans-only` does only that, a line
+for a site's Slurm epilog. podman-hpc's and Charliecloud's nodes read one shared copy (SQUASH_DIR; the
+image directory): the step loads nothing there, and answers with the image id as the node sees it
+(shared_copy).
 
     python -m containerbench node-image --engine podman --image localhost/containerbench:TAG \\
         --stamp build/images/podman-containerbench-TAG.json [--archive build/images/containerbench-TAG.tar]
@@ -111,7 +112,7 @@ def ensure(engine: str, image: str, stamp: Path | str | None = None, archive: Pa
            timeout: float = LOAD_TIMEOUT_S) -> dict:
     """Make `image` present in this node's `engine` store, as the stamp says it must be (its id), loading
     `archive` where the node lacks it or holds another image under the tag. Returns what the node ran:
-    host, engine, image, image_id, loaded and the seconds it took."""
+    host, engine, image, image_id, loaded, the seconds it took and the orphans it removed first."""
     orphans = remove_orphans(engine)
     host, started = socket.gethostname(), time.monotonic()
     wanted = expected_id(stamp) if stamp else None

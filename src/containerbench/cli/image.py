@@ -174,10 +174,9 @@ def cmd_freeze_image(args) -> int:
 
 def cmd_node_image(args) -> int:
     try:
-        with_orphans = list(dict.fromkeys([*ENGINES, *nodeimages.LEAVES_ORPHANS]))
-        if args.orphans_only and args.engine not in with_orphans:
-            print(f"containerbench: node-image: --orphans-only is for {', '.join(with_orphans)}, whose containers "
-                  f"outlive their client; {args.engine} has none", file=sys.stderr)
+        if args.orphans_only and args.engine not in nodeimages.LEAVES_ORPHANS:
+            print(f"containerbench: node-image: --orphans-only is for {', '.join(nodeimages.LEAVES_ORPHANS)}, whose "
+                  f"containers of ours are found once their starter has ended; not {args.engine}", file=sys.stderr)
             return 2
         if args.orphans_only:
             removed = nodeimages.remove_orphans(args.engine)
@@ -294,8 +293,8 @@ def add_commands(sub) -> None:
     p.add_argument("--archive", help="the docker archive to load where the node lacks the image")
     p.add_argument("--timeout", type=float, default=1800, metavar="SECONDS", help="for the load (default 1800)")
     p.add_argument("--orphans-only", action="store_true",
-                   help="only remove this node's containers whose client has ended (what every node-image does "
-                        "first; a line for a Slurm epilog)")
+                   help="only remove this node's containers of ours whose starter has ended, docker's and "
+                        "podman-hpc's (what every node-image does first; a line for a Slurm epilog)")
     p.set_defaults(func=cmd_node_image)
 
     p = sub.add_parser("node-mpi", help="the host MPI a native run's ranks load on this node: the library and every "

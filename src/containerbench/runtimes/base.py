@@ -300,7 +300,8 @@ class Runtime(abc.ABC):
     @classmethod
     def store_lock(cls, step: Sequence[str] | None = None) -> contextlib.AbstractContextManager:
         """Held around a prepare or removal `step` that writes a store every host shares and which takes no lock of
-        its own, and (`step` None) around reading that store back; a no-op for any other step."""
+        its own, and (`step` None) around reading that store back or a whole removal; a no-op for any other step.
+        Not re-entrant: one process holds it once."""
         return contextlib.nullcontext()
 
     # Do all nodes run one copy on a shared filesystem (shared_copy), not one in a store of each node's own?
@@ -314,7 +315,8 @@ class Runtime(abc.ABC):
         raise NotImplementedError(f"{cls.name} keeps no shared copy")
 
     # Do its containers outlive the ranks that started them, holding the node's GPUs, memory and mounts until
-    # they are removed (remove_orphans: the node-image step, a Slurm epilog's --orphans-only)?
+    # they are removed (remove_orphans: the node-image step, a Slurm epilog's --orphans-only)? Such a runtime is an
+    # engine whose `binary rm --force` kills and removes a container.
     leaves_orphans = False
 
     @classmethod
@@ -337,7 +339,7 @@ class Runtime(abc.ABC):
         if orphans:
             try:
                 run([cls.binary, "rm", "--force", *orphans])
-            except Exception:  # what `run` raised, raised again if one is still there
+            except (ValueError, RuntimeError, OSError):  # what `run` raised, raised again if one is still there
                 if set(orphans) & set(cls.orphans(run)):
                     raise
         cls.release_orphans(orphans.values())

@@ -97,7 +97,8 @@ class PodmanHPC(Podman):
                 raise ValueError(said)
             return said
 
-        cls.remove_orphans(run)
+        with contextlib.suppress(ValueError, OSError):  # what still holds the mount is named below
+            cls.remove_orphans(run)
         if left := cls.unmount_released([built.tag]):
             raise ValueError(f"{left[0]} stays mounted (umount: target is busy); allowed: the removal once no "
                              f"container of {built.tag} runs on this host (podman-hpc ps)")
@@ -105,11 +106,16 @@ class PodmanHPC(Podman):
     # migrate and rmsqi rewrite SQUASH_DIR's overlay-images/images.json in place (`json.dump(data, open(path, "w"))`)
     # with no lock (1.2.2 migrate2scratch.py, upsert_image, del_rec): two flavours' migrates at once failed here
     # ("JSONDecodeError: Extra data" reading it), and either could lose the other's record. Ours, and our reads of it,
-    # take turns; load and rmi touch only this host's own store, which podman locks itself, and run beside them.
+    # take turns; load and rmi touch only this host's own store (graph_root; podman-hpc adds SQUASH_DIR as an
+    # additional store for run, images and pull only: siteconfig.py), which podman locks itself, and run beside them.
     SHARED_STORE_STEPS = ("migrate", "rmsqi")
 
     @classmethod
     def store_lock(cls, step: Sequence[str] | None = None) -> contextlib.AbstractContextManager:
+        # Every podman-hpc command first lays out a SQUASH_DIR that is not there (init_storage, a check then
+        # os.mkdir of each folder): two at once could fail. Made here first, as the lock always did, it is skipped.
+        with contextlib.suppress(OSError):
+            cls.squash_dir().mkdir(exist_ok=True)
         if step is not None and step[1] not in cls.SHARED_STORE_STEPS:
             return contextlib.nullcontext()
         return cls._squash_dir_lock()
@@ -121,7 +127,6 @@ class PodmanHPC(Podman):
         # -o flock), in this host's temporary directory.
         handle = None
         try:
-            cls.squash_dir().mkdir(exist_ok=True)
             handle = open(cls.squash_dir() / ".containerbench-lock", "a")
             fcntl.flock(handle, fcntl.LOCK_EX)
         except OSError:
@@ -148,7 +153,7 @@ class PodmanHPC(Podman):
 
     @classmethod
     def release_orphans(cls, images) -> None:
-        cls.unmount_released(images)  # one still held by another container is left as it is
+        cls.unmount_released([image for image in images if image])  # one another container holds is left
 
     @classmethod
     def orphaned_shared_runs(cls, listing: str) -> dict[str, str]:
