@@ -6,6 +6,7 @@ shim is run for real with a harmless program in place of docker.
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import json
 import os
@@ -415,6 +416,117 @@ def test_shim_moves_sruns_pmi2_socket_to_fd_3_and_has_podman_keep_it():
     # Without PMI_FD (pmix, or mpirun) the shim inserts nothing.
     assert run_shim("--pmi-fd", "--", "/bin/sh", "-c", 'echo "$*"', "sh", "run", "img",
                     env={"PATH": "/usr/bin:/bin"}).stdout == "run img\n"
+
+
+def pmix_step(tmp_path, **more) -> dict:
+    """A rank's environment in a step of srun --mpi=pmix as Slurm 22.05's plugin left it on the test cluster
+    (test_slurm reads a real one): PMIX_SYSTEM_TMPDIR=/tmp whatever TmpFS is, the server's directory in the spool.
+    The client directory is made under TmpFS (here outside /tmp, as a site's may be, %n the node) and the server's,
+    as slurmstepd makes them before the tasks start (pmixp_libpmix_init)."""
+    base, spool = tmp_path / "local" / "n1", tmp_path / "spool" / "pmix.41.0"
+    (base / "spmix_appdir_1000_41.0").mkdir(parents=True), spool.mkdir(parents=True)
+    return {"PATH": "/usr/bin:/bin", "SLURM_JOB_ID": "41", "SLURM_STEP_ID": "0", "SLURM_JOB_UID": "1000",
+            "SLURMD_NODENAME": "n1", "SLURM_MPI_TYPE": "pmix", "PMIX_RANK": "0", "PMIX_SYSTEM_TMPDIR": "/tmp",
+            "PMIX_SERVER_TMPDIR": f"{spool}/", **more}
+
+
+def test_shim_binds_the_pmix_directories_of_the_step_that_no_shared_path_holds(tmp_path):
+    """NVIDIA/enroot conf/hooks/extra/50-slurm-pmi.sh (what Pyxis's containers get, its tests/mpi.bats "PMIx
+    mount": findmnt "$PMIX_SERVER_TMPDIR" in the container) binds the step's
+    spmix_appdir_${SLURM_JOB_UID}_${JOB}.${STEP} and ${PMIX_SERVER_TMPDIR}, whose places are the site's. Slurm
+    makes the first under SLURM_PMIX_TMPDIR, else mpi.conf's PMIxCliTmpDirBase, else TmpFS with %n expanded
+    (SchedMD/slurm src/plugins/mpi/pmix/pmixp_info.c), which the plan reads (--pmix-base). docker-run(1) and
+    podman-run(1): --volume SRC:DEST."""
+    env = pmix_step(tmp_path)
+    echo = ["--", "/bin/sh", "-c", 'echo "$*"', "sh", "run", "img"]
+    bind = ["--bind-pmix", "--volume {path}:{path}", "--pmix-base", f"{tmp_path}/local/%n"]
+    done = run_shim(*bind, "--shared-path", "/tmp/elsewhere", *echo, env=env)
+    appdir, spool = f"{tmp_path}/local/n1/spmix_appdir_1000_41.0", f"{tmp_path}/spool/pmix.41.0"
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == f"run --volume {appdir}:{appdir} --volume {spool}:{spool} img\n"
+    # One under a path the runtime binds already is left out (a second bind of it would be a duplicate).
+    done = run_shim(*bind, "--shared-path", f"{tmp_path}/spool", *echo, env=env)
+    assert done.stdout == f"run --volume {appdir}:{appdir} img\n"
+    # Where the plan could not read the base, only the server's is found: PMIX_SYSTEM_TMPDIR does not name TmpFS.
+    done = run_shim("--bind-pmix", "--volume {path}:{path}", *echo, env=env)
+    assert done.stdout == f"run --volume {spool}:{spool} img\n"
+    # A job's SLURM_PMIX_TMPDIR comes first; the older name (no uid) is found as Enroot finds it.
+    (tmp_path / "job").mkdir(), (tmp_path / "job" / "spmix_appdir_41.0").mkdir()
+    env = pmix_step(tmp_path / "older", SLURM_PMIX_TMPDIR=str(tmp_path / "job"))
+    done = run_shim(*bind, "--shared-path", f"{tmp_path}/older/spool", *echo, env=env)
+    assert done.stdout == f"run --volume {tmp_path}/job/spmix_appdir_41.0:{tmp_path}/job/spmix_appdir_41.0 img\n"
+
+
+def test_shim_adds_the_pmix_directories_to_apptainers_bind_variable(tmp_path):
+    """Apptainer user guide, appendix "Apptainer's environment variables": APPTAINER_BIND, a comma-separated
+    list of source[:dest] paths to bind; the default binds (/tmp, /var/tmp: "Bind Paths and Mounts") are shared."""
+    env = pmix_step(tmp_path, APPTAINER_BIND="/data")
+    done = run_shim("--bind-pmix-variable", "APPTAINER_BIND", "--pmix-base", f"{tmp_path}/local/%n", "--",
+                    "/bin/sh", "-c", 'echo "$APPTAINER_BIND $*"', "sh", "exec", "img", env=env)
+    assert done.returncode == 0, done.stderr
+    appdir, spool = f"{tmp_path}/local/n1/spmix_appdir_1000_41.0", f"{tmp_path}/spool/pmix.41.0"
+    assert done.stdout == f"/data,{appdir},{spool} exec img\n"
+
+
+def test_shim_binds_nothing_outside_a_pmix_step(tmp_path):
+    """Enroot's hook acts only in a Slurm step (SLURM_JOB_ID and SLURM_STEP_ID) whose SLURM_MPI_TYPE is pmix* or
+    unset, with PMIX_* variables: not under srun --mpi=pmi2, not under mpirun (its PMIx server is Open MPI's)."""
+    echo = ["--bind-pmix", "--volume {path}:{path}", "--", "/bin/sh", "-c", 'echo "$*"', "sh", "run", "img"]
+    for env in (pmix_step(tmp_path / "a", SLURM_MPI_TYPE="pmi2"),
+                {k: v for k, v in pmix_step(tmp_path / "b").items() if k != "SLURM_STEP_ID"},
+                {k: v for k, v in pmix_step(tmp_path / "c").items() if not k.startswith("PMIX_")}):
+        assert run_shim(*echo, env=env).stdout == "run img\n"
+
+
+def test_under_sruns_pmix_each_runtime_has_the_shim_bind_the_directories_its_own_binds_miss():
+    """Under srun --mpi=pmix the PMIx directories are the node's (the shim tests above): docker, podman and
+    podman-hpc get `--volume` after their verb (podman-hpc's is shared-run, podman_hpc.py 1.2.2, which passes
+    its run options on to podman), Apptainer and Singularity their BIND variable (appendix, APPTAINER_BIND;
+    SingularityCE's SINGULARITY_BIND), Sarus a `--mount` (its user guide, "Mounting custom files and directories",
+    as its own binds), Charliecloud with write_fake a `--bind`, each told the paths it binds already. Under pmi2 or
+    mpirun: nothing."""
+    request = dataclasses.replace(CPU, pmix_server=True, pmix_base="/local/%n")  # TmpFS, as the plan read it
+    base = ["--pmix-base", "/local/%n"]
+    volume = ["--bind-pmix", "--volume {path}:{path}", *base]
+    def shared(*paths):
+        return [word for path in paths for word in ("--shared-path", path)]
+    docker = Docker("containerbench:latest", uid=1000, gid=1000, host_python=HOST_PY).rank_argv(request)
+    assert docker[docker.index("--label-client") + 1:docker.index("--")] == [*volume, *shared("/tmp", "/work/x")]
+    podman = Podman("containerbench:latest", uid=1000, gid=1000, host_python=HOST_PY).rank_argv(request)
+    assert podman[:podman.index("--") + 3] == [HOST_PY, "-m", "containerbench.rank.rankexec", *volume,
+                                               *shared("/tmp", "/dev/shm", "/work/x"), "--insert-after", "run",
+                                               "--", "podman", "run"]
+    hpc = under_srun(PodmanHPC("containerbench:latest", uid=1000, gid=1000, host_python=HOST_PY)).rank_argv(request)
+    assert hpc[:hpc.index("--") + 3] == [HOST_PY, "-m", "containerbench.rank.rankexec", *volume,
+                                         *shared("/tmp", "/dev/shm", "/var/spool/slurmd", "/run/munge", "/work/x"),
+                                         "--insert-after", "shared-run", "--", "podman-hpc", "shared-run"]
+    for runtime, variable in ((Apptainer, "APPTAINER_BIND"), (Singularity, "SINGULARITY_BIND")):
+        argv = runtime("/images/containerbench.sif", host_python=HOST_PY).rank_argv(request)
+        assert argv[argv.index(variable) - 1:argv.index("--")] == ["--bind-pmix-variable", variable,
+                                                                   *base, *shared("/tmp", "/var/tmp", "/work/x")]
+    sarus = Sarus("containerbench:latest", host_python=HOST_PY).rank_argv(request)  # user guide, "Mounting custom..."
+    assert sarus[:sarus.index("--") + 2] == [HOST_PY, "-m", "containerbench.rank.rankexec", "--bind-pmix",
+                                             "--mount=type=bind,source={path},destination={path}", *base,
+                                             *shared("/work/x"), "--", "sarus"]
+    # ch-run(1) "--bind=SRC[:DST]": with --write-fake "DST will be created as an empty directory", but "cannot
+    # enter a previous bind mount" ("/tmp is shared with the host via bind-mount"): those under /tmp are left out.
+    ch = Charliecloud("/images/containerbench.sqfs", write_fake=True, host_python=HOST_PY).rank_argv(request)
+    assert ch[:ch.index("--") + 2] == [HOST_PY, "-m", "containerbench.rank.rankexec", "--bind-pmix", "--bind={path}",
+                                       *base, *shared("/tmp", "/work/x"), "--insert-after", "ch-run", "--", "ch-run"]
+    # Without write_fake no mount point can be made ("With a read-only image (the default), DST must exist"):
+    # a base outside /tmp is refused in one line; one under /tmp is shared already.
+    with pytest.raises(ValueError) as refused:
+        Charliecloud("/images/containerbench.sqfs").rank_argv(request)
+    assert str(refused.value) == ("runtime 'charliecloud' without write_fake cannot bind srun's PMIx client "
+                                  "directory, which Slurm makes under '/local/%n', outside the /tmp ch-run shares; "
+                                  "allowed: images.charliecloud.write_fake: true, or a PMIxCliTmpDirBase or TmpFS "
+                                  "under /tmp")
+    under_tmp = dataclasses.replace(request, pmix_base="/tmp/slurm-%n")
+    assert Charliecloud("/images/containerbench.sqfs").rank_argv(under_tmp)[0] == "ch-run"
+    for make in (lambda: Docker("containerbench:latest", host_python=HOST_PY), lambda: Podman("containerbench:latest"),
+                 lambda: Apptainer("/images/containerbench.sif", host_python=HOST_PY),
+                 lambda: Charliecloud("/images/containerbench.sqfs", write_fake=True, host_python=HOST_PY)):
+        assert not any(word.startswith("--bind-pmix") for word in make().rank_argv(CPU))
 
 
 def test_shim_passes_the_exit_status_and_refuses_a_missing_command():

@@ -379,6 +379,46 @@ def test_a_nodes_podman_store_lacks_the_image_until_the_run_puts_it_there(cluste
           "later:", {host: later[host]["seconds"] for host in later})
 
 
+def test_a_read_only_container_under_sruns_pmix_needs_the_steps_client_directory_which_the_shim_binds(
+        cluster, container_engines, tmp_path):
+    """Issue 32: the PMIx client directory. Slurm 22.05's pmix plugin makes each step's spmix_appdir under
+    SLURM_PMIX_TMPDIR, else mpi.conf's PMIxCliTmpDirBase, else TmpFS with %n expanded (SchedMD/slurm
+    src/plugins/mpi/pmix/pmixp_info.c), and hands it to the ranks as PMIX_NSDIR, where Open MPI makes its session
+    directory; no variable of the rank names its base (PMIX_SYSTEM_TMPDIR, where Enroot's 50-slurm-pmi.sh looks,
+    is /tmp), so the plan reads it from `scontrol show config` and the shim finds the step's on the node. A
+    container whose root is read-only (as an Apptainer SIF, or podman-run(1) --read-only) and that does not bind
+    it fails in MPI_Init (ess_pmi_module.c); with the shim's --volume it runs. The container here is real podman
+    with the host's root filesystem as its rootfs (podman-run(1) --rootfs), which holds Python and Open MPI."""
+    read = "from containerbench import slurm; print(slurm.pmix_client_base())"
+    base = on_controller(cluster, sys.executable, "-c", read, timeout=60).stdout.strip()
+    assert base == f"{cluster}/tmp/%n"  # cluster.sh's TmpFS, as slurm.conf(5) writes it
+    hello = tmp_path / "hello.py"
+    hello.write_text("from mpi4py import MPI\nimport numpy as np\nc = MPI.COMM_WORLD\nx = np.ones(4)\n"
+                     "c.Allreduce(MPI.IN_PLACE, x)\nprint('rank', c.rank, 'of', c.size, 'sum', int(x[0]))\n")
+    rootfs = tmp_path / "rootfs"
+    rootfs.mkdir()
+    # The step's spool (PMIX_SERVER_TMPDIR) is left out, as a shared path would be: with PMIX_MCA_gds=hash the
+    # client needs none of it (seen here), and a mount point for it would be made in the host's root below.
+    shim = [sys.executable, "-m", "containerbench.rank.rankexec", "--pass-prefix", "PMIX_", "--pass-prefix",
+            "SLURM_", "--pass-prefix", "OMPI_", "--shared-path", "/var/spool/containerbench-slurmd"]
+    podman = ["podman", "run", "--rm", "--read-only", "--read-only-tmpfs=false", "--network", "host", "--ipc",
+              "host", "--pid", "host", "--log-driver", "none", "--volume", f"{ROOT}:{ROOT}", "--env",
+              "PMIX_MCA_gds=hash", "--rootfs", str(rootfs), str(BENCH_PYTHON), str(hello)]
+    conf = f"CONTAINERS_CONF={container_engines['CONTAINERS_CONF']}"
+
+    def ranks(*bind: str) -> subprocess.CompletedProcess:
+        # Each rank binds the host's root filesystem (no submounts) in a mount namespace of its own, then the shim.
+        script = f'mount --bind / {rootfs} && exec "$@"'
+        return on_controller(cluster, "env", conf, "srun", "-N2", "--ntasks-per-node=2", "-p", "cpu", "--mpi=pmix",
+                             "unshare", "-m", "sh", "-c", script, "sh", *shim, *bind, "--", *podman, timeout=300)
+
+    unbound = ranks()
+    assert unbound.returncode != 0 and "ess_pmi_module.c" in unbound.stdout + unbound.stderr, unbound.stderr[-2000:]
+    bound = ranks("--bind-pmix", "--volume {path}:{path}", "--pmix-base", base)
+    assert bound.returncode == 0, bound.stderr[-2000:]
+    assert sorted(bound.stdout.split("\n")[:4]) == [f"rank {r} of 4 sum 4" for r in range(4)], bound.stdout
+
+
 def test_a_native_runs_host_mpi_is_read_on_each_of_its_nodes_where_the_ranks_will_run(cluster, tmp_path):
     """Issue 32, finding 3, on the cluster whose nodes are separate (cluster.sh: each slurmd in its own mount
     namespace, the clone shared): a native run's launch reads the host MPI on every node of its allocation (the

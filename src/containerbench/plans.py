@@ -187,10 +187,12 @@ def plan_run(spec: RunSpec, config: dict, allocation: Allocation | None = None,
         arguments += ["--telemetry-dir", telemetry["dir"], "--telemetry-interval", str(telemetry["interval_s"]),
                       *(["--telemetry-services", ",".join(services)] if services else [])]
         binds += (telemetry["dir"],)  # the samplers write it from inside the container
+    pmix = str(getattr(launcher, "mpi", "")).startswith("pmix")  # srun's pmix plugin: its directories (rankexec)
     request = RunRequest(module=module, args=tuple(arguments), env=rank_env,
                          workdir=os.getcwd(), binds=binds,
                          gpus=config["slurm"]["gpus_per_node"] > 0, infiniband=rdma_fabric(fabric),
                          ranks_per_node=spec.ranks_per_node, inherited_pmi_fd=getattr(launcher, "mpi", None) == "pmi2",
+                         pmix_server=pmix, pmix_base=slurm.pmix_client_base() if pmix else "",
                          own_allocation=allocation is Allocation.PER_RUN)
     env = runtime.environment(request)
     argv = launcher.wrap(runtime.rank_argv(request), spec, sorted(env), runtime.launcher_options(request))

@@ -14,6 +14,7 @@ Every query takes `via`, an argv prefix that runs the Slurm client elsewhere
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shlex
@@ -216,6 +217,20 @@ def query(argv: list[str], key: str, value: str, via: tuple[str, ...] = ()) -> s
         why = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
         raise QueryError(f"'{key}' = {value!r}: {shlex.join(argv[:3])} failed: {why}")
     return done.stdout
+
+
+@functools.cache
+def pmix_client_base() -> str:
+    """Where srun's pmix plugin makes each step's client directory (spmix_appdir_*), as the cluster is configured:
+    mpi.conf's PMIxCliTmpDirBase, else slurm.conf's TmpFS, %n and %h unexpanded (the node expands them; a job's
+    SLURM_PMIX_TMPDIR, read on the node, comes first: Slurm's mpi/pmix pmixp_info.c). "" where scontrol cannot tell."""
+    try:
+        done = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, timeout=15)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    settings = dict(re.findall(r"^(PMIxCliTmpDirBase|TmpFS)\s+=\s+(\S+)", done.stdout, re.MULTILINE))
+    return next((value for value in (settings.get("PMIxCliTmpDirBase"), settings.get("TmpFS"))
+                 if value and value != "(null)"), "")
 
 
 # Slurm's own bound (src/common/hostlist.h: MAX_RANGE is MAX_SLURM_NODES, "64K Hosts").

@@ -35,6 +35,18 @@ and its uid. dockerd keeps a container running when its client is SIGKILLed (by 
 at a job's end, or an out-of-memory kill), outside the step's cgroup, holding its GPUs;
 the node's next docker run (containerbench node-image) removes those whose client has
 ended.
+With --bind-pmix FORM, under srun's pmix plugin, it inserts FORM's words, {path} filled in, for
+each directory of the step's PMIx server the rank's client may need at the same path,
+as Enroot's hook does for Pyxis (NVIDIA/enroot conf/hooks/extra/50-slurm-pmi.sh):
+Slurm's spmix_appdir, the namespace's directory (PMIX_NSDIR), in which Open MPI makes its
+session directory (MPI_Init fails where it is missing and the root is read-only: seen on
+the test cluster), and PMIX_SERVER_TMPDIR (in SlurmdSpoolDir). The appdir lies under the job's
+SLURM_PMIX_TMPDIR, else mpi.conf's PMIxCliTmpDirBase, else TmpFS with %n and %h expanded on
+the node (Slurm's mpi/pmix pmixp_info.c): --pmix-base gives the last two as the plan read
+them from `scontrol show config`, as no variable of the rank names them (PMIX_SYSTEM_TMPDIR,
+where Enroot looks, is /tmp there); Enroot's place is looked in too. One under a
+--shared-path (bound already) is left out. --bind-pmix-variable NAME appends them to NAME
+instead (comma-separated: Apptainer's APPTAINER_BIND).
 """
 
 from __future__ import annotations
@@ -62,6 +74,42 @@ def own_identity() -> str:
     return f"{socket.gethostname()}:{os.stat('/proc/self/ns/pid').st_ino}:{os.getpid()}:{ticks}"
 
 
+def pmix_directories(environ=os.environ, base: str = "") -> list[str]:
+    """The existing directories of srun's PMIx server for this step (the module's text), when Enroot's
+    50-slurm-pmi.sh would look: in a Slurm step whose MPI type is PMIx (or unset) with PMIX_* variables set;
+    the defaults are TMPDIR, TEMP, TMP, /tmp, in that order (docs.openpmix.org, "Session directories")."""
+    if not (environ.get("SLURM_JOB_ID") and environ.get("SLURM_STEP_ID")):
+        return []
+    if not environ.get("SLURM_MPI_TYPE", "pmix").startswith("pmix") or not any(n.startswith("PMIX_") for n in environ):
+        return []
+    default = environ.get("TMPDIR") or environ.get("TEMP") or environ.get("TMP") or "/tmp"
+    system = environ.get("PMIX_SYSTEM_TMPDIR") or default
+    step = f"{environ['SLURM_JOB_ID']}.{environ['SLURM_STEP_ID']}"
+    # Named with the job's uid, or without (older Slurm); %n is the node's name, %h its host name (slurm.conf(5)).
+    node = environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+    expanded = base.replace("%n", node).replace("%h", socket.gethostname().split(".")[0])
+    bases = dict.fromkeys(filter(None, [environ.get("SLURM_PMIX_TMPDIR"), expanded, system]))
+    appdirs = [f"{base}/spmix_appdir{uid}_{step}" for base in bases
+               for uid in (f"_{environ.get('SLURM_JOB_UID', '')}", "")]
+    found = [next((d for d in appdirs if os.path.isdir(d)), ""), environ.get("PMIX_SERVER_TMPDIR") or default]
+    return list(dict.fromkeys(os.path.normpath(d) for d in found if d and os.path.isdir(d)))
+
+
+def outside(paths: list[str], shared: list[str]) -> list[str]:
+    """The paths of `paths` that lie under none of `shared` (bound already, at the same path)."""
+    roots = [os.path.normpath(p) for p in shared]
+    return [p for p in paths if not any(p == r or p.startswith(r.rstrip("/") + "/") for r in roots)]
+
+
+def bind_pmix_options(base: str, shared, form: str | None = None, variable: str | None = None) -> list[str]:
+    """This shim's options that bind the PMIx directories, in the words `form` ({path}) or as the variable
+    `variable`, where none of `shared` (the paths the runtime binds already) holds them; `base`: Slurm's
+    client directory base as configured, %n and %h unexpanded ("" where the plan could not read it)."""
+    chosen = ["--bind-pmix", form] if form else ["--bind-pmix-variable", variable]
+    return [*chosen, *(["--pmix-base", base] if base else []),
+            *(word for path in shared for word in ("--shared-path", path))]
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(prog="python -m containerbench.rank.rankexec", description=__doc__.splitlines()[0])
@@ -76,6 +124,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--memory-share", type=int, default=1, metavar="RANKS")
     parser.add_argument("--pmi-fd", action="store_true")
     parser.add_argument("--label-client", action="store_true")
+    parser.add_argument("--bind-pmix", metavar="FORM", help="e.g. '--volume {path}:{path}'")
+    parser.add_argument("--bind-pmix-variable", metavar="NAME", help="e.g. APPTAINER_BIND")
+    parser.add_argument("--shared-path", action="append", default=[], metavar="PATH")
+    parser.add_argument("--pmix-base", default="", metavar="TEMPLATE", help="PMIxCliTmpDirBase or TmpFS (%%n, %%h)")
     at = argv.index("--") if "--" in argv else len(argv)
     args, command = parser.parse_args(argv[:at]), argv[at + 1:]
     if not command:
@@ -103,6 +155,12 @@ def main(argv: list[str] | None = None) -> None:
         inserted.append("--preserve-fds=1")
     if args.label_client:  # the exec keeps this process's id and start time: they become the client's
         inserted += [f"--label={CLIENT_LABEL}={own_identity()}", f"--label={CLIENT_UID_LABEL}={os.getuid()}"]
+    wanted = args.bind_pmix or args.bind_pmix_variable
+    pmix = outside(pmix_directories(base=args.pmix_base), args.shared_path) if wanted else []
+    if args.bind_pmix_variable and pmix:
+        os.environ[args.bind_pmix_variable] = ",".join(filter(None, [os.environ.get(args.bind_pmix_variable), *pmix]))
+    elif args.bind_pmix:
+        inserted += [word.format(path=path) for path in pmix for word in args.bind_pmix.split(" ")]
     if inserted:
         word = args.insert_after
         if word not in command:

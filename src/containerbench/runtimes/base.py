@@ -40,6 +40,8 @@ class RunRequest:
     # srun's pmi2 plugin hands each task a socket it inherited, named by PMI_FD (Slurm's
     # src/plugins/mpi/pmi2/mpi_pmi2.c): a runtime must keep it open into the container.
     inherited_pmi_fd: bool = False
+    pmix_server: bool = False  # srun's pmix plugin serves the ranks: its directories are the node's (rankexec)
+    pmix_base: str = ""  # where it makes them: PMIxCliTmpDirBase or TmpFS (slurm.pmix_client_base)
     # The run asks salloc for an allocation of its own (launchers.Allocation.PER_RUN): what a Slurm plugin
     # reads when the allocation is made (Shifter's image) goes there (Runtime.allocation_options).
     own_allocation: bool = False

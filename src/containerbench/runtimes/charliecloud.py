@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import os
 import pwd
+import sys
 from pathlib import Path
 
 from containerbench.launchers import Mpirun
+from containerbench.rank.rankexec import bind_pmix_options
 from containerbench.runtimes.base import (
     DEFAULT_PATH,
     RANK_PREFIXES,
+    RANKEXEC,
     SLURM_GPU_VARS,
     BuiltImage,
     ContainerRuntime,
@@ -116,13 +119,14 @@ class Charliecloud(ContainerRuntime):
         return [*cls.export_argvs(built.engine, built.tag, container, flat_tar), cls.convert_argv(flat_tar, out),
                 *([cls.nvidia_argv(out)] if built.gpus else [])]
 
-    def __init__(self, image: str, python: str = "python3", extra_args=(), write_fake: bool = False, **settings):
+    def __init__(self, image: str, python: str = "python3", extra_args=(), write_fake: bool = False,
+                 host_python: str = sys.executable, **settings):
         """write_fake: the site's choice, never this host's guess. Without it the binds go to mount points every
         image has (moved_binds), which any ch-run on any kernel runs; with it, every node is asked for it
         (node_requirements). No ch-run here or on a node can answer for the others: the planning host's
         version chose it before, and a node without unprivileged overlayfs then failed every rank."""
         super().__init__(image, python, extra_args, **settings)
-        self.write_fake = write_fake
+        self.write_fake, self.host_python = write_fake, host_python
 
     def node_prepare_argv(self, python: str, stamp: str | None = None, archive: str | None = None) -> list[str] | None:
         # Nothing to load: each node is asked for the directory as it sees it (nodeimages.shared_copy), where the
@@ -189,8 +193,23 @@ class Charliecloud(ContainerRuntime):
         if self.write_fake:
             library_dirs = list(self.native_mpi.library_dirs) if self.native else []
             argv += [f"--bind={path}" for path in dict.fromkeys([*self.mounts(request), *library_dirs])]
-            return [*argv, f"--cd={self.workdir(request)}", *self.extra_args, self.image, "--", *self.command(request)]
+            argv += [f"--cd={self.workdir(request)}", *self.extra_args, self.image, "--", *self.command(request)]
+            if not request.pmix_server:
+                return argv
+            # srun's PMIx directories outside /tmp (shared) and our binds, by the shim: ch-run(1) --bind=SRC binds
+            # at the same path, and with --write-fake "DST will be created", but "cannot enter a previous bind mount".
+            pmix = bind_pmix_options(request.pmix_base, ("/tmp", *self.mounts(request)), "--bind={path}")
+            return [self.host_python, "-m", RANKEXEC, *pmix, "--insert-after", "ch-run", "--", *argv]
+        self.check_pmix_base(request)
         # The benchmark needs nothing else from the work directory.
         argv += [f"--bind={source}:{target}" for source, target in self.moved_binds(request).items()]
         return [*argv, "--cd=/", *self.extra_args, self.image, "--", *self.command(request)]
 
+    def check_pmix_base(self, request: RunRequest) -> None:
+        """Without write_fake no mount point can be made: srun's PMIx client directory, where Open MPI makes its
+        session directory (MPI_Init fails without it in a read-only image: rank/rankexec.py), must be under /tmp."""
+        base = request.pmix_base
+        if request.pmix_server and base and not (base + "/").startswith("/tmp/"):
+            raise ValueError(f"runtime 'charliecloud' without write_fake cannot bind srun's PMIx client "
+                             f"directory, which Slurm makes under {base!r}, outside the /tmp ch-run shares; allowed: "
+                             "images.charliecloud.write_fake: true, or a PMIxCliTmpDirBase or TmpFS under /tmp")

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from containerbench.processes import checkable, running
-from containerbench.rank.rankexec import CLIENT_LABEL, CLIENT_UID_LABEL
+from containerbench.rank.rankexec import CLIENT_LABEL, CLIENT_UID_LABEL, bind_pmix_options
 from containerbench.runtimes.base import (
     RANK_PREFIXES,
     RANKEXEC,
@@ -89,6 +89,14 @@ class OciEngine(ContainerRuntime):
 
     def namespace_args(self) -> list[str]:
         return ["--network", "host", "--ipc", "host", "--pid", "host"]
+
+    def pmix_options(self, request: RunRequest) -> list[str]:
+        """The shim's options that bind, under srun's pmix plugin, its directories outside the paths every rank
+        binds: the site puts them (TmpFS, SlurmdSpoolDir), and only the node knows where (rank/rankexec.py)."""
+        if not request.pmix_server:
+            return []
+        shared = dict.fromkeys([*self.shared_paths, *self.mounts(request)])
+        return bind_pmix_options(request.pmix_base, shared, "--volume {path}:{path}")
 
     def run_argv(self, request: RunRequest) -> list[str]:
         # Host network/IPC/PIDs: NCCL and MPI reach peers and share memory as on bare metal. With
@@ -181,8 +189,8 @@ class Docker(OciEngine):
         # (nebius/soperator#563), so bare metal and docker ranks would differ.
         # Its client's id, so that a container whose client was killed is found and removed (rankexec).
         return [self.host_python, "-m", RANKEXEC, *pass_flags(RANK_PREFIXES), "--cpuset-from-affinity",
-                "--memory-from-cgroup", f"--memory-share={request.ranks_per_node}", "--label-client", "--",
-                *self.run_argv(request)]
+                "--memory-from-cgroup", f"--memory-share={request.ranks_per_node}", "--label-client",
+                *self.pmix_options(request), "--", *self.run_argv(request)]
 
 
 @register
@@ -222,9 +230,13 @@ class Podman(OciEngine):
     moves_pmi_fd = False
 
     def rank_argv(self, request: RunRequest) -> list[str]:
-        if request.inherited_pmi_fd and not self.moves_pmi_fd:
-            return [self.host_python, "-m", RANKEXEC, "--pmi-fd", "--", *self.run_argv(request)]
-        return self.run_argv(request)
+        shim = [*(["--pmi-fd"] if request.inherited_pmi_fd and not self.moves_pmi_fd else []),
+                *self.pmix_options(request)]
+        if not shim:
+            return self.run_argv(request)
+        # The shim's words go after the engine's verb: `run`, or podman-hpc's `shared-run`.
+        return [self.host_python, "-m", RANKEXEC, *shim, "--insert-after", self.engine_args()[-1], "--",
+                *self.run_argv(request)]
 
     def engine_args(self) -> list[str]:
         return [self.binary, *(["--runtime", self.oci_runtime] if self.oci_runtime else []), "run"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 
+from containerbench.rank.rankexec import bind_pmix_options
 from containerbench.runtimes.base import RANKEXEC, BuiltImage, ContainerRuntime, NodeRequirement, RunRequest, register
 
 
@@ -57,7 +58,10 @@ class Sarus(ContainerRuntime):
         argv += [f"--workdir={self.workdir(request)}"]
         argv += [word for name in sorted(self.environment(request)) for word in ("--env", name)]
         argv += [*self.extra_args, self.image, *self.command(request)]
-        if not request.infiniband:
+        # srun's PMIx directories, where the site put them outside our mounts (rank/rankexec.py, --bind-pmix).
+        mount = "--mount=type=bind,source={path},destination={path}"
+        pmix = bind_pmix_options(request.pmix_base, self.mounts(request), mount) if request.pmix_server else []
+        if not (request.infiniband or pmix):
             return argv
         devices = [word for pattern in self.rdma_devices for word in ("--device-glob", pattern)]
-        return [self.host_python, "-m", RANKEXEC, *devices, "--", *argv]
+        return [self.host_python, "-m", RANKEXEC, *(devices if request.infiniband else []), *pmix, "--", *argv]
