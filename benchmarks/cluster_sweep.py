@@ -64,6 +64,11 @@ def sweep_config(workdir: Path) -> list[Path]:
         # cannot (config.py refuses it in one line; issue 32, finding 2).
         "images": {**{name: {"mpi_model": ["hybrid"] if name == "docker" else ["hybrid", "native"]}
                       for name in CONTAINERS},
+                   # The cluster's TmpFS is its state directory's tmp/%n, where srun's pmix plugin makes each step's
+                   # client directory; Debian's ch-run 0.31 has no --write-fake to bind it, so a hybrid rank runs only
+                   # where it lies under the /tmp ch-run shares (runtimes/charliecloud.py refuses it elsewhere).
+                   "charliecloud": {"mpi_model": ["hybrid", "native"] if str(workdir).startswith("/tmp/")
+                                    else ["native"]},
                    # The cluster's SlurmdSpoolDir (cluster.sh SPOOL), bound as podman-hpc's openmpi-pmix module binds
                    # /var/spool/slurmd, where a site's is ("Error: statfs /var/spool/slurmd" without it).
                    "podman-hpc": {"mpi_model": ["hybrid", "native"],
