@@ -330,7 +330,6 @@ def test_the_shim_labels_a_docker_container_with_the_client_it_becomes():
     from containerbench.processes import identity
     from containerbench.rank.rankexec import CLIENT_LABEL, CLIENT_UID_LABEL, own_identity
 
-    orphaned = Docker.client_ended
     assert own_identity() == identity(os.getpid())  # the shim's, written apart, names a process as the house does
 
     shown = subprocess.run([sys.executable, "-m", "containerbench.rank.rankexec", "--label-client", "--", "/bin/sh",
@@ -342,12 +341,12 @@ def test_the_shim_labels_a_docker_container_with_the_client_it_becomes():
     host, namespace, me, ticks = identity(os.getpid()).split(":")
     assert client.startswith(f"--label={CLIENT_LABEL}={host}:{namespace}:{pid}:")
     uid = str(os.getuid())
-    assert orphaned(client.partition("=")[2].partition("=")[2], uid)  # the client has exited
-    assert not orphaned(identity(os.getpid()), uid)  # this one has not
-    assert not orphaned(f"elsewhere:{namespace}:{pid}:1", uid)
-    assert not orphaned(f"{host}:another-namespace:{pid}:1", uid)
+    assert Docker.client_ended(client.partition("=")[2].partition("=")[2], uid)  # the client has exited
+    assert not Docker.client_ended(identity(os.getpid()), uid)  # this one has not
+    assert not Docker.client_ended(f"elsewhere:{namespace}:{pid}:1", uid)
+    assert not Docker.client_ended(f"{host}:another-namespace:{pid}:1", uid)
     if os.getuid() != 0:
-        assert not orphaned(f"{host}:{namespace}:{pid}:1", str(os.getuid() + 1))  # maybe hidden: not mine
+        assert not Docker.client_ended(f"{host}:{namespace}:{pid}:1", str(os.getuid() + 1))  # maybe hidden: not mine
     assert "--label-client" in Docker("img").rank_argv(RunRequest(module="m", workdir="/w"))
 
 
