@@ -10,12 +10,15 @@ import dataclasses
 import fcntl
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
-from helpers import example_request
+from helpers import ROOT, example_request
 
 from containerbench.config import RunSpec
 from containerbench.launchers import Mpirun, Srun
@@ -487,7 +490,7 @@ def test_under_sruns_pmix_each_runtime_has_the_shim_bind_the_directories_its_own
     mpirun: nothing."""
     request = dataclasses.replace(CPU, pmix_server=True, pmix_base="/local/%n")  # TmpFS, as the plan read it
     base = ["--pmix-base", "/local/%n"]
-    volume = ["--bind-pmix", "--volume {path}:{path}", *base]
+    volume = ["--bind-pmix=--volume {path}:{path}", *base]
     def shared(*paths):
         return [word for path in paths for word in ("--shared-path", path)]
     docker = Docker("containerbench:latest", uid=1000, gid=1000, host_python=HOST_PY).rank_argv(request)
@@ -502,16 +505,18 @@ def test_under_sruns_pmix_each_runtime_has_the_shim_bind_the_directories_its_own
                                          "--insert-after", "shared-run", "--", "podman-hpc", "shared-run"]
     for runtime, variable in ((Apptainer, "APPTAINER_BIND"), (Singularity, "SINGULARITY_BIND")):
         argv = runtime("/images/containerbench.sif", host_python=HOST_PY).rank_argv(request)
-        assert argv[argv.index(variable) - 1:argv.index("--")] == ["--bind-pmix-variable", variable,
-                                                                   *base, *shared("/tmp", "/var/tmp", "/work/x")]
+        assert argv[argv.index(f"--bind-pmix-variable={variable}"):argv.index("--")] == [
+            f"--bind-pmix-variable={variable}", *base, *shared("/tmp", "/var/tmp", "/work/x")]
+    # Sarus's default sarus.json refuses destinations under /etc, /var, /opt/sarus (configuration reference,
+    # "userMounts": notAllowedPrefixesOfPath): they are passed as not to bind.
     sarus = Sarus("containerbench:latest", host_python=HOST_PY).rank_argv(request)  # user guide, "Mounting custom..."
-    assert sarus[:sarus.index("--") + 2] == [HOST_PY, "-m", "containerbench.rank.rankexec", "--bind-pmix",
-                                             "--mount=type=bind,source={path},destination={path}", *base,
-                                             *shared("/work/x"), "--", "sarus"]
+    assert sarus[:sarus.index("--") + 2] == [HOST_PY, "-m", "containerbench.rank.rankexec",
+                                             "--bind-pmix=--mount=type=bind,source={path},destination={path}", *base,
+                                             *shared("/etc", "/var", "/opt/sarus", "/work/x"), "--", "sarus"]
     # ch-run(1) "--bind=SRC[:DST]": with --write-fake "DST will be created as an empty directory", but "cannot
     # enter a previous bind mount" ("/tmp is shared with the host via bind-mount"): those under /tmp are left out.
     ch = Charliecloud("/images/containerbench.sqfs", write_fake=True, host_python=HOST_PY).rank_argv(request)
-    assert ch[:ch.index("--") + 2] == [HOST_PY, "-m", "containerbench.rank.rankexec", "--bind-pmix", "--bind={path}",
+    assert ch[:ch.index("--") + 2] == [HOST_PY, "-m", "containerbench.rank.rankexec", "--bind-pmix=--bind={path}",
                                        *base, *shared("/tmp", "/work/x"), "--insert-after", "ch-run", "--", "ch-run"]
     # Without write_fake no mount point can be made ("With a read-only image (the default), DST must exist"):
     # a base outside /tmp is refused in one line; one under /tmp is shared already.
@@ -527,6 +532,38 @@ def test_under_sruns_pmix_each_runtime_has_the_shim_bind_the_directories_its_own
                  lambda: Apptainer("/images/containerbench.sif", host_python=HOST_PY),
                  lambda: Charliecloud("/images/containerbench.sqfs", write_fake=True, host_python=HOST_PY)):
         assert not any(word.startswith("--bind-pmix") for word in make().rank_argv(CPU))
+
+
+@pytest.mark.parametrize("name", ["docker", "podman", "podman-hpc", "apptainer", "sarus", "charliecloud"])
+def test_each_runtimes_shim_really_runs_its_pmix_options_and_binds_the_steps_directories(name, tmp_path):
+    """The shim, run with the options each runtime's rank_argv gives it under srun --mpi=pmix (a harmless program
+    before the runtime's own words, which it prints with what the shim inserted): every form parses (a form is
+    itself an option: Sarus's --mount=..., ch-run's --bind=...) and both directories of the step are bound. They
+    lie outside /tmp, /dev/shm and /var/tmp, which some of the runtimes share."""
+    outside_tmp = Path(tempfile.mkdtemp(dir=ROOT / "build"))
+    try:
+        env = pmix_step(outside_tmp)
+        request = dataclasses.replace(CPU, pmix_server=True, pmix_base=f"{outside_tmp}/local/%n")
+        runtime = {"docker": lambda: Docker("img", host_python=sys.executable),
+                   "podman": lambda: Podman("img", host_python=sys.executable),
+                   "podman-hpc": lambda: under_srun(PodmanHPC("img", host_python=sys.executable)),
+                   "apptainer": lambda: Apptainer("/i.sif", host_python=sys.executable),
+                   "sarus": lambda: Sarus("img", host_python=sys.executable),
+                   "charliecloud": lambda: Charliecloud("/i.sqfs", write_fake=True, host_python=sys.executable)}[name]()
+        argv = runtime.rank_argv(request)
+        at = argv.index("--")
+        printed = 'echo "$APPTAINER_BIND|$*"'
+        done = subprocess.run([*argv[:at + 1], "/bin/sh", "-c", printed, "sh", *argv[at + 1:]], env=env,
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        bound, words = done.stdout.rstrip("\n").split("|", 1)
+        appdir, spool = f"{outside_tmp}/local/n1/spmix_appdir_1000_41.0", f"{outside_tmp}/spool/pmix.41.0"
+        if name == "apptainer":
+            assert bound == f"{appdir},{spool}" and words == " ".join(argv[at + 1:])
+        else:
+            assert bound == "" and appdir in words and spool in words and words != " ".join(argv[at + 1:])
+    finally:
+        shutil.rmtree(outside_tmp)
 
 
 def test_shim_passes_the_exit_status_and_refuses_a_missing_command():

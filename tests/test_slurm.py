@@ -414,7 +414,7 @@ def test_a_read_only_container_under_sruns_pmix_needs_the_steps_client_directory
 
     unbound = ranks()
     assert unbound.returncode != 0 and "ess_pmi_module.c" in unbound.stdout + unbound.stderr, unbound.stderr[-2000:]
-    bound = ranks("--bind-pmix", "--volume {path}:{path}", "--pmix-base", base)
+    bound = ranks("--bind-pmix=--volume {path}:{path}", "--pmix-base", base)
     assert bound.returncode == 0, bound.stderr[-2000:]
     assert sorted(bound.stdout.split("\n")[:4]) == [f"rank {r} of 4 sum 4" for r in range(4)], bound.stdout
 

@@ -187,7 +187,8 @@ def plan_run(spec: RunSpec, config: dict, allocation: Allocation | None = None,
         arguments += ["--telemetry-dir", telemetry["dir"], "--telemetry-interval", str(telemetry["interval_s"]),
                       *(["--telemetry-services", ",".join(services)] if services else [])]
         binds += (telemetry["dir"],)  # the samplers write it from inside the container
-    pmix = str(getattr(launcher, "mpi", "")).startswith("pmix")  # srun's pmix plugin: its directories (rankexec)
+    # srun's pmix plugin: where it makes its directories, which a container rank binds (rankexec), asked of Slurm once
+    pmix = str(getattr(launcher, "mpi", "")).startswith("pmix") and not isinstance(runtime, BareMetal)
     request = RunRequest(module=module, args=tuple(arguments), env=rank_env,
                          workdir=os.getcwd(), binds=binds,
                          gpus=config["slurm"]["gpus_per_node"] > 0, infiniband=rdma_fabric(fabric),

@@ -6,7 +6,8 @@ PMIX_*, SLURM_*...) and the node's device files. The plan (containerbench.runtim
 
     <host python> -m containerbench.rank.rankexec [--pass-prefix P]... [--pass-name N]...
         [--env-prefix X] [--env-form name|value] [--insert-after WORD]
-        [--device-glob G]... -- <command>
+        [--device-glob G]... [--bind-pmix=FORM | --bind-pmix-variable=NAME [--pmix-base B]
+        [--shared-path P]...] -- <command>
 
 in front of the command. At rank start the shim inserts, right after the first
 `run` word of the command (docker/podman/sarus run; --insert-after names
@@ -91,7 +92,8 @@ def pmix_directories(environ=os.environ, base: str = "") -> list[str]:
     bases = dict.fromkeys(filter(None, [environ.get("SLURM_PMIX_TMPDIR"), expanded, system]))
     appdirs = [f"{base}/spmix_appdir{uid}_{step}" for base in bases
                for uid in (f"_{environ.get('SLURM_JOB_UID', '')}", "")]
-    found = [next((d for d in appdirs if os.path.isdir(d)), ""), environ.get("PMIX_SERVER_TMPDIR") or default]
+    # PMIX_SERVER_TMPDIR only where set (Slurm always sets it): Enroot's fallback to TMPDIR would bind all of /tmp.
+    found = [next((d for d in appdirs if os.path.isdir(d)), ""), environ.get("PMIX_SERVER_TMPDIR", "")]
     return list(dict.fromkeys(os.path.normpath(d) for d in found if d and os.path.isdir(d)))
 
 
@@ -105,14 +107,18 @@ def bind_pmix_options(base: str, shared, form: str | None = None, variable: str 
     """This shim's options that bind the PMIx directories, in the words `form` ({path}) or as the variable
     `variable`, where none of `shared` (the paths the runtime binds already) holds them; `base`: Slurm's
     client directory base as configured, %n and %h unexpanded ("" where the plan could not read it)."""
-    chosen = ["--bind-pmix", form] if form else ["--bind-pmix-variable", variable]
+    if not (form or variable):
+        raise ValueError("bind_pmix_options: give form or variable")
+    # One word each: a form is itself an option (--mount=..., --bind=...), which argparse would take for one.
+    chosen = [f"--bind-pmix={form}"] if form else [f"--bind-pmix-variable={variable}"]
     return [*chosen, *(["--pmix-base", base] if base else []),
             *(word for path in shared for word in ("--shared-path", path))]
 
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(prog="python -m containerbench.rank.rankexec", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m containerbench.rank.rankexec", description=__doc__.splitlines()[0],
+                                     allow_abbrev=False)  # a command's --bind=... is no abbreviation of --bind-pmix
     parser.add_argument("--pass-prefix", action="append", default=[], metavar="PREFIX")
     parser.add_argument("--pass-name", action="append", default=[], metavar="NAME")
     parser.add_argument("--env-form", choices=("name", "value"), default="name")

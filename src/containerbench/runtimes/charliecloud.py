@@ -209,7 +209,7 @@ class Charliecloud(ContainerRuntime):
         """Without write_fake no mount point can be made: srun's PMIx client directory, where Open MPI makes its
         session directory (MPI_Init fails without it in a read-only image: rank/rankexec.py), must be under /tmp."""
         base = request.pmix_base
-        if request.pmix_server and base and not (base + "/").startswith("/tmp/"):
+        if request.pmix_server and base and not (os.path.normpath(base) + "/").startswith("/tmp/"):
             raise ValueError(f"runtime 'charliecloud' without write_fake cannot bind srun's PMIx client "
                              f"directory, which Slurm makes under {base!r}, outside the /tmp ch-run shares; allowed: "
                              "images.charliecloud.write_fake: true, or a PMIxCliTmpDirBase or TmpFS under /tmp")

@@ -29,7 +29,8 @@ class OciEngine(ContainerRuntime):
     binary = ""
     native_support = "bind"  # the host's libmpi bound over the image's (a file bind: --volume FILE:FILE)
     artifact_is_stamp = True
-    shared_paths: tuple[str, ...] = ("/tmp",)  # Open MPI/PMIx session directories live under /tmp
+    # Open MPI's session directories live under /tmp (mpirun's; srun's PMIx ones where TmpFS is: rankexec binds them)
+    shared_paths: tuple[str, ...] = ("/tmp",)
     save_options: tuple[str, ...] = ()  # what `save` needs to write an archive every converting runtime reads
 
     def __init__(self, image: str, python: str = "python3", extra_args=(), uid: int | None = None,

@@ -59,8 +59,11 @@ class Sarus(ContainerRuntime):
         argv += [word for name in sorted(self.environment(request)) for word in ("--env", name)]
         argv += [*self.extra_args, self.image, *self.command(request)]
         # srun's PMIx directories, where the site put them outside our mounts (rank/rankexec.py, --bind-pmix).
-        mount = "--mount=type=bind,source={path},destination={path}"
-        pmix = bind_pmix_options(request.pmix_base, self.mounts(request), mount) if request.pmix_server else []
+        # Its default sarus.json refuses a destination under /etc, /var or /opt/sarus (configuration reference,
+        # "userMounts": notAllowedPrefixesOfPath), where the spool's server directory is: not needed (gds hash).
+        mount, refused = "--mount=type=bind,source={path},destination={path}", ("/etc", "/var", "/opt/sarus")
+        shared = (*refused, *self.mounts(request))
+        pmix = bind_pmix_options(request.pmix_base, shared, mount) if request.pmix_server else []
         if not (request.infiniband or pmix):
             return argv
         devices = [word for pattern in self.rdma_devices for word in ("--device-glob", pattern)]
