@@ -75,6 +75,15 @@ def pytest_runtest_setup(item):
         pytest.skip("needs root: it installs system packages, starts daemons or makes network namespaces")
 
 
+@pytest.fixture(autouse=True)
+def no_site_pmix_base(monkeypatch):
+    """A plan made in the test process does not read this machine's Slurm (slurm.pmix_client_base): where a cluster
+    answers, its TmpFS would change the argv the tests hold. test_slurm reads a real one, in a process of its own."""
+    from containerbench import slurm
+
+    monkeypatch.setattr(slurm, "pmix_client_base", lambda: "")
+
+
 @pytest.fixture(scope="session")
 def root():
     return ROOT

@@ -442,7 +442,7 @@ def test_shim_binds_the_pmix_directories_of_the_step_that_no_shared_path_holds(t
     podman-run(1): --volume SRC:DEST."""
     env = pmix_step(tmp_path)
     echo = ["--", "/bin/sh", "-c", 'echo "$*"', "sh", "run", "img"]
-    bind = ["--bind-pmix", "--volume {path}:{path}", "--pmix-base", f"{tmp_path}/local/%n"]
+    bind = ["--bind-pmix=--volume {path}:{path}", "--pmix-base", f"{tmp_path}/local/%n"]
     done = run_shim(*bind, "--shared-path", "/tmp/elsewhere", *echo, env=env)
     appdir, spool = f"{tmp_path}/local/n1/spmix_appdir_1000_41.0", f"{tmp_path}/spool/pmix.41.0"
     assert done.returncode == 0, done.stderr
@@ -451,7 +451,7 @@ def test_shim_binds_the_pmix_directories_of_the_step_that_no_shared_path_holds(t
     done = run_shim(*bind, "--shared-path", f"{tmp_path}/spool", *echo, env=env)
     assert done.stdout == f"run --volume {appdir}:{appdir} img\n"
     # Where the plan could not read the base, only the server's is found: PMIX_SYSTEM_TMPDIR does not name TmpFS.
-    done = run_shim("--bind-pmix", "--volume {path}:{path}", *echo, env=env)
+    done = run_shim("--bind-pmix=--volume {path}:{path}", *echo, env=env)
     assert done.stdout == f"run --volume {spool}:{spool} img\n"
     # A job's SLURM_PMIX_TMPDIR comes first; the older name (no uid) is found as Enroot finds it.
     (tmp_path / "job").mkdir(), (tmp_path / "job" / "spmix_appdir_41.0").mkdir()
@@ -464,7 +464,7 @@ def test_shim_adds_the_pmix_directories_to_apptainers_bind_variable(tmp_path):
     """Apptainer user guide, appendix "Apptainer's environment variables": APPTAINER_BIND, a comma-separated
     list of source[:dest] paths to bind; the default binds (/tmp, /var/tmp: "Bind Paths and Mounts") are shared."""
     env = pmix_step(tmp_path, APPTAINER_BIND="/data")
-    done = run_shim("--bind-pmix-variable", "APPTAINER_BIND", "--pmix-base", f"{tmp_path}/local/%n", "--",
+    done = run_shim("--bind-pmix-variable=APPTAINER_BIND", "--pmix-base", f"{tmp_path}/local/%n", "--",
                     "/bin/sh", "-c", 'echo "$APPTAINER_BIND $*"', "sh", "exec", "img", env=env)
     assert done.returncode == 0, done.stderr
     appdir, spool = f"{tmp_path}/local/n1/spmix_appdir_1000_41.0", f"{tmp_path}/spool/pmix.41.0"
@@ -474,7 +474,7 @@ def test_shim_adds_the_pmix_directories_to_apptainers_bind_variable(tmp_path):
 def test_shim_binds_nothing_outside_a_pmix_step(tmp_path):
     """Enroot's hook acts only in a Slurm step (SLURM_JOB_ID and SLURM_STEP_ID) whose SLURM_MPI_TYPE is pmix* or
     unset, with PMIX_* variables: not under srun --mpi=pmi2, not under mpirun (its PMIx server is Open MPI's)."""
-    echo = ["--bind-pmix", "--volume {path}:{path}", "--", "/bin/sh", "-c", 'echo "$*"', "sh", "run", "img"]
+    echo = ["--bind-pmix=--volume {path}:{path}", "--", "/bin/sh", "-c", 'echo "$*"', "sh", "run", "img"]
     for env in (pmix_step(tmp_path / "a", SLURM_MPI_TYPE="pmi2"),
                 {k: v for k, v in pmix_step(tmp_path / "b").items() if k != "SLURM_STEP_ID"},
                 {k: v for k, v in pmix_step(tmp_path / "c").items() if not k.startswith("PMIX_")}):
@@ -528,22 +528,49 @@ def test_under_sruns_pmix_each_runtime_has_the_shim_bind_the_directories_its_own
                                   "under /tmp")
     under_tmp = dataclasses.replace(request, pmix_base="/tmp/slurm-%n")
     assert Charliecloud("/images/containerbench.sqfs").rank_argv(under_tmp)[0] == "ch-run"
+    # A base Sarus may not bind (its default refuses /etc, /var, /opt/sarus) is refused in one line.
+    with pytest.raises(ValueError) as refused:
+        Sarus("containerbench:latest").rank_argv(dataclasses.replace(request, pmix_base="/var/tmp/slurm"))
+    assert str(refused.value) == ("runtime 'sarus' cannot bind srun's PMIx client directory, which Slurm makes "
+                                  "under '/var/tmp/slurm': its default sarus.json refuses mount destinations under "
+                                  "/etc, /var, /opt/sarus; allowed: a PMIxCliTmpDirBase or TmpFS elsewhere")
     for make in (lambda: Docker("containerbench:latest", host_python=HOST_PY), lambda: Podman("containerbench:latest"),
+                 lambda: under_srun(PodmanHPC("containerbench:latest")), lambda: Sarus("containerbench:latest"),
                  lambda: Apptainer("/images/containerbench.sif", host_python=HOST_PY),
+                 lambda: Singularity("/images/containerbench.sif", host_python=HOST_PY),
                  lambda: Charliecloud("/images/containerbench.sqfs", write_fake=True, host_python=HOST_PY)):
         assert not any(word.startswith("--bind-pmix") for word in make().rank_argv(CPU))
 
 
-@pytest.mark.parametrize("name", ["docker", "podman", "podman-hpc", "apptainer", "sarus", "charliecloud"])
-def test_each_runtimes_shim_really_runs_its_pmix_options_and_binds_the_steps_directories(name, tmp_path):
+def outside_shared_paths() -> Path:
+    """A directory that none of the runtimes shares or refuses (/tmp, /dev/shm, /var, /etc): the clone's build/,
+    or the user's home where the clone is under one of them (a CI clone in /tmp)."""
+    for candidate in (ROOT / "build", Path.home()):
+        if not str(candidate.resolve()).startswith(("/tmp/", "/dev/shm/", "/var/", "/etc/")):
+            candidate.mkdir(exist_ok=True)
+            return Path(tempfile.mkdtemp(dir=candidate, prefix="pmix-test-"))
+    raise AssertionError(f"no directory outside /tmp, /dev/shm, /var and /etc to make one in: {ROOT}, {Path.home()}")
+
+
+# Each runtime's bind in its own words, after its verb: docker-run(1)/podman-run(1) --volume, podman-hpc's shared-run
+# passing its run options on, Sarus's --mount (user guide), ch-run(1) --bind with --write-fake.
+SHIM_BINDS = {"docker": ("run", lambda d: ["--volume", f"{d}:{d}"]),
+              "podman": ("run", lambda d: ["--volume", f"{d}:{d}"]),
+              "podman-hpc": ("shared-run", lambda d: ["--volume", f"{d}:{d}"]),
+              "sarus": ("run", lambda d: [f"--mount=type=bind,source={d},destination={d}"]),
+              "charliecloud": ("ch-run", lambda d: [f"--bind={d}"]), "apptainer": (None, None)}
+
+
+@pytest.mark.parametrize("name", sorted(SHIM_BINDS))
+def test_each_runtimes_shim_really_runs_its_pmix_options_and_binds_the_steps_directories(name):
     """The shim, run with the options each runtime's rank_argv gives it under srun --mpi=pmix (a harmless program
     before the runtime's own words, which it prints with what the shim inserted): every form parses (a form is
-    itself an option: Sarus's --mount=..., ch-run's --bind=...) and both directories of the step are bound. They
-    lie outside /tmp, /dev/shm and /var/tmp, which some of the runtimes share."""
-    outside_tmp = Path(tempfile.mkdtemp(dir=ROOT / "build"))
+    itself an option: Sarus's --mount=..., ch-run's --bind=...) and both directories of the step are bound, in the
+    runtime's words, right after its verb (last of what the shim inserts), or in APPTAINER_BIND."""
+    outside = outside_shared_paths()
     try:
-        env = pmix_step(outside_tmp)
-        request = dataclasses.replace(CPU, pmix_server=True, pmix_base=f"{outside_tmp}/local/%n")
+        env = pmix_step(outside)
+        request = dataclasses.replace(CPU, pmix_server=True, pmix_base=f"{outside}/local/%n")
         runtime = {"docker": lambda: Docker("img", host_python=sys.executable),
                    "podman": lambda: Podman("img", host_python=sys.executable),
                    "podman-hpc": lambda: under_srun(PodmanHPC("img", host_python=sys.executable)),
@@ -552,18 +579,22 @@ def test_each_runtimes_shim_really_runs_its_pmix_options_and_binds_the_steps_dir
                    "charliecloud": lambda: Charliecloud("/i.sqfs", write_fake=True, host_python=sys.executable)}[name]()
         argv = runtime.rank_argv(request)
         at = argv.index("--")
-        printed = 'echo "$APPTAINER_BIND|$*"'
-        done = subprocess.run([*argv[:at + 1], "/bin/sh", "-c", printed, "sh", *argv[at + 1:]], env=env,
-                              capture_output=True, text=True, timeout=60)
+        command = argv[at + 1:]
+        done = subprocess.run([*argv[:at + 1], "/bin/sh", "-c", 'echo "$APPTAINER_BIND|$*"', "sh", *command],
+                              env=env, capture_output=True, text=True, timeout=60)
         assert done.returncode == 0, done.stderr
-        bound, words = done.stdout.rstrip("\n").split("|", 1)
-        appdir, spool = f"{outside_tmp}/local/n1/spmix_appdir_1000_41.0", f"{outside_tmp}/spool/pmix.41.0"
-        if name == "apptainer":
-            assert bound == f"{appdir},{spool}" and words == " ".join(argv[at + 1:])
+        bound, printed = done.stdout.rstrip("\n").split("|", 1)
+        appdir, spool = f"{outside}/local/n1/spmix_appdir_1000_41.0", f"{outside}/spool/pmix.41.0"
+        verb, words = SHIM_BINDS[name]
+        if verb is None:
+            assert (bound, printed) == (f"{appdir},{spool}", " ".join(command))
         else:
-            assert bound == "" and appdir in words and spool in words and words != " ".join(argv[at + 1:])
+            after = command.index(verb) + 1
+            tail = [*words(appdir), *words(spool), *command[after:]]
+            assert bound == "" and printed.split(" ")[:after] == command[:after]
+            assert printed.split(" ")[-len(tail):] == tail
     finally:
-        shutil.rmtree(outside_tmp)
+        shutil.rmtree(outside)
 
 
 def test_shim_passes_the_exit_status_and_refuses_a_missing_command():

@@ -8,8 +8,9 @@ ended job live here too. `allocation_argv` and `run_allocated` give a run (or a
 fleet job's runs) its own allocation with the launcher outside it: when Slurm
 ends the allocation, the launcher is still there to record why.
 
-Every query takes `via`, an argv prefix that runs the Slurm client elsewhere
-(the tests' controller namespace); empty on a site.
+Every node query takes `via`, an argv prefix that runs the Slurm client elsewhere
+(the tests' controller namespace); empty on a site. The plan's one read of the
+config (pmix_client_base) is made where the plan is.
 """
 
 from __future__ import annotations

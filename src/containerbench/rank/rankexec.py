@@ -36,7 +36,7 @@ and its uid. dockerd keeps a container running when its client is SIGKILLed (by 
 at a job's end, or an out-of-memory kill), outside the step's cgroup, holding its GPUs;
 the node's next docker run (containerbench node-image) removes those whose client has
 ended.
-With --bind-pmix FORM, under srun's pmix plugin, it inserts FORM's words, {path} filled in, for
+With --bind-pmix=FORM, under srun's pmix plugin, it inserts FORM's words, {path} filled in, for
 each directory of the step's PMIx server the rank's client may need at the same path,
 as Enroot's hook does for Pyxis (NVIDIA/enroot conf/hooks/extra/50-slurm-pmi.sh):
 Slurm's spmix_appdir, the namespace's directory (PMIX_NSDIR), in which Open MPI makes its

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 from containerbench.rank.rankexec import bind_pmix_options
@@ -63,6 +64,11 @@ class Sarus(ContainerRuntime):
         # "userMounts": notAllowedPrefixesOfPath), where the spool's server directory is: not needed (gds hash).
         mount, refused = "--mount=type=bind,source={path},destination={path}", ("/etc", "/var", "/opt/sarus")
         shared = (*refused, *self.mounts(request))
+        base = os.path.normpath(request.pmix_base) + "/" if request.pmix_base else ""
+        if request.pmix_server and base.startswith(tuple(f"{path}/" for path in refused)):
+            raise ValueError(f"runtime 'sarus' cannot bind srun's PMIx client directory, which Slurm makes under "
+                             f"{request.pmix_base!r}: its default sarus.json refuses mount destinations under "
+                             f"{', '.join(refused)}; allowed: a PMIxCliTmpDirBase or TmpFS elsewhere")
         pmix = bind_pmix_options(request.pmix_base, shared, mount) if request.pmix_server else []
         if not (request.infiniband or pmix):
             return argv
