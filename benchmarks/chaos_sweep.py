@@ -4,8 +4,9 @@ promise checked (issue 34, item 5).
     .venv/bin/python benchmarks/chaos_sweep.py [--seeds 1 2 3 4 5] [--state DIR]
 
 For each seed, `snakemake --profile profiles/slurm` runs tests/slurm/config.yaml's sweep (bare metal,
-ResNet-50 at 32 px, two fabrics, one and two nodes, two repetitions) and, at moments drawn from the seed within
-the sweep's undisturbed length, each of these once, in an order drawn too:
+ResNet-50 at 32 px, two fabrics, one and two nodes, two repetitions) and, at moments drawn from the seed (a share
+of the sweep's runs done, between a tenth and seven tenths: counted in runs, not seconds, so that a fast hour
+moves no event past the sweep's end), each of these once, in an order drawn too:
 
 - scancel: a running job of the sweep is cancelled;
 - node-down: a node running a job is set DOWN (then RESUMEd 20 s later);
@@ -208,12 +209,17 @@ def chaos(seed: int, state: Path, undisturbed_s: float | None) -> tuple[list[str
     controller.start()
     injector = None
     if undisturbed_s:
-        moments = sorted(rng.uniform(0.1, 0.7) * undisturbed_s for _ in EVENTS)
+        # Moments in runs done: at moments in seconds (the undisturbed length's shares), a sweep that ran faster
+        # than the length given had ended before its last event, a scancel that found no job (seen in CI).
+        shares = sorted(rng.uniform(0.1, 0.7) for _ in EVENTS)
         order = rng.sample(EVENTS, len(EVENTS))
+        planned, runs_dir = len(planned_runs(configs)), workdir / "results" / "runs"
 
         def inject_all() -> None:
-            for moment, event in zip(moments, order):
-                time.sleep(max(0.0, started + moment - time.monotonic()))
+            for share, event in zip(shares, order):
+                while (len(list(runs_dir.glob("*.json"))) < share * planned and controller.process.poll() is None
+                       and time.monotonic() < started + 1800):
+                    time.sleep(0.5)
                 inject(event, state, controller, rng, say)
 
         injector = threading.Thread(target=inject_all)
@@ -239,7 +245,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4, 5])
     parser.add_argument("--state", type=Path, help="a running 4-node test cluster's state directory")
-    parser.add_argument("--undisturbed-s", type=float, help="the sweep's length without chaos (else measured)")
+    parser.add_argument("--undisturbed-s", type=float,
+                        help="the sweep's length without chaos, to compare each seed's with (else measured)")
     args = parser.parse_args(argv)
     state, own_cluster = args.state, args.state is None
     if own_cluster:
