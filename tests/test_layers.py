@@ -53,9 +53,10 @@ LAYERS = [
     ("python -m containerbench", {"__main__"}),
 ]
 # A subpackage sits in its package's layer; inside, its modules have layers of their own, in the same
-# rule: the base classes, the runtimes built on them, those built on a runtime, the registry.
+# rule: what a runtime takes from the node, the base classes, the runtimes built on them, those built on a
+# runtime, the registry.
 SUBPACKAGE_LAYERS = {
-    "runtimes": [{"runtimes.base"},
+    "runtimes": [{"runtimes.node"}, {"runtimes.base"},
                  {"runtimes.bare_metal", "runtimes.oci", "runtimes.apptainer", "runtimes.shifter",
                   "runtimes.charliecloud", "runtimes.enroot", "runtimes.sarus"},
                  {"runtimes.podman_hpc"},

@@ -486,8 +486,8 @@ def test_under_sruns_pmix_each_runtime_has_the_shim_bind_the_directories_its_own
     podman-hpc get `--volume` after their verb (podman-hpc's is shared-run, podman_hpc.py 1.2.2, which passes
     its run options on to podman), Apptainer and Singularity their BIND variable (appendix, APPTAINER_BIND;
     SingularityCE's SINGULARITY_BIND), Sarus a `--mount` (its user guide, "Mounting custom files and directories",
-    as its own binds), Charliecloud with write_fake a `--bind`, each told the paths it binds already. Under pmi2 or
-    mpirun: nothing."""
+    as its own binds), Charliecloud with write_fake a `--bind`, each told the paths it binds already; a runtime that
+    cannot bind one refuses a base it does not share. Under pmi2 or mpirun: nothing."""
     request = dataclasses.replace(CPU, pmix_server=True, pmix_base="/local/%n")  # TmpFS, as the plan read it
     base = ["--pmix-base", "/local/%n"]
     volume = ["--bind-pmix=--volume {path}:{path}", *base]
@@ -522,8 +522,8 @@ def test_under_sruns_pmix_each_runtime_has_the_shim_bind_the_directories_its_own
     # a base outside /tmp is refused in one line; one under /tmp is shared already.
     with pytest.raises(ValueError) as refused:
         Charliecloud("/images/containerbench.sqfs").rank_argv(request)
-    assert str(refused.value) == ("runtime 'charliecloud' without write_fake cannot bind srun's PMIx client "
-                                  "directory, which Slurm makes under '/local/%n', outside the /tmp ch-run shares; "
+    assert str(refused.value) == ("runtime 'charliecloud' cannot bind srun's PMIx client directory, which Slurm "
+                                  "makes under '/local/%n', outside the /tmp ch-run shares, without write_fake; "
                                   "allowed: images.charliecloud.write_fake: true, or a PMIxCliTmpDirBase or TmpFS "
                                   "under /tmp")
     under_tmp = dataclasses.replace(request, pmix_base="/tmp/slurm-%n")
@@ -534,6 +534,22 @@ def test_under_sruns_pmix_each_runtime_has_the_shim_bind_the_directories_its_own
     assert str(refused.value) == ("runtime 'sarus' cannot bind srun's PMIx client directory, which Slurm makes "
                                   "under '/var/tmp/slurm': its default sarus.json refuses mount destinations under "
                                   "/etc, /var, /opt/sarus; allowed: a PMIxCliTmpDirBase or TmpFS elsewhere")
+    # Shifter always binds the host's /tmp and /var/tmp (shifter_core.c at 84b7d34, "mount /tmp", "mount /var/tmp")
+    # and udiRoot.conf's siteFs; a user volume's source must already be in the container ("Invalid source %s, not
+    # allowed") and a rank's own --volume sets up a new instance (doc/wlm/slurm.rst): nothing to add, a base under
+    # those is shared, one elsewhere refused in one line.
+    shifter = under_srun(Shifter("id:0123abcd", host_python=HOST_PY))
+    for base_under in ("/tmp/slurm-%n", "/var/tmp/slurm-%n"):
+        argv = shifter.rank_argv(dataclasses.replace(request, pmix_base=base_under))
+        assert not any(word.startswith("--bind-pmix") for word in argv)
+    with pytest.raises(ValueError) as refused:
+        shifter.rank_argv(request)
+    assert str(refused.value) == ("runtime 'shifter' cannot bind srun's PMIx client directory, which Slurm makes "
+                                  "under '/local/%n', outside the /tmp and /var/tmp Shifter binds and "
+                                  "images.shifter.site_fs; allowed: a PMIxCliTmpDirBase or TmpFS under /tmp or "
+                                  "/var/tmp, or images.shifter.site_fs naming the udiRoot.conf siteFs path that holds "
+                                  "it")
+    assert under_srun(Shifter("id:0123abcd", site_fs=["/local"], host_python=HOST_PY)).rank_argv(request)
     for make in (lambda: Docker("containerbench:latest", host_python=HOST_PY), lambda: Podman("containerbench:latest"),
                  lambda: under_srun(PodmanHPC("containerbench:latest")), lambda: Sarus("containerbench:latest"),
                  lambda: Apptainer("/images/containerbench.sif", host_python=HOST_PY),

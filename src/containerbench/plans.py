@@ -188,11 +188,12 @@ def plan_run(spec: RunSpec, config: dict, allocation: Allocation | None = None,
                       *(["--telemetry-services", ",".join(services)] if services else [])]
         binds += (telemetry["dir"],)  # the samplers write it from inside the container
     # srun's pmix plugin: where it makes its directories, which a container rank binds (rankexec), asked of Slurm once
-    pmix = str(getattr(launcher, "mpi", "")).startswith("pmix") and not isinstance(runtime, BareMetal)
+    srun_mpi = str(getattr(launcher, "mpi", ""))  # srun's plugin; none under mpirun
+    pmix = srun_mpi.startswith("pmix") and not isinstance(runtime, BareMetal)
     request = RunRequest(module=module, args=tuple(arguments), env=rank_env,
                          workdir=os.getcwd(), binds=binds,
                          gpus=config["slurm"]["gpus_per_node"] > 0, infiniband=rdma_fabric(fabric),
-                         ranks_per_node=spec.ranks_per_node, inherited_pmi_fd=getattr(launcher, "mpi", None) == "pmi2",
+                         ranks_per_node=spec.ranks_per_node, inherited_pmi_fd=srun_mpi == "pmi2",
                          pmix_server=pmix, pmix_base=slurm.pmix_client_base() if pmix else "",
                          own_allocation=allocation is Allocation.PER_RUN)
     env = runtime.environment(request)

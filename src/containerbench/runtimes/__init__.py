@@ -50,8 +50,6 @@ from containerbench.runtimes.base import (
     SLURM_GPU_VARS,
     BuiltImage,
     ContainerRuntime,
-    NativeMpi,
-    NodeRequirement,
     RunRequest,
     Runtime,
     engine_env,
@@ -61,6 +59,7 @@ from containerbench.runtimes.base import (
     register,
     run_probe,
 )
+from containerbench.runtimes.node import NativeMpi, NodeRequirement
 
 # Each module registers its runtimes as it is imported, and the registry keeps that order (plans and
 # `images print-commands` show them in it): a new runtime's module goes last.

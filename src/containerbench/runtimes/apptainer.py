@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import sys
 
-from containerbench.rank.rankexec import bind_pmix_options
 from containerbench.runtimes.base import (
     RANK_PREFIXES,
     RANKEXEC,
@@ -34,6 +33,13 @@ class Apptainer(ContainerRuntime):
     # The .sif is built from the archive; the Singularity definition is made beside it, for a site that
     # builds the same image with Apptainer (workflow/rules/images.smk).
     prepare_from = ("archive", "definition")
+    # srun's PMIx directories, where the default binds (user guide, "Bind Paths and Mounts": /tmp, /var/tmp)
+    # and ours do not hold them, are bound by APPTAINER_BIND (appendix, "Apptainer's environment variables").
+    shared_paths = ("/tmp", "/var/tmp")
+
+    @property
+    def pmix_bind_variable(self) -> str:
+        return f"{self.binary.upper()}_BIND"
 
     # userns: ranks run in unprivileged user namespaces (the default without a setuid installation,
     # "apptainer buildcfg" / --userns); false for a setuid installation, where UCX needs no workaround.
@@ -69,13 +75,8 @@ class Apptainer(ContainerRuntime):
         return {self.env_prefix + name: value for name, value in env.items()}
 
     def rank_argv(self, request: RunRequest) -> list[str]:
-        # srun's PMIx directories, where the default binds (user guide, "Bind Paths and Mounts": /tmp, /var/tmp)
-        # and ours do not hold them, as APPTAINER_BIND (appendix, "Apptainer's environment variables").
-        shared = ("/tmp", "/var/tmp", *self.mounts(request))
-        pmix = (bind_pmix_options(request.pmix_base, shared, variable=f"{self.binary.upper()}_BIND")
-                if request.pmix_server else [])
         shim = [self.host_python, "-m", RANKEXEC, "--env-prefix", self.env_prefix,
-                *pass_flags(RANK_PREFIXES + SLURM_GPU_VARS), *pmix, "--"]
+                *pass_flags(RANK_PREFIXES + SLURM_GPU_VARS), *self.pmix_options(request), "--"]
         # Host /dev (so /dev/infiniband and /dev/shm), /tmp and the network are shared by default;
         # --nv binds the host's NVIDIA driver libraries (user guide, "GPU Support").
         argv = [self.name, "exec", "--cleanenv", *(["--nv"] if request.gpus else [])]

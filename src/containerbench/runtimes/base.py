@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 
 from containerbench import hostmpi
 from containerbench.launchers import NoLauncher, launcher_class
+from containerbench.rank.rankexec import bind_pmix_options, outside
+from containerbench.runtimes.node import NativeMpi, NodeRequirement
 
 # Set by mpirun (Open MPI, MPICH Hydra) or srun for each rank; the MPI/PMI library in the image needs them.
 RANK_PREFIXES = ("OMPI_", "PMIX_", "PMI_", "SLURM_", "HYDRA_", "MPI_LOCALRANKID", "MPI_LOCALNRANKS")
@@ -108,56 +110,6 @@ class BuiltImage:
 # Options of images.<runtime> that are about launching, not about the runtime's own argv.
 LAUNCH_OPTIONS = ("srun_mpi", "available", "package", "mpi_model")
 MPI_MODELS = ("hybrid", "native")
-
-
-@dataclass(frozen=True)
-class NativeMpi:
-    """The native MPI model: the image's MPICH-ABI libmpi is replaced at run time by the host's.
-    `library` is the host's (on every node, at this path), `image_library` the file in the image it
-    replaces; the rank loads the host's under the image's file name, which LD_LIBRARY_PATH finds
-    for every later library that links libmpi.so.12 (the host's file has its own soname, e.g.
-    Debian's libmpich.so.12). `library_dirs`: the host's directories that hold what the library loads
-    (its fabric library, UCX, hwloc, a vendor PMI), bound into the container and put on LD_LIBRARY_PATH,
-    so every one of them is the host's (hostmpi.py checks it on each node)."""
-
-    library: str = "/usr/lib/x86_64-linux-gnu/libmpich.so.12"
-    image_library: str = "/opt/containerbench/venv/lib/libmpi.so.12"
-    library_dirs: tuple[str, ...] = ()
-
-    @property
-    def bind(self) -> tuple[str, str]:
-        return self.library, self.image_library
-
-    def library_path(self, targets: list[str] | tuple[str, ...] | None = None) -> str:
-        """LD_LIBRARY_PATH in the container: the host's directories where they are bound (`targets`; default: at
-        their own paths), first, so that none of the closure resolves to the image's venv; then the image library's
-        directory, where the host's library is bound."""
-        bound = self.library_dirs if targets is None else targets
-        return os.pathsep.join([*bound, os.path.dirname(self.image_library)])
-
-    @property
-    def env(self) -> dict[str, str]:
-        return {"LD_LIBRARY_PATH": self.library_path()}
-
-
-@dataclass(frozen=True)
-class NodeRequirement:
-    """What a runtime needs on every node its ranks run on, asked there by the pre-flight check (preflight.py),
-    not where the workflow plans: a command that must succeed, the lowest version its output may name, a word
-    its output must hold, or files of which one must exist. `source`: the documentation that sets it."""
-
-    runtime: str
-    what: str  # e.g. "Sarus 1.4.0 or later"
-    argv: tuple[str, ...] = ()
-    at_least: str | None = None  # the first version number in the command's output must be this or later
-    holds: str | None = None  # a word the command's output must hold (an option in its --help)
-    paths: tuple[str, ...] = ()  # one of these must exist (glob patterns)
-    source: str = ""
-
-    @classmethod
-    def from_json(cls, data: dict) -> NodeRequirement:
-        """One from its JSON (dataclasses.asdict's, as the pre-flight command line carries it)."""
-        return cls(**{key: tuple(value) if isinstance(value, list) else value for key, value in data.items()})
 
 
 class Runtime(abc.ABC):
@@ -477,6 +429,34 @@ class ContainerRuntime(Runtime):
 
     def mounts(self, request: RunRequest) -> list[str]:
         return list(dict.fromkeys([self.workdir(request), *map(os.path.abspath, request.binds)]))
+
+    # Under srun's pmix plugin, its directories lie where the site put them (rank/rankexec.py): the host paths
+    # every rank sees at the same path unasked, how the shim binds one where they do not (argv words, {path}
+    # filled, or a variable listing binds; neither: it cannot, and the base must lie under a shared path), and
+    # the destinations the runtime refuses, with why and what is allowed where a base lies there.
+    shared_paths: tuple[str, ...] = ()
+    pmix_bind_form: str | None = None
+    pmix_bind_variable: str | None = None
+    refused_bind_prefixes: tuple[str, ...] = ()
+    pmix_refusal: tuple[str, str] = ("", "a PMIxCliTmpDirBase or TmpFS elsewhere")
+
+    def pmix_options(self, request: RunRequest) -> list[str]:
+        """The shim's options that bind the step's PMIx directories outside what the rank sees, or a ValueError
+        in one line where the runtime cannot bind the client directory's base (request.pmix_base)."""
+        if not request.pmix_server:
+            return []
+        moved = self.moved_binds(request)  # bound elsewhere, so not shared at their own paths
+        shared = list(dict.fromkeys([*self.shared_paths, *(p for p in self.mounts(request) if p not in moved)]))
+        base = os.path.normpath(request.pmix_base) if request.pmix_base else ""
+        unbindable = not (self.pmix_bind_form or self.pmix_bind_variable) and outside([base], shared)
+        if base and (unbindable or not outside([base], self.refused_bind_prefixes)):
+            why, allowed = self.pmix_refusal
+            raise ValueError(f"runtime {self.name!r} cannot bind srun's PMIx client directory, which Slurm makes "
+                             f"under {request.pmix_base!r}{why}; allowed: {allowed}")
+        if not (self.pmix_bind_form or self.pmix_bind_variable):
+            return []
+        return bind_pmix_options(request.pmix_base, [*self.refused_bind_prefixes, *shared], self.pmix_bind_form,
+                                 self.pmix_bind_variable)
 
 
 # Every container runtime by its name (the config's key), in the order plans and `images

@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 from containerbench.launchers import Mpirun
-from containerbench.rank.rankexec import bind_pmix_options
 from containerbench.runtimes.base import (
     DEFAULT_PATH,
     RANK_PREFIXES,
@@ -17,12 +16,12 @@ from containerbench.runtimes.base import (
     SLURM_GPU_VARS,
     BuiltImage,
     ContainerRuntime,
-    NodeRequirement,
     RunRequest,
     move_binds,
     register,
     run_probe,
 )
+from containerbench.runtimes.node import NodeRequirement
 
 # ch-run's --write-fake arrived in Charliecloud 0.36 (PR #1793); Debian 12 ships 0.31. A node is asked whether its
 # ch-run has unprivileged overlayfs with --feature=overlayfs, which 0.38 added (PR #1892; bin/ch-run.c at v0.36 and
@@ -45,6 +44,17 @@ class Charliecloud(ContainerRuntime):
     # file). ch-fromhost --path would copy it in under the host's own file name, beside the image's
     # libmpi.so.12, which mpi4py would still load first.
     native_support = "bind"
+    # srun's PMIx directories outside /tmp and our binds, by the shim: ch-run(1) --bind=SRC binds at the same path,
+    # and with --write-fake "DST will be created", but "cannot enter a previous bind mount". Without it, "With a
+    # read-only image (the default), DST must exist": a base outside /tmp, where Open MPI makes its session
+    # directory (MPI_Init fails without it: rank/rankexec.py), is refused.
+    shared_paths = ("/tmp",)
+    pmix_refusal = (", outside the /tmp ch-run shares, without write_fake",
+                    "images.charliecloud.write_fake: true, or a PMIxCliTmpDirBase or TmpFS under /tmp")
+
+    @property
+    def pmix_bind_form(self) -> str | None:
+        return "--bind={path}" if self.write_fake else None
 
     @classmethod
     def tool_environment(cls, env: dict[str, str]) -> dict[str, str]:
@@ -194,22 +204,9 @@ class Charliecloud(ContainerRuntime):
             library_dirs = list(self.native_mpi.library_dirs) if self.native else []
             argv += [f"--bind={path}" for path in dict.fromkeys([*self.mounts(request), *library_dirs])]
             argv += [f"--cd={self.workdir(request)}", *self.extra_args, self.image, "--", *self.command(request)]
-            if not request.pmix_server:
-                return argv
-            # srun's PMIx directories outside /tmp (shared) and our binds, by the shim: ch-run(1) --bind=SRC binds
-            # at the same path, and with --write-fake "DST will be created", but "cannot enter a previous bind mount".
-            pmix = bind_pmix_options(request.pmix_base, ("/tmp", *self.mounts(request)), "--bind={path}")
-            return [self.host_python, "-m", RANKEXEC, *pmix, "--insert-after", "ch-run", "--", *argv]
-        self.check_pmix_base(request)
+            pmix = self.pmix_options(request)
+            return [self.host_python, "-m", RANKEXEC, *pmix, "--insert-after", "ch-run", "--", *argv] if pmix else argv
+        self.pmix_options(request)  # no mount point can be made: a base outside /tmp is refused
         # The benchmark needs nothing else from the work directory.
         argv += [f"--bind={source}:{target}" for source, target in self.moved_binds(request).items()]
         return [*argv, "--cd=/", *self.extra_args, self.image, "--", *self.command(request)]
-
-    def check_pmix_base(self, request: RunRequest) -> None:
-        """Without write_fake no mount point can be made: srun's PMIx client directory, where Open MPI makes its
-        session directory (MPI_Init fails without it in a read-only image: rank/rankexec.py), must be under /tmp."""
-        base = request.pmix_base
-        if request.pmix_server and base and not (os.path.normpath(base) + "/").startswith("/tmp/"):
-            raise ValueError(f"runtime 'charliecloud' without write_fake cannot bind srun's PMIx client "
-                             f"directory, which Slurm makes under {base!r}, outside the /tmp ch-run shares; allowed: "
-                             "images.charliecloud.write_fake: true, or a PMIxCliTmpDirBase or TmpFS under /tmp")

@@ -11,10 +11,10 @@ from containerbench.runtimes.base import (
     IMAGE_FILE_SUFFIXES,
     BuiltImage,
     ContainerRuntime,
-    NodeRequirement,
     RunRequest,
     register,
 )
+from containerbench.runtimes.node import NodeRequirement
 
 
 @register

@@ -10,17 +10,17 @@ import sys
 from pathlib import Path
 
 from containerbench.processes import checkable, running
-from containerbench.rank.rankexec import CLIENT_LABEL, CLIENT_UID_LABEL, bind_pmix_options
+from containerbench.rank.rankexec import CLIENT_LABEL, CLIENT_UID_LABEL
 from containerbench.runtimes.base import (
     RANK_PREFIXES,
     RANKEXEC,
     BuiltImage,
     ContainerRuntime,
-    NodeRequirement,
     RunRequest,
     pass_flags,
     register,
 )
+from containerbench.runtimes.node import NodeRequirement
 
 
 class OciEngine(ContainerRuntime):
@@ -31,6 +31,7 @@ class OciEngine(ContainerRuntime):
     artifact_is_stamp = True
     # Open MPI's session directories live under /tmp (mpirun's; srun's PMIx ones where TmpFS is: rankexec binds them)
     shared_paths: tuple[str, ...] = ("/tmp",)
+    pmix_bind_form = "--volume {path}:{path}"  # docker-run(1), podman-run(1) --volume
     save_options: tuple[str, ...] = ()  # what `save` needs to write an archive every converting runtime reads
 
     def __init__(self, image: str, python: str = "python3", extra_args=(), uid: int | None = None,
@@ -90,14 +91,6 @@ class OciEngine(ContainerRuntime):
 
     def namespace_args(self) -> list[str]:
         return ["--network", "host", "--ipc", "host", "--pid", "host"]
-
-    def pmix_options(self, request: RunRequest) -> list[str]:
-        """The shim's options that bind, under srun's pmix plugin, its directories outside the paths every rank
-        binds: the site puts them (TmpFS, SlurmdSpoolDir), and only the node knows where (rank/rankexec.py)."""
-        if not request.pmix_server:
-            return []
-        shared = dict.fromkeys([*self.shared_paths, *self.mounts(request)])
-        return bind_pmix_options(request.pmix_base, shared, "--volume {path}:{path}")
 
     def run_argv(self, request: RunRequest) -> list[str]:
         # Host network/IPC/PIDs: NCCL and MPI reach peers and share memory as on bare metal. With

@@ -20,11 +20,11 @@ from containerbench.processes import ended, start_ticks
 from containerbench.runtimes.base import (
     RANK_PREFIXES,
     BuiltImage,
-    NodeRequirement,
     RunRequest,
     register,
     run_probe,
 )
+from containerbench.runtimes.node import NodeRequirement
 from containerbench.runtimes.oci import Podman
 
 

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import os
 import sys
 
-from containerbench.rank.rankexec import bind_pmix_options
-from containerbench.runtimes.base import RANKEXEC, BuiltImage, ContainerRuntime, NodeRequirement, RunRequest, register
+from containerbench.runtimes.base import RANKEXEC, BuiltImage, ContainerRuntime, RunRequest, register
+from containerbench.runtimes.node import NodeRequirement
 
 
 @register
@@ -44,6 +43,14 @@ class Sarus(ContainerRuntime):
         super().__init__(image, python, extra_args, **settings)
         self.host_python = host_python
 
+    # srun's PMIx directories are bound as our mounts are. Its default sarus.json refuses a destination under /etc,
+    # /var or /opt/sarus (configuration reference, "userMounts": notAllowedPrefixesOfPath), where the spool's server
+    # directory is: not needed (gds hash).
+    pmix_bind_form = "--mount=type=bind,source={path},destination={path}"
+    refused_bind_prefixes = ("/etc", "/var", "/opt/sarus")
+    pmix_refusal = (f": its default sarus.json refuses mount destinations under {', '.join(refused_bind_prefixes)}",
+                    "a PMIxCliTmpDirBase or TmpFS elsewhere")
+
     # `sarus run --env NAME` and `--device` arrived in 1.4.0 (CHANGELOG.md, "[1.4.0]"; 1.4.0's CommandRun.hpp).
     SINCE = "1.4.0"
 
@@ -59,17 +66,7 @@ class Sarus(ContainerRuntime):
         argv += [f"--workdir={self.workdir(request)}"]
         argv += [word for name in sorted(self.environment(request)) for word in ("--env", name)]
         argv += [*self.extra_args, self.image, *self.command(request)]
-        # srun's PMIx directories, where the site put them outside our mounts (rank/rankexec.py, --bind-pmix).
-        # Its default sarus.json refuses a destination under /etc, /var or /opt/sarus (configuration reference,
-        # "userMounts": notAllowedPrefixesOfPath), where the spool's server directory is: not needed (gds hash).
-        mount, refused = "--mount=type=bind,source={path},destination={path}", ("/etc", "/var", "/opt/sarus")
-        shared = (*refused, *self.mounts(request))
-        base = os.path.normpath(request.pmix_base) + "/" if request.pmix_base else ""
-        if request.pmix_server and base.startswith(tuple(f"{path}/" for path in refused)):
-            raise ValueError(f"runtime 'sarus' cannot bind srun's PMIx client directory, which Slurm makes under "
-                             f"{request.pmix_base!r}: its default sarus.json refuses mount destinations under "
-                             f"{', '.join(refused)}; allowed: a PMIxCliTmpDirBase or TmpFS elsewhere")
-        pmix = bind_pmix_options(request.pmix_base, shared, mount) if request.pmix_server else []
+        pmix = self.pmix_options(request)  # srun's PMIx directories outside our mounts (rank/rankexec.py)
         if not (request.infiniband or pmix):
             return argv
         devices = [word for pattern in self.rdma_devices for word in ("--device-glob", pattern)]

@@ -38,11 +38,24 @@ class Shifter(ContainerRuntime):
 
     # Native: the site's mpich module (udiRoot.conf module_mpich_*) swaps in its MPICH-ABI libmpi.
     native_support = "module"
+    # srun's PMIx client directory, where Open MPI makes its session directory (rank/rankexec.py), must be where
+    # every instance has it: the host's /tmp and /var/tmp are always bound (shifter_core.c, "mount /tmp", "mount
+    # /var/tmp"), and so are udiRoot.conf's siteFs paths (site_fs). Nothing else can bring it in: a user volume's
+    # source must already be inside the container (shifter_core.c, "Invalid source %s, not allowed"), and volumes
+    # given to a rank's shifter set up a new instance for it (doc/wlm/slurm.rst). A base elsewhere is refused.
+    pmix_refusal = (", outside the /tmp and /var/tmp Shifter binds and images.shifter.site_fs",
+                    "a PMIxCliTmpDirBase or TmpFS under /tmp or /var/tmp, or images.shifter.site_fs naming the "
+                    "udiRoot.conf siteFs path that holds it")
 
     def __init__(self, image: str, python: str = "python3", extra_args=(), host_python: str = sys.executable,
-                 **settings):
+                 site_fs=(), **settings):
+        """site_fs: the paths udiRoot.conf's siteFs binds at their own paths on the site's nodes."""
         super().__init__(image, python, extra_args, **settings)
-        self.host_python = host_python
+        self.host_python, self.site_fs = host_python, tuple(site_fs)
+
+    @property
+    def shared_paths(self) -> tuple[str, ...]:
+        return ("/tmp", "/var/tmp", *self.site_fs)
 
     @classmethod
     def prepare_commands(cls, built: BuiltImage, registry: str = "REGISTRY") -> list[list[str]]:
@@ -90,5 +103,6 @@ class Shifter(ContainerRuntime):
         shim = [self.host_python, "-m", RANKEXEC, "--env-form", "value", "--insert-after", "shifter",
                 *pass_flags(RANK_PREFIXES + SLURM_GPU_VARS), *(w for n in names for w in ("--pass-name", n)), "--"]
         own = [] if self.in_slurm_step else self.step_options(request)
+        self.pmix_options(request)  # none to give: a base outside what every instance binds is refused
         return [*shim, "shifter", "--clearenv", *own, "--workdir=/", *self.extra_args, "--", *self.command(request)]
 
