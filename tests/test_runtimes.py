@@ -528,6 +528,14 @@ def test_under_sruns_pmix_each_runtime_has_the_shim_bind_the_directories_its_own
                                   "under /tmp")
     under_tmp = dataclasses.replace(request, pmix_base="/tmp/slurm-%n")
     assert Charliecloud("/images/containerbench.sqfs").rank_argv(under_tmp)[0] == "ch-run"
+    # Nor is a base under the work directory shared: without write_fake it is not bound (move_binds), its ranks
+    # start in / (a review's finding). With write_fake it is bound at its own path: the shim is told it is shared.
+    under_workdir = dataclasses.replace(request, pmix_base=f"{request.workdir}/pmix-%n")
+    with pytest.raises(ValueError, match="^runtime 'charliecloud' cannot bind srun's PMIx client directory"):
+        Charliecloud("/images/containerbench.sqfs").rank_argv(under_workdir)
+    with_fake = Charliecloud("/images/containerbench.sqfs", write_fake=True).rank_argv(under_workdir)
+    assert with_fake[with_fake.index("--insert-after") - 2:with_fake.index("--insert-after")] == [
+        "--shared-path", request.workdir]
     # A base Sarus may not bind (its default refuses /etc, /var, /opt/sarus) is refused in one line.
     with pytest.raises(ValueError) as refused:
         Sarus("containerbench:latest").rank_argv(dataclasses.replace(request, pmix_base="/var/tmp/slurm"))
@@ -550,6 +558,8 @@ def test_under_sruns_pmix_each_runtime_has_the_shim_bind_the_directories_its_own
                                   "/var/tmp, or images.shifter.site_fs naming the udiRoot.conf siteFs path that holds "
                                   "it")
     assert under_srun(Shifter("id:0123abcd", site_fs=["/local"], host_python=HOST_PY)).rank_argv(request)
+    with pytest.raises(ValueError, match="^runtime 'shifter' cannot bind"):  # its work directory is not bound
+        shifter.rank_argv(dataclasses.replace(request, pmix_base=f"{request.workdir}/pmix-%n"))
     for make in (lambda: Docker("containerbench:latest", host_python=HOST_PY), lambda: Podman("containerbench:latest"),
                  lambda: under_srun(PodmanHPC("containerbench:latest")), lambda: Sarus("containerbench:latest"),
                  lambda: Apptainer("/images/containerbench.sif", host_python=HOST_PY),

@@ -435,6 +435,7 @@ class ContainerRuntime(Runtime):
     # filled, or a variable listing binds; neither: it cannot, and the base must lie under a shared path), and
     # the destinations the runtime refuses, with why and what is allowed where a base lies there.
     shared_paths: tuple[str, ...] = ()
+    binds_at_own_paths = True  # False where binds move to the image's mount points (move_binds; no work directory)
     pmix_bind_form: str | None = None
     pmix_bind_variable: str | None = None
     refused_bind_prefixes: tuple[str, ...] = ()
@@ -445,8 +446,8 @@ class ContainerRuntime(Runtime):
         in one line where the runtime cannot bind the client directory's base (request.pmix_base)."""
         if not request.pmix_server:
             return []
-        moved = self.moved_binds(request)  # bound elsewhere, so not shared at their own paths
-        shared = list(dict.fromkeys([*self.shared_paths, *(p for p in self.mounts(request) if p not in moved)]))
+        own = self.mounts(request) if self.binds_at_own_paths else []
+        shared = list(dict.fromkeys([*self.shared_paths, *own]))
         base = os.path.normpath(request.pmix_base) if request.pmix_base else ""
         unbindable = not (self.pmix_bind_form or self.pmix_bind_variable) and outside([base], shared)
         if base and (unbindable or not outside([base], self.refused_bind_prefixes)):

@@ -56,6 +56,10 @@ class Charliecloud(ContainerRuntime):
     def pmix_bind_form(self) -> str | None:
         return "--bind={path}" if self.write_fake else None
 
+    @property
+    def binds_at_own_paths(self) -> bool:
+        return self.write_fake  # without it they go to MOUNT_POINTS
+
     @classmethod
     def tool_environment(cls, env: dict[str, str]) -> dict[str, str]:
         env.setdefault("USER", pwd.getpwuid(os.getuid()).pw_name)  # ch-run refuses an unset $USER

@@ -53,6 +53,8 @@ class Shifter(ContainerRuntime):
         super().__init__(image, python, extra_args, **settings)
         self.host_python, self.site_fs = host_python, tuple(site_fs)
 
+    binds_at_own_paths = False  # they go to MOUNT_POINTS
+
     @property
     def shared_paths(self) -> tuple[str, ...]:
         return ("/tmp", "/var/tmp", *self.site_fs)
