@@ -430,26 +430,30 @@ def test_the_mpich_flavour_is_what_sarus_mpi_hook_needs(container_run, container
     assert "libmpi.so.40" in libmpi(WORKFLOW_IMAGE)
 
 
-def test_a_docker_rank_whose_client_was_killed_is_removed_by_the_nodes_next_step(container_run, container_engines):
+@pytest.mark.parametrize("engine", ["docker", "podman"])
+def test_a_rank_whose_client_was_killed_is_removed_by_the_nodes_next_step(container_run, container_engines, engine):
     """Issue 32, finding 8: dockerd starts a rank's container outside the Slurm step, and keeps it running when
     its client is SIGKILLed (Slurm at a job's end, after KillWait; an out-of-memory kill), holding the node's
     GPUs: "A cancelled or NODE_FAIL'd job kills the host-side `docker run --rm` client but leaves its container
-    running" (AMD-AGI/Hyperloom#1572). The shim labels each container with its client (host, pid namespace,
-    id and start time) and the client's uid (docker-run(1) --label); the node's next node-image step, or a
-    Slurm epilog's `node-image --orphans-only`, removes those whose client has ended (docker-rm(1) --force) and
-    leaves a live one's alone."""
+    running" (AMD-AGI/Hyperloom#1572). podman's container is its conmon's child, which leaves the client's process
+    tree (conmon(8): "the monitor for a single container"), and runs on as well. The shim labels each container
+    with its client (host, pid namespace, id and start time) and the client's uid (docker-run(1), podman-run(1)
+    --label); the node's next node-image step, or a Slurm epilog's `node-image --orphans-only`, removes those whose
+    client has ended (docker-rm(1), podman-rm(1) --force) and leaves a live one's alone."""
     import time
 
     from containerbench.rank.rankexec import CLIENT_LABEL
+    from containerbench.runtimes import CONTAINER_RUNTIMES
 
-    def rank() -> subprocess.Popen:  # as Docker.rank_argv starts one: the shim execs the client, its pid kept
+    def rank() -> subprocess.Popen:  # as the runtime's rank_argv starts one: the shim execs the client, its pid kept
         return subprocess.Popen([sys.executable, "-m", "containerbench.rank.rankexec", "--label-client", "--",
-                                 "docker", "run", "--rm", "--network", "none", WORKFLOW_IMAGE, "sleep", "600"],
+                                 engine, "run", "--rm", "--network", "none", WORKFLOW_IMAGE, "sleep", "600"],
                                 env=container_engines, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def ours() -> dict[int, str]:  # client pid -> its running container
-        listed = subprocess.run(["docker", "ps", "--no-trunc", "--filter", f"label={CLIENT_LABEL}", "--format",
-                                 f'{{{{.ID}}}} {{{{.Label "{CLIENT_LABEL}"}}}}'], env=container_engines,
+        label = CONTAINER_RUNTIMES[engine].label_template.format(CLIENT_LABEL)
+        listed = subprocess.run([engine, "ps", "--no-trunc", "--filter", f"label={CLIENT_LABEL}", "--format",
+                                 f"{{{{.ID}}}} {label}"], env=container_engines,
                                 capture_output=True, text=True, timeout=120)
         assert listed.returncode == 0, listed.stderr
         return {int(label.rsplit(":", 2)[1]): container  # host:pid-namespace:pid:start (processes.identity)
@@ -465,7 +469,7 @@ def test_a_docker_rank_whose_client_was_killed_is_removed_by_the_nodes_next_step
         killed.wait(timeout=60)
         time.sleep(2)
         assert ours().get(killed.pid) == orphan  # the defect: its client is gone, the container runs on
-        done = subprocess.run([sys.executable, "-m", "containerbench", "node-image", "--engine", "docker",
+        done = subprocess.run([sys.executable, "-m", "containerbench", "node-image", "--engine", engine,
                                "--orphans-only"], env=container_engines, capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr
         assert [answer["removed_orphans"] for answer in node_answers(done.stdout, nodeimages.LINE)] == [[orphan]]
@@ -473,7 +477,7 @@ def test_a_docker_rank_whose_client_was_killed_is_removed_by_the_nodes_next_step
     finally:
         alive.kill()
         alive.wait(timeout=60)
-        subprocess.run(["docker", "rm", "--force", *ours().values()], env=container_engines, capture_output=True,
+        subprocess.run([engine, "rm", "--force", *ours().values()], env=container_engines, capture_output=True,
                        timeout=120)
 
 

@@ -186,12 +186,12 @@ def test_each_node_answers_for_the_charliecloud_directory_it_sees_and_a_node_wit
     assert {key: answer[key] for key in ("host", "engine", "image", "image_id", "loaded", "mnt_ns")} == {
         "host": host, "engine": "charliecloud", "image": str(image), "image_id": "sha256:" + "c" * 64,
         "loaded": False, "mnt_ns": os.readlink("/proc/self/ns/mnt")}
-    # Only docker's and podman-hpc's containers of ours are told apart once their starter has ended (their runtimes'
-    # orphans): the epilog line is theirs alone.
+    # Only docker's, podman's and podman-hpc's containers of ours are told apart once their starter has ended (their
+    # runtimes' orphans): the epilog line is theirs alone.
     orphans = subprocess.run([*step[:5], "charliecloud", "--orphans-only"], capture_output=True, text=True, timeout=120)
     assert (orphans.returncode, orphans.stderr) == (2, "containerbench: node-image: --orphans-only is for docker, "
-                                                       "podman-hpc, whose containers of ours are found once their "
-                                                       "starter has ended; not charliecloud\n")
+                                                       "podman, podman-hpc, whose containers of ours are found once "
+                                                       "their starter has ended; not charliecloud\n")
 
 
 def test_a_rank_on_a_node_whose_image_was_not_checked_invalidates_the_run():

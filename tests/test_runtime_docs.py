@@ -661,10 +661,10 @@ def test_under_srun_pmi2_podman_keeps_the_tasks_pmi_socket_and_docker_is_refused
     which holds none of the rank's fds, and `docker run` has no such option: refused in one line."""
     pmi2 = RunRequest(module="containerbench.rank.bench", workdir="/work/x", inherited_pmi_fd=True)
     podman = Podman("img", host_python="/venv/bin/python", uid=0, gid=0)
-    assert podman.rank_argv(pmi2)[:7] == ["/venv/bin/python", "-m", "containerbench.rank.rankexec", "--pmi-fd",
-                                          "--insert-after", "run", "--"]
-    assert podman.rank_argv(pmi2)[7:] == podman.rank_argv(RunRequest(module="containerbench.rank.bench",
-                                                                      workdir="/work/x"))
+    assert podman.rank_argv(pmi2)[:8] == ["/venv/bin/python", "-m", "containerbench.rank.rankexec", "--pmi-fd",
+                                          "--label-client", "--insert-after", "run", "--"]
+    without = podman.rank_argv(RunRequest(module="containerbench.rank.bench", workdir="/work/x"))
+    assert podman.rank_argv(pmi2)[8:] == without[without.index("--") + 1:]
     hpc = PodmanHPC("img", uid=0, gid=0)
     assert hpc.rank_argv(pmi2)[0] == "podman-hpc" and "--preserve-fds" not in " ".join(hpc.rank_argv(pmi2))
     with pytest.raises(ValueError) as refused:

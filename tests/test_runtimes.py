@@ -106,9 +106,11 @@ def podman_hpc_env(base: dict) -> dict:
     return {**podman_env("podman-hpc", base), "UMOUNT_WAIT_RETRIES": "3600"}
 
 
+PODMAN_SHIM = [HOST_PY, "-m", "containerbench.rank.rankexec", "--label-client", "--insert-after", "run", "--"]
+
 RUNTIMES = {
     "docker": lambda: Docker("containerbench:latest", uid=1000, gid=1000, host_python=HOST_PY),
-    "podman": lambda: Podman("containerbench:latest", uid=1000, gid=1000, oci_runtime="runc"),
+    "podman": lambda: Podman("containerbench:latest", uid=1000, gid=1000, oci_runtime="runc", host_python=HOST_PY),
     "podman-hpc": lambda: under_srun(PodmanHPC("containerbench:latest", uid=1000, gid=1000)),
     "apptainer": lambda: Apptainer("/images/containerbench.sif", host_python=HOST_PY),
     "singularity": lambda: Singularity("/images/containerbench.sif", host_python=HOST_PY),
@@ -133,15 +135,16 @@ CASES = {
          "--volume", "/tmp:/tmp", "--volume", "/work/x:/work/x", "--workdir", "/work/x", *CPU_OWN_ENV,
          "containerbench:latest", *IN_IMAGE],
         container_env("docker", CPU_ENV)),
-    # --- podman: wildcards instead of a shim; rootless keep-id; CDI GPUs ---
+    # --- podman: wildcards instead of the shim's variables (it labels the container with its client, as docker's,
+    # since conmon keeps it running when the client is killed); rootless keep-id; CDI GPUs ---
     ("podman", "site"): (
-        ["podman", "--runtime", "runc", "run", *HOST_NS, "--userns", "keep-id", "--user", "1000:1000",
+        [*PODMAN_SHIM, "podman", "--runtime", "runc", "run", *HOST_NS, "--userns", "keep-id", "--user", "1000:1000",
          "--log-driver", "none", "--device", "nvidia.com/gpu=all", *RDMA,
          "--volume", "/tmp:/tmp", "--volume", "/dev/shm:/dev/shm", *SITE_VOLUMES, "--workdir", WD,
          *PODMAN_RANK_VARS, *PODMAN_SITE_ENV, "containerbench:latest", *IN_IMAGE],
         podman_env("podman", SITE_ENV)),
     ("podman", "cpu"): (
-        ["podman", "--runtime", "runc", "run", *HOST_NS, "--userns", "keep-id", "--user", "1000:1000",
+        [*PODMAN_SHIM, "podman", "--runtime", "runc", "run", *HOST_NS, "--userns", "keep-id", "--user", "1000:1000",
          "--log-driver", "none", *NO_GPU, "--volume", "/tmp:/tmp", "--volume", "/dev/shm:/dev/shm",
          "--volume", "/work/x:/work/x", "--workdir", "/work/x", *PODMAN_RANK_VARS, *PODMAN_CPU_ENV,
          "containerbench:latest", *IN_IMAGE],
@@ -306,6 +309,7 @@ def test_privileged_never_appears():
 
 def test_podman_as_root_needs_no_userns_and_keeps_the_sites_oci_runtime():
     argv = Podman("img", uid=0, gid=0).rank_argv(CPU)
+    argv = argv[argv.index("--") + 1:]  # the shim's words before
     assert argv[:13] == ["podman", "run", *HOST_NS, "--user", "0:0", "--log-driver", "none"]
     assert "--runtime" not in argv and "--userns" not in argv
 
@@ -496,7 +500,7 @@ def test_under_sruns_pmix_each_runtime_has_the_shim_bind_the_directories_its_own
     docker = Docker("containerbench:latest", uid=1000, gid=1000, host_python=HOST_PY).rank_argv(request)
     assert docker[docker.index("--label-client") + 1:docker.index("--")] == [*volume, *shared("/tmp", "/work/x")]
     podman = Podman("containerbench:latest", uid=1000, gid=1000, host_python=HOST_PY).rank_argv(request)
-    assert podman[:podman.index("--") + 3] == [HOST_PY, "-m", "containerbench.rank.rankexec", *volume,
+    assert podman[:podman.index("--") + 3] == [HOST_PY, "-m", "containerbench.rank.rankexec", "--label-client", *volume,
                                                *shared("/tmp", "/dev/shm", "/work/x"), "--insert-after", "run",
                                                "--", "podman", "run"]
     hpc = under_srun(PodmanHPC("containerbench:latest", uid=1000, gid=1000, host_python=HOST_PY)).rank_argv(request)

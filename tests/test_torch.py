@@ -283,7 +283,7 @@ def test_pytorch_in_a_container_runs_the_pytorch_flavour_of_the_built_image(tmp_
             run.runtime].replace("latest", "latest" + "-torch" * (run.framework == "pytorch")
                                  + "-mpich" * (run.mpi_model == "native"))
         assert image in argv, (run.run_id, argv)
-        module = argv[argv.index("-m") + 1]
+        module = argv[argv.index("-m", argv.index(image)) + 1]  # the rank's, after the image (a shim's is before)
         assert module == {"train": {"tensorflow": "containerbench.rank.bench",
                                     "pytorch": "containerbench.rank.torchbench"},
                           "netbench": {"tensorflow": "containerbench.rank.netbench",

@@ -8,8 +8,8 @@ another node would not find the tag. Before a run is timed, its launch (executio
 node's engine for the image id, loads the shared archive where the node lacks that image, and
 prints one line per node. The launch line keeps what each node answered (`node_images`), so each
 record names the image each of its nodes ran, and the seconds a load took are not start-up.
-For docker and podman-hpc, it first removes the node's containers of ours whose starter has ended (a
-docker rank's container outlives its SIGKILLed client, holding its GPUs: rank/rankexec.py; a podman-hpc
+For docker, podman and podman-hpc, it first removes the node's containers of ours whose starter has ended (a
+docker or podman rank's container outlives its SIGKILLed client, holding its GPUs: rank/rankexec.py; a podman-hpc
 shared-run container, its ranks stopped: the runtime's orphans); `--orphans-only` does only that, a line
 for a site's Slurm epilog. podman-hpc's and Charliecloud's nodes read one shared copy (SQUASH_DIR; the
 image directory): the step loads nothing there, and answers with the image id as the node sees it

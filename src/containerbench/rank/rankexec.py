@@ -33,9 +33,9 @@ passes fds 3 to 3+N-1 into the container and closes the rest (podman-run(1),
 With --label-client it labels the container with this process, which the exec makes
 the engine's client (`org.containerbench.client=HOST:NS:PID:START`, processes.identity),
 and its uid. dockerd keeps a container running when its client is SIGKILLed (by Slurm
-at a job's end, or an out-of-memory kill), outside the step's cgroup, holding its GPUs;
-the node's next docker run (containerbench node-image) removes those whose client has
-ended.
+at a job's end, or an out-of-memory kill), outside the step's cgroup, holding its GPUs,
+and podman's conmon, outside the client's process tree, does too; the node's next docker
+or podman run (containerbench node-image) removes those whose client has ended.
 With --bind-pmix=FORM, under srun's pmix plugin, it inserts FORM's words, {path} filled in, for
 each directory of the step's PMIx server the rank's client may need at the same path,
 as Enroot's hook does for Pyxis (NVIDIA/enroot conf/hooks/extra/50-slurm-pmi.sh):

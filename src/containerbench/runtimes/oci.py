@@ -55,6 +55,32 @@ class OciEngine(ContainerRuntime):
         # The build engine has the image already; the other loads its archive (docker-load(1), podman-load(1)).
         return [] if built.engine == cls.binary else [[cls.binary, "load", "-i", built.archive]]
 
+    # The engine, not the rank, keeps the container running when its client is killed (a Slurm step's end, an
+    # out-of-memory kill): dockerd, or podman's conmon, which leaves the client's process tree (seen here, podman
+    # 4.3.1). The shim labels each with its client (--label-client), and the node's next step removes the orphans.
+    leaves_orphans = True
+    labels_client = True
+    # How `ps --format` reads one label: docker's template has a Label function; podman 4.3's has none ("can't
+    # evaluate field Label in type containers.psReporter", seen here), its Labels is a map.
+    label_template = '{{{{.Label "{}"}}}}'
+
+    @classmethod
+    def orphans(cls, run) -> dict[str, str]:
+        labels = " ".join(cls.label_template.format(label) for label in (CLIENT_LABEL, CLIENT_UID_LABEL))
+        argv = [cls.binary, "ps", "--no-trunc", "--filter", f"label={CLIENT_LABEL}",
+                "--format", f"{{{{.ID}}}} {labels}"]
+        return {words[0]: "" for words in map(str.split, run(argv).splitlines())
+                if len(words) >= 2 and cls.client_ended(words[1], words[2] if len(words) > 2 else "")}
+
+    @staticmethod
+    def client_ended(client: str, owner: str) -> bool:
+        """Has the client that labelled a container (CLIENT_LABEL, CLIENT_UID_LABEL) surely ended? Only where this
+        process can see it: on its host, in its pid namespace, and its own or, for root, any user's (a /proc
+        mounted hidepid hides other users' processes, which would look ended)."""
+        named = checkable(client)
+        mine = owner.isdigit() and (int(owner) == os.getuid() or os.getuid() == 0)
+        return named is not None and mine and not running(*named)
+
     @property
     def stores_images_per_node(self) -> bool:
         # The engine's store is the node's own (a dockerd per node; podman's graphroot per user per node,
@@ -140,26 +166,6 @@ class Docker(OciEngine):
         env["DOCKER_BUILDKIT"] = "0"  # Debian's docker.io has no buildx
         return env
 
-    # dockerd, not the rank, starts the container, and keeps it running when its client is killed, outside the Slurm
-    # step that ended (rank/rankexec.py): the shim labels each with its client (rank_argv's --label-client).
-    leaves_orphans = True
-
-    @classmethod
-    def orphans(cls, run) -> dict[str, str]:
-        argv = [cls.binary, "ps", "--no-trunc", "--filter", f"label={CLIENT_LABEL}",
-                "--format", f'{{{{.ID}}}} {{{{.Label "{CLIENT_LABEL}"}}}} {{{{.Label "{CLIENT_UID_LABEL}"}}}}']
-        return {words[0]: "" for words in map(str.split, run(argv).splitlines())
-                if len(words) >= 2 and cls.client_ended(words[1], words[2] if len(words) > 2 else "")}
-
-    @staticmethod
-    def client_ended(client: str, owner: str) -> bool:
-        """Has the client that labelled a container (CLIENT_LABEL, CLIENT_UID_LABEL) surely ended? Only where this
-        process can see it: on its host, in its pid namespace, and its own or, for root, any user's (a /proc
-        mounted hidepid hides other users' processes, which would look ended)."""
-        named = checkable(client)
-        mine = owner.isdigit() and (int(owner) == os.getuid() or os.getuid() == 0)
-        return named is not None and mine and not running(*named)
-
     @classmethod
     def probe_failure_hint(cls) -> str:
         # Installed, but which daemon was asked.
@@ -190,8 +196,9 @@ class Docker(OciEngine):
 @register
 class Podman(OciEngine):
     """podman run. `--env 'PREFIX*'` copies every host variable with that prefix (podman-run(1)
-    --env), so no shim. oci_runtime picks the OCI runtime (e.g. "runc" where crun fails on hybrid
-    cgroups); None keeps the site's default."""
+    --env), so the rankexec shim only labels the container with its client (and moves srun's pmi2
+    socket, binds srun's PMIx directories). oci_runtime picks the OCI runtime (e.g. "runc" where crun
+    fails on hybrid cgroups); None keeps the site's default."""
 
     name = binary = "podman"
     probe = ("podman", "info", "--format", "{{.Host.OCIRuntime.Name}}")
@@ -200,6 +207,7 @@ class Podman(OciEngine):
     # (podman-run(1) --init: catatonit) and rootless storage's mount program (containers-storage.conf(5)
     # mount_program: fuse-overlayfs).
     service_processes = ("podman", "conmon", "catatonit", "fuse-overlayfs")
+    label_template = '{{{{index .Labels "{}"}}}}'
     shared_paths = ("/tmp", "/dev/shm")  # podman-hpc's MPI modules bind /dev/shm besides --ipc=host
     save_options = ("--format", "docker-archive")  # readable by docker, sarus, apptainer
     # The engine settings `make setup` writes for a host without systemd (scripts/container-engines.sh
@@ -225,7 +233,7 @@ class Podman(OciEngine):
 
     def rank_argv(self, request: RunRequest) -> list[str]:
         shim = [*(["--pmi-fd"] if request.inherited_pmi_fd and not self.moves_pmi_fd else []),
-                *self.pmix_options(request)]
+                *(["--label-client"] if self.labels_client else []), *self.pmix_options(request)]
         if not shim:
             return self.run_argv(request)
         # The shim's words go after the engine's verb: `run`, or podman-hpc's `shared-run`.

@@ -146,6 +146,7 @@ class PodmanHPC(Podman):
     SHARED_RUNS_ARGV = ("podman-hpc", "ps", "--format", "{{.Names}} {{.Pid}} {{.Image}}")
 
     leaves_orphans = True
+    labels_client = False  # one container for the node's ranks, found by its name
 
     @classmethod
     def orphans(cls, run) -> dict[str, str]:
