@@ -322,3 +322,24 @@ def test_remove_names_an_unknown_part_in_one_line_before_touching_anything(tmp_p
         "containerbench image: remove: no such part of an image: charliclod (one of docker, podman, apptainer, "
         "singularity, charliecloud, enroot, sarus, podman-hpc, archive, definition, charliecloud-dir)\n")
     assert stamp.exists()
+
+
+def test_remove_keeps_the_stamp_of_a_store_that_does_not_answer_and_says_so(tmp_path, capsys, monkeypatch):
+    """A stamp says the engine's store holds the image; where that engine does not answer here (a dockerd not
+    running, a podman-hpc broken), its removal was skipped in silence and the stamp removed, leaving a copy no
+    file records (a finding of stop 53). Now the stamp is kept, the rest goes, and the command fails in one line
+    naming the stamp and why. dockerd really does not answer at this socket (docker(1), DOCKER_HOST)."""
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-dockerd.sock")
+    tag = "localhost/containerbench-kept-test:x"
+    files = images.image_files(tag, tmp_path)
+    Path(files["docker"]).write_text("{}")
+    Path(files["archive"]).write_text("not an archive: only its name is removed")
+    assert not engine_usable("docker")[0]
+    assert cli.main(["image", "--tag", tag, "remove", "--build-dir", str(tmp_path), "--only", "docker",
+                     "--only", "archive"]) == 1
+    said = capsys.readouterr()
+    assert said.out == f"removed {files['archive']}\n"
+    assert re.fullmatch(rf"containerbench image: remove: kept {re.escape(files['docker'])}: docker does not answer "
+                        r"here \(.+\), and may still hold what it names; allowed: run it again where each answers, "
+                        r"or delete the stamp once its copy is gone\n", said.err), said.err
+    assert Path(files["docker"]).exists() and not Path(files["archive"]).exists()

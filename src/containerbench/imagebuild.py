@@ -17,7 +17,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from containerbench.config import BenchEnv, MpiFlavour
-from containerbench.images import BuiltImage, build_outputs, image_files, remove_prepared, stamped_id
+from containerbench.images import (
+    BuiltImage,
+    StoreNotAnswering,
+    build_outputs,
+    image_files,
+    remove_prepared,
+    stamped_id,
+)
 from containerbench.imagestep import (
     ARCHIVE,
     BASE_IMAGE,
@@ -318,25 +325,43 @@ def enroot_squashfs(built: BuiltImage, out: Path, timeout: float = DEFAULT_STEP_
 WITHOUT_THE_RUNTIME = {Enroot.name: enroot_squashfs}
 
 
+@dataclass
+class Removal:
+    """What remove_image gave back, and the stamps it kept, each with why: a store that does not answer here
+    may still hold the copy its stamp names, which nothing would then record."""
+
+    removed: list[str] = field(default_factory=list)
+    kept: dict[str, str] = field(default_factory=dict)  # stamp -> why
+
+
 def remove_image(tag: str, build_dir: Path | str = IMAGES, only=None,
-                 timeout: float = DEFAULT_STEP_TIMEOUT_S) -> list[str]:
+                 timeout: float = DEFAULT_STEP_TIMEOUT_S) -> Removal:
     """Give back the disk one built flavour holds: its tag in each engine that answers, and every file
     the workflow made from it (stamps, archive, Charliecloud directory, .sif, ...); `only` keeps it to
     some of image_files' names (an engine's name: its tag and its stamp). Removing a stamp with its
-    image makes the next workflow run build it again instead of trusting an image that is gone."""
+    image makes the next workflow run build it again instead of trusting an image that is gone; the
+    stamp of a store that does not answer is kept, with why."""
     files = image_files(tag, build_dir)
     if unknown := sorted(set(only or ()) - set(files)):
         raise ImageStepError(f"remove: no such part of an image: {', '.join(unknown)} (one of {', '.join(files)})")
     wanted = set(only or files)
-    removed = []
+    done = Removal()
     for engine in sorted(wanted & set(ENGINES)):
-        if not engine_usable(engine)[0] or not image_exists(engine, tag):
+        answers, why = engine_usable(engine)
+        if not answers:
+            if Path(files[engine]).exists():
+                done.kept[files[engine]] = str(StoreNotAnswering(engine, why))
+            continue
+        if not image_exists(engine, tag):
             continue
         run_step(f"remove ({engine} rmi)", rmi_argv(engine, tag), env=engine_env(engine), timeout=timeout)
-        removed.append(f"{engine} {tag}")
+        done.removed.append(f"{engine} {tag}")
     for name in sorted(wanted & set(CONTAINER_RUNTIMES)):  # a copy in a runtime's own store (podman-hpc's)
-        removed += remove_prepared(name, build_outputs(tag, build_dir), timeout)
-    paths = {Path(path) for name, path in files.items() if name in wanted}
+        try:
+            done.removed += remove_prepared(name, build_outputs(tag, build_dir), timeout)
+        except StoreNotAnswering as silent:
+            done.kept[files[name]] = str(silent)
+    paths = {Path(path) for name, path in files.items() if name in wanted and path not in done.kept}
     paths |= {Path(Charliecloud.image_id_file(str(path))) for path in paths if path.suffix == ".ch"}
     for path in sorted(paths):
         if path.is_dir() and not path.is_symlink():
@@ -345,5 +370,5 @@ def remove_image(tag: str, build_dir: Path | str = IMAGES, only=None,
             path.unlink()
         else:
             continue
-        removed.append(str(path))
-    return removed
+        done.removed.append(str(path))
+    return done

@@ -244,11 +244,25 @@ def prepare_runtime(name: str, image: BuiltImage, timeout: float = DEFAULT_STEP_
     return cls.reference(image)
 
 
+class StoreNotAnswering(ImageStepError):
+    """A runtime or engine whose stamp says its store holds a copy does not answer here: the copy may stay."""
+
+    def __init__(self, name: str, why: str):
+        last = why.strip().splitlines()[-1] if why.strip() else "no output"
+        super().__init__(f"{name} does not answer here ({last})")
+        self.name = name
+
+
 def remove_prepared(name: str, image: BuiltImage, timeout: float = DEFAULT_STEP_TIMEOUT_S) -> list[str]:
     """Remove the copy `name`'s prepare put in its own store, where one is there (read back first, and again
     after: podman-hpc's rmsqi exits 0 when it removed nothing). Returns what was removed."""
     cls = CONTAINER_RUNTIMES[name]
-    if not cls.remove_prepared_commands(image) or not run_probe(cls.probe)[0]:
+    if not cls.remove_prepared_commands(image):
+        return []
+    answers, why = run_probe(cls.probe)
+    if not answers:
+        if Path(cls.artifact(image)).exists():  # its stamp: the copy was made in the store
+            raise StoreNotAnswering(name, why)
         return []
     with cls.store_lock():
         try:

@@ -128,8 +128,15 @@ def run_image_step(args) -> str:
         base = args.tag or default_tag(args.bench_python)
         tags = sorted({flavour_tag(base, each_env, each_flavour) for each_env in BENCH_ENVS.values()
                        for each_flavour in MPI_FLAVOURS.values()}) if args.every_flavour else [tag]
-        removed = [what for each in tags for what in remove_image(each, args.build_dir, args.only, timeout)]
-        return "\n".join(f"removed {what}" for what in removed) or f"nothing of {', '.join(tags)} to remove"
+        removals = [remove_image(each, args.build_dir, args.only, timeout) for each in tags]
+        said = "\n".join(f"removed {what}" for done in removals for what in done.removed)
+        kept = [f"kept {stamp}: {why}, and may still hold what it names" for done in removals
+                for stamp, why in done.kept.items()]
+        if kept:  # what was removed is said first; the command fails, naming each stamp kept
+            print(said or f"nothing of {', '.join(tags)} removed")
+            raise ImageStepError(f"remove: {'; '.join(kept)}; allowed: run it again where each answers, or delete "
+                                 "the stamp once its copy is gone")
+        return said or f"nothing of {', '.join(tags)} to remove"
     commands = runtime_commands(args.engine, tag, args.registry, args.build_dir, args.gpus)
     return json.dumps(commands, indent=2) if args.json else \
         "\n".join(f"{name}: {shlex.join(argv)}" for name, argvs in commands.items() for argv in argvs)
