@@ -88,8 +88,8 @@ def _run(argv: list[str], timeout: float) -> str:
 def remove_orphans(engine: str, timeout: float = QUERY_TIMEOUT_S) -> list[str]:
     """Remove this node's running containers of ours whose starter has surely ended, and what they held (the
     runtime's remove_orphans): dockerd keeps a container running when its client is killed, outside the Slurm step
-    that ended, and podman-hpc its shared-run one when its ranks are, holding the node's GPUs, memory and the
-    image's mount. Returns their ids or names."""
+    that ended, podman's conmon too, and podman-hpc its shared-run one when its ranks are, holding the node's GPUs,
+    memory and the image's mount. Returns their ids or names."""
     return CONTAINER_RUNTIMES[engine].remove_orphans(lambda argv: _run(argv, timeout))
 
 

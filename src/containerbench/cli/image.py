@@ -300,8 +300,8 @@ def add_commands(sub) -> None:
     p.add_argument("--archive", help="the docker archive to load where the node lacks the image")
     p.add_argument("--timeout", type=float, default=1800, metavar="SECONDS", help="for the load (default 1800)")
     p.add_argument("--orphans-only", action="store_true",
-                   help="only remove this node's containers of ours whose starter has ended, docker's and "
-                        "podman-hpc's (what every node-image does first; a line for a Slurm epilog)")
+                   help="only remove this node's containers of ours whose starter has ended, docker's, "
+                        "podman's and podman-hpc's (what every node-image does first; a line for a Slurm epilog)")
     p.set_defaults(func=cmd_node_image)
 
     p = sub.add_parser("node-mpi", help="the host MPI a native run's ranks load on this node: the library and every "

@@ -189,7 +189,8 @@ class Docker(OciEngine):
         # (nebius/soperator#563), so bare metal and docker ranks would differ.
         # Its client's id, so that a container whose client was killed is found and removed (rankexec).
         return [self.host_python, "-m", RANKEXEC, *pass_flags(RANK_PREFIXES), "--cpuset-from-affinity",
-                "--memory-from-cgroup", f"--memory-share={request.ranks_per_node}", "--label-client",
+                "--memory-from-cgroup", f"--memory-share={request.ranks_per_node}",
+                *(["--label-client"] if self.labels_client else []),
                 *self.pmix_options(request), "--", *self.run_argv(request)]
 
 
@@ -241,7 +242,8 @@ class Podman(OciEngine):
                 *self.run_argv(request)]
 
     def engine_args(self) -> list[str]:
-        return [self.binary, *(["--runtime", self.oci_runtime] if self.oci_runtime else []), "run"]
+        # --runtime=NAME, one word: the shim inserts its words after the first `run`, which a runtime might be named.
+        return [self.binary, *([f"--runtime={self.oci_runtime}"] if self.oci_runtime else []), "run"]
 
     def user_args(self) -> list[str]:
         # Rootless podman maps the user to root by default; keep-id maps UID:GID to themselves
