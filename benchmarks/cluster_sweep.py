@@ -94,11 +94,13 @@ def image_targets() -> list[str]:
     return sorted(built_image(runtime, tag, ROOT / "build" / "images")[1] for runtime in CONTAINERS for tag in TAGS)
 
 
-def forget_squashed_copies() -> None:
-    """podman-hpc's stamps name squashed copies in a SQUASH_DIR of an earlier session (this one's is new and empty):
-    without them the image steps migrate the image again, into this one."""
+def forget_copies_in_gone_stores() -> None:
+    """podman-hpc's stamps name squashed copies in a SQUASH_DIR of an earlier session (this one's is new and empty),
+    and docker's images in a dockerd store removed at the end: without them the image steps migrate or load the
+    image again, and `make clean-images` keeps no stamp of a store that will never answer again."""
     for tag in TAGS:
-        Path(built_image("podman-hpc", tag, ROOT / "build" / "images")[1]).unlink(missing_ok=True)
+        for runtime in ("podman-hpc", "docker"):
+            Path(built_image(runtime, tag, ROOT / "build" / "images")[1]).unlink(missing_ok=True)
 
 
 def check(records: list[dict], planned: int, stamps: dict[str, str]) -> list[str]:
@@ -185,7 +187,7 @@ def main(argv=None) -> int:
         env |= exported(subprocess.run([str(ENGINES), "podman-hpc", str(phpc), str(HOST_MPI)], check=True,
                                        capture_output=True, text=True, timeout=1800, env=env).stdout)
         configs = sweep_config(workdir)
-        forget_squashed_copies()
+        forget_copies_in_gone_stores()
         started = time.monotonic()
         targets = image_targets()
         built = subprocess.run([SNAKEMAKE, *targets, "--snakefile", str(ROOT / "Snakefile"), "--directory",
@@ -217,7 +219,7 @@ def main(argv=None) -> int:
         subprocess.run([str(ENGINES), "stop-dockerd", str(engines / "docker")], timeout=300)
         subprocess.run([str(ENGINES), "clean-podman-hpc", str(phpc)], timeout=300)
         shutil.rmtree(phpc, ignore_errors=True)
-        forget_squashed_copies()
+        forget_copies_in_gone_stores()
         shutil.rmtree(engines / "docker", ignore_errors=True)
         if not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)

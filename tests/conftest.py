@@ -163,3 +163,8 @@ def container_engines(tmp_path_factory) -> dict:
     finally:
         subprocess.run([str(engines), "stop-dockerd", str(state / "docker")], timeout=120)
         shutil.rmtree(state / "docker", ignore_errors=True)  # its store: gigabytes, of no use after the session
+        # The stamps of images loaded into it name copies that are gone: forgotten, so that `make clean-images`
+        # does not keep them for a store that will never answer again (imagebuild.remove_image), and a run loads
+        # them again.
+        for stamp in (ROOT / "build" / "images").glob("docker-*.json"):
+            stamp.unlink(missing_ok=True)

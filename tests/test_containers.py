@@ -63,8 +63,9 @@ def engines(container_engines):
     finally:
         subprocess.run([str(script), "clean-podman-hpc", str(directory)], timeout=300)
         shutil.rmtree(directory, ignore_errors=True)
-        # Its stamp names copies that are gone now: the next session prepares them again.
-        Path(images.image_files(WORKFLOW_IMAGE, ROOT / images.IMAGES)["podman-hpc"]).unlink(missing_ok=True)
+        # Its stamps name copies that are gone now (every flavour's): the next session prepares them again.
+        for stamp in (ROOT / images.IMAGES).glob("podman-hpc-*.json"):
+            stamp.unlink(missing_ok=True)
 
 
 @pytest.fixture(scope="module")
