@@ -11,6 +11,7 @@ import fcntl
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -457,6 +458,15 @@ def test_shim_binds_the_pmix_directories_of_the_step_that_no_shared_path_holds(t
     # Where the plan could not read the base, only the server's is found: PMIX_SYSTEM_TMPDIR does not name TmpFS.
     done = run_shim("--bind-pmix=--volume {path}:{path}", *echo, env=env)
     assert done.stdout == f"run --volume {spool}:{spool} img\n"
+    # %h is the node's NodeHostname: its NodeName unless set, else typically `hostname -s` (slurm.conf(5),
+    # NodeHostname). Here the node's name, n1, is not this host's name: found under either.
+    for host_dir in ("n1", socket.gethostname().split(".")[0]):
+        (tmp_path / "by-host" / host_dir / "spmix_appdir_1000_41.0").mkdir(parents=True)
+        done = run_shim("--bind-pmix=--volume {path}:{path}", "--pmix-base", f"{tmp_path}/by-host/%h",
+                        "--shared-path", f"{tmp_path}/spool", *echo, env=env)
+        found = f"{tmp_path}/by-host/{host_dir}/spmix_appdir_1000_41.0"
+        assert done.stdout == f"run --volume {found}:{found} img\n"
+        shutil.rmtree(tmp_path / "by-host")
     # A job's SLURM_PMIX_TMPDIR comes first; the older name (no uid) is found as Enroot finds it.
     (tmp_path / "job").mkdir(), (tmp_path / "job" / "spmix_appdir_41.0").mkdir()
     env = pmix_step(tmp_path / "older", SLURM_PMIX_TMPDIR=str(tmp_path / "job"))

@@ -86,10 +86,12 @@ def pmix_directories(environ=os.environ, base: str = "") -> list[str]:
     default = environ.get("TMPDIR") or environ.get("TEMP") or environ.get("TMP") or "/tmp"
     system = environ.get("PMIX_SYSTEM_TMPDIR") or default
     step = f"{environ['SLURM_JOB_ID']}.{environ['SLURM_STEP_ID']}"
-    # Named with the job's uid, or without (older Slurm); %n is the node's name, %h its host name (slurm.conf(5)).
-    node = environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
-    expanded = base.replace("%n", node).replace("%h", socket.gethostname().split(".")[0])
-    bases = dict.fromkeys(filter(None, [environ.get("SLURM_PMIX_TMPDIR"), expanded, system]))
+    # Named with the job's uid, or without (older Slurm); %n is the node's name, %h its NodeHostname, which is the
+    # NodeName unless set, "typically" what `hostname -s` returns (slurm.conf(5), NodeHostname): both are looked in.
+    short = socket.gethostname().split(".")[0]
+    node = environ.get("SLURMD_NODENAME") or short
+    expanded = [base.replace("%n", node).replace("%h", host) for host in dict.fromkeys([node, short])]
+    bases = dict.fromkeys(filter(None, [environ.get("SLURM_PMIX_TMPDIR"), *expanded, system]))
     appdirs = [f"{base}/spmix_appdir{uid}_{step}" for base in bases
                for uid in (f"_{environ.get('SLURM_JOB_UID', '')}", "")]
     # PMIX_SERVER_TMPDIR only where set (Slurm always sets it): Enroot's fallback to TMPDIR would bind all of /tmp.
