@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import time
 
 import pytest
 from diskwatch import GB, DiskWatch
@@ -157,14 +158,16 @@ def container_engines(tmp_path_factory) -> dict:
     conf = subprocess.run([str(engines), "podman-conf", str(state)], capture_output=True, text=True, check=True)
     dockerd = subprocess.run([str(engines), "start-dockerd", str(state / "docker")], capture_output=True,
                              text=True, timeout=300)
+    started = time.time()
     try:
         assert dockerd.returncode == 0, dockerd.stderr
         yield {**os.environ, **exported(conf.stdout), **exported(dockerd.stdout)}
     finally:
         subprocess.run([str(engines), "stop-dockerd", str(state / "docker")], timeout=120)
         shutil.rmtree(state / "docker", ignore_errors=True)  # its store: gigabytes, of no use after the session
-        # The stamps of images loaded into it name copies that are gone: forgotten, so that `make clean-images`
-        # does not keep them for a store that will never answer again (imagebuild.remove_image), and a run loads
-        # them again.
+        # The stamps written of images loaded into it name copies that are gone: forgotten, so that `make
+        # clean-images` does not keep them for a store that will never answer again (imagebuild.remove_image), and
+        # a run loads them again. An older stamp names another dockerd's image (a site's own), and stays.
         for stamp in (ROOT / "build" / "images").glob("docker-*.json"):
-            stamp.unlink(missing_ok=True)
+            if stamp.stat().st_mtime >= started:
+                stamp.unlink(missing_ok=True)

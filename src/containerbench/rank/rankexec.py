@@ -61,8 +61,9 @@ from pathlib import Path
 
 from containerbench.rank.telemetry import cgroup_limits
 
-# docker-run(1) --label; listed back by `docker ps --filter label=KEY` and {{.Label "KEY"}} (docker ps reference,
-# "Filtering" and "Formatting"). The client: host, pid namespace, process id and start time
+# docker-run(1), podman-run(1) --label; listed back by `ps --filter label=KEY` and each engine's template
+# (OciEngine.label_template; docker ps reference, "Filtering" and "Formatting"). The client: host, pid namespace,
+# process id and start time
 # (processes.identity); its owner's uid, as a node's /proc may hide other users' processes (hidepid).
 CLIENT_LABEL = "org.containerbench.client"
 CLIENT_UID_LABEL = "org.containerbench.client-uid"

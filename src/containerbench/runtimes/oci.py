@@ -72,6 +72,10 @@ class OciEngine(ContainerRuntime):
         return {words[0]: "" for words in map(str.split, run(argv).splitlines())
                 if len(words) >= 2 and cls.client_ended(words[1], words[2] if len(words) > 2 else "")}
 
+    def shim_options(self, request: RunRequest) -> list[str]:
+        """The rankexec shim's options every rank of the engine gets: its client's label, srun's PMIx binds."""
+        return [*(["--label-client"] if self.labels_client else []), *self.pmix_options(request)]
+
     @staticmethod
     def client_ended(client: str, owner: str) -> bool:
         """Has the client that labelled a container (CLIENT_LABEL, CLIENT_UID_LABEL) surely ended? Only where this
@@ -189,9 +193,8 @@ class Docker(OciEngine):
         # (nebius/soperator#563), so bare metal and docker ranks would differ.
         # Its client's id, so that a container whose client was killed is found and removed (rankexec).
         return [self.host_python, "-m", RANKEXEC, *pass_flags(RANK_PREFIXES), "--cpuset-from-affinity",
-                "--memory-from-cgroup", f"--memory-share={request.ranks_per_node}",
-                *(["--label-client"] if self.labels_client else []),
-                *self.pmix_options(request), "--", *self.run_argv(request)]
+                "--memory-from-cgroup", f"--memory-share={request.ranks_per_node}", *self.shim_options(request), "--",
+                *self.run_argv(request)]
 
 
 @register
@@ -234,7 +237,7 @@ class Podman(OciEngine):
 
     def rank_argv(self, request: RunRequest) -> list[str]:
         shim = [*(["--pmi-fd"] if request.inherited_pmi_fd and not self.moves_pmi_fd else []),
-                *(["--label-client"] if self.labels_client else []), *self.pmix_options(request)]
+                *self.shim_options(request)]
         if not shim:
             return self.run_argv(request)
         # The shim's words go after the engine's verb: `run`, or podman-hpc's `shared-run`.
