@@ -441,13 +441,17 @@ class ContainerRuntime(Runtime):
     refused_bind_prefixes: tuple[str, ...] = ()
     pmix_refusal: tuple[str, str] = ("", "a PMIxCliTmpDirBase or TmpFS elsewhere")
 
+    def same_path_binds(self, request: RunRequest) -> list[str]:
+        """The host paths its ranks see at their own path: those it shares unasked, then its binds that keep theirs."""
+        own = self.mounts(request) if self.binds_at_own_paths else []
+        return list(dict.fromkeys([*self.shared_paths, *own]))
+
     def pmix_options(self, request: RunRequest) -> list[str]:
         """The shim's options that bind the step's PMIx directories outside what the rank sees, or a ValueError
         in one line where the runtime cannot bind the client directory's base (request.pmix_base)."""
         if not request.pmix_server:
             return []
-        own = self.mounts(request) if self.binds_at_own_paths else []
-        shared = list(dict.fromkeys([*self.shared_paths, *own]))
+        shared = self.same_path_binds(request)
         base = os.path.normpath(request.pmix_base) if request.pmix_base else ""
         unbindable = not (self.pmix_bind_form or self.pmix_bind_variable) and outside([base], shared)
         if base and (unbindable or not outside([base], self.refused_bind_prefixes)):

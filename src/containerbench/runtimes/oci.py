@@ -138,7 +138,7 @@ class OciEngine(ContainerRuntime):
             # A --device directory adds every device node under it (moby and podman DevicesFromPath);
             # verbs memory registration needs locked memory: unlimited, with CAP_IPC_LOCK; never --privileged.
             argv += ["--device", "/dev/infiniband", "--cap-add", "IPC_LOCK", "--ulimit", "memlock=-1:-1"]
-        for path in dict.fromkeys([*self.shared_paths, *self.mounts(request)]):
+        for path in self.same_path_binds(request):
             argv += ["--volume", f"{path}:{path}"]
         argv += self.native_args()
         argv += ["--workdir", self.workdir(request), *self.env_args(request)]

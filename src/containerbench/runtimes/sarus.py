@@ -49,7 +49,7 @@ class Sarus(ContainerRuntime):
     pmix_bind_form = "--mount=type=bind,source={path},destination={path}"
     refused_bind_prefixes = ("/etc", "/var", "/opt/sarus")
     pmix_refusal = (f": its default sarus.json refuses mount destinations under {', '.join(refused_bind_prefixes)}",
-                    "a PMIxCliTmpDirBase or TmpFS elsewhere")
+                    ContainerRuntime.pmix_refusal[1])
 
     # `sarus run --env NAME` and `--device` arrived in 1.4.0 (CHANGELOG.md, "[1.4.0]"; 1.4.0's CommandRun.hpp).
     SINCE = "1.4.0"
