@@ -17,7 +17,7 @@ from helpers import HALF_CORE_LOOP, RECORDED_RUNS, SMOKE_MODEL, run_and_parse, t
 
 from containerbench import config as cb_config
 from containerbench.plans import plan_run
-from containerbench.rank.telemetry import GpuReader, cpu_list, smt_cores
+from containerbench.rank.telemetry import GpuReader, Sampler, cpu_list, smt_cores
 from containerbench.records import parse_log
 from containerbench.results import build_tables
 from containerbench.usage import disturbance, disturbance_check, load_samples, summarise_node, value_at
@@ -127,6 +127,36 @@ def test_the_sampler_knows_which_cpus_share_a_core():
     for cpu, core in smt_cores().items():
         ours.setdefault(core, set()).add(int(cpu[3:]))
     assert sorted(map(sorted, ours.values())) == sorted(map(sorted, lscpu_cores.values()))
+
+
+# A service process that wakes, spends a set CPU time, and reports back (its name, as /proc/PID/comm reads it).
+RELAY = """
+import sys, time
+open("/proc/self/comm", "w").write("cb-relay")
+for line in sys.stdin:
+    start = time.thread_time()
+    while time.thread_time() - start < float(line):
+        pass
+    print("done", flush=True)
+"""
+
+
+def test_a_services_few_milliseconds_are_counted_though_shorter_than_a_clock_tick(tmp_path):
+    """The CPU a daemon spends relaying a run's output is a few milliseconds: in clock ticks (10 ms) it
+    read 0 in some runs and 0.01 s in others. The sampler reads it in ns where schedstat is kept (here)."""
+    relay = subprocess.Popen([sys.executable, "-c", RELAY], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert wait_for(lambda: open(f"/proc/{relay.pid}/comm").read().strip() == "cb-relay")
+        sampler = Sampler(str(tmp_path / "pids"), frozenset({"cb-relay"}))
+        sampler.service_cpu(["cpu0"])  # the window's start
+        relay.stdin.write("0.003\n")
+        relay.stdin.flush()
+        assert relay.stdout.readline() == "done\n"
+        by_name = dict(((m, d), v) for m, d, v in sampler.service_cpu(["cpu0"]))
+    finally:
+        relay.kill()
+        relay.wait()
+    assert 0.003 <= by_name[("service_cpu_by_name_s", "cb-relay")] < 0.009, by_name
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs: the run's and a stranger's")

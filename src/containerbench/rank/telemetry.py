@@ -254,6 +254,16 @@ def smt_cores(root: str = "/sys/devices/system/cpu") -> dict[str, int]:
     return cores
 
 
+def thread_cpu_seconds(thread_path: str, stat_fields: list[str]) -> float:
+    """A thread's CPU time, to the nanosecond where the kernel keeps schedstat (proc(5) /proc/pid/schedstat:
+    "time spent on the cpu", in ns), else from utime and stime. Those are in clock ticks (10 ms): the few
+    milliseconds a daemon spends relaying a run's output would often read as 0."""
+    try:
+        return int(Path(thread_path, "schedstat").read_text().split()[0]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return (int(stat_fields[11]) + int(stat_fields[12])) / CLOCK_TICKS  # utime, stime (proc(5))
+
+
 def start_sampler(directory: str, interval: float, services: str = "") -> subprocess.Popen:
     """The node's sampler, a child of this rank that ends with it. `services`: comma-separated names
     of the runtime's and launcher's processes, whose CPU it counts apart (service_cpu_s)."""
@@ -324,10 +334,10 @@ class Sampler:
             for thread in threads:
                 try:
                     fields = Path(thread.path, "stat").read_text().rpartition(")")[2].split()
+                    seconds = thread_cpu_seconds(thread.path, fields)
                 except OSError:
                     continue
                 key = (thread.name, fields[19])  # thread id, start time (proc(5))
-                seconds = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime, stime
                 # A thread already running at the first sample counts from there; a later one, whole.
                 added = max(0.0, seconds - self.service_seen.get(key, seconds if first else 0.0))
                 seen[key] = seconds
