@@ -20,6 +20,7 @@ import yaml
 from helpers import BENCH_PYTHON, ROOT, SLURM_CLUSTER, cancel_when_running, clone_copy, on_controller
 
 from containerbench import config as cb_config
+from containerbench.fleet import NOT_REPEATED
 from containerbench.rank import markers
 
 pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.slurm, pytest.mark.netns, pytest.mark.timeout(1500)]
@@ -154,17 +155,27 @@ def test_validate_nodes_names_the_slowed_node_the_slowed_link_and_the_cancelled_
     unjudged = summary[summary["kind"] == "variable"]
     assert set(unjudged["result"]) <= {"unjudged"}
     assert all(reason.startswith("repetitions of one member differ by ") for reason in unjudged["reason"])
+    # A healthy node that met the slow phase in a judged figure is measured again, and passes (not repeated);
+    # the slowed node, measured again still slowed, fails, its figure confirmed.
     healthy = nodes[nodes["node"] != SLOW_NODE]
-    assert set(healthy["result"]) <= {"pass", "unjudged"}
+    assert set(healthy["result"]) <= {"pass", "unjudged", NOT_REPEATED}
     assert set(healthy.loc[healthy["result"] == "unjudged", "variable"]) <= set(unjudged.index)
     failed = summary[summary["result"] == "fail"]
     assert sorted(failed.index) == sorted([SLOW_NODE, "+".join(SLOW_LINK), CANCELLED_LINK]), summary
     assert summary.loc[SLOW_NODE, "reason"].startswith("images_per_sec ")
+    assert "the first pass's median: confirmed" in summary.loc[SLOW_NODE, "reason"]
+    suspects = json.loads((fleet_dir / "recheck" / "suspects.json").read_text())
+    assert SLOW_NODE in suspects and set(suspects) - {SLOW_NODE} <= set(healthy.loc[healthy["result"] ==
+                                                                                  NOT_REPEATED, "node"])
+    assert sorted(p.name for p in (fleet_dir / "recheck").glob(f"*_on_{SLOW_NODE}_rep*.json")) == [
+        f"netbench_bare-metal_fast_1x2_on_{SLOW_NODE}_rep{r}.json" for r in (4, 5, 6)] + [
+        f"train_bare-metal_fast_1x1_b32_on_{SLOW_NODE}_rep{r}.json" for r in (4, 5, 6)]
     # The cancelled job is a failed record with Slurm's state from sacct, not a job submitted again.
     assert cancelled, "the link job never ran"
     assert f"failed: Slurm job {cancelled[0]} CANCELLED by 0 (sacct)" in summary.loc[CANCELLED_LINK, "reason"]
     # Each job ran once: the cancelled one is not submitted again.
     assert (output.count("localrule fleet_node:"), output.count("localrule fleet_link:")) == (4, 6)
+    assert output.count("localrule fleet_recheck:") == len(suspects)  # only the suspects, never the batch
     # Links through the slow node are explained by it, or not slow at all: never a bad link of their own.
     assert set(summary.loc[["n1+n3", "n2+n3", "n3+n4"], "result"]) <= {"explained", "pass"}
     assert "pingpong_bandwidth_MBps" in summary.loc["n1+n2", "reason"]

@@ -30,7 +30,6 @@ The batch's plan is fleetplan's; the jobs that measure it, fleetjobs'.
 
 from __future__ import annotations
 
-import json
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,12 +58,13 @@ GROSS_RATIO = 0.5
 # variable's median spread over the batch (the basis), against which min_shortfall must be resolvable.
 NODE_COLUMNS = ["node", "variable", "value", "unit", "reference", "fleet_median", "mad", "robust_z",
                 "deviation_percent", "better_percent", "runs", "spread_percent", "repeatability_percent",
-                "result", "reason"]
+                "result", "reason", "recheck_value"]
 LINK_COLUMNS = ["link", "variable", "value", "unit", "reference", "fleet_median", "mad", "robust_z",
                 "deviation_percent", "better_percent", "runs", "spread_percent", "repeatability_percent",
                 "slow", "blamed_on", "reason"]
 UNREADABLE = "unreadable"  # a summary's result: the member's only runs left results that could not be read
 UNJUDGED = "unjudged"  # a node table's result: the variable does not repeat finely enough to compare nodes
+NOT_REPEATED = "not repeated"  # a node table's result: failed, then within the fleet when measured again
 SUMMARY_COLUMNS = ["member", "kind", "result", "reason"]
 
 
@@ -195,12 +195,13 @@ Failures = dict[tuple[str, ...], str]  # why a node's (one name) or a link's (tw
 
 
 def judge(records: list[dict], fleet: FleetPlan, references: dict[str, Reference] | None = None,
-          min_shortfall: float = 0.10) -> FleetVerdict:
+          min_shortfall: float = 0.10, rechecked: list[dict] = ()) -> FleetVerdict:
     """The verdict on every node and link of `fleet` from its records: a node that did not run, or whose
-    runs failed, fails with the reason; a missing row is never a pass."""
+    runs failed, fails with the reason; a missing row is never a pass. `rechecked`: the records of the
+    suspects' second measurements (suspects()); a figure fails only where that measurement fails it too."""
     references = references or {}
     values, failures, unreadable_runs = member_values(records), _failures(records), _unreadable(records)
-    nodes = _node_figures(values, min_shortfall, references)
+    nodes = _node_figures(values, min_shortfall, references, member_values(list(rechecked)) if rechecked else None)
     node_fault = _node_faults(fleet, nodes, failures, unreadable_runs)
     links = _link_figures(values, node_fault, min_shortfall, references)
     culprits = _slow_networked_nodes(fleet, links, failures, node_fault)
@@ -209,7 +210,9 @@ def judge(records: list[dict], fleet: FleetPlan, references: dict[str, Reference
     link_summary, blamed = _link_verdicts(fleet, links, failures, node_fault, culprits, unreadable_runs)
     links["slow"] = links["bad"]
     links["blamed_on"] = links["member"].map(blamed).fillna("")
-    summary = (_node_verdicts(fleet, node_fault, unreadable_runs) + link_summary
+    not_repeated = {name: "; ".join(rows["reason"]) for name, rows in nodes[nodes["result"] == NOT_REPEATED]
+                    .groupby("member", sort=False)}
+    summary = (_node_verdicts(fleet, node_fault, unreadable_runs, not_repeated) + link_summary
                + _unjudged_variables(nodes, links, min_shortfall))
     return FleetVerdict(nodes.rename(columns={"member": "node"})[NODE_COLUMNS],
                         links.rename(columns={"member": "link"})[LINK_COLUMNS],
@@ -228,10 +231,44 @@ def _unjudged_variables(nodes: pd.DataFrame, links: pd.DataFrame, min_shortfall:
             for row in rows.itertuples()]
 
 
-def _node_figures(values: pd.DataFrame, min_shortfall: float, references: dict[str, Reference]) -> pd.DataFrame:
-    """Each node's figures against the whole fleet's and the references: `result` fail or pass."""
-    nodes = _against(robust_deviation(values[values["scope"] == "node"], min_shortfall), references, min_shortfall)
+def suspects(records: list[dict], fleet: FleetPlan, references: dict[str, Reference] | None = None,
+             min_shortfall: float = 0.10) -> list[str]:
+    """The nodes a second measurement must confirm before they are failed: those whose own figures fail,
+    from runs that ran (a failed run, or a Slurm state, is its own evidence and needs none)."""
+    nodes = judge(records, fleet, references, min_shortfall).nodes
+    failures = _failures(records)
+    failed = set(nodes.loc[nodes["result"] == "fail", "node"])
+    return [name for name in fleet.nodes if name in failed and (name,) not in failures]
+
+
+def _node_figures(values: pd.DataFrame, min_shortfall: float, references: dict[str, Reference],
+                  rechecked: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Each node's figures against the whole fleet's and the references: `result` fail or pass. A figure
+    that failed and was measured again (`rechecked`, set against the same first-pass fleet) fails only if
+    it fails again: else its result is NOT_REPEATED, a moment's noise on a healthy node, which is not
+    drained for it (a shared machine's neighbour, a hypervisor moving vCPUs, a slow file system)."""
+    first = values[values["scope"] == "node"]
+    again = (rechecked[rechecked["scope"] == "node"] if rechecked is not None else first.iloc[:0])
+    both = pd.concat([first, again], ignore_index=True)
+    in_first = np.arange(len(both)) < len(first)
+    # The fleet's median, MAD and repeatability come from the first pass only: a recheck is judged by it.
+    judged = _against(robust_deviation(both, min_shortfall, in_first), references, min_shortfall)
+    nodes, again = judged[in_first].copy(), judged[~in_first].set_index(["member", "variable"])
     nodes["result"] = np.where(nodes["bad"], "fail", np.where(nodes["unjudged"], UNJUDGED, "pass"))
+    nodes["recheck_value"] = np.nan
+    for index, row in nodes[nodes["bad"]].iterrows():
+        if (row["member"], row["variable"]) not in again.index:
+            continue
+        second = again.loc[(row["member"], row["variable"])]
+        nodes.loc[index, "recheck_value"] = second["value"]
+        measured = (f"measured again later: {second['value']:.4g} {row['unit']}, "
+                    f"{abs(second['deviation_percent']):.0f}% {'above' if second['deviation_percent'] > 0 else 'below'}"
+                    " the first pass's median")
+        if second["bad"]:
+            nodes.loc[index, "reason"] = f"{row['reason']}; {measured}: confirmed"
+        else:
+            nodes.loc[index, ["bad", "result", "reason"]] = [False, NOT_REPEATED,
+                                                             f"{row['reason']}; {measured}: within the fleet"]
     return nodes
 
 
@@ -302,8 +339,10 @@ def _links_to_passed_nodes(fleet: FleetPlan, measured: set[str], failures: Failu
     return judged
 
 
-def _node_verdicts(fleet: FleetPlan, node_fault: dict[str, str], unreadable_runs: Failures) -> list[dict]:
-    """A summary row per node of the plan, measured or not."""
+def _node_verdicts(fleet: FleetPlan, node_fault: dict[str, str], unreadable_runs: Failures,
+                   not_repeated: dict[str, str]) -> list[dict]:
+    """A summary row per node of the plan, measured or not; a node that passed only when measured again
+    says so (`not_repeated`: why it was suspected, and what the second measurement found)."""
     rows = []
     for name in [*fleet.nodes, *fleet.unavailable]:
         if name in node_fault:
@@ -311,7 +350,8 @@ def _node_verdicts(fleet: FleetPlan, node_fault: dict[str, str], unreadable_runs
         elif (name,) in unreadable_runs:
             rows.append({"member": name, "kind": "node", "result": UNREADABLE, "reason": unreadable_runs[(name,)]})
         else:
-            rows.append({"member": name, "kind": "node", "result": "pass", "reason": ""})
+            reason = f"{NOT_REPEATED}: {not_repeated[name]}" if name in not_repeated else ""
+            rows.append({"member": name, "kind": "node", "result": "pass", "reason": reason})
     return rows
 
 
@@ -421,7 +461,7 @@ def format_verdict(verdict: FleetVerdict) -> str:
     lines = [f"fleet: {len(verdict.failed_nodes)} of {counts['node']} node(s) failed, "
              f"{len(verdict.bad_links)} of {counts['link']} link(s) bad"
              + (f", {unread} not judged: result unreadable, run again" if unread else "")]
-    shown = summary[summary["result"] != "pass"]
+    shown = summary[(summary["result"] != "pass") | (summary["reason"] != "")]
     width = max([len(member) for member in shown["member"]] or [0])
     lines += [f"  {row.kind:4} {row.member:<{width}}  {row.result:9} {row.reason}" for row in shown.itertuples()]
     return "\n".join(lines)
@@ -434,28 +474,3 @@ def format_summary(summary_csv) -> tuple[str, bool]:
     drain = Path(summary_csv).with_name(VERDICT_FILES["drain"])
     text = format_verdict(verdict) + "\n" + (drain.read_text() if drain.exists() else "")
     return text, bool(verdict.failed_nodes or verdict.bad_links)
-
-
-# A node's or link's job, run: the file FleetJobs (fleetjobs) wrote.
-
-def run_job(job_file, in_allocation: bool = False) -> int:
-    """A node's or link's job (the file FleetJobs.write made): its allocation asked from here, its runs
-    run in it one after another (execution.run_plans), from outside it."""
-    from containerbench.execution import run_plans
-    from containerbench.launchers import Allocation
-    from containerbench.plans import RunPlan
-    from containerbench.records import write_record
-
-    job = json.loads(Path(job_file).read_text())
-    plans = [RunPlan.from_json(run_plan) for run_plan in job["plans"]]
-    returncode = run_plans(plans, job["logs"], Allocation.PER_JOB, ["fleet", "run", str(job_file)],
-                           salloc=job["allocation"], inside=in_allocation)
-    # Each raw log parsed here: a parse job per run would be most of a large batch's DAG.
-    if returncode == 0 and not in_allocation:
-        for log in job["logs"]:
-            write_record(log, record_path(log))
-    return returncode
-
-
-def record_path(log: str) -> str:
-    return log.removesuffix(".log") + ".json"

@@ -3,7 +3,7 @@
 A plan's nodes and links (fleet.plan_batch) become jobs as workflow/rules/fleet.smk runs
 them: a node's job is its single-node runs, a link's its two-node runs; each holds
 its nodes exclusively for as long as its runs may take, and waits for the jobs
-before it on its nodes (fleet.job_rounds). `fleet.run_job` runs a job's file.
+before it on its nodes (fleet.job_rounds). `run_job` runs a job's file.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from pathlib import Path
 from containerbench import outputs
 from containerbench.config import ImageUse, RunSpec, mpi_models
 from containerbench.cost import expected_each
-from containerbench.fleet import record_path
 from containerbench.fleetplan import FleetError, FleetPlan, in_order, link_name
 from containerbench.launchers import Allocation
 from containerbench.plans import node_archive, plan_run
@@ -44,6 +43,13 @@ def node_runs(config: dict, node: str) -> list[RunSpec]:
         runs.append(RunSpec("netbench", runtime, fabric, 1, 2, repetition, mpi_model=mpi_models(config, runtime)[0],
                             nodelist=(node,)))
     return runs
+
+
+def recheck_runs(config: dict, node: str) -> list[RunSpec]:
+    """A suspect node's second measurement (fleet.suspects): its job's runs again, as the repetitions after
+    the first pass's, so that every run keeps an id, a raw log and a record of its own."""
+    first = config["validation"]["repetitions"]
+    return [replace(spec, repetition=spec.repetition + first) for spec in node_runs(config, node)]
 
 
 def link_runs(config: dict, pair: tuple[str, str]) -> list[RunSpec]:
@@ -130,12 +136,16 @@ class FleetJobs:
                 expected[kind] = seconds
         return expected
 
+    def job_runs(self, job: tuple[str, str]) -> list[RunSpec]:
+        """A job's runs: a planned node's or link's, or a suspect node's recheck (made only when asked)."""
+        return recheck_runs(self.config, job[1]) if job[0] == "recheck" else self.runs[job]
+
     def deadlines(self, job: tuple[str, str]) -> list[float]:
         """Each run's own timeout in a job: validation.time_limit_factor times its expected time, at least
         DEADLINE_MARGIN_S beyond it, and never over its kind's timeout_s, which it keeps where no earlier
         record tells. A run over its deadline ends with its own reason and the job's next runs still run."""
-        timeouts = [run_timeout_s(self.config, run) for run in self.runs[job]]
-        expected = self.expected_s.get(job[0])
+        timeouts = [run_timeout_s(self.config, run) for run in self.job_runs(job)]
+        expected = self.expected_s.get("node" if job[0] == "recheck" else job[0])
         if expected is None:
             return timeouts
         factor = self.config["validation"]["time_limit_factor"]
@@ -146,10 +156,13 @@ class FleetJobs:
         """The minutes a job asks Slurm for: its runs' deadlines, with ALLOCATION_SLACK_MINUTES a run for sacct
         after a failure (allocation_minutes where no record tells). A limit near what the job takes is what
         lets Slurm's backfill start it in the gaps between other jobs."""
-        return allocation_minutes(self.config, self.runs[job], self.deadlines(job))
+        return allocation_minutes(self.config, self.job_runs(job), self.deadlines(job))
 
     def logs(self, job: tuple[str, str]) -> list[str]:
-        return [f"{self.directory}/runs/{spec.run_id}.log" for spec in self.runs[job]]
+        """Its runs' raw logs: a suspect's second measurement apart from the first pass's (`fleet judge
+        --recheck`), so that runs/*.json stays the first pass whole."""
+        where = "recheck" if job[0] == "recheck" else "runs"
+        return [f"{self.directory}/{where}/{spec.run_id}.log" for spec in self.job_runs(job)]
 
     def waits_for(self, link: str) -> list[str]:
         """A raw log of each job before this link's on its nodes (one output names the job): one job per
@@ -165,8 +178,8 @@ class FleetJobs:
 
     def allocation(self, job: tuple[str, str]) -> list[str]:
         """salloc for the job: exactly its nodes, exclusively, for as long as its runs may take."""
-        nodes = (job[1],) if job[0] == "node" else tuple(job[1].split("+"))
-        runs = self.runs[job]
+        nodes = tuple(job[1].split("+")) if job[0] == "link" else (job[1],)
+        runs = self.job_runs(job)
         return allocation_argv(self.config["slurm"], len(nodes), max(run.ranks_per_node for run in runs),
                                self.time_limit(job), f"containerbench-fleet-{job[1]}", nodes, exclusive=True)
 
@@ -226,16 +239,23 @@ class FleetJobs:
             path.parent.mkdir(parents=True, exist_ok=True)
         outputs.write_text(plan_path, json.dumps(fleet.as_dict(), indent=1, sort_keys=True) + "\n")
         outputs.write_text(self.records_list, "".join(f"{path}\n" for path in self.records()))
-        for job, runs in self.runs.items():
-            path = Path(self.job_file(job))
-            path.parent.mkdir(parents=True, exist_ok=True)
-            plans = [replace(self.plan(spec), timeout_s=deadline).as_dict()
-                     for spec, deadline in zip(runs, self.deadlines(job))]
-            outputs.write_text(path, json.dumps({"allocation": self.allocation(job), "plans": plans,
-                                                 "logs": self.logs(job)}, sort_keys=True) + "\n")
+        for job in self.runs:
+            self.write_job(job, self.job_file(job))
+
+    def write_job(self, job: tuple[str, str], path) -> None:
+        """One job's file: its allocation, its runs' plans (each with its deadline) and their raw logs."""
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        plans = [replace(self.plan(spec), timeout_s=deadline).as_dict()
+                 for spec, deadline in zip(self.job_runs(job), self.deadlines(job))]
+        outputs.write_text(path, json.dumps({"allocation": self.allocation(job), "plans": plans,
+                                             "logs": self.logs(job)}, sort_keys=True) + "\n")
 
     def records(self) -> list[str]:
         return [record_path(log) for job in self.runs for log in self.logs(job)]
+
+    def recheck_records(self, nodes) -> list[str]:
+        """The records of the suspect nodes' second measurements."""
+        return [record_path(log) for node in nodes for log in self.logs(("recheck", node))]
 
     def plan(self, spec: RunSpec):
         """A run's plan in its job's allocation, naming the built image's file where it runs one."""
@@ -250,3 +270,25 @@ class FleetJobs:
             runtime = runtime_for(spec.runtime, self.config, spec.mpi_model, spec.framework)
             needed |= {artifact, *filter(None, [node_archive(runtime, artifact, self.config)])}
         return sorted(needed)
+
+
+def run_job(job_file, in_allocation: bool = False) -> int:
+    """A node's or link's job (the file FleetJobs.write made): its allocation asked from here, its runs
+    run in it one after another (execution.run_plans), from outside it."""
+    from containerbench.execution import run_plans
+    from containerbench.plans import RunPlan
+    from containerbench.records import write_record
+
+    job = json.loads(Path(job_file).read_text())
+    plans = [RunPlan.from_json(run_plan) for run_plan in job["plans"]]
+    returncode = run_plans(plans, job["logs"], Allocation.PER_JOB, ["fleet", "run", str(job_file)],
+                           salloc=job["allocation"], inside=in_allocation)
+    # Each raw log parsed here: a parse job per run would be most of a large batch's DAG.
+    if returncode == 0 and not in_allocation:
+        for log in job["logs"]:
+            write_record(log, record_path(log))
+    return returncode
+
+
+def record_path(log: str) -> str:
+    return log.removesuffix(".log") + ".json"

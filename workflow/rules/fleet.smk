@@ -110,6 +110,63 @@ if FLEET is not None:
             "{params.cb} fleet run {params.job:q} > {log:q} 2>&1"
 
     FLEET_VERDICT = {key: f"{FLEET_DIR}/{name}" for key, name in fleet.VERDICT_FILES.items()}
+    FLEET_JUDGED = dict(
+        references=(
+            ["--references", config["validation"]["references"], "--system", config["system"]]
+            if config["validation"]["references"]
+            else []
+        ),
+        shortfall=config["validation"]["min_shortfall"],
+    )
+
+    checkpoint fleet_suspects:
+        """The nodes whose own figures fail the first pass: each is measured again (fleet_recheck) before
+        the verdict fails it, at another time, so that a moment's noise on a healthy node drains nothing."""
+        input:
+            plan=f"{FLEET_DIR}/plan.json",
+            listed=FLEET_JOBS.records_list,
+            records=FLEET_JOBS.records(),
+        output:
+            suspects=f"{FLEET_DIR}/recheck/suspects.json",
+        log:
+            f"{RESULTS}/logs/fleet/suspects.txt",
+        params:
+            **FLEET_JUDGED,
+            cb=CB,
+        localrule: True
+        shell:
+            "{params.cb} fleet suspects @{input.listed:q} --plan {input.plan:q} {params.references:q} "
+            "--min-shortfall {params.shortfall} --out {output.suspects:q} > {log:q} 2>&1"
+
+    rule fleet_recheck:
+        """A suspect node's job again, its runs the repetitions after the first pass's."""
+        input:
+            FLEET_IMAGES,
+            jobs=FLEET_JOBS.jobs_dir,
+            suspects=f"{FLEET_DIR}/recheck/suspects.json",
+        output:
+            job=f"{FLEET_DIR}/recheck/node-{{node}}.json",
+            logs=[f"{FLEET_DIR}/recheck/{spec.run_id}.log" for spec in fleetjobs.recheck_runs(PLANNED, "{node}")],
+            records=[f"{FLEET_DIR}/recheck/{spec.run_id}.json" for spec in fleetjobs.recheck_runs(PLANNED, "{node}")],
+        log:
+            f"{RESULTS}/logs/fleet/recheck-{{node}}.txt",
+        wildcard_constraints:
+            node=r"[^+/]+",
+        params:
+            cb=CB,
+        resources:
+            fleet_jobs=1,
+        localrule: True
+        run:
+            FLEET_JOBS.write_job(("recheck", wildcards.node), output.job)
+            shell("{params.cb} fleet run {output.job:q} > {log:q} 2>&1")
+
+    def fleet_rechecked(wildcards):
+        """The suspects' second measurements, once fleet_suspects has named them (none without recheck)."""
+        if not config["validation"]["recheck"]:
+            return []
+        named = json.loads(Path(checkpoints.fleet_suspects.get().output.suspects).read_text())
+        return FLEET_JOBS.recheck_records(named)
 
     rule fleet_verdict:
         """The tables, the page and the drain list; it always succeeds, so they are kept on FAIL."""
@@ -119,6 +176,7 @@ if FLEET is not None:
             plan=f"{FLEET_DIR}/plan.json",
             listed=FLEET_JOBS.records_list,
             records=FLEET_JOBS.records(),
+            rechecked=fleet_rechecked,
         output:
             **FLEET_VERDICT,
             page=f"{FLEET_DIR}/fleet.html",
@@ -127,18 +185,14 @@ if FLEET is not None:
         log:
             f"{RESULTS}/logs/fleet/verdict.txt",
         params:
+            **FLEET_JUDGED,
             cb=CB,
             out_dir=lambda wildcards, output: os.path.dirname(output.summary),
-            references=lambda wildcards: (
-                ["--references", config["validation"]["references"], "--system", config["system"]]
-                if config["validation"]["references"]
-                else []
-            ),
-            shortfall=config["validation"]["min_shortfall"],
             drain=["--drain"] if config["validation"]["drain"] else [],
         localrule: True
         shell:
-            "{params.cb} fleet judge @{input.listed:q} --plan {input.plan:q} --out-dir {params.out_dir:q} "
+            "{params.cb} fleet judge @{input.listed:q} --recheck {input.rechecked:q} --plan {input.plan:q} "
+            "--out-dir {params.out_dir:q} "
             "{params.references:q} --min-shortfall {params.shortfall} {params.drain:q} --exit-zero > {log:q} 2>&1"
 
     rule fleet_store_history:

@@ -27,9 +27,9 @@ def cmd_fleet_plan(args) -> int:
 
 
 def cmd_fleet_run(args) -> int:
-    from containerbench import fleet
+    from containerbench import fleetjobs
 
-    return fleet.run_job(args.job, args.in_allocation)
+    return fleetjobs.run_job(args.job, args.in_allocation)
 
 
 def cmd_fleet_summary(args) -> int:
@@ -48,17 +48,17 @@ def _system(records: list[dict], given: str | None) -> str:
         return "unknown"
 
 
-def cmd_fleet_judge(args) -> int:
-    import subprocess
-
-    from containerbench import fleet, fleetplan
+def _judged(args):
+    """The plan, the records and the references `fleet judge` and `fleet suspects` read; None: refused,
+    in one line."""
+    from containerbench import fleetplan
     from containerbench.records import load_records
 
     try:
         planned = fleetplan.FleetPlan.load(args.plan, "--plan")
     except fleetplan.FleetError as error:
         print(f"containerbench: fleet: {error}", file=sys.stderr)
-        return 2
+        return None
     records, _ = load_records(args.records)
     references = {}
     if args.references:
@@ -68,8 +68,32 @@ def cmd_fleet_judge(args) -> int:
             references = load_references(args.references, args.system or system_of(args.records, None))
         except ReferencesError as error:
             print(f"containerbench: {error}", file=sys.stderr)
-            return 2
-    verdict = fleet.judge(records, planned, references, min_shortfall=args.min_shortfall)
+            return None
+    return planned, records, references
+
+
+def cmd_fleet_suspects(args) -> int:
+    from containerbench import fleet
+
+    if (judged := _judged(args)) is None:
+        return 2
+    named = fleet.suspects(*judged, min_shortfall=args.min_shortfall)
+    outputs.write_text(args.out, json.dumps(named) + "\n")
+    print(f"{len(named)} node(s) to measure again before they fail: {', '.join(named) or 'none'}")
+    return 0
+
+
+def cmd_fleet_judge(args) -> int:
+    import subprocess
+
+    from containerbench import fleet
+    from containerbench.records import load_records
+
+    if (judged := _judged(args)) is None:
+        return 2
+    planned, records, references = judged
+    rechecked = load_records(args.recheck)[0] if args.recheck else []
+    verdict = fleet.judge(records, planned, references, min_shortfall=args.min_shortfall, rechecked=rechecked)
     paths = fleet.write_verdict(verdict, args.out_dir)
     from containerbench.fleetreport import render_fleet
 
@@ -106,15 +130,22 @@ def add_commands(sub) -> None:
     a = actions.add_parser("summary", help="print a verdict's summary and drain list; exit 1 if a node or link failed")
     a.add_argument("summary", help="fleet_summary.csv")
     a.set_defaults(func=cmd_fleet_summary)
-    a = actions.add_parser("judge", help="the verdict on every node and link; exit 1 if any failed")
-    a.add_argument("records", nargs="*", help="the batch's run records, or @FILE listing them")
-    a.add_argument("--plan", required=True, help="the file `fleet plan --write` wrote")
+    for name, what in (("judge", "the verdict on every node and link; exit 1 if any failed"),
+                       ("suspects", "the nodes whose figures fail, to measure again before the verdict")):
+        a = actions.add_parser(name, help=what)
+        a.add_argument("records", nargs="*", help="the batch's run records, or @FILE listing them")
+        a.add_argument("--plan", required=True, help="the file `fleet plan --write` wrote")
+        a.add_argument("--min-shortfall", type=float, default=0.10,
+                       help="a figure fails only this far (a fraction) worse than the fleet median")
+        a.add_argument("--references", help="a references file: its system's figures bound every node and link too")
+        a.add_argument("--system", help="the node type's system in the references file (default: the records' system)")
+    a.add_argument("--out", required=True, help="the JSON list of suspect nodes written")
+    a.set_defaults(func=cmd_fleet_suspects)
+    a = actions.choices["judge"]
+    a.add_argument("--recheck", nargs="*", default=[],
+                   help="the records of the suspects' second measurements: a figure fails only if it fails there too")
     a.add_argument("--out-dir", default="results/fleet", help="where the tables and the drain list go")
-    a.add_argument("--min-shortfall", type=float, default=0.10,
-                   help="a figure fails only this far (a fraction) worse than the fleet median")
     a.add_argument("--drain", action="store_true", help="run the drain list's scontrol lines")
     a.add_argument("--exit-zero", action="store_true",
                    help="exit 0 when a node or link failed too (the workflow's judge; else 1, and 2 on bad input)")
-    a.add_argument("--references", help="a references file: its system's figures bound every node and link too")
-    a.add_argument("--system", help="the node type's system in the references file (default: the records' system)")
     a.set_defaults(func=cmd_fleet_judge)
