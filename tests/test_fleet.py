@@ -25,7 +25,7 @@ from helpers import ROOT, assert_junit_as_pytest_writes, fleet_records, on_nodes
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics_families
 
 from containerbench import config as cb_config
-from containerbench import execution, fleet, fleetjobs, fleetplan, fleetreport, slurm
+from containerbench import execution, fleet, fleetexport, fleetjobs, fleetplan, fleetreport, slurm
 from containerbench.plans import RunPlan
 from containerbench.rank import markers
 from containerbench.records import parse_log
@@ -122,13 +122,13 @@ def test_the_link_table_blames_each_slow_link_on_its_cause(verdict):
 
 
 def test_the_drain_list_drains_failed_nodes_only_and_names_the_bad_link(verdict):
-    commands = fleet.drain_commands(verdict)
+    commands = fleetexport.drain_commands(verdict)
     assert [argv[:4] for argv in commands] == [["scontrol", "update", f"NodeName={node}", "State=DRAIN"]
                                               for node in (SLOW_NODE, BAD_NIC)]  # n11 is drained already
     assert commands[1][4] == ("Reason=containerbench: slow in all 2 of its links to nodes that passed "
                               f"({', '.join(NIC_LINKS[1:])})")
-    assert all(len(argv[4]) <= len("Reason=containerbench: ") + fleet.REASON_CHARS for argv in commands)
-    text = fleet.format_drain_list(verdict).splitlines()
+    assert all(len(argv[4]) <= len("Reason=containerbench: ") + fleetexport.REASON_CHARS for argv in commands)
+    text = fleetexport.format_drain_list(verdict).splitlines()
     assert text[0].startswith(f"scontrol update NodeName={SLOW_NODE} State=DRAIN 'Reason=containerbench: ")
     assert text[2].startswith("# link n02+n03: ") and text[2].endswith("(a cable or switch port: not drained)")
 
@@ -151,7 +151,7 @@ def test_a_homogeneous_fleet_passes_whole(recorded_runs):
     plan = fleetplan.plan_batch({name: fleet.NodeState(name, "idle") for name in NODES})
     summary = fleet.judge(fleet_records(recorded_runs, plan.nodes, plan.links), plan).summary
     assert len(summary) == 6 + 9 and set(summary["result"]) == {"pass"}
-    assert fleet.format_drain_list(fleet.judge(fleet_records(recorded_runs, plan.nodes, plan.links), plan)) == ""
+    assert fleetexport.format_drain_list(fleet.judge(fleet_records(recorded_runs, plan.nodes, plan.links), plan)) == ""
 
 
 def test_a_small_shortfall_in_a_tight_fleet_is_not_a_fault(recorded_runs):
@@ -451,7 +451,7 @@ def test_a_figure_that_does_not_repeat_on_one_node_is_not_judged_against_the_fle
     unjudged = verdict.summary[verdict.summary["kind"] == "variable"]
     assert unjudged["member"].tolist() == [bandwidth["variable"].iloc[0]]
     assert unjudged["reason"].iloc[0].startswith("repetitions of one member differ by ")
-    assert "too coarse to resolve the 10% shortfall" in fleet.format_verdict(verdict)
+    assert "too coarse to resolve the 10% shortfall" in fleetexport.format_verdict(verdict)
     rate = nodes[nodes["variable"].str.endswith("/images_per_sec")]
     assert set(rate["result"]) == {"pass"} and rate["repeatability_percent"].max() < 10
 
@@ -589,7 +589,8 @@ def test_a_suspect_is_measured_again_and_fails_only_if_the_second_measurement_fa
     assert rows[train].loc["n02", "result"] == fleet.NOT_REPEATED and rows[train].loc["n04", "result"] == "fail"
     assert rows[train].loc["n02", "recheck_value"] > rows[train].loc["n04", "recheck_value"]
     assert rows[train].drop(["n02", "n04"])["recheck_value"].isna().all()
-    assert "n02" not in fleet.format_drain_list(verdict) and "NodeName=n04" in fleet.format_drain_list(verdict)
+    drain = fleetexport.format_drain_list(verdict)
+    assert "n02" not in drain and "NodeName=n04" in drain
     # Its links were judged with n02 among the healthy: none is blamed on it.
     assert not summary.loc[[m for m in summary.index if "n02" in m and "+" in m], "reason"].str.contains("n02").any()
     # Without a second measurement the first pass decides, as before.

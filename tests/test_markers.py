@@ -15,7 +15,7 @@ import random
 import pytest
 from helpers import RECORDED_RUNS
 
-from containerbench import fleet, fleetplan
+from containerbench import fleet, fleetexport, fleetplan
 from containerbench.rank import markers
 from containerbench.records import UNREADABLE_RESULT, parse_log
 
@@ -95,4 +95,4 @@ def test_a_run_whose_result_cannot_be_read_is_not_judged_a_fault(recorded_runs, 
     assert summary.loc[name, "result"] == fleet.UNREADABLE
     assert summary.loc[name, "reason"].endswith("unreadable (the launcher's output cut it): not judged, run it again")
     assert set(summary.drop(index=name)["result"]) == {"pass"}
-    assert fleet.format_drain_list(fleet.judge(records, plan)) == ""
+    assert fleetexport.format_drain_list(fleet.judge(records, plan)) == ""

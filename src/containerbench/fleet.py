@@ -30,14 +30,11 @@ The batch's plan is fleetplan's; the jobs that measure it, fleetjobs'.
 
 from __future__ import annotations
 
-import shlex
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from containerbench import outputs
 from containerbench.fleetplan import FleetPlan, in_order, link_name
 from containerbench.records import UNREADABLE_RESULT
 from containerbench.slurm import NodeState
@@ -418,59 +415,3 @@ def _failures(records: list[dict]) -> Failures:
     return {members: "; ".join(f"{runs[0]}{f' and {len(runs) - 1} more' if len(runs) > 1 else ''} {why}"
                                for why, runs in reasons.items())
             for members, reasons in failed.items()}
-
-
-REASON_CHARS = 160  # of the verdict's reason in a drain line: sinfo -R shows a line per node
-
-
-def drain_commands(verdict: FleetVerdict) -> list[list[str]]:
-    """`scontrol update` for every failed node, as argv lists: printed and written, run only on request."""
-    rows = verdict.summary[(verdict.summary["kind"] == "node") & (verdict.summary["result"] == "fail")]
-    return [["scontrol", "update", f"NodeName={row.member}", "State=DRAIN",
-             f"Reason=containerbench: {row.reason[:REASON_CHARS]}"]
-            for row in rows.itertuples() if not row.reason.startswith("not run: Slurm state drain")]
-
-
-def format_drain_list(verdict: FleetVerdict) -> str:
-    lines = [shlex.join(argv) for argv in drain_commands(verdict)]
-    lines += [f"# link {row.member}: {row.reason} (a cable or switch port: not drained)"
-              for row in verdict.summary.itertuples() if row.kind == "link" and row.result == "fail"]
-    return "\n".join(lines) + ("\n" if lines else "")
-
-
-VERDICT_FILES = {"nodes": "fleet_nodes.csv", "links": "fleet_links.csv", "summary": "fleet_summary.csv",
-                 "drain": "drain.txt"}
-
-
-def write_verdict(verdict: FleetVerdict, out_dir) -> dict[str, Path]:
-    """The per-node and per-link tables, the one-row-per-member summary and the drain list, in out_dir."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = {key: out / name for key, name in VERDICT_FILES.items()}
-    for name in ("nodes", "links", "summary"):
-        with outputs.replacing(paths[name]) as partial:
-            getattr(verdict, name).to_csv(partial, index=False)
-    outputs.write_text(paths["drain"], format_drain_list(verdict))
-    return paths
-
-
-def format_verdict(verdict: FleetVerdict) -> str:
-    summary = verdict.summary
-    counts = {kind: (summary["kind"] == kind).sum() for kind in ("node", "link")}
-    unread = (summary["result"] == UNREADABLE).sum()
-    lines = [f"fleet: {len(verdict.failed_nodes)} of {counts['node']} node(s) failed, "
-             f"{len(verdict.bad_links)} of {counts['link']} link(s) bad"
-             + (f", {unread} not judged: result unreadable, run again" if unread else "")]
-    shown = summary[(summary["result"] != "pass") | (summary["reason"] != "")]
-    width = max([len(member) for member in shown["member"]] or [0])
-    lines += [f"  {row.kind:4} {row.member:<{width}}  {row.result:9} {row.reason}" for row in shown.itertuples()]
-    return "\n".join(lines)
-
-
-def format_summary(summary_csv) -> tuple[str, bool]:
-    """A written verdict's summary (fleet_summary.csv) and drain list, as `validate_nodes` ends with; and
-    whether a node or link failed."""
-    verdict = FleetVerdict(pd.DataFrame(), pd.DataFrame(), pd.read_csv(summary_csv, keep_default_na=False))
-    drain = Path(summary_csv).with_name(VERDICT_FILES["drain"])
-    text = format_verdict(verdict) + "\n" + (drain.read_text() if drain.exists() else "")
-    return text, bool(verdict.failed_nodes or verdict.bad_links)

@@ -1,5 +1,7 @@
 """A batch's fleet verdict in the formats a site wires in (export.py's, for a sweep):
 
+- fleet_nodes.csv, fleet_links.csv, fleet_summary.csv: the verdict's tables (fleet.FleetVerdict), and
+  drain.txt: an `scontrol update ... State=DRAIN` line per failed node, run only on request.
 - fleet_junit.xml: a test case per node, per link and per variable the batch could not judge, with the
   verdict's reason: a failed member is a failure, one whose runs could not be read an error, a link that
   failed only because a failed node is one of its ends is skipped (the node's case fails), as is an
@@ -10,6 +12,7 @@
 
 from __future__ import annotations
 
+import shlex
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -97,3 +100,59 @@ def write(verdict: FleetVerdict, out_dir: str | Path, system: str) -> list[Path]
     for stale in set(directory.iterdir()) - set(written):  # a node of an earlier batch, not of this one
         stale.unlink()
     return written
+
+
+REASON_CHARS = 160  # of the verdict's reason in a drain line: sinfo -R shows a line per node
+
+
+def drain_commands(verdict: FleetVerdict) -> list[list[str]]:
+    """`scontrol update` for every failed node, as argv lists: printed and written, run only on request."""
+    rows = verdict.summary[(verdict.summary["kind"] == "node") & (verdict.summary["result"] == "fail")]
+    return [["scontrol", "update", f"NodeName={row.member}", "State=DRAIN",
+             f"Reason=containerbench: {row.reason[:REASON_CHARS]}"]
+            for row in rows.itertuples() if not row.reason.startswith("not run: Slurm state drain")]
+
+
+def format_drain_list(verdict: FleetVerdict) -> str:
+    lines = [shlex.join(argv) for argv in drain_commands(verdict)]
+    lines += [f"# link {row.member}: {row.reason} (a cable or switch port: not drained)"
+              for row in verdict.summary.itertuples() if row.kind == "link" and row.result == "fail"]
+    return "\n".join(lines) + ("\n" if lines else "")
+
+
+VERDICT_FILES = {"nodes": "fleet_nodes.csv", "links": "fleet_links.csv", "summary": "fleet_summary.csv",
+                 "drain": "drain.txt"}
+
+
+def write_verdict(verdict: FleetVerdict, out_dir) -> dict[str, Path]:
+    """The per-node and per-link tables, the one-row-per-member summary and the drain list, in out_dir."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {key: out / name for key, name in VERDICT_FILES.items()}
+    for name in ("nodes", "links", "summary"):
+        with outputs.replacing(paths[name]) as partial:
+            getattr(verdict, name).to_csv(partial, index=False)
+    outputs.write_text(paths["drain"], format_drain_list(verdict))
+    return paths
+
+
+def format_verdict(verdict: FleetVerdict) -> str:
+    summary = verdict.summary
+    counts = {kind: (summary["kind"] == kind).sum() for kind in ("node", "link")}
+    unread = (summary["result"] == UNREADABLE).sum()
+    lines = [f"fleet: {len(verdict.failed_nodes)} of {counts['node']} node(s) failed, "
+             f"{len(verdict.bad_links)} of {counts['link']} link(s) bad"
+             + (f", {unread} not judged: result unreadable, run again" if unread else "")]
+    shown = summary[(summary["result"] != "pass") | (summary["reason"] != "")]
+    width = max([len(member) for member in shown["member"]] or [0])
+    lines += [f"  {row.kind:4} {row.member:<{width}}  {row.result:9} {row.reason}" for row in shown.itertuples()]
+    return "\n".join(lines)
+
+
+def format_summary(summary_csv) -> tuple[str, bool]:
+    """A written verdict's summary (fleet_summary.csv) and drain list, as `validate_nodes` ends with; and
+    whether a node or link failed."""
+    verdict = FleetVerdict(pd.DataFrame(), pd.DataFrame(), pd.read_csv(summary_csv, keep_default_na=False))
+    drain = Path(summary_csv).with_name(VERDICT_FILES["drain"])
+    text = format_verdict(verdict) + "\n" + (drain.read_text() if drain.exists() else "")
+    return text, bool(verdict.failed_nodes or verdict.bad_links)

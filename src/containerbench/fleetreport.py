@@ -1,5 +1,5 @@
 """The fleet verdict's page (containerbench fleet judge): one self-contained HTML file, read from the
-tables fleet.write_verdict wrote (fleet_summary.csv, fleet_nodes.csv, fleet_links.csv, drain.txt)."""
+tables fleetexport.write_verdict wrote (fleet_summary.csv, fleet_nodes.csv, fleet_links.csv, drain.txt)."""
 
 from __future__ import annotations
 

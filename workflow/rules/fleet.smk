@@ -109,7 +109,7 @@ if FLEET is not None:
         shell:
             "{params.cb} fleet run {params.job:q} > {log:q} 2>&1"
 
-    FLEET_VERDICT = {key: f"{FLEET_DIR}/{name}" for key, name in fleet.VERDICT_FILES.items()}
+    FLEET_VERDICT = {key: f"{FLEET_DIR}/{name}" for key, name in fleetexport.VERDICT_FILES.items()}
     FLEET_JUDGED = dict(
         references=(
             ["--references", config["validation"]["references"], "--system", config["system"]]

@@ -33,9 +33,9 @@ def cmd_fleet_run(args) -> int:
 
 
 def cmd_fleet_summary(args) -> int:
-    from containerbench import fleet
+    from containerbench import fleetexport
 
-    text, failed = fleet.format_summary(args.summary)
+    text, failed = fleetexport.format_summary(args.summary)
     print(text, end="")
     return 1 if failed else 0
 
@@ -86,7 +86,7 @@ def cmd_fleet_suspects(args) -> int:
 def cmd_fleet_judge(args) -> int:
     import subprocess
 
-    from containerbench import fleet
+    from containerbench import fleet, fleetexport
     from containerbench.records import load_records
 
     if (judged := _judged(args)) is None:
@@ -94,21 +94,19 @@ def cmd_fleet_judge(args) -> int:
     planned, records, references = judged
     rechecked = load_records(args.recheck)[0] if args.recheck else []
     verdict = fleet.judge(records, planned, references, min_shortfall=args.min_shortfall, rechecked=rechecked)
-    paths = fleet.write_verdict(verdict, args.out_dir)
+    paths = fleetexport.write_verdict(verdict, args.out_dir)
     from containerbench.fleetreport import render_fleet
 
     page = Path(args.out_dir) / "fleet.html"
     render_fleet(args.out_dir, page, args.min_shortfall, fleet.ROBUST_Z_LIMIT)
-    print(fleet.format_verdict(verdict))
+    print(fleetexport.format_verdict(verdict))
     print(f"tables and page: {page.parent}/fleet_*.csv, {page}")
     drain = paths["drain"].read_text()
     if drain:
         print(f"drain list ({paths['drain']}){'' if args.drain else ', not run: --drain runs it'}:\n{drain}", end="")
-    from containerbench import fleetexport
-
     exported = fleetexport.write(verdict, args.out_dir, _system(records, args.system))
     print(f"for CI and Prometheus: {exported[0]}, {exported[0].parent / fleetexport.FLEET_METRICS_DIR}/<node>.prom")
-    for argv in fleet.drain_commands(verdict) if args.drain else []:
+    for argv in fleetexport.drain_commands(verdict) if args.drain else []:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
         node = argv[2].removeprefix("NodeName=")
         print(f"  {node}: {'drained' if done.returncode == 0 else 'NOT drained: ' + done.stderr.strip()}")
