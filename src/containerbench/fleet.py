@@ -62,6 +62,9 @@ LINK_COLUMNS = ["link", "variable", "value", "unit", "reference", "fleet_median"
 UNREADABLE = "unreadable"  # a summary's result: the member's only runs left results that could not be read
 UNJUDGED = "unjudged"  # a node table's result: the variable does not repeat finely enough to compare nodes
 NOT_REPEATED = "not repeated"  # a node table's result: failed, then within the fleet when measured again
+# A node table's and summary's result: a figure failed in a container runtime, where the same benchmark bare
+# metal on the same node is within the fleet: the container's path, not the node's hardware. Not drained.
+CONTAINER_PATH = "container path"
 SUMMARY_COLUMNS = ["member", "kind", "result", "reason"]
 
 
@@ -183,6 +186,17 @@ class FleetVerdict:
         return rows["member"].tolist()
 
     @property
+    def container_path_nodes(self) -> list[str]:
+        """Nodes whose hardware passed and whose container path failed: the site fixes the image or the
+        runtime's set-up there, and the node is not drained."""
+        rows = self.summary[(self.summary["kind"] == "node") & (self.summary["result"] == CONTAINER_PATH)]
+        return rows["member"].tolist()
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.failed_nodes or self.bad_links or self.container_path_nodes)
+
+    @property
     def bad_links(self) -> list[str]:
         rows = self.summary[(self.summary["kind"] == "link") & (self.summary["result"] == "fail")]
         return rows["member"].tolist()
@@ -207,9 +221,9 @@ def judge(records: list[dict], fleet: FleetPlan, references: dict[str, Reference
     link_summary, blamed = _link_verdicts(fleet, links, failures, node_fault, culprits, unreadable_runs)
     links["slow"] = links["bad"]
     links["blamed_on"] = links["member"].map(blamed).fillna("")
-    not_repeated = {name: "; ".join(rows["reason"]) for name, rows in nodes[nodes["result"] == NOT_REPEATED]
-                    .groupby("member", sort=False)}
-    summary = (_node_verdicts(fleet, node_fault, unreadable_runs, not_repeated) + link_summary
+    noted = {result: {name: "; ".join(rows["reason"]) for name, rows in nodes[nodes["result"] == result]
+                      .groupby("member", sort=False)} for result in (NOT_REPEATED, CONTAINER_PATH)}
+    summary = (_node_verdicts(fleet, node_fault, unreadable_runs, noted) + link_summary
                + _unjudged_variables(nodes, links, min_shortfall))
     return FleetVerdict(nodes.rename(columns={"member": "node"})[NODE_COLUMNS],
                         links.rename(columns={"member": "link"})[LINK_COLUMNS],
@@ -234,7 +248,7 @@ def suspects(records: list[dict], fleet: FleetPlan, references: dict[str, Refere
     from runs that ran (a failed run, or a Slurm state, is its own evidence and needs none)."""
     nodes = judge(records, fleet, references, min_shortfall).nodes
     failures = _failures(records)
-    failed = set(nodes.loc[nodes["result"] == "fail", "node"])
+    failed = set(nodes.loc[nodes["result"].isin(["fail", CONTAINER_PATH]), "node"])
     return [name for name in fleet.nodes if name in failed and (name,) not in failures]
 
 
@@ -266,6 +280,33 @@ def _node_figures(values: pd.DataFrame, min_shortfall: float, references: dict[s
         else:
             nodes.loc[index, ["bad", "result", "reason"]] = [False, NOT_REPEATED,
                                                              f"{row['reason']}; {measured}: within the fleet"]
+    return _container_paths(nodes)
+
+
+def bare_metal_counterpart(variable: str) -> str | None:
+    """The same figure bare metal: the variable with its runtime's label (train/MODEL/RUNTIME/..., netbench/
+    RUNTIME/...) made bare-metal's; None where it is bare metal's already."""
+    parts = variable.split("/")
+    where = 2 if parts[0] == "train" else 1
+    if len(parts) <= where or parts[where].partition(" ")[0] == "bare-metal":  # "bare-metal (native)" too
+        return None
+    return "/".join([*parts[:where], "bare-metal", *parts[where + 1:]])
+
+
+def _container_paths(nodes: pd.DataFrame) -> pd.DataFrame:
+    """A figure that fails in a container runtime while the same benchmark bare metal on the same node is
+    within the fleet is the container's path on that node (the image, a missing GPUDirect, NCCL plugin or
+    topology file, a hook), not the node's hardware: its result is CONTAINER_PATH."""
+    by_figure = nodes.set_index(["member", "variable"])
+    for index, row in nodes[nodes["result"] == "fail"].iterrows():
+        host = bare_metal_counterpart(row["variable"])
+        if host is None or (row["member"], host) not in by_figure.index:
+            continue
+        bare = by_figure.loc[(row["member"], host)]
+        if bare["result"] in ("pass", NOT_REPEATED):
+            nodes.loc[index, ["result", "reason"]] = [CONTAINER_PATH, (
+                f"{row['reason']}; bare metal on this node {bare['value']:.4g} {bare['unit']}, within the fleet: "
+                "the container's path, not the node's hardware")]
     return nodes
 
 
@@ -337,16 +378,20 @@ def _links_to_passed_nodes(fleet: FleetPlan, measured: set[str], failures: Failu
 
 
 def _node_verdicts(fleet: FleetPlan, node_fault: dict[str, str], unreadable_runs: Failures,
-                   not_repeated: dict[str, str]) -> list[dict]:
-    """A summary row per node of the plan, measured or not; a node that passed only when measured again
-    says so (`not_repeated`: why it was suspected, and what the second measurement found)."""
+                   noted: dict[str, dict[str, str]]) -> list[dict]:
+    """A summary row per node of the plan, measured or not. `noted`, by result: the nodes with figures not
+    repeated when measured again (they pass, and say so) or failed in a container only (CONTAINER_PATH)."""
     rows = []
     for name in [*fleet.nodes, *fleet.unavailable]:
         if name in node_fault:
             rows.append({"member": name, "kind": "node", "result": "fail", "reason": node_fault[name]})
         elif (name,) in unreadable_runs:
             rows.append({"member": name, "kind": "node", "result": UNREADABLE, "reason": unreadable_runs[(name,)]})
+        elif name in noted[CONTAINER_PATH]:
+            rows.append({"member": name, "kind": "node", "result": CONTAINER_PATH,
+                         "reason": noted[CONTAINER_PATH][name]})
         else:
+            not_repeated = noted[NOT_REPEATED]
             reason = f"{NOT_REPEATED}: {not_repeated[name]}" if name in not_repeated else ""
             rows.append({"member": name, "kind": "node", "result": "pass", "reason": reason})
     return rows

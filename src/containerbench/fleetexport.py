@@ -21,14 +21,15 @@ import pandas as pd
 
 from containerbench import outputs
 from containerbench.export import FAMILIES, Sample, exposition, file_name, junit_case, junit_suite
-from containerbench.fleet import UNREADABLE, FleetVerdict
+from containerbench.fleet import CONTAINER_PATH, UNREADABLE, FleetVerdict
 from containerbench.validate import metric_of
 
 FLEET_JUNIT = "fleet_junit.xml"
 FLEET_METRICS_DIR = "fleet_metrics"
 
 # A member's result -> the JUnit element that says so (None: it passed).
-OUTCOME = {"fail": "failure", UNREADABLE: "error", "explained": "skipped", "unjudged": "skipped"}
+OUTCOME = {"fail": "failure", CONTAINER_PATH: "failure", UNREADABLE: "error", "explained": "skipped",
+           "unjudged": "skipped"}
 SUITES = {"node": "nodes", "link": "links", "variable": "variables"}
 HELP = {
     "containerbench_fleet_check_passed": "1 if the fleet validation passed this node or link, else 0",
@@ -117,6 +118,8 @@ def format_drain_list(verdict: FleetVerdict) -> str:
     lines = [shlex.join(argv) for argv in drain_commands(verdict)]
     lines += [f"# link {row.member}: {row.reason} (a cable or switch port: not drained)"
               for row in verdict.summary.itertuples() if row.kind == "link" and row.result == "fail"]
+    lines += [f"# node {row.member}: {row.reason} (the image or the runtime's set-up there: not drained)"
+              for row in verdict.summary.itertuples() if row.kind == "node" and row.result == CONTAINER_PATH]
     return "\n".join(lines) + ("\n" if lines else "")
 
 
@@ -142,6 +145,8 @@ def format_verdict(verdict: FleetVerdict) -> str:
     unread = (summary["result"] == UNREADABLE).sum()
     lines = [f"fleet: {len(verdict.failed_nodes)} of {counts['node']} node(s) failed, "
              f"{len(verdict.bad_links)} of {counts['link']} link(s) bad"
+             + (f", {len(verdict.container_path_nodes)} node(s) failed in a container only (not drained)"
+                if verdict.container_path_nodes else "")
              + (f", {unread} not judged: result unreadable, run again" if unread else "")]
     shown = summary[(summary["result"] != "pass") | (summary["reason"] != "")]
     width = max([len(member) for member in shown["member"]] or [0])
@@ -155,4 +160,4 @@ def format_summary(summary_csv) -> tuple[str, bool]:
     verdict = FleetVerdict(pd.DataFrame(), pd.DataFrame(), pd.read_csv(summary_csv, keep_default_na=False))
     drain = Path(summary_csv).with_name(VERDICT_FILES["drain"])
     text = format_verdict(verdict) + "\n" + (drain.read_text() if drain.exists() else "")
-    return text, bool(verdict.failed_nodes or verdict.bad_links)
+    return text, verdict.failed

@@ -110,7 +110,7 @@ def cmd_fleet_judge(args) -> int:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
         node = argv[2].removeprefix("NodeName=")
         print(f"  {node}: {'drained' if done.returncode == 0 else 'NOT drained: ' + done.stderr.strip()}")
-    return 1 if (verdict.failed_nodes or verdict.bad_links) and not args.exit_zero else 0
+    return 1 if verdict.failed and not args.exit_zero else 0
 
 
 def add_commands(sub) -> None:
