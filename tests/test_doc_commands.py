@@ -159,8 +159,8 @@ HOW = {
     # A batch's records and plan: test_fleet.py's command-line test judges real ones this way
     # (test_the_command_line_judges_the_records_writes_the_tables_and_only_prints_the_drain_list).
     ".venv/bin/containerbench fleet judge --plan results/fleet/plan.json --out-dir results/fleet [--references "
-    "config/references.yaml --system gpu-a100] results/fleet/runs/*.json [--recheck results/fleet/recheck/*.json]": (
-        "parse", None),
+    "config/references.yaml --system gpu-a100] results/fleet/runs/*.json "
+    "[--recheck results/fleet/recheck/*_rep*.json]": ("parse", None),
     # RECORDS: a batch's records from known-good nodes; test_fleet.py makes references this way
     # (test_a_batch_slower_as_a_whole_passes_the_fleet_test_and_fails_the_reference_from_good_nodes).
     ".venv/bin/containerbench baseline --good-nodes 'n[001-008]' --system gpu-a100 --out config/references.yaml "

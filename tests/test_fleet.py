@@ -30,6 +30,7 @@ from containerbench import execution, fleet, fleetexport, fleetjobs, fleetplan, 
 from containerbench.plans import RunPlan
 from containerbench.rank import markers
 from containerbench.records import parse_log
+from containerbench.validate import Reference
 
 NODES = [f"n{i:02d}" for i in range(1, 7)]
 # The fleet with three faults: large enough that the links between healthy nodes outnumber the slow ones.
@@ -235,6 +236,26 @@ def test_the_command_line_judges_the_records_writes_the_tables_and_only_prints_t
         mine = node_rows[(node_rows["node"] == node) & node_rows["variable"].str.endswith("/images_per_sec")]
         (rate,) = families["containerbench_training_images_per_second"]
         assert rate.value == pytest.approx(mine["value"].iloc[0]) and rate.labels["node"] == node
+    # The second pass as the workflow runs it: the suspects named, then judged with their second measurement.
+    named = subprocess.run([sys.executable, "-m", "containerbench", "fleet", "suspects", "--plan",
+                            str(tmp_path / "plan.json"), "--out", str(tmp_path / "suspects.json"),
+                            *map(str, sorted(tmp_path.glob("*_rep*.json")))], capture_output=True, text=True)
+    assert named.returncode == 0 and named.stdout == f"1 node(s) to measure again before they fail: {SLOW_NODE}\n"
+    assert json.loads((tmp_path / "suspects.json").read_text()) == [SLOW_NODE]
+    (tmp_path / "recheck").mkdir()
+    for repetition in (4, 5, 6):
+        again = on_nodes(recorded_runs[("train", 1)], [SLOW_NODE], repetition, 1.0)
+        (tmp_path / "recheck" / f"{again['run_id']}.json").write_text(json.dumps(again))
+    rejudged = subprocess.run([sys.executable, "-m", "containerbench", "fleet", "judge", "--plan",
+                               str(tmp_path / "plan.json"), "--out-dir", str(tmp_path / "fleet2"),
+                               *map(str, sorted(tmp_path.glob("*_rep*.json"))), "--recheck",
+                               *map(str, sorted((tmp_path / "recheck").glob("*_rep*.json")))],
+                              capture_output=True, text=True)
+    assert rejudged.returncode == 0, rejudged.stderr
+    head = rejudged.stdout.splitlines()[:2]
+    assert head[0] == "fleet: 0 of 6 node(s) failed, 0 of 9 link(s) bad"
+    assert head[1].startswith(f"  node {SLOW_NODE}  pass      not repeated: images_per_sec ")
+    assert head[1].endswith("the first pass's median: within the fleet")
 
 
 def test_a_batch_is_a_hostlist_or_a_partition_and_judge_needs_its_plan():
@@ -596,11 +617,48 @@ def test_a_suspect_is_measured_again_and_fails_only_if_the_second_measurement_fa
     assert not summary.loc[[m for m in summary.index if "n02" in m and "+" in m], "reason"].str.contains("n02").any()
     # Without a second measurement the first pass decides, as before.
     assert fleet.judge(records, plan).failed_nodes == ["n02", "n04"]
+    # A second measurement that did not run whole is no evidence of health: the first pass's verdict stands.
+    crashed = [dict(record, status="failed", reasons=["Slurm: NODE_FAIL (sacct)"]) if record["result"]["hostnames"]
+               == ["n02"] and record["spec"]["repetition"] == 6 else record for record in again]
+    summary = fleet.judge(records, plan, rechecked=crashed).summary.set_index("member")
+    assert summary.loc["n02", "result"] == "fail"
+    assert summary.loc["n02", "reason"].endswith(
+        "; measured again: train_bare-metal_tcp-loopback_1x1_b2_n02_rep6 failed: Slurm: NODE_FAIL (sacct)"), summary
     # A node whose runs failed is its own evidence: not a suspect to measure again.
     for record in records:
         if record["result"]["hostnames"] == ["n04"]:
             record.update(status="failed", reasons=["Slurm: NODE_FAIL (sacct)"])
     assert fleet.suspects(records, plan) == ["n02"]
+
+
+def test_a_slow_link_of_a_node_whose_slowness_was_not_repeated_is_not_blamed_on_the_link(recorded_runs):
+    """n02 was slow, in its node's job and in one link, during the first pass, and is within the fleet when
+    measured again: the link was measured in that pass too, so it is not called a bad cable; unjudged."""
+    plan = fleetplan.plan_batch({name: fleet.NodeState(name, "idle") for name in NODES})
+    link = next(pair for pair in plan.links if "n02" in pair)
+    records = fleet_records(recorded_runs, plan.nodes, plan.links, compute={"n02": 0.6}, slow_links={link: 0.4})
+    again = [on_nodes(recorded_runs[("train", 1)], ["n02"], repetition, 1.0) for repetition in (4, 5, 6)]
+    assert fleet.judge(records, plan).summary.set_index("member").loc["+".join(link), "result"] == "explained"
+    verdict = fleet.judge(records, plan, rechecked=again)
+    summary = verdict.summary.set_index("member")
+    assert verdict.failed_nodes == [] and verdict.bad_links == [] and not verdict.failed
+    assert summary.loc["+".join(link), "result"] == fleet.UNJUDGED
+    assert summary.loc["+".join(link), "reason"].endswith(
+        "; not judged: its end n02 was slow in the first pass and not when measured again, and the link was "
+        "measured in that pass")
+
+
+def test_a_batch_below_its_reference_as_a_whole_is_not_measured_twice(recorded_runs):
+    """Only a node failing against the fleet is a suspect: a batch all below the site's reference fails
+    on the first pass, as it would again, and is not run a second time whole."""
+    plan = fleetplan.plan_batch({name: fleet.NodeState(name, "idle") for name in NODES})
+    records = fleet_records(recorded_runs, plan.nodes, plan.links, compute={"n03": 0.6})
+    train = fleet.judge(records, plan).nodes
+    variable = train.loc[train["variable"].str.startswith("train/"), "variable"].iloc[0]
+    median = train.loc[train["variable"] == variable, "fleet_median"].iloc[0]
+    references = {variable: Reference(2 * median, -0.1, None, "img/s")}
+    assert set(fleet.judge(records, plan, references).failed_nodes) == set(NODES)
+    assert fleet.suspects(records, plan, references) == ["n03"]
 
 
 def test_a_recheck_is_its_nodes_job_again_as_the_repetitions_after_the_first_pass(tmp_path):

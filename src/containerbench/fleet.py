@@ -212,13 +212,17 @@ def judge(records: list[dict], fleet: FleetPlan, references: dict[str, Reference
     suspects' second measurements (suspects()); a figure fails only where that measurement fails it too."""
     references = references or {}
     values, failures, unreadable_runs = member_values(records), _failures(records), _unreadable(records)
-    nodes = _node_figures(values, min_shortfall, references, member_values(list(rechecked)) if rechecked else None)
+    # A suspect whose second measurement failed to run keeps its first pass's verdict, and says why.
+    recheck_failed = {members[0]: why for members, why in _failures(list(rechecked)).items() if len(members) == 1}
+    nodes = _node_figures(values, min_shortfall, references, member_values(list(rechecked)) if rechecked else None,
+                          recheck_failed)
     node_fault = _node_faults(fleet, nodes, failures, unreadable_runs)
     links = _link_figures(values, node_fault, min_shortfall, references)
     culprits = _slow_networked_nodes(fleet, links, failures, node_fault)
     for name, reason in culprits.items():  # failed too; a fault of their own comes first
         node_fault.setdefault(name, reason)
-    link_summary, blamed = _link_verdicts(fleet, links, failures, node_fault, culprits, unreadable_runs)
+    noisy_ends = set(nodes.loc[nodes["result"] == NOT_REPEATED, "member"])
+    link_summary, blamed = _link_verdicts(fleet, links, failures, node_fault, culprits, unreadable_runs, noisy_ends)
     links["slow"] = links["bad"]
     links["blamed_on"] = links["member"].map(blamed).fillna("")
     noted = {result: {name: "; ".join(rows["reason"]) for name, rows in nodes[nodes["result"] == result]
@@ -233,7 +237,8 @@ def judge(records: list[dict], fleet: FleetPlan, references: dict[str, Reference
 def _unjudged_variables(nodes: pd.DataFrame, links: pd.DataFrame, min_shortfall: float) -> list[dict]:
     """A summary row per variable the fleet could not judge (kind "variable"), so that the verdict says
     which figures it did not compare, and why, rather than passing them in silence."""
-    rows = pd.concat([nodes, links])
+    columns = ["variable", "unjudged", "repeatability_percent"]
+    rows = pd.concat([nodes[columns], links[columns]])
     rows = rows[rows["unjudged"].astype(bool)].drop_duplicates("variable")
     return [{"member": row.variable, "kind": "variable", "result": UNJUDGED,
              "reason": f"repetitions of one member differ by {row.repeatability_percent:.0f}% (the batch's median): "
@@ -246,18 +251,21 @@ def suspects(records: list[dict], fleet: FleetPlan, references: dict[str, Refere
              min_shortfall: float = 0.10) -> list[str]:
     """The nodes a second measurement must confirm before they are failed: those whose own figures fail,
     from runs that ran (a failed run, or a Slurm state, is its own evidence and needs none)."""
-    nodes = judge(records, fleet, references, min_shortfall).nodes
+    nodes = _node_figures(member_values(records), min_shortfall, references or {})
+    # Against the fleet: a batch all below a site's reference would otherwise be measured twice, whole.
+    failed = set(nodes.loc[nodes["worse"].astype(bool) & nodes["result"].isin(["fail", CONTAINER_PATH]), "member"])
     failures = _failures(records)
-    failed = set(nodes.loc[nodes["result"].isin(["fail", CONTAINER_PATH]), "node"])
     return [name for name in fleet.nodes if name in failed and (name,) not in failures]
 
 
 def _node_figures(values: pd.DataFrame, min_shortfall: float, references: dict[str, Reference],
-                  rechecked: pd.DataFrame | None = None) -> pd.DataFrame:
+                  rechecked: pd.DataFrame | None = None, recheck_failed: dict[str, str] | None = None) -> pd.DataFrame:
     """Each node's figures against the whole fleet's and the references: `result` fail or pass. A figure
     that failed and was measured again (`rechecked`, set against the same first-pass fleet) fails only if
     it fails again: else its result is NOT_REPEATED, a moment's noise on a healthy node, which is not
-    drained for it (a shared machine's neighbour, a hypervisor moving vCPUs, a slow file system)."""
+    drained for it (a shared machine's neighbour, a hypervisor moving vCPUs, a slow file system). A node
+    whose second measurement had a run fail (`recheck_failed`, why) keeps its failed figures: a node that
+    crashes when measured again is no healthier."""
     first = values[values["scope"] == "node"]
     again = (rechecked[rechecked["scope"] == "node"] if rechecked is not None else first.iloc[:0])
     both = pd.concat([first, again], ignore_index=True)
@@ -268,6 +276,9 @@ def _node_figures(values: pd.DataFrame, min_shortfall: float, references: dict[s
     nodes["result"] = np.where(nodes["bad"], "fail", np.where(nodes["unjudged"], UNJUDGED, "pass"))
     nodes["recheck_value"] = np.nan
     for index, row in nodes[nodes["bad"]].iterrows():
+        if row["member"] in (recheck_failed or {}):
+            nodes.loc[index, "reason"] = f"{row['reason']}; measured again: {recheck_failed[row['member']]}"
+            continue
         if (row["member"], row["variable"]) not in again.index:
             continue
         second = again.loc[(row["member"], row["variable"])]
@@ -398,9 +409,11 @@ def _node_verdicts(fleet: FleetPlan, node_fault: dict[str, str], unreadable_runs
 
 
 def _link_verdicts(fleet: FleetPlan, links: pd.DataFrame, failures: Failures, node_fault: dict[str, str],
-                   culprits: dict[str, str], unreadable_runs: Failures) -> tuple[list[dict], dict[str, str]]:
+                   culprits: dict[str, str], unreadable_runs: Failures,
+                   noisy_ends: set[str]) -> tuple[list[dict], dict[str, str]]:
     """A summary row per link of the plan, and whom each slow link is blamed on: a slow link whose
-    ends are fine is the link's own fault (a cable, a switch port)."""
+    ends are fine is the link's own fault (a cable, a switch port). One with an end whose first-pass
+    figures were not repeated when measured again (`noisy_ends`) was measured in that pass: unjudged."""
     link_rows = {name: rows for name, rows in links.groupby("member", sort=False)}
     slow_links = set(links.loc[links["bad"], "member"]) | {link_name(key) for key in failures if len(key) == 2}
     summary, blamed = [], {}
@@ -411,6 +424,13 @@ def _link_verdicts(fleet: FleetPlan, links: pd.DataFrame, failures: Failures, no
             ends = _failed_ends(pair, culprits, node_fault)
             blamed[link] = " and ".join(ends) or "link"
             reason = failures.get(pair) or "; ".join(rows.loc[rows["bad"], "reason"])
+            noisy = [end for end in pair if end in noisy_ends]
+            if not ends and noisy and pair not in failures:
+                blamed[link] = ""
+                summary.append({"member": link, "kind": "link", "result": UNJUDGED, "reason": (
+                    f"{reason}; not judged: its end {' and '.join(noisy)} was slow in the first pass and not when "
+                    "measured again, and the link was measured in that pass")})
+                continue
             summary.append({"member": link, "kind": "link", "result": "explained" if ends else "fail",
                             "reason": f"node {blamed[link]} failed" if ends else reason})
         elif pair in unreadable_runs:

@@ -28,7 +28,10 @@ def node_chart(nodes: pd.DataFrame, min_shortfall: float | None = None) -> str |
                                 squeeze=False, sharex=True)
     for axis, variable in zip(axes[:, 0], variables):
         rows = nodes[nodes["variable"] == variable].set_index("node").reindex(order)
-        colours = [{"fail": "#c62828", "unjudged": "#bdbdbd"}.get(result, "#7986cb") for result in rows["result"]]
+        # A figure not repeated when measured again shows its first pass, in its own colour; the container
+        # path's, as a fail's but lighter: not the node's hardware.
+        colours = [{"fail": "#c62828", "unjudged": "#bdbdbd", "not repeated": "#ffb74d", "container path": "#ef9a9a"}
+                   .get(result, "#7986cb") for result in rows["result"]]
         axis.bar(range(len(order)), rows["better_percent"].fillna(0), color=colours)
         axis.axhline(0, color="black", linewidth=0.8)
         if min_shortfall:
@@ -79,7 +82,8 @@ FLEET_SUMMARY_COLUMNS = {"kind": "kind", "member": "node or link", "result": "re
 FLEET_NODE_COLUMNS = {"node": "node", "variable": "variable", "value": "value", "unit": "unit",
                       "reference": "reference", "fleet_median": "fleet median", "mad": "MAD",
                       "robust_z": "robust z", "deviation_percent": "deviation %",
-                      "repeatability_percent": "repeatability %", "result": "result", "reason": "reason"}
+                      "repeatability_percent": "repeatability %", "recheck_value": "measured again",
+                      "result": "result", "reason": "reason"}
 FLEET_LINK_COLUMNS = {"link": "link", "variable": "variable", "value": "value", "unit": "unit",
                       "fleet_median": "fleet median", "mad": "MAD", "robust_z": "robust z",
                       "deviation_percent": "deviation %", "blamed_on": "blamed on"}

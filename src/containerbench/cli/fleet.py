@@ -1,5 +1,6 @@
-"""`containerbench fleet plan|run|summary|judge`: a batch of nodes validated, from the plan of its
-node and link jobs to the verdict on each node and link and its drain list."""
+"""`containerbench fleet plan|run|suspects|summary|judge`: a batch of nodes validated, from the plan of
+its node and link jobs, through the suspects measured again, to the verdict on each node and link and its
+drain list."""
 
 from __future__ import annotations
 
@@ -77,7 +78,8 @@ def cmd_fleet_suspects(args) -> int:
 
     if (judged := _judged(args)) is None:
         return 2
-    named = fleet.suspects(*judged, min_shortfall=args.min_shortfall)
+    planned, records, references = judged
+    named = fleet.suspects(records, planned, references, min_shortfall=args.min_shortfall)
     outputs.write_text(args.out, json.dumps(named) + "\n")
     print(f"{len(named)} node(s) to measure again before they fail: {', '.join(named) or 'none'}")
     return 0
