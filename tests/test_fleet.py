@@ -648,6 +648,22 @@ def test_a_slow_link_of_a_node_whose_slowness_was_not_repeated_is_not_blamed_on_
         "measured in that pass")
 
 
+def test_a_node_slow_in_everything_in_the_first_pass_only_is_not_drained_through_its_links(recorded_runs):
+    """n02 was slow in its node's job and in all three of its links during the first pass (an episode that
+    lasted), and is within the fleet when measured again: its links, measured in that pass, are unjudged,
+    and it is not made the culprit of them."""
+    plan = fleetplan.plan_batch({name: fleet.NodeState(name, "idle") for name in NODES})
+    records = fleet_records(recorded_runs, plan.nodes, plan.links, compute={"n02": 0.6}, network={"n02": 0.6})
+    assert fleet.judge(records, plan).failed_nodes == ["n02"]
+    again = [on_nodes(recorded_runs[("train", 1)], ["n02"], repetition, 1.0) for repetition in (4, 5, 6)]
+    verdict = fleet.judge(records, plan, rechecked=again)
+    assert not verdict.failed
+    summary = verdict.summary.set_index("member")
+    links = [member for member in summary.index if "+" in member and "n02" in member.split("+")]
+    assert len(links) == 3 and set(summary.loc[links, "result"]) == {fleet.UNJUDGED}
+    assert not verdict.links.loc[verdict.links["link"].isin(links), "slow"].any()  # not crossed on the page
+
+
 def test_a_batch_below_its_reference_as_a_whole_is_not_measured_twice(recorded_runs):
     """Only a node failing against the fleet is a suspect: a batch all below the site's reference fails
     on the first pass, as it would again, and is not run a second time whole."""
@@ -688,7 +704,7 @@ def in_runtime(record: dict, runtime: str, factor: float) -> dict:
     return moved
 
 
-def test_a_shortfall_only_in_a_container_is_the_container_path_and_is_not_drained(recorded_runs):
+def test_a_shortfall_only_in_a_container_is_the_container_path_and_is_not_drained(recorded_runs, tmp_path):
     """Host or image (issue 33): each node's job trains bare metal and in each runtime of the config. n03 is
     40% slow in podman only (as a missing GPUDirect, NCCL plugin or topology file in the image makes it):
     its hardware passed, and the verdict says the container's path failed there, without draining it. n04 is
@@ -713,8 +729,24 @@ def test_a_shortfall_only_in_a_container_is_the_container_path_and_is_not_draine
         "(the image or the runtime's set-up there: not drained)") and len(drain) == 2
     assert fleetexport.format_verdict(verdict).startswith(
         "fleet: 1 of 6 node(s) failed, 0 of 9 link(s) bad, 1 node(s) failed in a container only (not drained)")
+    # The page says so beside the failed nodes' count, as the command line's exit status does.
+    fleetexport.write_verdict(verdict, tmp_path)
+    fleetreport.render_fleet(tmp_path, tmp_path / "fleet.html", 0.10)
+    page = (tmp_path / "fleet.html").read_text()
+    assert "1 of 6 node(s) failed" in page and "1 node(s) failed in a container only (not drained)" in page
     # A second measurement is asked for it too: noise in its container runs would look the same.
     assert fleet.suspects(records, plan) == ["n03", "n04"]
+    # Measured again, n03 slow in podman still, but its bare-metal run failed: no longer the container's alone.
+    again = [in_runtime(on_nodes(recorded_runs[("train", 1)], ["n03"], repetition, 1.0), "podman", 0.6)
+             for repetition in (4, 5, 6)]
+    again += [dict(on_nodes(recorded_runs[("train", 1)], ["n03"], 4, 1.0), status="failed",
+                   reasons=["Slurm: NODE_FAIL (sacct)"])]
+    summary = fleet.judge(records, plan, rechecked=again).summary.set_index("member")
+    assert summary.loc["n03", "result"] == "fail" and "measured again: " in summary.loc["n03", "reason"]
+    # Or its bare-metal figure slow the second time: its hardware after all.
+    again = again[:3] + [on_nodes(recorded_runs[("train", 1)], ["n03"], r, 0.6) for r in (4, 5, 6)]
+    summary = fleet.judge(records, plan, rechecked=again).summary.set_index("member")
+    assert summary.loc["n03", "result"] == "fail"
 
 
 @pytest.mark.parametrize("variable, bare", [

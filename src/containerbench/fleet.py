@@ -218,12 +218,15 @@ def judge(records: list[dict], fleet: FleetPlan, references: dict[str, Reference
                           recheck_failed)
     node_fault = _node_faults(fleet, nodes, failures, unreadable_runs)
     links = _link_figures(values, node_fault, min_shortfall, references)
-    culprits = _slow_networked_nodes(fleet, links, failures, node_fault)
+    # A node whose first-pass figures were not repeated is no culprit through links measured in that pass.
+    noisy_ends = set(nodes.loc[nodes["result"] == NOT_REPEATED, "member"])
+    culprits = {name: why for name, why in _slow_networked_nodes(fleet, links, failures, node_fault).items()
+                if name not in noisy_ends}
     for name, reason in culprits.items():  # failed too; a fault of their own comes first
         node_fault.setdefault(name, reason)
-    noisy_ends = set(nodes.loc[nodes["result"] == NOT_REPEATED, "member"])
     link_summary, blamed = _link_verdicts(fleet, links, failures, node_fault, culprits, unreadable_runs, noisy_ends)
-    links["slow"] = links["bad"]
+    unjudged_links = {row["member"] for row in link_summary if row["result"] == UNJUDGED}
+    links["slow"] = links["bad"] & ~links["member"].isin(unjudged_links)
     links["blamed_on"] = links["member"].map(blamed).fillna("")
     noted = {result: {name: "; ".join(rows["reason"]) for name, rows in nodes[nodes["result"] == result]
                       .groupby("member", sort=False)} for result in (NOT_REPEATED, CONTAINER_PATH)}
@@ -291,7 +294,10 @@ def _node_figures(values: pd.DataFrame, min_shortfall: float, references: dict[s
         else:
             nodes.loc[index, ["bad", "result", "reason"]] = [False, NOT_REPEATED,
                                                              f"{row['reason']}; {measured}: within the fleet"]
-    return _container_paths(nodes)
+    # Measured again: a node whose second measurement failed, or was slow bare metal, is not the container's.
+    unhealthy = set(recheck_failed or {}) | {member for member, variable in again.index[again["bad"].to_numpy()]
+                                               if bare_metal_counterpart(variable) is None}
+    return _container_paths(nodes, unhealthy)
 
 
 def bare_metal_counterpart(variable: str) -> str | None:
@@ -304,14 +310,15 @@ def bare_metal_counterpart(variable: str) -> str | None:
     return "/".join([*parts[:where], "bare-metal", *parts[where + 1:]])
 
 
-def _container_paths(nodes: pd.DataFrame) -> pd.DataFrame:
+def _container_paths(nodes: pd.DataFrame, unhealthy: set[str]) -> pd.DataFrame:
     """A figure that fails in a container runtime while the same benchmark bare metal on the same node is
     within the fleet is the container's path on that node (the image, a missing GPUDirect, NCCL plugin or
-    topology file, a hook), not the node's hardware: its result is CONTAINER_PATH."""
+    topology file, a hook), not the node's hardware: its result is CONTAINER_PATH. Not for a node whose
+    second measurement failed or was slow bare metal (`unhealthy`), nor where bare metal is unjudged."""
     by_figure = nodes.set_index(["member", "variable"])
     for index, row in nodes[nodes["result"] == "fail"].iterrows():
         host = bare_metal_counterpart(row["variable"])
-        if host is None or (row["member"], host) not in by_figure.index:
+        if host is None or row["member"] in unhealthy or (row["member"], host) not in by_figure.index:
             continue
         bare = by_figure.loc[(row["member"], host)]
         if bare["result"] in ("pass", NOT_REPEATED):

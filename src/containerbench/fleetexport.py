@@ -3,9 +3,9 @@
 - fleet_nodes.csv, fleet_links.csv, fleet_summary.csv: the verdict's tables (fleet.FleetVerdict), and
   drain.txt: an `scontrol update ... State=DRAIN` line per failed node, run only on request.
 - fleet_junit.xml: a test case per node, per link and per variable the batch could not judge, with the
-  verdict's reason: a failed member is a failure, one whose runs could not be read an error, a link that
-  failed only because a failed node is one of its ends is skipped (the node's case fails), as is an
-  unjudged variable. Each node's case lists its figures against the fleet's median.
+  verdict's reason: a failed member (or container path) is a failure, one whose runs could not be read an
+  error, a link that failed only because a failed node is one of its ends is skipped (the node's case
+  fails), as is an unjudged variable or link. Each node's case lists its figures against the fleet's median.
 - fleet_metrics/NODE.prom: OpenMetrics text per node, for its node_exporter's textfile collector: whether
   the node and each of its links passed, and each of the node's figures with its fleet median and robust z.
 """
@@ -156,7 +156,7 @@ def format_verdict(verdict: FleetVerdict) -> str:
 
 def format_summary(summary_csv) -> tuple[str, bool]:
     """A written verdict's summary (fleet_summary.csv) and drain list, as `validate_nodes` ends with; and
-    whether a node or link failed."""
+    whether a node, a link or a container path failed (FleetVerdict.failed)."""
     verdict = FleetVerdict(pd.DataFrame(), pd.DataFrame(), pd.read_csv(summary_csv, keep_default_na=False))
     drain = Path(summary_csv).with_name(VERDICT_FILES["drain"])
     text = format_verdict(verdict) + "\n" + (drain.read_text() if drain.exists() else "")

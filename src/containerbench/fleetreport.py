@@ -15,6 +15,7 @@ import pandas as pd  # noqa: E402
 from jinja2 import Environment, PackageLoader, select_autoescape  # noqa: E402
 
 from containerbench import outputs  # noqa: E402
+from containerbench.fleet import CONTAINER_PATH, NOT_REPEATED  # noqa: E402
 from containerbench.report import figure_png, html_table  # noqa: E402
 
 
@@ -30,7 +31,7 @@ def node_chart(nodes: pd.DataFrame, min_shortfall: float | None = None) -> str |
         rows = nodes[nodes["variable"] == variable].set_index("node").reindex(order)
         # A figure not repeated when measured again shows its first pass, in its own colour; the container
         # path's, as a fail's but lighter: not the node's hardware.
-        colours = [{"fail": "#c62828", "unjudged": "#bdbdbd", "not repeated": "#ffb74d", "container path": "#ef9a9a"}
+        colours = [{"fail": "#c62828", "unjudged": "#bdbdbd", NOT_REPEATED: "#ffb74d", CONTAINER_PATH: "#ef9a9a"}
                    .get(result, "#7986cb") for result in rows["result"]]
         axis.bar(range(len(order)), rows["better_percent"].fillna(0), color=colours)
         axis.axhline(0, color="black", linewidth=0.8)
@@ -103,6 +104,7 @@ def render_fleet(verdict_dir, out_path, min_shortfall: float | None = None, z_li
         node_count=len(order), link_count=int((summary["kind"] == "link").sum()),
         failed_nodes=int(((summary["kind"] == "node") & (summary["result"] == "fail")).sum()),
         bad_links=int(((summary["kind"] == "link") & (summary["result"] == "fail")).sum()),
+        container_paths=int(((summary["kind"] == "node") & (summary["result"] == CONTAINER_PATH)).sum()),
         failures_table=html_table(failing, FLEET_SUMMARY_COLUMNS),
         node_chart=node_chart(nodes, min_shortfall), node_table=html_table(nodes, FLEET_NODE_COLUMNS),
         link_matrix=link_matrix(links, order, sorted(set(failing.loc[failing["kind"] == "link", "member"])

@@ -127,10 +127,11 @@ def add_commands(sub) -> None:
     a.add_argument("job", help="the job's file (its allocation, its runs' plans and logs), as validate_nodes writes it")
     a.add_argument("--in-allocation", action="store_true", help="run the plans in the allocation salloc made")
     a.set_defaults(func=cmd_fleet_run)
-    a = actions.add_parser("summary", help="print a verdict's summary and drain list; exit 1 if a node or link failed")
+    a = actions.add_parser("summary", help="print a verdict's summary and drain list; exit 1 if a node, a link or "
+                                           "a container path failed")
     a.add_argument("summary", help="fleet_summary.csv")
     a.set_defaults(func=cmd_fleet_summary)
-    for name, what in (("judge", "the verdict on every node and link; exit 1 if any failed"),
+    for name, what in (("judge", "the verdict on every node and link; exit 1 if any failed, a container path too"),
                        ("suspects", "the nodes whose figures fail, to measure again before the verdict")):
         a = actions.add_parser(name, help=what)
         a.add_argument("records", nargs="*", help="the batch's run records, or @FILE listing them")
