@@ -161,13 +161,6 @@ if FLEET is not None:
             FLEET_JOBS.write_job(("recheck", wildcards.node), output.job)
             shell("{params.cb} fleet run {output.job:q} > {log:q} 2>&1")
 
-    def fleet_rechecked(wildcards):
-        """The suspects' second measurements, once fleet_suspects has named them (none without recheck)."""
-        if not config["validation"]["recheck"]:
-            return []
-        named = json.loads(Path(checkpoints.fleet_suspects.get().output.suspects).read_text())
-        return FLEET_JOBS.recheck_records(named)
-
     rule fleet_verdict:
         """The tables, the page and the drain list; it always succeeds, so they are kept on FAIL."""
         input:
@@ -176,7 +169,14 @@ if FLEET is not None:
             plan=f"{FLEET_DIR}/plan.json",
             listed=FLEET_JOBS.records_list,
             records=FLEET_JOBS.records(),
-            rechecked=fleet_rechecked,
+            # The suspects' second measurements, once fleet_suspects has named them (none without recheck).
+            rechecked=lambda wildcards: (
+                FLEET_JOBS.recheck_records(
+                    json.loads(Path(checkpoints.fleet_suspects.get().output.suspects).read_text())
+                )
+                if config["validation"]["recheck"]
+                else []
+            ),
         output:
             **FLEET_VERDICT,
             page=f"{FLEET_DIR}/fleet.html",
