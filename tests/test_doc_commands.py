@@ -160,7 +160,9 @@ HOW = {
     # (test_the_command_line_judges_the_records_writes_the_tables_and_only_prints_the_drain_list).
     ".venv/bin/containerbench fleet judge --plan results/fleet/plan.json --out-dir results/fleet [--references "
     "config/references.yaml --system gpu-a100] results/fleet/runs/*.json "
-    "[--recheck results/fleet/recheck/*_rep*.json]": ("parse", None),
+    "[--recheck results/fleet/recheck/*_rep*.json] [--hardware results/fleet/hardware/*.json]": ("parse", None),
+    # This machine's hardware tier: no GPU or HCA here, each such check skipped with its reason.
+    ".venv/bin/containerbench fleet hwcheck --out results/fleet/hardware": ("real", "report: results/fleet/hardware/"),
     # RECORDS: a batch's records from known-good nodes; test_fleet.py makes references this way
     # (test_a_batch_slower_as_a_whole_passes_the_fleet_test_and_fails_the_reference_from_good_nodes).
     ".venv/bin/containerbench baseline --good-nodes 'n[001-008]' --system gpu-a100 --out config/references.yaml "

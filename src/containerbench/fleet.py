@@ -37,6 +37,7 @@ import pandas as pd
 
 from containerbench.fleetplan import FleetPlan, in_order, link_name
 from containerbench.records import UNREADABLE_RESULT
+from containerbench.runtimes.bare_metal import BareMetal
 from containerbench.slurm import NodeState
 from containerbench.status import Status
 from containerbench.validate import LOWER_IS_BETTER, Reference, metric_of, record_variables
@@ -206,10 +207,12 @@ Failures = dict[tuple[str, ...], str]  # why a node's (one name) or a link's (tw
 
 
 def judge(records: list[dict], fleet: FleetPlan, references: dict[str, Reference] | None = None,
-          min_shortfall: float = 0.10, rechecked: list[dict] = ()) -> FleetVerdict:
+          min_shortfall: float = 0.10, rechecked: list[dict] = (), hardware: dict[str, str] | None = None
+          ) -> FleetVerdict:
     """The verdict on every node and link of `fleet` from its records: a node that did not run, or whose
     runs failed, fails with the reason; a missing row is never a pass. `rechecked`: the records of the
-    suspects' second measurements (suspects()); a figure fails only where that measurement fails it too."""
+    suspects' second measurements (suspects()); a figure fails only where that measurement fails it too.
+    `hardware`: node -> why its hardware tier failed (hardware.failures), said before anything timed."""
     references = references or {}
     values, failures, unreadable_runs = member_values(records), _failures(records), _unreadable(records)
     # A suspect whose second measurement failed to run keeps its first pass's verdict, and says why.
@@ -217,6 +220,9 @@ def judge(records: list[dict], fleet: FleetPlan, references: dict[str, Reference
     nodes = _node_figures(values, min_shortfall, references, member_values(list(rechecked)) if rechecked else None,
                           recheck_failed)
     node_fault = _node_faults(fleet, nodes, failures, unreadable_runs)
+    for name, why in (hardware or {}).items():
+        if name in fleet.nodes:
+            node_fault[name] = f"{why}; {node_fault[name]}" if name in node_fault else why
     links = _link_figures(values, node_fault, min_shortfall, references)
     # A node whose first-pass figures were not repeated is no culprit through links measured in that pass.
     noisy_ends = set(nodes.loc[nodes["result"] == NOT_REPEATED, "member"])
@@ -305,9 +311,9 @@ def bare_metal_counterpart(variable: str) -> str | None:
     RUNTIME/...) made bare-metal's; None where it is bare metal's already."""
     parts = variable.split("/")
     where = 2 if parts[0] == "train" else 1
-    if len(parts) <= where or parts[where].partition(" ")[0] == "bare-metal":  # "bare-metal (native)" too
+    if len(parts) <= where or parts[where].partition(" ")[0] == BareMetal.name:  # its " (native)" label too
         return None
-    return "/".join([*parts[:where], "bare-metal", *parts[where + 1:]])
+    return "/".join([*parts[:where], BareMetal.name, *parts[where + 1:]])
 
 
 def _container_paths(nodes: pd.DataFrame, unhealthy: set[str]) -> pd.DataFrame:

@@ -1,4 +1,4 @@
-"""`containerbench fleet plan|run|suspects|summary|judge`: a batch of nodes validated, from the plan of
+"""`containerbench fleet plan|run|suspects|hwcheck|summary|judge`: a batch of nodes validated, from the plan of
 its node and link jobs, through the suspects measured again, to the verdict on each node and link and its
 drain list."""
 
@@ -31,6 +31,18 @@ def cmd_fleet_run(args) -> int:
     from containerbench import fleetjobs
 
     return fleetjobs.run_job(args.job, args.in_allocation)
+
+
+def cmd_fleet_hwcheck(args) -> int:
+    from containerbench import hardware
+
+    report = hardware.run_checks(args.out, args.gpus, args.ib_rate)
+    checks = json.loads(report.read_text())["checks"]
+    for check in checks:
+        found = "; ".join(str(hardware.Finding(**finding)) for finding in check["findings"])
+        print(f"{check['status']:7} {check['name']}: {found or check['reason']}".rstrip(": "))
+    print(f"report: {report}")
+    return 1 if any(check["status"] == "fail" for check in checks) else 0
 
 
 def cmd_fleet_summary(args) -> int:
@@ -81,7 +93,7 @@ def cmd_fleet_suspects(args) -> int:
     planned, records, references = judged
     named = fleet.suspects(records, planned, references, min_shortfall=args.min_shortfall)
     outputs.write_text(args.out, json.dumps(named) + "\n")
-    print(f"{len(named)} node(s) to measure again before they fail: {', '.join(named) or 'none'}")
+    print(f"{len(named)} node(s) to measure again before they fail" + (f": {', '.join(named)}" if named else ""))
     return 0
 
 
@@ -95,7 +107,10 @@ def cmd_fleet_judge(args) -> int:
         return 2
     planned, records, references = judged
     rechecked = load_records(args.recheck)[0] if args.recheck else []
-    verdict = fleet.judge(records, planned, references, min_shortfall=args.min_shortfall, rechecked=rechecked)
+    from containerbench import hardware
+
+    verdict = fleet.judge(records, planned, references, min_shortfall=args.min_shortfall, rechecked=rechecked,
+                          hardware=hardware.failures(args.hardware))
     paths = fleetexport.write_verdict(verdict, args.out_dir)
     from containerbench.fleetreport import render_fleet
 
@@ -127,6 +142,12 @@ def add_commands(sub) -> None:
     a.add_argument("job", help="the job's file (its allocation, its runs' plans and logs), as validate_nodes writes it")
     a.add_argument("--in-allocation", action="store_true", help="run the plans in the allocation salloc made")
     a.set_defaults(func=cmd_fleet_run)
+    a = actions.add_parser("hwcheck", help="this node's hardware tier: GPUs, NVLink, Xid, InfiniBand ports and "
+                                           "counters, DCGM; raw outputs and a report for `fleet judge --hardware`")
+    a.add_argument("--out", required=True, help="the directory for NODE.json and the raw outputs in NODE/")
+    a.add_argument("--gpus", type=int, help="the GPUs this node must list (its GRES)")
+    a.add_argument("--ib-rate", type=float, help="each InfiniBand port's rate in Gb/s (default: the node's fastest)")
+    a.set_defaults(func=cmd_fleet_hwcheck)
     a = actions.add_parser("summary", help="print a verdict's summary and drain list; exit 1 if a node, a link or "
                                            "a container path failed")
     a.add_argument("summary", help="fleet_summary.csv")
@@ -145,6 +166,8 @@ def add_commands(sub) -> None:
     a = actions.choices["judge"]
     a.add_argument("--recheck", nargs="*", default=[],
                    help="the records of the suspects' second measurements: a figure fails only if it fails there too")
+    a.add_argument("--hardware", nargs="*", default=[],
+                   help="the nodes' hardware reports (`fleet hwcheck`): a failed check fails its node, with its line")
     a.add_argument("--out-dir", default="results/fleet", help="where the tables and the drain list go")
     a.add_argument("--drain", action="store_true", help="run the drain list's scontrol lines")
     a.add_argument("--exit-zero", action="store_true",
