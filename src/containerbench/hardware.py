@@ -11,6 +11,7 @@ tool that is absent is a check skipped with the reason, never a pass.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import socket
@@ -84,7 +85,9 @@ def parse_nvidia_smi_q(text: str, expected_gpus: int | None = None) -> tuple[lis
         if gpu not in gpus:
             gpus.append(gpu)
         sections, key = path[1:-1], path[-1]
-        if sections[:2] == ["ECC Errors", "Volatile"] and ("Uncorrectable" in key or "Double Bit" in sections):
+        # The older layout counts each Double Bit error under its memory and again under "Total".
+        if (sections[:2] == ["ECC Errors", "Volatile"] and ("Uncorrectable" in key or "Double Bit" in sections)
+                and key != "Total"):
             if value.isdigit() and int(value) > 0:
                 findings.append(Finding(f"GPU {gpu}: {value} uncorrectable ECC error(s) ({key})", number, line))
         elif sections == ["Remapped Rows"] and key in ("Pending", "Remapping Failure Occurred") and value == "Yes":
@@ -97,7 +100,8 @@ def parse_nvidia_smi_q(text: str, expected_gpus: int | None = None) -> tuple[lis
         elif sections[-1:] == ["Link Width"] and key in ("Max", "Current"):
             widths.setdefault(gpu, {})[key] = (value, number, line)
     for gpu, width in widths.items():
-        if {"Max", "Current"} <= set(width) and width["Current"][0] != width["Max"][0]:
+        if {"Max", "Current"} <= set(width) and "N/A" not in (width["Current"][0], width["Max"][0]) \
+                and width["Current"][0] != width["Max"][0]:
             value, number, line = width["Current"]
             findings.append(Finding(f"GPU {gpu}: PCIe link width {value} of {width['Max'][0]}", number, line))
     if expected_gpus is not None and len(gpus) < expected_gpus:
@@ -107,6 +111,9 @@ def parse_nvidia_smi_q(text: str, expected_gpus: int | None = None) -> tuple[lis
 
 
 XID = re.compile(r"NVRM: Xid \((?P<pci>PCI:[0-9A-Fa-f:.]+)\): (?P<xid>\d+),")
+# Xids NVIDIA's Xid catalogue gives an application as a cause of (13 graphics engine exception, 31 GPU memory
+# page fault, 43 GPU stopped processing, 45 preemptive cleanup): a user's job, not the node, most often.
+APPLICATION_XIDS = frozenset({13, 31, 43, 45})
 
 
 def parse_kernel_log(text: str) -> list[Finding]:
@@ -114,19 +121,21 @@ def parse_kernel_log(text: str) -> list[Finding]:
     findings = []
     for number, line in _numbered(text):
         if match := XID.search(line):
-            findings.append(Finding(f"Xid {match['xid']} on {match['pci']}", number, line))
+            if int(match["xid"]) not in APPLICATION_XIDS:
+                findings.append(Finding(f"Xid {match['xid']} on {match['pci']}", number, line))
         elif "fallen off the bus" in line:
             findings.append(Finding("a GPU has fallen off the bus", number, line))
     return findings
 
 
-def parse_nvlink_status(text: str) -> list[Finding]:
-    """`nvidia-smi nvlink --status`: a link reported inactive, or none at all."""
+def parse_nvlink_status(text: str, expect_nvlink: bool = False) -> list[Finding]:
+    """`nvidia-smi nvlink --status`: a link listed inactive; and, where the node's GPUs have NVLink
+    (`expect_nvlink`), NVML's "all links are inactive" (which a PCIe GPU without a bridge says too)."""
     findings, gpu = [], ""
     for number, line in _numbered(text):
         if line.startswith("GPU "):
             gpu = line.split(":", 1)[0]
-        elif "inactive" in line:
+        elif "inactive" in line.lower() and (re.match(r"\s*Link \d+:", line) or expect_nvlink):
             findings.append(Finding(f"{gpu}: NVLink inactive" if gpu else "NVLink inactive", number, line))
     return findings
 
@@ -174,16 +183,19 @@ def parse_ibstat(text: str) -> list[IbPort]:
             elif key == "Physical state":
                 port.physical_state = value
             elif key == "Rate":
-                port.rate = float(value)
+                port.rate = float(value) if re.fullmatch(r"[\d.]+", value) else 0.0
             elif key == "Link layer":
                 port.link_layer = value
     return ports
 
 
-def ibstat_findings(ports: list[IbPort], expected_rate: float | None = None) -> list[Finding]:
+def ibstat_findings(ports: list[IbPort], expected_rate: float | None = None,
+                    devices: list[str] | None = None) -> list[Finding]:
     """An InfiniBand port not Active and LinkUp, or slower than `expected_rate` (Gb/s; else than the
-    node's fastest InfiniBand port: one rail of several at a lower rate)."""
-    infiniband = [port for port in ports if port.link_layer == "InfiniBand"]
+    node's fastest InfiniBand port: one rail of several at a lower rate). `devices`: the HCAs the node's
+    rails are (a dual-port card's unused port is then not read), each of which must be listed."""
+    infiniband = [port for port in ports if port.link_layer == "InfiniBand"
+                  and (devices is None or port.device in devices)]
     rate = expected_rate or max((port.rate for port in infiniband if port.state == "Active"), default=0.0)
     findings = []
     for port in infiniband:
@@ -193,6 +205,8 @@ def ibstat_findings(ports: list[IbPort], expected_rate: float | None = None) -> 
         elif port.rate < rate:
             findings.append(Finding(f"{name}: rate {port.rate:g} Gb/s, {rate:g} expected", port.line_number,
                                     port.line))
+    listed = {port.device for port in ports}
+    findings += [Finding(f"{device} not listed", 0, "") for device in devices or [] if device not in listed]
     return findings
 
 
@@ -211,63 +225,104 @@ def parse_perfquery(text: str) -> list[Finding]:
     return findings
 
 
-# What each check runs, and how its output is read. Each is skipped where its program is absent.
+@dataclass
+class Expected:
+    """What a node's hardware should be, where the site says: its GPUs (its GRES), whether they have NVLink,
+    its InfiniBand rails' rate and HCAs."""
+
+    gpus: int | None = None
+    nvlink: bool = False
+    ib_rate: float | None = None
+    ib_devices: list[str] | None = None
+
+
+# What each check runs. Each is skipped where its program is absent; perfquery runs once a port of each
+# InfiniBand port ibstat lists (without -C and -P it reads the first HCA's first port only).
 TOOLS = {
-    "nvidia-smi -q": (["nvidia-smi", "-q"], None),
-    "nvidia-smi nvlink --status": (["nvidia-smi", "nvlink", "--status"], parse_nvlink_status),
-    "dmesg": (["dmesg"], parse_kernel_log),
-    "ibstat": (["ibstat"], None),
-    "perfquery -x": (["perfquery", "-x"], parse_perfquery),
-    "dcgmi diag -r 1": (["dcgmi", "diag", "-r", "1"], parse_dcgmi_diag),
+    "nvidia-smi -q": ["nvidia-smi", "-q"],
+    "nvidia-smi nvlink --status": ["nvidia-smi", "nvlink", "--status"],
+    "dmesg": ["dmesg"],
+    "ibstat": ["ibstat"],
+    "perfquery -x": ["perfquery", "-x"],
+    "dcgmi diag -r 1": ["dcgmi", "diag", "-r", "1"],
 }
+# A tool whose failure to run says nothing of the hardware: the kernel log unreadable to this user
+# (kernel.dmesg_restrict), DCGM's host engine not running. Skipped, with what it said.
+NOT_THE_HARDWARES = {"dmesg", "dcgmi diag -r 1"}
 
 
-def judge_output(name: str, text: str, expected_gpus: int | None = None, ib_rate: float | None = None) -> list[Finding]:
+def judge_output(name: str, text: str, expected: Expected | None = None) -> list[Finding]:
     """The findings in one tool's output, as `run_checks` reads it."""
+    expected = expected or Expected()
     if name == "nvidia-smi -q":
-        return parse_nvidia_smi_q(text, expected_gpus)[1]
+        return parse_nvidia_smi_q(text, expected.gpus)[1]
+    if name == "nvidia-smi nvlink --status":
+        return parse_nvlink_status(text, expected.nvlink)
     if name == "ibstat":
-        return ibstat_findings(parse_ibstat(text), ib_rate)
-    return TOOLS[name][1](text)
+        return ibstat_findings(parse_ibstat(text), expected.ib_rate, expected.ib_devices)
+    return {"dmesg": parse_kernel_log, "perfquery -x": parse_perfquery, "dcgmi diag -r 1": parse_dcgmi_diag}[name](text)
 
 
-def run_checks(out_dir, expected_gpus: int | None = None, ib_rate: float | None = None,
-               timeout_s: float = 300) -> Path:
+def node_name() -> str:
+    """The node as Slurm names it (the fleet's plan and verdict do), where a step runs; else its short
+    hostname, which a NodeHostname or an FQDN may make differ."""
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+
+
+def _run(argv: list[str], timeout_s: float) -> tuple[int, str]:
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return -1, f"{' '.join(argv)} did not end in {timeout_s:g} s"
+    return done.returncode, done.stdout + done.stderr
+
+
+def run_checks(out_dir, expected: Expected | None = None, timeout_s: float = 300) -> Path:
     """Every check this node has the tool for, its raw output kept in out_dir/NODE/, and the node's
     report in out_dir/NODE.json, which `fleet judge --hardware` reads."""
-    node = socket.gethostname().split(".")[0]
+    expected, node = expected or Expected(), node_name()
     raw_dir = Path(out_dir) / node
     raw_dir.mkdir(parents=True, exist_ok=True)
-    checks = []
-    for name, (argv, _) in TOOLS.items():
+    checks, ports = [], []
+    for name, argv in TOOLS.items():
         if shutil.which(argv[0]) is None:
             checks.append(Check(name, "skipped", f"{argv[0]} not found on {node}"))
             continue
-        try:
-            done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            checks.append(Check(name, "fail", f"{' '.join(argv)} did not end in {timeout_s:g} s"))
-            continue
-        raw = raw_dir / f"{name.replace(' ', '_')}.txt"
-        outputs.write_text(raw, done.stdout + done.stderr)
-        findings = judge_output(name, done.stdout + done.stderr, expected_gpus, ib_rate)
-        said = (done.stderr.strip() or done.stdout.strip()).splitlines()[-1:] or [""]
-        reason = f"exit status {done.returncode}: {said[0]}" if done.returncode != 0 else ""
-        if done.returncode != 0 and not findings and name == "dmesg":  # the kernel log not readable here
-            checks.append(Check(name, "skipped", reason, [], str(raw)))
-            continue
-        checks.append(Check(name, "fail" if findings or done.returncode != 0 else "pass", reason, findings, str(raw)))
+        runs = [(argv, "")]
+        if name == "perfquery -x":  # a port at a time, each named in its findings
+            runs = [([*argv, "-C", port.device, "-P", port.port], f"{port.device} port {port.port}: ")
+                    for port in ports if port.link_layer == "InfiniBand" and port.state == "Active"] or runs
+        raws, findings, failed = [], [], []
+        for words, prefix in runs:
+            returncode, text = _run(words, timeout_s)
+            # Its output as the tool printed it, so that each finding's line number is the file's.
+            raws.append(raw_dir / "_".join(word.lstrip("-").replace("/", "_") for word in words))
+            outputs.write_text(raws[-1].with_suffix(".txt"), text)
+            found = judge_output(name, text, expected)
+            findings += [Finding(prefix + finding.what, finding.line_number, finding.line) for finding in found]
+            if returncode != 0:
+                failed.append(f"{' '.join(words)}: exit status {returncode}: "
+                              + (text.strip().splitlines() or [""])[-1])
+            if name == "ibstat":
+                ports = parse_ibstat(text)
+        status = "fail" if findings or failed else "pass"
+        if failed and not findings and name in NOT_THE_HARDWARES:
+            status = "skipped"
+        checks.append(Check(name, status, "; ".join(failed), findings,
+                            ", ".join(str(raw.with_suffix(".txt")) for raw in raws)))
     report = Path(out_dir) / f"{node}.json"
     outputs.write_text(report, json.dumps({"node": node, "checks": [asdict(check) for check in checks]},
                                           indent=1) + "\n")
     return report
 
 
-def failures(reports) -> dict[str, str]:
-    """Node -> why its hardware failed, from the reports run_checks wrote: each failed check's findings."""
-    failed = {}
+def failures(reports, planned=None) -> dict[str, str]:
+    """Node -> why its hardware failed, from the reports run_checks wrote: each failed check's findings;
+    and each of the `planned` nodes with no report (a missing row is never a pass)."""
+    failed, reported = {}, set()
     for path in reports:
         report = json.loads(Path(path).read_text())
+        reported.add(report["node"])
         reasons = []
         for check in report["checks"]:
             if check["status"] == "fail":
@@ -277,4 +332,7 @@ def failures(reports) -> dict[str, str]:
                                                                                    else ""))
         if reasons:
             failed[report["node"]] = "hardware: " + "; ".join(reasons)
+    for node in planned or []:
+        if node not in reported:
+            failed[node] = "hardware: no report from this node (`fleet hwcheck` did not run there)"
     return failed

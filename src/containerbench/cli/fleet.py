@@ -36,7 +36,9 @@ def cmd_fleet_run(args) -> int:
 def cmd_fleet_hwcheck(args) -> int:
     from containerbench import hardware
 
-    report = hardware.run_checks(args.out, args.gpus, args.ib_rate)
+    expected = hardware.Expected(args.gpus, args.nvlink, args.ib_rate,
+                                 args.ib_devices.split(",") if args.ib_devices else None)
+    report = hardware.run_checks(args.out, expected)
     checks = json.loads(report.read_text())["checks"]
     for check in checks:
         found = "; ".join(str(hardware.Finding(**finding)) for finding in check["findings"])
@@ -109,8 +111,12 @@ def cmd_fleet_judge(args) -> int:
     rechecked = load_records(args.recheck)[0] if args.recheck else []
     from containerbench import hardware
 
+    hardware_faults = hardware.failures(args.hardware, planned.nodes) if args.hardware else {}
+    for node in sorted(set(hardware_faults) - set(planned.nodes)):
+        print(f"containerbench: note: a hardware report names {node!r}, not a node of the plan: not judged",
+              file=sys.stderr)
     verdict = fleet.judge(records, planned, references, min_shortfall=args.min_shortfall, rechecked=rechecked,
-                          hardware=hardware.failures(args.hardware))
+                          hardware=hardware_faults)
     paths = fleetexport.write_verdict(verdict, args.out_dir)
     from containerbench.fleetreport import render_fleet
 
@@ -147,6 +153,9 @@ def add_commands(sub) -> None:
     a.add_argument("--out", required=True, help="the directory for NODE.json and the raw outputs in NODE/")
     a.add_argument("--gpus", type=int, help="the GPUs this node must list (its GRES)")
     a.add_argument("--ib-rate", type=float, help="each InfiniBand port's rate in Gb/s (default: the node's fastest)")
+    a.add_argument("--ib-devices", help="the HCAs of the node's rails, comma-separated (default: every InfiniBand "
+                                        "port ibstat lists)")
+    a.add_argument("--nvlink", action="store_true", help="the GPUs have NVLink: none active is a fault")
     a.set_defaults(func=cmd_fleet_hwcheck)
     a = actions.add_parser("summary", help="print a verdict's summary and drain list; exit 1 if a node, a link or "
                                            "a container path failed")
