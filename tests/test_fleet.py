@@ -624,6 +624,21 @@ def test_a_suspect_is_measured_again_and_fails_only_if_the_second_measurement_fa
     assert summary.loc["n02", "result"] == "fail"
     assert summary.loc["n02", "reason"].endswith(
         "; measured again: train_bare-metal_tcp-loopback_1x1_b2_n02_rep6 failed: Slurm: NODE_FAIL (sacct)"), summary
+    # One whose results could not be read back says nothing of the node's health, as in the first pass: where
+    # some could, they decide; where none could, the first pass's verdict stands, and says why.
+    def unreadable(repetitions):
+        return [dict(record, status="failed", reasons=["result unreadable: a part missing"])
+                if record["result"]["hostnames"] == ["n02"] and record["spec"]["repetition"] in repetitions
+                else record for record in again]
+    assert fleet.judge(records, plan, rechecked=unreadable({6})).failed_nodes == ["n04"]
+    summary = fleet.judge(records, plan, rechecked=unreadable({4, 5, 6})).summary.set_index("member")
+    assert summary.loc["n02", "result"] == "fail" and "; measured again: " in summary.loc["n02", "reason"]
+    assert summary.loc["n02", "reason"].endswith("_rep6 unreadable (the launcher's output cut it): not judged, "
+                                                 "run it again")
+    # And one that left no record at all: no figure of it.
+    summary = fleet.judge(records, plan, rechecked=[r for r in again if r["result"]["hostnames"] != ["n02"]]
+                          ).summary.set_index("member")
+    assert summary.loc["n02", "result"] == "fail"
     # A node whose runs failed is its own evidence: not a suspect to measure again.
     for record in records:
         if record["result"]["hostnames"] == ["n04"]:

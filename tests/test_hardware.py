@@ -145,7 +145,10 @@ def test_hwcheck_skips_each_absent_tool_with_its_reason_and_never_passes_it(tmp_
         tool = hardware.TOOLS[check["name"]][0]
         assert (check["status"], check["reason"]) == ("skipped", f"{tool} not found on n7")
         assert f"skipped {check['name']}: {tool} not found on n7" in done.stdout
-    assert hardware.failures([tmp_path / "n7.json"]) == {}
+    assert hardware.failures([tmp_path / "n7.json"], ["n7"]) == ({}, [])
+    # A report of a node the plan does not name (an FQDN where Slurm's name was meant) is said, not judged.
+    assert hardware.failures([tmp_path / "n7.json"], ["n7.cluster"]) == (
+        {"n7.cluster": "hardware: no report from this node (`fleet hwcheck` did not run there)"}, ["n7"])
 
 
 def tool(directory: Path, name: str, script: str) -> None:
@@ -189,10 +192,15 @@ def test_hwcheck_runs_each_tool_keeps_its_output_and_reads_each_ib_port_apart(tm
     [remap] = checks["nvidia-smi -q"]["findings"]
     assert raw.read_text().splitlines()[remap["line_number"] - 1] == remap["line"]
     assert len(checks["perfquery -x"]["output"].split(", ")) == 8
-    why = hardware.failures([tmp_path / "hw" / "n7.json"], planned=["n7", "n8"])
+    why, unknown = hardware.failures([tmp_path / "hw" / "n7.json"], planned=["n7", "n8"])
+    assert unknown == []
     assert why["n7"].startswith("hardware: nvidia-smi -q: GPU 00000000:07:00.0: a row remap pending (reset the GPU)")
     assert "; perfquery -x: mlx5_3 port 1: LinkDownedCounter 1 (line 15: " in why["n7"]
     assert why["n8"] == "hardware: no report from this node (`fleet hwcheck` did not run there)"
+    # The rails the site names: only their ports are read by perfquery too (a storage HCA is not a rail).
+    (tmp_path / "perfquery-args").unlink()
+    hwcheck(tmp_path / "hw2", str(bin_dir), "--ib-devices", "mlx5_3,mlx5_4")
+    assert (tmp_path / "perfquery-args").read_text().splitlines() == ["-x -C mlx5_3 -P 1", "-x -C mlx5_4 -P 1"]
 
 
 def test_a_node_whose_hardware_failed_fails_first_with_the_line(recorded_runs, tmp_path):
@@ -203,7 +211,7 @@ def test_a_node_whose_hardware_failed_fails_first_with_the_line(recorded_runs, t
     report.write_text(json.dumps({"node": "n03", "checks": [
         {"name": "dmesg", "status": "fail", "reason": "", "output": "n03/dmesg.txt",
          "findings": [vars(finding) for finding in found]}]}))
-    why = hardware.failures([report])["n03"]
+    why = hardware.failures([report], nodes)[0]["n03"]
     assert why.startswith("hardware: dmesg: Xid 48 on PCI:0000:19:00 (line 11: ") and why.endswith(
         f" and {len(found) - 3} more")
     verdict = fleet.judge(fleet_records(recorded_runs, plan.nodes, plan.links), plan, hardware={"n03": why})

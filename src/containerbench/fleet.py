@@ -195,6 +195,7 @@ class FleetVerdict:
 
     @property
     def failed(self) -> bool:
+        """Whether the batch fails: a node, a link or a container path."""
         return bool(self.failed_nodes or self.bad_links or self.container_path_nodes)
 
     @property
@@ -215,14 +216,15 @@ def judge(records: list[dict], fleet: FleetPlan, references: dict[str, Reference
     `hardware`: node -> why its hardware tier failed (hardware.failures), said before anything timed."""
     references = references or {}
     values, failures, unreadable_runs = member_values(records), _failures(records), _unreadable(records)
-    # A suspect whose second measurement failed to run keeps its first pass's verdict, and says why.
-    recheck_failed = {members[0]: why for members, why in _failures(list(rechecked)).items() if len(members) == 1}
+    # A suspect whose second measurement failed to run, or could not be read, keeps its first pass's verdict,
+    # and says why.
+    recheck_failed = {members[0]: why for members, why in {**_unreadable(list(rechecked)),
+                                                           **_failures(list(rechecked))}.items() if len(members) == 1}
     nodes = _node_figures(values, min_shortfall, references, member_values(list(rechecked)) if rechecked else None,
                           recheck_failed)
     node_fault = _node_faults(fleet, nodes, failures, unreadable_runs)
-    for name, why in (hardware or {}).items():
-        if name in fleet.nodes:
-            node_fault[name] = f"{why}; {node_fault[name]}" if name in node_fault else why
+    for name, why in (hardware or {}).items():  # hardware.failures: the plan's nodes only
+        node_fault[name] = f"{why}; {node_fault[name]}" if name in node_fault else why
     links = _link_figures(values, node_fault, min_shortfall, references)
     # A node whose first-pass figures were not repeated is no culprit through links measured in that pass.
     noisy_ends = set(nodes.loc[nodes["result"] == NOT_REPEATED, "member"])
@@ -262,7 +264,7 @@ def suspects(records: list[dict], fleet: FleetPlan, references: dict[str, Refere
     from runs that ran (a failed run, or a Slurm state, is its own evidence and needs none)."""
     nodes = _node_figures(member_values(records), min_shortfall, references or {})
     # Against the fleet: a batch all below a site's reference would otherwise be measured twice, whole.
-    failed = set(nodes.loc[nodes["worse"].astype(bool) & nodes["result"].isin(["fail", CONTAINER_PATH]), "member"])
+    failed = set(nodes.loc[nodes["worse"].astype(bool), "member"])
     failures = _failures(records)
     return [name for name in fleet.nodes if name in failed and (name,) not in failures]
 
@@ -289,6 +291,8 @@ def _node_figures(values: pd.DataFrame, min_shortfall: float, references: dict[s
             nodes.loc[index, "reason"] = f"{row['reason']}; measured again: {recheck_failed[row['member']]}"
             continue
         if (row["member"], row["variable"]) not in again.index:
+            if rechecked is not None and row["member"] in set(rechecked["member"]):
+                nodes.loc[index, "reason"] = f"{row['reason']}; measured again: no figure of it"
             continue
         second = again.loc[(row["member"], row["variable"])]
         nodes.loc[index, "recheck_value"] = second["value"]

@@ -1,9 +1,9 @@
 """The node and link jobs of a fleet validation: each job's runs, its allocation and its file.
 
-A plan's nodes and links (fleet.plan_batch) become jobs as workflow/rules/fleet.smk runs
+A plan's nodes and links (fleetplan.plan_batch) become jobs as workflow/rules/fleet.smk runs
 them: a node's job is its single-node runs, a link's its two-node runs; each holds
 its nodes exclusively for as long as its runs may take, and waits for the jobs
-before it on its nodes (fleet.job_rounds). `run_job` runs a job's file.
+before it on its nodes (fleetplan.job_rounds). `run_job` runs a job's file.
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from containerbench import outputs
+from containerbench.processes import run_group
 
 
 @dataclass
@@ -248,7 +249,7 @@ TOOLS = {
 }
 # A tool whose failure to run says nothing of the hardware: the kernel log unreadable to this user
 # (kernel.dmesg_restrict), DCGM's host engine not running. Skipped, with what it said.
-NOT_THE_HARDWARES = {"dmesg", "dcgmi diag -r 1"}
+SKIPPED_IF_IT_CANNOT_RUN = {"dmesg", "dcgmi diag -r 1"}
 
 
 def judge_output(name: str, text: str, expected: Expected | None = None) -> list[Finding]:
@@ -270,14 +271,18 @@ def node_name() -> str:
 
 
 def _run(argv: list[str], timeout_s: float) -> tuple[int, str]:
+    """A tool's exit status and output; its whole session killed past `timeout_s` (a hung nvidia-smi's helpers
+    too), and no terminal input read under srun."""
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
+        done = run_group(argv, timeout=timeout_s, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
         return -1, f"{' '.join(argv)} did not end in {timeout_s:g} s"
+    except OSError as error:
+        return -1, f"{' '.join(argv)}: {error}"
     return done.returncode, done.stdout + done.stderr
 
 
-def run_checks(out_dir, expected: Expected | None = None, timeout_s: float = 300) -> Path:
+def run_checks(out_dir, expected: Expected | None = None, timeout_s: float = 300) -> tuple[Path, list[Check]]:
     """Every check this node has the tool for, its raw output kept in out_dir/NODE/, and the node's
     report in out_dir/NODE.json, which `fleet judge --hardware` reads."""
     expected, node = expected or Expected(), node_name()
@@ -291,13 +296,14 @@ def run_checks(out_dir, expected: Expected | None = None, timeout_s: float = 300
         runs = [(argv, "")]
         if name == "perfquery -x":  # a port at a time, each named in its findings
             runs = [([*argv, "-C", port.device, "-P", port.port], f"{port.device} port {port.port}: ")
-                    for port in ports if port.link_layer == "InfiniBand" and port.state == "Active"] or runs
+                    for port in ports if port.link_layer == "InfiniBand" and port.state == "Active"
+                    and (expected.ib_devices is None or port.device in expected.ib_devices)] or runs
         raws, findings, failed = [], [], []
         for words, prefix in runs:
             returncode, text = _run(words, timeout_s)
             # Its output as the tool printed it, so that each finding's line number is the file's.
-            raws.append(raw_dir / "_".join(word.lstrip("-").replace("/", "_") for word in words))
-            outputs.write_text(raws[-1].with_suffix(".txt"), text)
+            raws.append(raw_dir / ("_".join(word.lstrip("-").replace("/", "_") for word in words) + ".txt"))
+            outputs.write_text(raws[-1], text)
             found = judge_output(name, text, expected)
             findings += [Finding(prefix + finding.what, finding.line_number, finding.line) for finding in found]
             if returncode != 0:
@@ -306,19 +312,19 @@ def run_checks(out_dir, expected: Expected | None = None, timeout_s: float = 300
             if name == "ibstat":
                 ports = parse_ibstat(text)
         status = "fail" if findings or failed else "pass"
-        if failed and not findings and name in NOT_THE_HARDWARES:
+        if failed and not findings and name in SKIPPED_IF_IT_CANNOT_RUN:
             status = "skipped"
-        checks.append(Check(name, status, "; ".join(failed), findings,
-                            ", ".join(str(raw.with_suffix(".txt")) for raw in raws)))
+        checks.append(Check(name, status, "; ".join(failed), findings, ", ".join(map(str, raws))))
     report = Path(out_dir) / f"{node}.json"
     outputs.write_text(report, json.dumps({"node": node, "checks": [asdict(check) for check in checks]},
                                           indent=1) + "\n")
-    return report
+    return report, checks
 
 
-def failures(reports, planned=None) -> dict[str, str]:
+def failures(reports, planned) -> tuple[dict[str, str], list[str]]:
     """Node -> why its hardware failed, from the reports run_checks wrote: each failed check's findings;
-    and each of the `planned` nodes with no report (a missing row is never a pass)."""
+    and each of the `planned` nodes with no report (a missing row is never a pass). Also the nodes reports
+    name that the plan does not (an FQDN where Slurm's name was meant): not judged."""
     failed, reported = {}, set()
     for path in reports:
         report = json.loads(Path(path).read_text())
@@ -332,7 +338,8 @@ def failures(reports, planned=None) -> dict[str, str]:
                                                                                    else ""))
         if reasons:
             failed[report["node"]] = "hardware: " + "; ".join(reasons)
-    for node in planned or []:
+    for node in planned:
         if node not in reported:
             failed[node] = "hardware: no report from this node (`fleet hwcheck` did not run there)"
-    return failed
+    planned = set(planned)
+    return {node: why for node, why in failed.items() if node in planned}, sorted(reported - planned)

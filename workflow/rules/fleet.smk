@@ -219,7 +219,7 @@ if FLEET is not None:
             "{params.digest} --summary {output.summary:q} --since-last {output.since_last:q} > {log:q} 2>&1"
 
     rule validate_nodes:
-        """`snakemake validate_nodes`: the workflow exits non-zero when a node or link failed."""
+        """`snakemake validate_nodes`: the workflow exits non-zero when a node, a link or a container path failed."""
         input:
             verdict=rules.fleet_verdict.output.summary,
             stored=rules.fleet_store_history.output.summary,

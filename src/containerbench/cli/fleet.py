@@ -38,13 +38,12 @@ def cmd_fleet_hwcheck(args) -> int:
 
     expected = hardware.Expected(args.gpus, args.nvlink, args.ib_rate,
                                  args.ib_devices.split(",") if args.ib_devices else None)
-    report = hardware.run_checks(args.out, expected)
-    checks = json.loads(report.read_text())["checks"]
+    report, checks = hardware.run_checks(args.out, expected)
     for check in checks:
-        found = "; ".join(str(hardware.Finding(**finding)) for finding in check["findings"])
-        print(f"{check['status']:7} {check['name']}: {found or check['reason']}".rstrip(": "))
+        found = "; ".join(map(str, check.findings))
+        print(f"{check.status:7} {check.name}: {found or check.reason}".rstrip(": "))
     print(f"report: {report}")
-    return 1 if any(check["status"] == "fail" for check in checks) else 0
+    return 1 if any(check.status == "fail" for check in checks) else 0
 
 
 def cmd_fleet_summary(args) -> int:
@@ -63,7 +62,7 @@ def _system(records: list[dict], given: str | None) -> str:
         return "unknown"
 
 
-def _judged(args):
+def _load_batch(args):
     """The plan, the records and the references `fleet judge` and `fleet suspects` read; None: refused,
     in one line."""
     from containerbench import fleetplan
@@ -90,9 +89,9 @@ def _judged(args):
 def cmd_fleet_suspects(args) -> int:
     from containerbench import fleet
 
-    if (judged := _judged(args)) is None:
+    if (batch := _load_batch(args)) is None:
         return 2
-    planned, records, references = judged
+    planned, records, references = batch
     named = fleet.suspects(records, planned, references, min_shortfall=args.min_shortfall)
     outputs.write_text(args.out, json.dumps(named) + "\n")
     print(f"{len(named)} node(s) to measure again before they fail" + (f": {', '.join(named)}" if named else ""))
@@ -105,14 +104,14 @@ def cmd_fleet_judge(args) -> int:
     from containerbench import fleet, fleetexport
     from containerbench.records import load_records
 
-    if (judged := _judged(args)) is None:
+    if (batch := _load_batch(args)) is None:
         return 2
-    planned, records, references = judged
+    planned, records, references = batch
     rechecked = load_records(args.recheck)[0] if args.recheck else []
     from containerbench import hardware
 
-    hardware_faults = hardware.failures(args.hardware, planned.nodes) if args.hardware else {}
-    for node in sorted(set(hardware_faults) - set(planned.nodes)):
+    hardware_faults, unknown = hardware.failures(args.hardware, planned.nodes) if args.hardware else ({}, [])
+    for node in unknown:
         print(f"containerbench: note: a hardware report names {node!r}, not a node of the plan: not judged",
               file=sys.stderr)
     verdict = fleet.judge(records, planned, references, min_shortfall=args.min_shortfall, rechecked=rechecked,
@@ -134,6 +133,17 @@ def cmd_fleet_judge(args) -> int:
         node = argv[2].removeprefix("NodeName=")
         print(f"  {node}: {'drained' if done.returncode == 0 else 'NOT drained: ' + done.stderr.strip()}")
     return 1 if verdict.failed and not args.exit_zero else 0
+
+
+def _batch_arguments(parser):
+    """What `fleet judge` and `fleet suspects` both read: the records, the plan, the shortfall, references."""
+    parser.add_argument("records", nargs="*", help="the batch's run records, or @FILE listing them")
+    parser.add_argument("--plan", required=True, help="the file `fleet plan --write` wrote")
+    parser.add_argument("--min-shortfall", type=float, default=0.10,
+                        help="a figure fails only this far (a fraction) worse than the fleet median")
+    parser.add_argument("--references", help="a references file: its system's figures bound every node and link too")
+    parser.add_argument("--system", help="the node type's system in the references file (default: the records' system)")
+    return parser
 
 
 def add_commands(sub) -> None:
@@ -161,18 +171,12 @@ def add_commands(sub) -> None:
                                            "a container path failed")
     a.add_argument("summary", help="fleet_summary.csv")
     a.set_defaults(func=cmd_fleet_summary)
-    for name, what in (("judge", "the verdict on every node and link; exit 1 if any failed, a container path too"),
-                       ("suspects", "the nodes whose figures fail, to measure again before the verdict")):
-        a = actions.add_parser(name, help=what)
-        a.add_argument("records", nargs="*", help="the batch's run records, or @FILE listing them")
-        a.add_argument("--plan", required=True, help="the file `fleet plan --write` wrote")
-        a.add_argument("--min-shortfall", type=float, default=0.10,
-                       help="a figure fails only this far (a fraction) worse than the fleet median")
-        a.add_argument("--references", help="a references file: its system's figures bound every node and link too")
-        a.add_argument("--system", help="the node type's system in the references file (default: the records' system)")
+    a = _batch_arguments(actions.add_parser("suspects", help="the nodes whose figures fail, to measure again "
+                                                             "before the verdict"))
     a.add_argument("--out", required=True, help="the JSON list of suspect nodes written")
     a.set_defaults(func=cmd_fleet_suspects)
-    a = actions.choices["judge"]
+    a = _batch_arguments(actions.add_parser("judge", help="the verdict on every node and link; exit 1 if any "
+                                                          "failed, a container path too"))
     a.add_argument("--recheck", nargs="*", default=[],
                    help="the records of the suspects' second measurements: a figure fails only if it fails there too")
     a.add_argument("--hardware", nargs="*", default=[],
@@ -180,5 +184,5 @@ def add_commands(sub) -> None:
     a.add_argument("--out-dir", default="results/fleet", help="where the tables and the drain list go")
     a.add_argument("--drain", action="store_true", help="run the drain list's scontrol lines")
     a.add_argument("--exit-zero", action="store_true",
-                   help="exit 0 when a node or link failed too (the workflow's judge; else 1, and 2 on bad input)")
+                   help="exit 0 when the batch failed too (the workflow's judge; else 1, and 2 on bad input)")
     a.set_defaults(func=cmd_fleet_judge)
