@@ -26,11 +26,11 @@ from helpers import ROOT, assert_junit_as_pytest_writes, fleet_records, on_nodes
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics_families
 
 from containerbench import config as cb_config
-from containerbench import execution, fleet, fleetexport, fleetjobs, fleetplan, fleetreport, slurm
+from containerbench import execution, fabrics, fleet, fleetexport, fleetjobs, fleetplan, fleetreport, hardware, slurm
 from containerbench.plans import RunPlan
 from containerbench.rank import markers
 from containerbench.records import parse_log
-from containerbench.validate import Reference
+from containerbench.validate import Reference, rail_of
 
 NODES = [f"n{i:02d}" for i in range(1, 7)]
 # The fleet with three faults: large enough that the links between healthy nodes outnumber the slow ones.
@@ -207,7 +207,7 @@ def test_the_command_line_judges_the_records_writes_the_tables_and_only_prints_t
     page = (tmp_path / "fleet" / "fleet.html").read_text()
     assert lines[2] == f"tables and page: {tmp_path / 'fleet'}/fleet_*.csv, {tmp_path / 'fleet' / 'fleet.html'}"
     assert page.count('src="data:image/png;base64,') == 2
-    assert 'alt="per-node deviation from the fleet median"' in page and 'alt="link matrix: ' in page
+    assert 'alt="per-node deviation from the fleet median"' in page and 'alt="link matrix (Links): ' in page
     assert "1 of 6 node(s) failed" in page and "0 of 9 link(s) bad" in page
     assert f"<td>{SLOW_NODE}</td>" in page and f"scontrol update NodeName={SLOW_NODE} State=DRAIN" in page
     # What `snakemake validate_nodes` prints and exits with, from the summary alone.
@@ -340,6 +340,7 @@ def test_in_four_nodes_a_slow_nodes_links_do_not_hide_a_bad_link(recorded_runs):
 
 def test_each_node_and_link_job_runs_its_runs_pinned_in_one_exclusive_allocation():
     config = cb_config.load([ROOT / "tests" / "slurm" / "fleet.yaml"])
+    config["fabrics"]["fast"].pop("rails")  # a link's rails: test_a_links_job_measures_its_fabric_whole_...
     config["validation"].update(repetitions=2, link_training=True)
     node = fleetjobs.node_runs(config, "n3")
     assert [run.run_id for run in node] == [
@@ -419,9 +420,11 @@ def test_a_links_job_waits_for_the_jobs_before_it_on_both_of_its_nodes():
         for before, after in zip(chain, chain[1:]):
             assert jobs.logs(before)[0] in jobs.waits_for(after[1]), (node, before, after)
     repetitions = config["validation"]["repetitions"]
-    assert jobs.logs(("link", "n1+n2")) == [f"results/fleet/runs/netbench_bare-metal_fast_2x1_on_n1+n2_rep{rep}.log"
-                                            for rep in range(1, repetitions + 1)]
-    assert len(jobs.records()) == (7 * 2 + 11) * repetitions and jobs.records()[0].endswith("_on_n1_rep1.json")
+    # Each link over the fabric whole, then over each of its two rails alone.
+    assert jobs.logs(("link", "n1+n2")) == [f"results/fleet/runs/netbench_bare-metal_{fabric}_2x1_on_n1+n2_rep{rep}.log"
+                                            for rep in range(1, repetitions + 1)
+                                            for fabric in ("fast", "fast.fast0", "fast.fast1")]
+    assert len(jobs.records()) == (7 * 2 + 11 * 3) * repetitions and jobs.records()[0].endswith("_on_n1_rep1.json")
 
 
 def test_half_the_fleets_figure_fails_however_wide_a_small_fleets_spread():
@@ -498,7 +501,7 @@ def test_what_validating_a_batch_costs_is_its_jobs_held_to_their_time_limits():
     lines = jobs.cost_summary().splitlines()
     assert lines[:2] == ["What validating the batch costs:", "  jobs         7 node jobs and 11 link jobs, each its "
                          "own exclusive allocation, at most 1 at a time (validation.max_jobs)"]
-    assert lines[2] == f"  runs         {7 * 6 + 11 * 3}: each job's runs, validation.repetitions = 3"
+    assert lines[2] == f"  runs         {7 * 6 + 11 * 3 * 3}: each job's runs, validation.repetitions = 3"  # 2 rails
     timeouts = f"benchmark.timeout_s = 600 s, netbench.timeout_s = {config['netbench']['timeout_s']} s"
     worst = (7 * node_minutes + 11 * 2 * link_minutes) / 60
     assert lines[3:] == [
@@ -775,3 +778,127 @@ def test_a_shortfall_only_in_a_container_is_the_container_path_and_is_not_draine
     ("train/resnet50-224px-fp32/bare-metal (native)/ib/1x4/b64/images_per_sec", None)])
 def test_a_figures_bare_metal_counterpart_is_its_variable_with_the_runtime_made_bare_metals(variable, bare):
     assert fleet.bare_metal_counterpart(variable) == bare
+
+
+RAILS = {"rail0": {"env": {"OMPI_MCA_btl_tcp_if_include": "fast0", "NCCL_IB_HCA": "=mlx5_0:1"}},
+         "rail1": {"env": {"OMPI_MCA_btl_tcp_if_include": "fast1", "NCCL_IB_HCA": "=mlx5_1:1"}}}
+
+
+def railed_config() -> dict:
+    config = cb_config.load([ROOT / "tests" / "slurm" / "fleet.yaml"])
+    config["fabrics"]["fast"]["rails"] = copy.deepcopy(RAILS)
+    return config
+
+
+def test_a_links_job_measures_its_fabric_whole_then_each_rail_alone_each_run_set_and_checked_as_its_rail():
+    config = railed_config()
+    assert [run.run_id for run in fleetjobs.link_runs(config, ("n1", "n2"))][:3] == [
+        "netbench_bare-metal_fast_2x1_on_n1+n2_rep1", "netbench_bare-metal_fast.rail0_2x1_on_n1+n2_rep1",
+        "netbench_bare-metal_fast.rail1_2x1_on_n1+n2_rep1"]
+    # A node's job and the sweep measure the fabric: rails are the links' business.
+    assert {run.fabric for run in fleetjobs.node_runs(config, "n1")} == {"fast"}
+    assert {run.fabric for run in cb_config.plan_runs(config)} == {"fast"}
+    plan = fleetplan.plan_batch({name: fleet.NodeState(name, "idle") for name in ("n1", "n2")})
+    jobs = fleetjobs.FleetJobs(config, plan, "results/fleet")
+    rail = next(jobs.plan(spec) for spec in jobs.job_runs(("link", "n1+n2")) if spec.fabric == "fast.rail1")
+    # The rail's variables over the fabric's; what the parser checks in its log comes from those (the interface
+    # Open MPI's TCP BTL must name is fast1), not from the fabric's, which names the rails together.
+    assert rail.env["OMPI_MCA_btl_tcp_if_include"] == "fast1" and rail.env["HOROVOD_GLOO_IFACE"] == "fast0"
+    assert rail.fabric == {"name": "fast.rail1", "env": {**config["fabrics"]["fast"]["env"], **RAILS["rail1"]["env"]},
+                           "expect": None}
+    assert fabrics.expected_transport(rail.fabric).layers["mpi"].interfaces == {"tcp": ("=fast1",)}
+    assert fabrics.expected_transport(rail.fabric).layers["nccl"].interfaces["ib"] == ("=mlx5_1:1",)
+    # The pre-flight checks the rail's own devices on the nodes, by their place in the config.
+    requests = fabrics.named_devices({"fast.rail1": fabrics.fabric_settings(config, "fast.rail1")})
+    assert {(each.key, each.name) for each in requests} >= {("fabrics.fast.rails.rail1.env.NCCL_IB_HCA", "mlx5_1")}
+
+
+@pytest.mark.parametrize("rails, message", [
+    ({"mlx5_0": {"env": {}}}, "config: 'fabrics.fast.rails' = 'mlx5_0' is not allowed; allowed: pattern "
+                              "^[a-z0-9][a-z0-9-]*$"),
+    ({"rail0": {"expect": {"transport": "ib"}}}, "config: 'fabrics.fast.rails.rail0': 'env' is a required property; "
+                                                 "required keys: env"),
+    ({"rail0": {"env": {}, "description": "x"}}, "config: unknown key 'description' in 'fabrics.fast.rails.rail0'; "
+                                                 "known keys: env, expect"),
+])
+def test_a_rail_that_cannot_be_named_or_set_is_refused_in_one_line(tmp_path, rails, message):
+    site = tmp_path / "site.yaml"
+    site.write_text(yaml.safe_dump({"fabrics": {"fast": {"env": {"OMPI_MCA_btl": "self,tcp"}, "rails": rails}}}))
+    with pytest.raises(cb_config.ConfigError) as caught:
+        cb_config.load([ROOT / "tests" / "slurm" / "fleet.yaml", site])
+    assert str(caught.value) == message
+
+
+def railed_records(recorded_runs, plan, rail_factor) -> list[dict]:
+    """The fleet's records, with each link's netbench again per rail; `rail_factor(pair, rail)` slows one."""
+    records = fleet_records(recorded_runs, plan.nodes, plan.links)
+    for record in [each for each in records if len(each["spec"]["nodelist"]) == 2]:
+        for rail in RAILS:
+            copied = on_nodes(record, record["result"]["hostnames"], record["spec"]["repetition"],
+                              rail_factor(tuple(record["spec"]["nodelist"]), rail) / 2)
+            copied["spec"]["fabric"] = f"{record['spec']['fabric']}.{rail}"
+            copied["run_id"] = copied["spec"]["run_id"] = copied["run_id"].replace("_rep", f"_{rail}_rep")
+            records.append(copied)
+    return records
+
+
+def test_one_degraded_rail_of_a_link_fails_it_by_name_where_the_fabric_whole_passes(recorded_runs, tmp_path):
+    plan = fleetplan.plan_batch({name: fleet.NodeState(name, "idle") for name in BATCH})
+    records = railed_records(recorded_runs, plan, lambda pair, rail: 0.3 if (pair, rail) == (BAD_LINK, "rail1")
+                             else 1)
+    verdict = fleet.judge(records, plan)
+    assert verdict.failed_nodes == [] and verdict.bad_links == ["+".join(BAD_LINK)]
+    reason = verdict.summary.set_index("member").loc["+".join(BAD_LINK), "reason"]
+    assert "pingpong_bandwidth_MBps over rail tcp-loopback.rail1 157.2 MB/s, 70% below" in reason, reason
+    assert ".rail0" not in reason and not re.search(r"MBps \d", reason)  # the fabric whole and rail0 passed
+    slow = verdict.links[verdict.links["slow"]]
+    assert set(slow["variable"].map(rail_of)) == {f"{records[0]['spec']['fabric']}.rail1"}
+    # A rail slow in every link of one node is that node's HCA or port: the node fails, its links are explained.
+    records = railed_records(recorded_runs, plan, lambda pair, rail: 0.3 if SLOW_NODE in pair and rail == "rail0"
+                             else 1)
+    verdict = fleet.judge(records, plan)
+    assert verdict.failed_nodes == [SLOW_NODE] and verdict.bad_links == []
+    assert "over rail" in verdict.summary.set_index("member").loc[SLOW_NODE, "reason"]
+    # The page draws the links over the fabric whole, then each rail alone.
+    fleetexport.write_verdict(verdict, tmp_path)
+    fleetreport.render_fleet(tmp_path, tmp_path / "fleet.html")
+    page = (tmp_path / "fleet.html").read_text()
+    fabric = records[0]["spec"]["fabric"]
+    assert re.findall(r'alt="link matrix \(([^)]*)\)', page) == [
+        "Every fabric, its rails together", f"Rail {fabric}.rail0 alone", f"Rail {fabric}.rail1 alone"]
+
+
+def test_a_nodes_job_checks_its_hardware_first_and_a_hwcheck_that_cannot_answer_fails_the_node(tmp_path,
+                                                                                                 monkeypatch):
+    config = cb_config.load([ROOT / "tests" / "slurm" / "fleet.yaml"])
+    config["slurm"]["gpus_per_node"] = 4
+    config["validation"]["hardware"].update(nvlink=True, ib_devices=["mlx5_0", "mlx5_1"])
+    plan = fleetplan.plan_batch({name: fleet.NodeState(name, "idle") for name in ("n1", "n2")})
+    jobs = fleetjobs.FleetJobs(config, plan, str(tmp_path / "fleet"))
+    jobs.write(plan, tmp_path / "plan.json")
+    step = json.loads(Path(jobs.job_file(("node", "n1"))).read_text())["hardware"]
+    # srun(1): one task on one node, a step of the node job's allocation, in the job's environment (--export=ALL);
+    # what the site expects of the node from validation.hardware, the GPUs from its GRES.
+    assert step == {"argv": ["srun", "--nodes=1", "--ntasks=1", "--export=ALL", sys.executable, "-m", "containerbench",
+                             "fleet", "hwcheck", "--out", f"{tmp_path}/fleet/hardware", "--gpus", "4", "--nvlink",
+                             "--ib-devices", "mlx5_0,mlx5_1", "--timeout-s", "120"],
+                    "node": "n1", "report": f"{tmp_path}/fleet/hardware/n1.json", "timeout_s": 120}
+    assert "hardware" not in json.loads(Path(jobs.job_file(("link", "n1+n2"))).read_text())  # links: no tier
+    assert jobs.hardware_reports() == [f"{tmp_path}/fleet/hardware/{node}.json" for node in ("n1", "n2")]
+    # The step's own command, here rather than under srun, as Slurm names the node to it: the tools this
+    # machine lacks are skipped with their reasons, and the report is the one the verdict reads.
+    monkeypatch.setenv("SLURMD_NODENAME", "n1")
+    fleetjobs.check_hardware({**step, "argv": step["argv"][4:]})
+    checks = json.loads(Path(step["report"]).read_text())["checks"]
+    assert {check["name"]: check["status"] for check in checks if check["name"] != "dmesg"} == {
+        name: "skipped" for name in hardware.TOOLS if name != "dmesg"}
+    assert hardware.failures([step["report"]], ["n1"]) == ({}, [])
+    # A step Slurm would not start (or a hwcheck that died) leaves no report of its own: one says why, and
+    # the node fails on it rather than passing with no hardware checked.
+    Path(step["report"]).unlink()
+    fleetjobs.check_hardware({**step, "argv": ["sh", "-c", "echo 'srun: error: Unable to create step'; exit 1"]})
+    assert hardware.failures([step["report"]], ["n1"])[0] == {"n1": (
+        "hardware: fleet hwcheck: fleet hwcheck exited with 1 and wrote no report: srun: error: Unable to create step")}
+    config["validation"]["hardware"]["enabled"] = False
+    assert fleetjobs.hardware_argv(config, "x") is None
+    assert fleetjobs.FleetJobs(config, plan, "x").hardware_reports() == []

@@ -143,6 +143,7 @@ def test_validate_nodes_names_the_slowed_node_the_slowed_link_and_the_cancelled_
     # A FAIL fails the workflow, after the verdict is written.
     assert done.returncode == 1, output[-5000:]
     fleet_dir = tmp_path / "results" / "fleet"
+    assert (fleet_dir / "fleet_summary.csv").exists(), output[-5000:]  # a workflow that failed before the verdict
     summary = pd.read_csv(fleet_dir / "fleet_summary.csv", keep_default_na=False).set_index("member")
     print(summary.to_string())  # the verdict, for the issue's note (pytest -s)
     nodes = pd.read_csv(fleet_dir / "fleet_nodes.csv")
@@ -170,6 +171,14 @@ def test_validate_nodes_names_the_slowed_node_the_slowed_link_and_the_cancelled_
     assert sorted(p.name for p in (fleet_dir / "recheck").glob(f"*_on_{SLOW_NODE}_rep*.json")) == [
         f"netbench_bare-metal_fast_1x2_on_{SLOW_NODE}_rep{r}.json" for r in (4, 5, 6)] + [
         f"train_bare-metal_fast_1x1_b32_on_{SLOW_NODE}_rep{r}.json" for r in (4, 5, 6)]
+    # Each node's job ran its hardware tier first, on its node (a step: Slurm names the node to it): the tools
+    # the test cluster lacks are skipped with their reasons, the kernel log is read there, and none failed.
+    for node in ("n1", "n2", "n3", "n4"):
+        checks = {check["name"]: check for check in
+                  json.loads((fleet_dir / "hardware" / f"{node}.json").read_text())["checks"]}
+        assert (checks["nvidia-smi -q"]["status"], checks["nvidia-smi -q"]["reason"]) == (
+            "skipped", f"nvidia-smi not found on {node}")
+        assert checks["dmesg"]["status"] in ("pass", "skipped") and "hardware" not in summary.loc[node, "reason"]
     # The cancelled job is a failed record with Slurm's state from sacct, not a job submitted again.
     assert cancelled, "the link job never ran"
     assert f"failed: Slurm job {cancelled[0]} CANCELLED by 0 (sacct)" in summary.loc[CANCELLED_LINK, "reason"]
@@ -178,7 +187,13 @@ def test_validate_nodes_names_the_slowed_node_the_slowed_link_and_the_cancelled_
     assert output.count("localrule fleet_recheck:") == len(suspects)  # only the suspects, never the batch
     # Links through the slow node are explained by it, or not slow at all: never a bad link of their own.
     assert set(summary.loc[["n1+n3", "n2+n3", "n3+n4"], "result"]) <= {"explained", "pass"}
-    assert "pingpong_bandwidth_MBps" in summary.loc["n1+n2", "reason"]
+    # The pair is slowed on rail fast0 only (cluster.sh slow-link): the link fails by that rail's name, and its
+    # other rail, measured alone, passes.
+    assert "pingpong_bandwidth_MBps over rail fast.fast0 " in summary.loc["n1+n2", "reason"]
+    links = pd.read_csv(fleet_dir / "fleet_links.csv")
+    print(links.loc[links["link"] == "n1+n2", ["variable", "value", "fleet_median", "deviation_percent",
+                                               "slow"]].to_string())
+    assert not links.loc[(links["link"] == "n1+n2") & links["variable"].str.contains("/fast.fast1/"), "slow"].any()
     # Issue 34: at the default sizes, each result longer than one srun message and the fabric check's verbose
     # Open MPI output from every task on, every result reached its record whole (none of the healthy links
     # failed above; unreadable would not have been a link fault but is not here either).
@@ -187,7 +202,9 @@ def test_validate_nodes_names_the_slowed_node_the_slowed_link_and_the_cancelled_
     assert link_log.count(f"{markers.PART}result ") > 5 and "btl: tcp: " in link_log
     drain = (fleet_dir / "drain.txt").read_text().splitlines()
     assert drain[0].startswith(f"scontrol update NodeName={SLOW_NODE} State=DRAIN 'Reason=containerbench: ")
-    assert (fleet_dir / "fleet.html").read_text().count('src="data:image/png;base64,') == 2
+    # The nodes' chart, and the links' matrices: the fabric whole, then each rail alone.
+    page = (fleet_dir / "fleet.html").read_text()
+    assert page.count('src="data:image/png;base64,') == 4 and "link matrix (Rail fast.fast0 alone)" in page
     # The batch's records are a session of the results store too.
     session = json.loads((fleet_dir / "history" / "session.json").read_text())["session"]
     assert session["records"] == len((fleet_dir / "records.txt").read_text().split()) and session["system"] == "cbtest"

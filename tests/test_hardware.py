@@ -201,6 +201,15 @@ def test_hwcheck_runs_each_tool_keeps_its_output_and_reads_each_ib_port_apart(tm
     (tmp_path / "perfquery-args").unlink()
     hwcheck(tmp_path / "hw2", str(bin_dir), "--ib-devices", "mlx5_3,mlx5_4")
     assert (tmp_path / "perfquery-args").read_text().splitlines() == ["-x -C mlx5_3 -P 1", "-x -C mlx5_4 -P 1"]
+    # No Active InfiniBand port of the named rails: perfquery is skipped, not run without -C and -P, where
+    # libibumad picks "the first port that is ACTIVE", else the first UP, of any CA: some other port's counters
+    # (infiniband-diags(8), "Local port Selection").
+    (tmp_path / "perfquery-args").unlink()
+    hwcheck(tmp_path / "hw3", str(bin_dir), "--ib-devices", "mlx5_0")
+    checks = {check["name"]: check for check in json.loads((tmp_path / "hw3" / "n7.json").read_text())["checks"]}
+    assert (checks["perfquery -x"]["status"], checks["perfquery -x"]["reason"]) == (
+        "skipped", "no Active InfiniBand port of mlx5_0 in ibstat's list on n7")
+    assert not (tmp_path / "perfquery-args").exists()
 
 
 def test_a_node_whose_hardware_failed_fails_first_with_the_line(recorded_runs, tmp_path):

@@ -293,6 +293,36 @@ def named_devices(fabrics: dict[str, dict]) -> list[DeviceRequest]:
                 if "/" in pattern:  # Open MPI's subnet form names no device
                     continue
                 name, _, port = pattern.lstrip("=").partition(":")
-                requests.append(DeviceRequest(f"fabrics.{fabric_name}.env.{variable}", value, kind, name, port,
+                key = fabric.get("key", f"fabrics.{fabric_name}")  # fabric_settings' place of a rail
+                requests.append(DeviceRequest(f"{key}.env.{variable}", value, kind, name, port,
                                               pattern.startswith("=")))
     return requests
+
+
+# A rail's runs name it after its fabric: FABRIC.RAIL ("." is in no fabric's or rail's name).
+RAIL_SEPARATOR = "."
+
+
+def rail_names(config: dict, fabric: str) -> list[str]:
+    """The names a fleet's link jobs measure a fabric's rails under, one each (fabrics.NAME.rails)."""
+    return [f"{fabric}{RAIL_SEPARATOR}{rail}" for rail in config["fabrics"][fabric].get("rails") or {}]
+
+
+def rail_fabric(name: str) -> str:
+    """The configured fabric a run's fabric name is, or is a rail of."""
+    return name.partition(RAIL_SEPARATOR)[0]
+
+
+def fabric_settings(config: dict, name: str) -> dict:
+    """What a run over `name` sets and expects: a configured fabric, or one rail of it (FABRIC.RAIL), whose env
+    goes over its fabric's. A rail is checked against its own `expect`, else against what its merged variables
+    ask (NCCL_IB_HCA, UCX_NET_DEVICES, btl_tcp_if_include), never against the fabric's: that one names the
+    rails together. `key`: where the settings are in the config, for a message."""
+    fabric_name, _, rail = name.partition(RAIL_SEPARATOR)
+    fabric = config["fabrics"][fabric_name]
+    if not rail:
+        return {**fabric, "key": f"fabrics.{fabric_name}"}
+    settings = fabric["rails"][rail]
+    return {"description": f"{fabric.get('description') or fabric_name}: rail {rail} alone",
+            "env": {**fabric["env"], **settings["env"]}, "key": f"fabrics.{fabric_name}.rails.{rail}",
+            **({"expect": settings["expect"]} if settings.get("expect") else {})}

@@ -18,12 +18,11 @@ own noise. Such a variable is "unjudged" against the fleet, and says so; a membe
 fails on it only when even its best repetition is under half the others' worst,
 or outside the site's reference.
 
-Links are localised from the pairings (fleetplan: a ring and chords, every node
-of four or more in three links or more). Links are set against the links between nodes that
-passed (a node slow in everything slows its links too). A node slow in all of
-its measured links to nodes that passed, two or more, is the culprit, and those
-links are not blamed; a slow link whose nodes are both fine elsewhere is the
-link itself (a cable, a switch port).
+Links are localised from the pairings (fleetplan: a ring and chords, every node of four or more in three
+links or more), against the links between nodes that passed (a node slow in everything slows its links too).
+A node slow in all of its measured links to nodes that passed, two or more, is the culprit (over one rail
+alone: its HCA or port), and those links are not blamed; a slow link whose nodes are both fine elsewhere is
+the link itself (a cable, a switch port).
 
 The batch's plan is fleetplan's; the jobs that measure it, fleetjobs'.
 """
@@ -40,7 +39,7 @@ from containerbench.records import UNREADABLE_RESULT
 from containerbench.runtimes.bare_metal import BareMetal
 from containerbench.slurm import NodeState
 from containerbench.status import Status
-from containerbench.validate import LOWER_IS_BETTER, Reference, metric_of, record_variables
+from containerbench.validate import LOWER_IS_BETTER, Reference, figure_name, metric_of, rail_of, record_variables
 
 # MAD x 1.4826 estimates the standard deviation of normal data; 3.5 is Iglewicz and
 # Hoaglin's cut-off for the modified z-score (NIST/SEMATECH e-Handbook, 1.3.5.17).
@@ -151,14 +150,14 @@ def _against(values: pd.DataFrame, references: dict[str, Reference], min_shortfa
     for row, reference, out in zip(values.itertuples(), known, outside):
         why = [_why(row)] if row.worse else []
         if row.unjudged and not row.worse:
-            why.append(f"{metric_of(row.variable)} not judged against the fleet: one member's repetitions differ "
+            why.append(f"{figure_name(row.variable)} not judged against the fleet: one member's repetitions differ "
                        f"by {row.repeatability_percent:.0f}% (the batch's median), more than the "
                        f"{100 * min_shortfall:.0f}% shortfall that fails")
         if out:
             bounds = " and ".join(f"{word} {bound:.4g}" for word, bound in (("at least", reference.lower_bound),
                                                                             ("at most", reference.upper_bound))
                                   if bound is not None)
-            why.append(f"{metric_of(row.variable)} {row.value:.4g} {row.unit} outside the reference "
+            why.append(f"{figure_name(row.variable)} {row.value:.4g} {row.unit} outside the reference "
                        f"{reference.reference:.4g} ({bounds})")
         reasons.append("; ".join(why))
     return values.assign(reference=[None if reference is None else reference.reference for reference in known],
@@ -167,7 +166,7 @@ def _against(values: pd.DataFrame, references: dict[str, Reference], min_shortfa
 
 def _why(row) -> str:
     direction = "above" if row.deviation_percent > 0 else "below"
-    why = (f"{metric_of(row.variable)} {row.value:.4g} {row.unit}, {abs(row.deviation_percent):.0f}% {direction} "
+    why = (f"{figure_name(row.variable)} {row.value:.4g} {row.unit}, {abs(row.deviation_percent):.0f}% {direction} "
            f"the fleet median {row.fleet_median:.4g} (robust z {row.robust_z:.1f})")
     if row.unjudged:
         why += (f", and even its best repetition under half the others' worst (repetitions differ by "
@@ -383,13 +382,15 @@ def _slow_networked_nodes(fleet: FleetPlan, links: pd.DataFrame, failures: Failu
     """The nodes slow in every link they are in (three or more from four nodes), the culprits for all
     of them, with why. Counted: a node's measured links to nodes that passed, two or more; a link to a
     failed node, or a link job that failed (no figure), says nothing about this end."""
-    measured_slow = set(links.loc[links["bad"], "member"])
+    slow_rails = links[links["bad"]].groupby("member")["variable"].agg(lambda each: set(each.map(rail_of)))
     judged_links = _links_to_passed_nodes(fleet, set(links["member"]), failures, node_fault)
     culprits = {}
     for name in fleet.nodes:
         mine = judged_links.get(name, [])
-        if len(mine) >= 2 and all(link in measured_slow for link in mine):
-            culprits[name] = f"slow in all {len(mine)} of its links to nodes that passed ({', '.join(mine)})"
+        if len(mine) >= 2 and all(link in slow_rails for link in mine):
+            rails = sorted(set.intersection(*(slow_rails[link] for link in mine)) - {""})  # "": the fabric whole
+            culprits[name] = (f"slow in all {len(mine)} of its links to nodes that passed ({', '.join(mine)})"
+                              + (f" over rail {' and '.join(rails)}" if rails else ""))
     return culprits
 
 

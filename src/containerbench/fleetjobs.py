@@ -10,15 +10,19 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
 from containerbench import outputs
 from containerbench.config import ImageUse, RunSpec, mpi_models
 from containerbench.cost import expected_each
+from containerbench.fabrics import rail_fabric, rail_names
 from containerbench.fleetplan import FleetError, FleetPlan, in_order, link_name
-from containerbench.launchers import Allocation
+from containerbench.launchers import Allocation, Srun
 from containerbench.plans import node_archive, plan_run
+from containerbench.processes import run_group
 from containerbench.runtimes import runtime_for
 from containerbench.slurm import ALLOCATION_SLACK_MINUTES, allocation_argv, job_partition
 
@@ -54,18 +58,54 @@ def recheck_runs(config: dict, node: str) -> list[RunSpec]:
 
 def link_runs(config: dict, pair: tuple[str, str]) -> list[RunSpec]:
     """A link's job, per repetition: the two-node netbench (one rank a node) over every fabric of the
-    config, and with validation.link_training a two-node training run, in the config's first runtime."""
+    config, then over each of its rails alone (FABRIC.RAIL: one degraded rail of four hides in what they
+    carry together), and with validation.link_training a two-node training run, in the config's first runtime."""
     bench, runtime = config["benchmark"], config["runtimes"][0]
     model = mpi_models(config, runtime)[0]
+    fabrics = [name for fabric in config["fabrics"] for name in (fabric, *rail_names(config, fabric))]
     runs = []
     for repetition in range(1, config["validation"]["repetitions"] + 1):
         runs += [RunSpec("netbench", runtime, fabric, 2, 1, repetition, mpi_model=model, nodelist=tuple(pair))
-                 for fabric in config["fabrics"]]
+                 for fabric in fabrics]
         if config["validation"]["link_training"]:
             runs.append(RunSpec("train", runtime, next(iter(config["fabrics"])), 2,
                                 max(config["scaling"]["ranks_per_node"]), repetition, bench["batch_sizes"][0],
                                 bench["modes"][0], bench["data"][0], model, tuple(pair)))
     return runs
+
+
+def hardware_argv(config: dict, out_dir: str, python: str = sys.executable) -> list[str] | None:
+    """The hardware tier a node's job runs first, on its node: `fleet hwcheck` as one task, a step of the
+    job's allocation, with what the site expects of the node (validation.hardware); None where it is off."""
+    settings = config["validation"]["hardware"]
+    if not settings["enabled"]:
+        return None
+    gpus = settings["gpus"] or config["slurm"]["gpus_per_node"]
+    options = [*(["--gpus", str(gpus)] if gpus else []), *(["--nvlink"] if settings["nvlink"] else []),
+               *(["--ib-rate", f"{settings['ib_rate']:g}"] if settings["ib_rate"] else []),
+               *(["--ib-devices", ",".join(settings["ib_devices"])] if settings["ib_devices"] else []),
+               "--timeout-s", f"{settings['timeout_s']:g}"]
+    return [Srun.program, "--nodes=1", "--ntasks=1", "--export=ALL", python, "-m", "containerbench", "fleet",
+            "hwcheck", "--out", out_dir, *options]
+
+
+def check_hardware(step: dict) -> None:
+    """A node job's hardware step (FleetJobs.write_job), run in its allocation before its runs. Where hwcheck
+    could not run or answer there, its report says so itself, a failed check: a node that cannot start one
+    step of a minute is not passed in silence."""
+    from containerbench.hardware import TOOLS, Check, write_report
+
+    limit = step["timeout_s"] * (len(TOOLS) + 2) + 60  # each tool's own, perfquery's ports, srun's start
+    try:
+        done = run_group(step["argv"], timeout=limit, stdin=subprocess.DEVNULL)
+        print(done.stdout + done.stderr, end="", flush=True)
+        why = f"fleet hwcheck exited with {done.returncode} and wrote no report: " + (
+            (done.stdout + done.stderr).strip().splitlines() or ["no output"])[-1]
+    except subprocess.TimeoutExpired:
+        why = f"fleet hwcheck did not end in {limit:g} s"
+    if not Path(step["report"]).exists():
+        print(f"containerbench: {step['node']}: {why}", flush=True)
+        write_report(step["report"], step["node"], [Check("fleet hwcheck", "fail", why)])
 
 
 def run_timeout_s(config: dict, run: RunSpec) -> float:
@@ -130,7 +170,8 @@ class FleetJobs:
             job = next((job for job in self.runs if job[0] == kind), None)
             if job is None or not records:
                 continue
-            plans = [self.plan(spec) for spec in self.runs[job]]
+            # A rail's run is timed by its fabric's records: a sweep measures fabrics, not rails one by one.
+            plans = [self.plan(replace(spec, fabric=rail_fabric(spec.fabric))) for spec in self.runs[job]]
             seconds = [each[0] for each in expected_each(plans, records, same_shape=True)]
             if all(each is not None for each in seconds):
                 expected[kind] = seconds
@@ -243,12 +284,30 @@ class FleetJobs:
             self.write_job(job, self.job_file(job))
 
     def write_job(self, job: tuple[str, str], path) -> None:
-        """One job's file: its allocation, its runs' plans (each with its deadline) and their raw logs."""
+        """One job's file: its allocation, its runs' plans (each with its deadline) and their raw logs; a node's
+        first pass, its hardware step too."""
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         plans = [replace(self.plan(spec), timeout_s=deadline).as_dict()
                  for spec, deadline in zip(self.job_runs(job), self.deadlines(job))]
+        steps = {}
+        if job[0] == "node" and (argv := hardware_argv(self.config, self.hardware_dir)):
+            steps["hardware"] = {"argv": argv, "node": job[1], "report": self.hardware_report(job[1]),
+                                 "timeout_s": self.config["validation"]["hardware"]["timeout_s"]}
         outputs.write_text(path, json.dumps({"allocation": self.allocation(job), "plans": plans,
-                                             "logs": self.logs(job)}, sort_keys=True) + "\n")
+                                             "logs": self.logs(job), **steps}, sort_keys=True) + "\n")
+
+    @property
+    def hardware_dir(self) -> str:
+        return f"{self.directory}/hardware"
+
+    def hardware_report(self, node: str) -> str:
+        """Where a node's hardware report is: `fleet hwcheck` names it by SLURMD_NODENAME, the plan's name."""
+        return f"{self.hardware_dir}/{node}.json"
+
+    def hardware_reports(self) -> list[str]:
+        """Every node's, where validation.hardware is on (`fleet judge --hardware`)."""
+        enabled = self.config["validation"]["hardware"]["enabled"]
+        return [self.hardware_report(job[1]) for job in self.runs if job[0] == "node" and enabled]
 
     def records(self) -> list[str]:
         return [record_path(log) for job in self.runs for log in self.logs(job)]
@@ -281,8 +340,17 @@ def run_job(job_file, in_allocation: bool = False) -> int:
 
     job = json.loads(Path(job_file).read_text())
     plans = [RunPlan.from_json(run_plan) for run_plan in job["plans"]]
+    hardware = job.get("hardware")
+    if hardware and in_allocation:  # before anything is timed (issue 33: the tier SuperBench and NHC run first)
+        check_hardware(hardware)
     returncode = run_plans(plans, job["logs"], Allocation.PER_JOB, ["fleet", "run", str(job_file)],
                            salloc=job["allocation"], inside=in_allocation)
+    if hardware and not in_allocation and not Path(hardware["report"]).exists():
+        # Slurm never ran the job: its runs' logs say why, and they fail the node; this says only that.
+        from containerbench.hardware import Check, write_report
+
+        write_report(hardware["report"], hardware["node"], [Check(
+            "fleet hwcheck", "skipped", "not run: the node's job had no allocation (its runs' logs say why)")])
     # Each raw log parsed here: a parse job per run would be most of a large batch's DAG.
     if returncode == 0 and not in_allocation:
         for log in job["logs"]:

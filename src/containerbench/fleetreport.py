@@ -17,6 +17,7 @@ from jinja2 import Environment, PackageLoader, select_autoescape  # noqa: E402
 from containerbench import outputs  # noqa: E402
 from containerbench.fleet import CONTAINER_PATH, NOT_REPEATED  # noqa: E402
 from containerbench.report import figure_png, html_table  # noqa: E402
+from containerbench.validate import rail_of  # noqa: E402
 
 
 def node_chart(nodes: pd.DataFrame, min_shortfall: float | None = None) -> str | None:
@@ -46,7 +47,21 @@ def node_chart(nodes: pd.DataFrame, min_shortfall: float | None = None) -> str |
     return figure_png(figure)
 
 
-def link_matrix(links: pd.DataFrame, order: list[str], unmeasured=()) -> str | None:
+def link_matrices(links: pd.DataFrame, order: list[str], unmeasured=()) -> list[tuple[str, str]]:
+    """(title, picture): the links over each fabric whole, then over each rail alone, where rails are
+    configured (a rail degraded on one node's HCA shows as that node's row on its picture only)."""
+    rails = links["variable"].map(rail_of) if not links.empty else pd.Series(dtype=str)
+    pictures = []
+    for rail in dict.fromkeys(["", *sorted(set(rails) - {""})]):
+        mine = links[rails == rail] if not links.empty else links
+        title = f"Rail {rail} alone" if rail else ("Every fabric, its rails together" if len(set(rails)) > 1
+                                                   else "Links")
+        if (picture := link_matrix(mine, order, unmeasured, title)) is not None:
+            pictures.append((title, picture))
+    return pictures
+
+
+def link_matrix(links: pd.DataFrame, order: list[str], unmeasured=(), title: str = "Links") -> str | None:
     """Nodes x nodes: each measured link's worst signed deviation; slow links crossed, links whose job
     failed (`unmeasured`, no figure) squared."""
     if links.empty:
@@ -75,7 +90,7 @@ def link_matrix(links: pd.DataFrame, order: list[str], unmeasured=()) -> str | N
     axis.set_xticks(ticks, [order[i] for i in ticks], rotation=90, fontsize=7)
     axis.set_yticks(ticks, [order[i] for i in ticks], fontsize=7)
     figure.colorbar(image, ax=axis, label="worst figure, % vs fleet median (below 0: worse)")
-    axis.set_title("Links")
+    axis.set_title(title)
     return figure_png(figure)
 
 
@@ -107,8 +122,8 @@ def render_fleet(verdict_dir, out_path, min_shortfall: float | None = None, z_li
         container_paths=int(((summary["kind"] == "node") & (summary["result"] == CONTAINER_PATH)).sum()),
         failures_table=html_table(failing, FLEET_SUMMARY_COLUMNS),
         node_chart=node_chart(nodes, min_shortfall), node_table=html_table(nodes, FLEET_NODE_COLUMNS),
-        link_matrix=link_matrix(links, order, sorted(set(failing.loc[failing["kind"] == "link", "member"])
-                                                     - set(links["link"]))),
+        link_matrices=link_matrices(links, order, sorted(set(failing.loc[failing["kind"] == "link", "member"])
+                                                         - set(links["link"]))),
         link_table=html_table(links[links["slow"]], FLEET_LINK_COLUMNS),
         drain=(folder / "drain.txt").read_text(), z_limit=z_limit,
     )

@@ -282,7 +282,7 @@ def _run(argv: list[str], timeout_s: float) -> tuple[int, str]:
     return done.returncode, done.stdout + done.stderr
 
 
-def run_checks(out_dir, expected: Expected | None = None, timeout_s: float = 300) -> tuple[Path, list[Check]]:
+def run_checks(out_dir, expected: Expected | None = None, timeout_s: float = 120) -> tuple[Path, list[Check]]:
     """Every check this node has the tool for, its raw output kept in out_dir/NODE/, and the node's
     report in out_dir/NODE.json, which `fleet judge --hardware` reads."""
     expected, node = expected or Expected(), node_name()
@@ -297,7 +297,11 @@ def run_checks(out_dir, expected: Expected | None = None, timeout_s: float = 300
         if name == "perfquery -x":  # a port at a time, each named in its findings
             runs = [([*argv, "-C", port.device, "-P", port.port], f"{port.device} port {port.port}: ")
                     for port in ports if port.link_layer == "InfiniBand" and port.state == "Active"
-                    and (expected.ib_devices is None or port.device in expected.ib_devices)] or runs
+                    and (expected.ib_devices is None or port.device in expected.ib_devices)]
+            if not runs:  # its default port would be some other port's counters, or none's
+                rails = f" of {', '.join(expected.ib_devices)}" if expected.ib_devices is not None else ""
+                checks.append(Check(name, "skipped", f"no Active InfiniBand port{rails} in ibstat's list on {node}"))
+                continue
         raws, findings, failed = [], [], []
         for words, prefix in runs:
             returncode, text = _run(words, timeout_s)
@@ -315,10 +319,14 @@ def run_checks(out_dir, expected: Expected | None = None, timeout_s: float = 300
         if failed and not findings and name in SKIPPED_IF_IT_CANNOT_RUN:
             status = "skipped"
         checks.append(Check(name, status, "; ".join(failed), findings, ", ".join(map(str, raws))))
-    report = Path(out_dir) / f"{node}.json"
-    outputs.write_text(report, json.dumps({"node": node, "checks": [asdict(check) for check in checks]},
-                                          indent=1) + "\n")
-    return report, checks
+    return write_report(Path(out_dir) / f"{node}.json", node, checks), checks
+
+
+def write_report(path, node: str, checks: list[Check]) -> Path:
+    """A node's report, as `fleet judge --hardware` reads it: also the one a node job writes where hwcheck
+    itself could not run or answer there (fleetjobs.check_hardware), a single check saying why."""
+    outputs.write_text(path, json.dumps({"node": node, "checks": [asdict(check) for check in checks]}, indent=1) + "\n")
+    return Path(path)
 
 
 def failures(reports, planned) -> tuple[dict[str, str], list[str]]:

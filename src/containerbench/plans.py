@@ -20,7 +20,7 @@ from pathlib import Path
 from containerbench import config as cb_config
 from containerbench import hostmpi, slurm
 from containerbench.config import RunSpec, dataset_dir
-from containerbench.fabrics import debug_environment, expected_transport
+from containerbench.fabrics import debug_environment, expected_transport, fabric_settings
 from containerbench.frameworks import FRAMEWORKS, framework
 from containerbench.images import IMAGES, check_bench_env, resolve_images
 from containerbench.launchers import Allocation, allocation_for, launcher_class, launcher_for, uses_slurm
@@ -170,7 +170,7 @@ def plan_run(spec: RunSpec, config: dict, allocation: Allocation | None = None,
     `artifact`: the file the workflow made for the run's runtime from the built image (Sweep.artifacts)."""
     allocation = allocation_for(config) if allocation is None else allocation
     module = NETBENCH if spec.kind == "netbench" else framework(spec.framework).harness
-    fabric = config["fabrics"][spec.fabric]
+    fabric = fabric_settings(config, spec.fabric)
     fabric_env = {k: str(v) for k, v in fabric["env"].items()}
     # Every layer logs which network it chose, so the parser can verify the fabric.
     rank_env = {**RANK_ENV, **debug_environment(fabric_env), **fabric_env}

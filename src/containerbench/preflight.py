@@ -46,7 +46,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from containerbench.fabrics import DeviceRequest, named_devices
+from containerbench.fabrics import DeviceRequest, fabric_settings, named_devices
 from containerbench.frameworks import FRAMEWORKS, framework
 from containerbench.launchers import Srun, uses_slurm
 from containerbench.runtimes import NodeRequirement, run_probe
@@ -290,7 +290,7 @@ def check_argv(config: dict, repo: Path, python: str, pythons: dict[str, str | N
     if requirements:
         argv += ["--requirements", json.dumps([asdict(each) for each in requirements])]
     if runs:
-        fabrics = {run.fabric: config["fabrics"][run.fabric] for run in runs}
+        fabrics = {run.fabric: fabric_settings(config, run.fabric) for run in runs}
         argv += ["--devices", json.dumps([asdict(each) for each in named_devices(fabrics)]),
                  f"--ranks-per-node={max(run.ranks_per_node for run in runs)}",
                  f"--cpus-per-rank={config['slurm']['cpus_per_rank']}",

@@ -21,6 +21,7 @@ import yaml
 
 from containerbench import outputs
 from containerbench.config import describe, load_schema
+from containerbench.fabrics import RAIL_SEPARATOR
 from containerbench.point import Point, runtime_label
 from containerbench.records import load_records
 from containerbench.runtables import SERIES, runs_table, summary_table
@@ -63,6 +64,19 @@ SLOW_NODE_COLUMNS = ["run_id", "node", "node_images_per_sec", "peers_median", "s
 
 def metric_of(variable: str) -> str:
     return variable.rsplit("/", 1)[-1].split("@", 1)[0]
+
+
+def rail_of(variable: str) -> str:
+    """The rail (FABRIC.RAIL) a variable measured alone; "" where it measured its fabric whole."""
+    parts = variable.split("/")
+    fabric = parts[2] if parts[0].startswith("netbench") else parts[3]  # netbench_variable, Point.variable
+    return fabric if RAIL_SEPARATOR in fabric else ""
+
+
+def figure_name(variable: str) -> str:
+    """A variable as a verdict's reason names it: its metric, and the rail where it measured one alone."""
+    rail = rail_of(variable)
+    return f"{metric_of(variable)} over rail {rail}" if rail else metric_of(variable)
 
 
 def train_variable(row) -> str:

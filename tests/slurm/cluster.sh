@@ -68,21 +68,24 @@ make_network() {
     ip netns add "$ns"
     ip -n "$ns" link set lo up
   done
-  ip -n "$NS_CTL" link add brfast type bridge
-  ip -n "$NS_CTL" link add brslow type bridge
-  ip -n "$NS_CTL" addr add 10.77.1.1/24 dev brfast
-  ip -n "$NS_CTL" addr add 10.77.2.1/24 dev brslow
-  ip -n "$NS_CTL" link set brfast up
-  ip -n "$NS_CTL" link set brslow up
+  # Each node's interfaces, with the bridge and subnet of each: fast0 and fast1 are two rails of the unshaped
+  # network (a fleet's link jobs measure each alone: tests/slurm/fleet.yaml), slow0 the shaped one.
+  local nets="fast0:brfast:1 fast1:brfast1:3 slow0:brslow:2" net iface bridge subnet
+  for net in $nets; do
+    IFS=: read -r iface bridge subnet <<< "$net"
+    ip -n "$NS_CTL" link add "$bridge" type bridge
+    ip -n "$NS_CTL" addr add "10.77.$subnet.1/24" dev "$bridge"
+    ip -n "$NS_CTL" link set "$bridge" up
+  done
   local i=0
   for node in "${NODES[@]}"; do
     i=$((i + 1))
-    for net in fast slow; do
-      local subnet=$([ "$net" = fast ] && echo 1 || echo 2)
-      ip link add "${net}0" netns "cb$node" type veth peer name "${net}$node" netns "$NS_CTL"
-      ip -n "$NS_CTL" link set "${net}$node" master "br$net" up
-      ip -n "cb$node" addr add "10.77.$subnet.1$i/24" dev "${net}0"
-      ip -n "cb$node" link set "${net}0" up
+    for net in $nets; do
+      IFS=: read -r iface bridge subnet <<< "$net"
+      ip link add "$iface" netns "cb$node" type veth peer name "${iface%0}$node" netns "$NS_CTL"
+      ip -n "$NS_CTL" link set "${iface%0}$node" master "$bridge" up
+      ip -n "cb$node" addr add "10.77.$subnet.1$i/24" dev "$iface"
+      ip -n "cb$node" link set "$iface" up
     done
     # Both directions of the slow network are shaped: the node side and the bridge port.
     ip netns exec "cb$node" tc qdisc add dev slow0 root tbf rate "$SLOW_RATE" burst 64kb latency 20ms

@@ -48,6 +48,10 @@ if FLEET_SELECTION and workflow.is_main_process:  # every fleet rule is local: t
 if FLEET is not None:
     FLEET_DIR = f"{RESULTS}/fleet"
     FLEET_IMAGES = FLEET_JOBS.images()
+    # Each node's hardware report (validation.hardware): its job runs `fleet hwcheck` there before its runs.
+    FLEET_HARDWARE = (
+        {"hardware": FLEET_JOBS.hardware_report("{node}")} if config["validation"]["hardware"]["enabled"] else {}
+    )
 
     rule fleet_plan:
         """What was planned, for the verdict (the nodes measured, those Slurm could not run on, the links),
@@ -69,6 +73,7 @@ if FLEET is not None:
             FLEET_IMAGES,
             jobs=FLEET_JOBS.jobs_dir,
         output:
+            **FLEET_HARDWARE,
             # One template per run of a node's job: the same runs on every node. The job parses its raw
             # logs into records itself (a parse job per run would be most of a large batch's DAG).
             logs=[f"{FLEET_DIR}/runs/{spec.run_id}.log" for spec in fleetjobs.node_runs(PLANNED, "{node}")],
@@ -117,6 +122,8 @@ if FLEET is not None:
             else []
         ),
         shortfall=config["validation"]["min_shortfall"],
+        # A node whose hardware failed fails first, with the tool's line; it is not measured again.
+        hardware=["--hardware", *FLEET_JOBS.hardware_reports()] if FLEET_HARDWARE else [],
     )
 
     checkpoint fleet_suspects:
@@ -126,6 +133,7 @@ if FLEET is not None:
             plan=f"{FLEET_DIR}/plan.json",
             listed=FLEET_JOBS.records_list,
             records=FLEET_JOBS.records(),
+            hardware=FLEET_JOBS.hardware_reports(),
         output:
             suspects=f"{FLEET_DIR}/recheck/suspects.json",
         log:
@@ -136,7 +144,7 @@ if FLEET is not None:
         localrule: True
         shell:
             "{params.cb} fleet suspects @{input.listed:q} --plan {input.plan:q} {params.references:q} "
-            "--min-shortfall {params.shortfall} --out {output.suspects:q} > {log:q} 2>&1"
+            "{params.hardware:q} --min-shortfall {params.shortfall} --out {output.suspects:q} > {log:q} 2>&1"
 
     rule fleet_recheck:
         """A suspect node's job again, its runs the repetitions after the first pass's."""
@@ -169,6 +177,7 @@ if FLEET is not None:
             plan=f"{FLEET_DIR}/plan.json",
             listed=FLEET_JOBS.records_list,
             records=FLEET_JOBS.records(),
+            hardware=FLEET_JOBS.hardware_reports(),
             # The suspects' second measurements, once fleet_suspects has named them (none without recheck).
             rechecked=lambda wildcards: (
                 FLEET_JOBS.recheck_records(
@@ -192,8 +201,8 @@ if FLEET is not None:
         localrule: True
         shell:
             "{params.cb} fleet judge @{input.listed:q} --recheck {input.rechecked:q} --plan {input.plan:q} "
-            "--out-dir {params.out_dir:q} "
-            "{params.references:q} --min-shortfall {params.shortfall} {params.drain:q} --exit-zero > {log:q} 2>&1"
+            "--out-dir {params.out_dir:q} {params.references:q} {params.hardware:q} "
+            "--min-shortfall {params.shortfall} {params.drain:q} --exit-zero > {log:q} 2>&1"
 
     rule fleet_store_history:
         """The batch's records go into the results store too, as a session of their own (history,

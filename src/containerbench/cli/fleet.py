@@ -38,7 +38,7 @@ def cmd_fleet_hwcheck(args) -> int:
 
     expected = hardware.Expected(args.gpus, args.nvlink, args.ib_rate,
                                  args.ib_devices.split(",") if args.ib_devices else None)
-    report, checks = hardware.run_checks(args.out, expected)
+    report, checks = hardware.run_checks(args.out, expected, args.timeout_s)
     for check in checks:
         found = "; ".join(map(str, check.findings))
         print(f"{check.status:7} {check.name}: {found or check.reason}".rstrip(": "))
@@ -63,8 +63,8 @@ def _system(records: list[dict], given: str | None) -> str:
 
 
 def _load_batch(args):
-    """The plan, the records and the references `fleet judge` and `fleet suspects` read; None: refused,
-    in one line."""
+    """The plan, the records, the references and the hardware faults `fleet judge` and `fleet suspects` read; None:
+    refused, in one line."""
     from containerbench import fleetplan
     from containerbench.records import load_records
 
@@ -83,7 +83,13 @@ def _load_batch(args):
         except ReferencesError as error:
             print(f"containerbench: {error}", file=sys.stderr)
             return None
-    return planned, records, references
+    from containerbench import hardware
+
+    hardware_faults, unknown = hardware.failures(args.hardware, planned.nodes) if args.hardware else ({}, [])
+    for node in unknown:
+        print(f"containerbench: note: a hardware report names {node!r}, not a node of the plan: not judged",
+              file=sys.stderr)
+    return planned, records, references, hardware_faults
 
 
 def cmd_fleet_suspects(args) -> int:
@@ -91,8 +97,10 @@ def cmd_fleet_suspects(args) -> int:
 
     if (batch := _load_batch(args)) is None:
         return 2
-    planned, records, references = batch
-    named = fleet.suspects(records, planned, references, min_shortfall=args.min_shortfall)
+    planned, records, references, hardware_faults = batch
+    # A node whose hardware failed fails whatever its figures: measuring it again would tell nothing more.
+    named = [node for node in fleet.suspects(records, planned, references, min_shortfall=args.min_shortfall)
+             if node not in hardware_faults]
     outputs.write_text(args.out, json.dumps(named) + "\n")
     print(f"{len(named)} node(s) to measure again before they fail" + (f": {', '.join(named)}" if named else ""))
     return 0
@@ -106,14 +114,8 @@ def cmd_fleet_judge(args) -> int:
 
     if (batch := _load_batch(args)) is None:
         return 2
-    planned, records, references = batch
+    planned, records, references, hardware_faults = batch
     rechecked = load_records(args.recheck)[0] if args.recheck else []
-    from containerbench import hardware
-
-    hardware_faults, unknown = hardware.failures(args.hardware, planned.nodes) if args.hardware else ({}, [])
-    for node in unknown:
-        print(f"containerbench: note: a hardware report names {node!r}, not a node of the plan: not judged",
-              file=sys.stderr)
     verdict = fleet.judge(records, planned, references, min_shortfall=args.min_shortfall, rechecked=rechecked,
                           hardware=hardware_faults)
     paths = fleetexport.write_verdict(verdict, args.out_dir)
@@ -136,13 +138,17 @@ def cmd_fleet_judge(args) -> int:
 
 
 def _batch_arguments(parser):
-    """What `fleet judge` and `fleet suspects` both read: the records, the plan, the shortfall, references."""
+    """What `fleet judge` and `fleet suspects` both read: the records, the plan, the shortfall, references and
+    the hardware reports."""
     parser.add_argument("records", nargs="*", help="the batch's run records, or @FILE listing them")
     parser.add_argument("--plan", required=True, help="the file `fleet plan --write` wrote")
     parser.add_argument("--min-shortfall", type=float, default=0.10,
                         help="a figure fails only this far (a fraction) worse than the fleet median")
     parser.add_argument("--references", help="a references file: its system's figures bound every node and link too")
     parser.add_argument("--system", help="the node type's system in the references file (default: the records' system)")
+    parser.add_argument("--hardware", nargs="*", default=[],
+                        help="the nodes' hardware reports (`fleet hwcheck`): a failed check fails its node, with its "
+                             "line, and it is not measured again")
     return parser
 
 
@@ -166,6 +172,7 @@ def add_commands(sub) -> None:
     a.add_argument("--ib-devices", help="the HCAs of the node's rails, comma-separated (default: every InfiniBand "
                                         "port ibstat lists)")
     a.add_argument("--nvlink", action="store_true", help="the GPUs have NVLink: none active is a fault")
+    a.add_argument("--timeout-s", type=float, default=120, help="each tool's; its whole session killed past it")
     a.set_defaults(func=cmd_fleet_hwcheck)
     a = actions.add_parser("summary", help="print a verdict's summary and drain list; exit 1 if a node, a link or "
                                            "a container path failed")
@@ -179,8 +186,6 @@ def add_commands(sub) -> None:
                                                           "failed, a container path too"))
     a.add_argument("--recheck", nargs="*", default=[],
                    help="the records of the suspects' second measurements: a figure fails only if it fails there too")
-    a.add_argument("--hardware", nargs="*", default=[],
-                   help="the nodes' hardware reports (`fleet hwcheck`): a failed check fails its node, with its line")
     a.add_argument("--out-dir", default="results/fleet", help="where the tables and the drain list go")
     a.add_argument("--drain", action="store_true", help="run the drain list's scontrol lines")
     a.add_argument("--exit-zero", action="store_true",
