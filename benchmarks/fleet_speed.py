@@ -5,6 +5,7 @@ R repetitions of single-node training and netbench, and of two-node netbench ove
 every link), timed.
 
     .venv/bin/python benchmarks/fleet_speed.py [--nodes 1024] [--repetitions 3] [--tries 3]
+    .venv/bin/python benchmarks/fleet_speed.py --nodes 10000 --tries 1    # planning's target there: 60 s
 
 The DAG is planned from the pairings saved as a plan (validation.plan), so no Slurm of
 N nodes is needed; with launcher srun, as on a site. The records are the recorded real runs of
@@ -30,7 +31,8 @@ from helpers import fleet_records, recorded_records  # noqa: E402
 
 from containerbench import fleet, fleetplan  # noqa: E402
 
-PLAN_TARGET_S, VERDICT_TARGET_S = 10.0, 2.0
+# Issue 33: planning 1,024 nodes under 10 s, 10,000 under 60 s.
+PLAN_TARGETS_S, VERDICT_TARGET_S = {1024: 10.0, 10000: 60.0}, 2.0
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -71,17 +73,18 @@ def main() -> None:
     parser.add_argument("--repetitions", type=int, default=3)
     parser.add_argument("--tries", type=int, default=3)
     args = parser.parse_args()
+    plan_target_s = next((target for nodes, target in sorted(PLAN_TARGETS_S.items()) if args.nodes <= nodes), 60.0)
     states = {f"n{i:04d}": fleet.NodeState(f"n{i:04d}", "idle") for i in range(1, args.nodes + 1)}
 
     plan_s, plan = best_of(args.tries, lambda: fleetplan.plan_batch(states))
     print(f"plan, {args.nodes} nodes: {len(plan.links)} links in {len(plan.rounds)} rounds, {plan.jobs} jobs: "
-          f"{plan_s:.3f} s (target {PLAN_TARGET_S:g} s, time/target = {plan_s / PLAN_TARGET_S:.3f})")
+          f"{plan_s:.3f} s (target {plan_target_s:g} s, time/target = {plan_s / plan_target_s:.3f})")
 
     dag_s, jobs = dag_seconds(plan, args.tries)
     print(f"snakemake -n validate_nodes, {args.nodes} nodes: {jobs.get('fleet_node', 0)} node and "
           f"{jobs.get('fleet_link', 0)} link jobs, {sum(jobs.values())} fleet jobs in all: {dag_s:.2f} s "
-          f"(target {PLAN_TARGET_S:g} s for pairings and DAG together, time/target = "
-          f"{(plan_s + dag_s) / PLAN_TARGET_S:.3f})")
+          f"(target {plan_target_s:g} s for pairings and DAG together, time/target = "
+          f"{(plan_s + dag_s) / plan_target_s:.3f})")
 
     slow_node, slow_link = plan.nodes[len(plan.nodes) // 3], tuple(sorted(plan.links[len(plan.links) // 2]))
     records = fleet_records(recorded_records(), plan.nodes, plan.links, compute={slow_node: 0.7},

@@ -341,6 +341,7 @@ def test_in_four_nodes_a_slow_nodes_links_do_not_hide_a_bad_link(recorded_runs):
 def test_each_node_and_link_job_runs_its_runs_pinned_in_one_exclusive_allocation():
     config = cb_config.load([ROOT / "tests" / "slurm" / "fleet.yaml"])
     config["fabrics"]["fast"].pop("rails")  # a link's rails: test_a_links_job_measures_its_fabric_whole_...
+    config["validation"]["hardware"]["enabled"] = False  # its step's bound: test_a_nodes_job_checks_its_hardware_...
     config["validation"].update(repetitions=2, link_training=True)
     node = fleetjobs.node_runs(config, "n3")
     assert [run.run_id for run in node] == [
@@ -496,7 +497,7 @@ def test_what_validating_a_batch_costs_is_its_jobs_held_to_their_time_limits():
     config = cb_config.load([ROOT / "tests" / "slurm" / "fleet.yaml"])
     plan = fleetplan.plan_batch({f"n{i}": fleet.NodeState(f"n{i}", "idle") for i in range(1, 8)})
     jobs = fleetjobs.FleetJobs(config, plan, "results/fleet")
-    node_minutes = fleetjobs.allocation_minutes(config, jobs.runs[("node", "n1")])
+    node_minutes = fleetjobs.allocation_minutes(config, jobs.runs[("node", "n1")]) + fleetjobs.hardware_minutes(config)
     link_minutes = fleetjobs.allocation_minutes(config, jobs.runs[("link", "n1+n2")])
     lines = jobs.cost_summary().splitlines()
     assert lines[:2] == ["What validating the batch costs:", "  jobs         7 node jobs and 11 link jobs, each its "
@@ -507,7 +508,8 @@ def test_what_validating_a_batch_costs_is_its_jobs_held_to_their_time_limits():
     assert lines[3:] == [
         f"  worst case   {worst:,.0f} node-hours: every job to its time limit",
         f"  time limit   node jobs {node_minutes} minutes: the runs' timeouts, {timeouts}, as no earlier ok run of "
-        "their benchmarks on as many nodes tells how long they take (the calibrate target makes them)",
+        "their benchmarks on as many nodes tells how long they take (the calibrate target makes them); and the "
+        f"hardware step's {fleetjobs.hardware_minutes(config)} (validation.hardware.timeout_s a tool)",
         f"  time limit   link jobs {link_minutes} minutes: the runs' timeouts, {timeouts}, as no earlier ok run of "
         "their benchmarks on as many nodes tells how long they take (the calibrate target makes them)"]
 
@@ -531,8 +533,10 @@ def test_a_jobs_time_limit_is_its_runs_deadlines_from_their_expected_times_where
     timeouts = [config["benchmark"]["timeout_s"], config["netbench"]["timeout_s"]] * 2
     deadlines = [min(timeout, max(3 * wall, wall + 300)) for timeout, wall in zip(timeouts, walls)]
     assert jobs.deadlines(("node", "n2")) == pytest.approx(deadlines)
-    minutes = math.ceil(math.ceil(sum(deadlines)) / 60) + ALLOCATION_SLACK_MINUTES * 4
-    assert minutes < fleetjobs.allocation_minutes(config, jobs.runs[("node", "n1")])
+    # And a node's job holds its node for its hardware step too, at most each tool's timeout, as srun's --time.
+    step = fleetjobs.hardware_minutes(config)
+    minutes = math.ceil(math.ceil(sum(deadlines)) / 60) + ALLOCATION_SLACK_MINUTES * 4 + step
+    assert minutes < fleetjobs.allocation_minutes(config, jobs.runs[("node", "n1")]) + step
     assert f"--time={minutes}" in jobs.allocation(("node", "n2")) and jobs.time_limit(("node", "n1")) == minutes
     worst_link = fleetjobs.allocation_minutes(config, jobs.runs[("link", "n1+n2")])
     assert f"--time={worst_link}" in jobs.allocation(("link", "n1+n2"))
@@ -543,12 +547,13 @@ def test_a_jobs_time_limit_is_its_runs_deadlines_from_their_expected_times_where
     lines = jobs.cost_summary().splitlines()
     assert (f"  time limit   node jobs {minutes} minutes: each run 3 x its expected time "
             f"(validation.time_limit_factor), at least 5 minutes more; the runs' expected {sum(walls) / 60:.1f} in "
-            f"all, + {ALLOCATION_SLACK_MINUTES} a run") in lines
+            f"all, + {ALLOCATION_SLACK_MINUTES} a run; and the hardware step's {step} (validation.hardware.timeout_s "
+            "a tool)") in lines
     assert not any(line.startswith("  expected") for line in lines)  # the link jobs' runs have no figure
     # A factor that makes the deadlines longer than the runs' timeouts gives the timeouts.
     config["validation"]["time_limit_factor"] = 1000
     jobs = fleetjobs.FleetJobs(config, plan, "results/fleet", records, "the recorded runs")
-    assert jobs.time_limit(("node", "n1")) == fleetjobs.allocation_minutes(config, jobs.runs[("node", "n1")])
+    assert jobs.time_limit(("node", "n1")) == fleetjobs.allocation_minutes(config, jobs.runs[("node", "n1")]) + step
 
 
 @pytest.mark.parametrize("name", ["n1;rm -rf /", "n1 n2", "../n1", "n1+n2", "-n1", "$(reboot)", ""])
@@ -705,8 +710,12 @@ def test_a_recheck_is_its_nodes_job_again_as_the_repetitions_after_the_first_pas
     jobs = fleetjobs.FleetJobs(config, plan, str(tmp_path / "fleet"))
     jobs.write_job(("recheck", "n3"), tmp_path / "recheck" / "node-n3.json")
     written = json.loads((tmp_path / "recheck" / "node-n3.json").read_text())
-    # The node's own allocation: its node alone, exclusively, for as long as its job (the same runs).
-    assert written["allocation"] == jobs.allocation(("node", "n3"))
+    # The node's own allocation: its node alone, exclusively, for as long as its runs (the same runs); its
+    # hardware was checked in the first pass, and is not again.
+    untimed = [word for word in jobs.allocation(("node", "n3")) if not word.startswith("--time=")]
+    assert [word for word in written["allocation"] if not word.startswith("--time=")] == untimed
+    assert jobs.time_limit(("recheck", "n3")) == jobs.time_limit(("node", "n3")) - fleetjobs.hardware_minutes(config)
+    assert f"--time={jobs.time_limit(('recheck', 'n3'))}" in written["allocation"] and "hardware" not in written
     again = fleetjobs.recheck_runs(config, "n3")
     assert written["logs"] == [f"{tmp_path}/fleet/recheck/{run.run_id}.log" for run in again]
     assert [plan["spec"]["repetition"] for plan in written["plans"]] == [3, 3, 4, 4]
@@ -808,9 +817,12 @@ def test_a_links_job_measures_its_fabric_whole_then_each_rail_alone_each_run_set
                            "expect": None}
     assert fabrics.expected_transport(rail.fabric).layers["mpi"].interfaces == {"tcp": ("=fast1",)}
     assert fabrics.expected_transport(rail.fabric).layers["nccl"].interfaces["ib"] == ("=mlx5_1:1",)
-    # The pre-flight checks the rail's own devices on the nodes, by their place in the config.
+    # The rail's devices as the fabrics name them, by their place in the config; those named exactly are the
+    # rails the node jobs' hardware step reads (ibstat, perfquery) where validation.hardware names none.
     requests = fabrics.named_devices({"fast.rail1": fabrics.fabric_settings(config, "fast.rail1")})
     assert {(each.key, each.name) for each in requests} >= {("fabrics.fast.rails.rail1.env.NCCL_IB_HCA", "mlx5_1")}
+    assert fabrics.named_hcas(config) == ["mlx5_0:1", "mlx5_1:1"]
+    assert fleetjobs.hardware_argv(config, "hw")[-4:] == ["--ib-devices", "mlx5_0:1,mlx5_1:1", "--timeout-s", "120"]
 
 
 @pytest.mark.parametrize("rails, message", [
@@ -858,12 +870,13 @@ def test_one_degraded_rail_of_a_link_fails_it_by_name_where_the_fabric_whole_pas
                              else 1)
     verdict = fleet.judge(records, plan)
     assert verdict.failed_nodes == [SLOW_NODE] and verdict.bad_links == []
-    assert "over rail" in verdict.summary.set_index("member").loc[SLOW_NODE, "reason"]
+    reason = verdict.summary.set_index("member").loc[SLOW_NODE, "reason"]
+    fabric = records[0]["spec"]["fabric"]
+    assert reason.startswith(f"slow over rail {fabric}.rail0 in all ") and ".rail1" not in reason, reason
     # The page draws the links over the fabric whole, then each rail alone.
     fleetexport.write_verdict(verdict, tmp_path)
     fleetreport.render_fleet(tmp_path, tmp_path / "fleet.html")
     page = (tmp_path / "fleet.html").read_text()
-    fabric = records[0]["spec"]["fabric"]
     assert re.findall(r'alt="link matrix \(([^)]*)\)', page) == [
         "Every fabric, its rails together", f"Rail {fabric}.rail0 alone", f"Rail {fabric}.rail1 alone"]
 
@@ -877,26 +890,34 @@ def test_a_nodes_job_checks_its_hardware_first_and_a_hwcheck_that_cannot_answer_
     jobs = fleetjobs.FleetJobs(config, plan, str(tmp_path / "fleet"))
     jobs.write(plan, tmp_path / "plan.json")
     step = json.loads(Path(jobs.job_file(("node", "n1"))).read_text())["hardware"]
-    # srun(1): one task on one node, a step of the node job's allocation, in the job's environment (--export=ALL);
-    # what the site expects of the node from validation.hardware, the GPUs from its GRES.
-    assert step == {"argv": ["srun", "--nodes=1", "--ntasks=1", "--export=ALL", sys.executable, "-m", "containerbench",
-                             "fleet", "hwcheck", "--out", f"{tmp_path}/fleet/hardware", "--gpus", "4", "--nvlink",
-                             "--ib-devices", "mlx5_0,mlx5_1", "--timeout-s", "120"],
-                    "node": "n1", "report": f"{tmp_path}/fleet/hardware/n1.json", "timeout_s": 120}
+    # srun(1): one task on one node, a step of the node job's allocation with its GPUs (--gres: a step sees only
+    # what it asks for), ended by Slurm at --time, in the job's environment (--export=ALL); what the site
+    # expects of the node from validation.hardware, the GPUs from its GRES.
+    # Bounded by Slurm (--time, minutes): each of 6 tools' 120 s, perfquery's for up to 8 rails, a minute to start.
+    assert fleetjobs.hardware_minutes(config) == math.ceil((120 * (6 + 7) + 60) / 60) == 27
+    assert step == {"argv": ["srun", "--nodes=1", "--ntasks=1", "--gres=gpu:4", "--time=27", "--export=ALL",
+                             sys.executable, "-m", "containerbench", "fleet", "hwcheck", "--out",
+                             f"{tmp_path}/fleet/hardware", "--gpus", "4", "--nvlink", "--ib-devices", "mlx5_0,mlx5_1",
+                             "--timeout-s", "120"],
+                    "node": "n1", "report": f"{tmp_path}/fleet/hardware/n1.json", "minutes": 27}
+    # The node's job holds its node for the step too; a link's job runs none.
+    assert jobs.time_limit(("node", "n1")) == fleetjobs.allocation_minutes(config, jobs.runs[("node", "n1")]) + 27
     assert "hardware" not in json.loads(Path(jobs.job_file(("link", "n1+n2"))).read_text())  # links: no tier
     assert jobs.hardware_reports() == [f"{tmp_path}/fleet/hardware/{node}.json" for node in ("n1", "n2")]
     # The step's own command, here rather than under srun, as Slurm names the node to it: the tools this
     # machine lacks are skipped with their reasons, and the report is the one the verdict reads.
+    # Its PATH holds none of the tools, whatever this machine has: each is skipped, named by its node.
     monkeypatch.setenv("SLURMD_NODENAME", "n1")
-    fleetjobs.check_hardware({**step, "argv": step["argv"][4:]})
+    monkeypatch.setenv("PATH", str(tmp_path / "no-tools"))
+    fleetjobs.check_hardware({**step, "argv": step["argv"][step["argv"].index(sys.executable):]})
     checks = json.loads(Path(step["report"]).read_text())["checks"]
-    assert {check["name"]: check["status"] for check in checks if check["name"] != "dmesg"} == {
-        name: "skipped" for name in hardware.TOOLS if name != "dmesg"}
+    assert {check["name"]: (check["status"], check["reason"]) for check in checks} == {
+        name: ("skipped", f"{argv[0]} not found on n1") for name, argv in hardware.TOOLS.items()}
     assert hardware.failures([step["report"]], ["n1"]) == ({}, [])
     # A step Slurm would not start (or a hwcheck that died) leaves no report of its own: one says why, and
     # the node fails on it rather than passing with no hardware checked.
     Path(step["report"]).unlink()
-    fleetjobs.check_hardware({**step, "argv": ["sh", "-c", "echo 'srun: error: Unable to create step'; exit 1"]})
+    fleetjobs.check_hardware({**step, "argv": ["/bin/sh", "-c", "echo 'srun: error: Unable to create step'; exit 1"]})
     assert hardware.failures([step["report"]], ["n1"])[0] == {"n1": (
         "hardware: fleet hwcheck: fleet hwcheck exited with 1 and wrote no report: srun: error: Unable to create step")}
     config["validation"]["hardware"]["enabled"] = False

@@ -193,7 +193,8 @@ def test_validate_nodes_names_the_slowed_node_the_slowed_link_and_the_cancelled_
     links = pd.read_csv(fleet_dir / "fleet_links.csv")
     print(links.loc[links["link"] == "n1+n2", ["variable", "value", "fleet_median", "deviation_percent",
                                                "slow"]].to_string())
-    assert not links.loc[(links["link"] == "n1+n2") & links["variable"].str.contains("/fast.fast1/"), "slow"].any()
+    other_rail = links[(links["link"] == "n1+n2") & links["variable"].str.contains("/fast.fast1/")]
+    assert len(other_rail) >= 3 and not other_rail["slow"].any()  # its three figures, none slow
     # Issue 34: at the default sizes, each result longer than one srun message and the fabric check's verbose
     # Open MPI output from every task on, every result reached its record whole (none of the healthy links
     # failed above; unreadable would not have been a link fault but is not here either).

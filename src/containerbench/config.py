@@ -106,6 +106,11 @@ def validated(config: dict) -> dict:
     for error in _filling_defaults(jsonschema.Draft202012Validator)(schema).iter_errors(config):
         raise ConfigError(f"config: {describe(error)}")  # a default the schema itself got wrong
     check_repetitions(config["benchmark"])
+    if config["validation"]["hardware"]["gpus"] and not config["slurm"]["gpus_per_node"]:
+        # A step sees the GPUs its job asked for (srun --gres, Slurm's device cgroup), none of them otherwise.
+        raise ConfigError(f"config: 'validation.hardware.gpus' = {config['validation']['hardware']['gpus']} needs "
+                          "'slurm.gpus_per_node' (0): the node jobs ask for no GPU, so their hardware step would see "
+                          "none; allowed: slurm.gpus_per_node set, or hardware.gpus null")
     return config
 
 

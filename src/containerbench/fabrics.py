@@ -326,3 +326,13 @@ def fabric_settings(config: dict, name: str) -> dict:
     return {"description": f"{fabric.get('description') or fabric_name}: rail {rail} alone",
             "env": {**fabric["env"], **settings["env"]}, "key": f"fabrics.{fabric_name}.rails.{rail}",
             **({"expect": settings["expect"]} if settings.get("expect") else {})}
+
+
+def named_hcas(config: dict) -> list[str] | None:
+    """The HCAs (HCA or HCA:PORT) the fabrics and their rails name exactly (NCCL_IB_HCA=mlx5_0:1,...): the node's
+    rails, as a fleet's hardware step reads them; None where none is named so (every InfiniBand port counts)."""
+    names = [name for fabric in config["fabrics"] for name in (fabric, *rail_names(config, fabric))]
+    hcas = [f"{each.name}:{each.port}" if each.port else each.name
+            for each in named_devices({name: fabric_settings(config, name) for name in names})
+            if each.kind == "hca" and each.exact]
+    return list(dict.fromkeys(hcas)) or None

@@ -389,8 +389,8 @@ def _slow_networked_nodes(fleet: FleetPlan, links: pd.DataFrame, failures: Failu
         mine = judged_links.get(name, [])
         if len(mine) >= 2 and all(link in slow_rails for link in mine):
             rails = sorted(set.intersection(*(slow_rails[link] for link in mine)) - {""})  # "": the fabric whole
-            culprits[name] = (f"slow in all {len(mine)} of its links to nodes that passed ({', '.join(mine)})"
-                              + (f" over rail {' and '.join(rails)}" if rails else ""))
+            over = f" over rail {' and '.join(rails)}" if rails else ""  # first: a drain reason is cut at 160
+            culprits[name] = f"slow{over} in all {len(mine)} of its links to nodes that passed ({', '.join(mine)})"
     return culprits
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 from dataclasses import replace
@@ -18,7 +19,7 @@ from pathlib import Path
 from containerbench import outputs
 from containerbench.config import ImageUse, RunSpec, mpi_models
 from containerbench.cost import expected_each
-from containerbench.fabrics import rail_fabric, rail_names
+from containerbench.fabrics import named_hcas, rail_fabric, rail_names
 from containerbench.fleetplan import FleetError, FleetPlan, in_order, link_name
 from containerbench.launchers import Allocation, Srun
 from containerbench.plans import node_archive, plan_run
@@ -74,38 +75,60 @@ def link_runs(config: dict, pair: tuple[str, str]) -> list[RunSpec]:
     return runs
 
 
+def hardware_minutes(config: dict) -> int:
+    """The longest a node's hardware step may take, in minutes: each tool's timeout (perfquery's once for each
+    of up to 8 rails), and a minute for srun and Python to start. Part of the node job's time limit."""
+    from containerbench.hardware import TOOLS
+
+    return math.ceil((config["validation"]["hardware"]["timeout_s"] * (len(TOOLS) + 7) + 60) / 60)
+
+
 def hardware_argv(config: dict, out_dir: str, python: str = sys.executable) -> list[str] | None:
     """The hardware tier a node's job runs first, on its node: `fleet hwcheck` as one task, a step of the
-    job's allocation, with what the site expects of the node (validation.hardware); None where it is off."""
-    settings = config["validation"]["hardware"]
+    job's allocation with the GPUs it asked for (a step sees only its GRES, through Slurm's device cgroup),
+    ended by Slurm at its bound, with what the site expects of the node (validation.hardware; the rails: those
+    the fabrics name exactly, fabrics.named_hcas, where it names none); None where it is off."""
+    settings, gpus_per_node = config["validation"]["hardware"], config["slurm"]["gpus_per_node"]
     if not settings["enabled"]:
         return None
-    gpus = settings["gpus"] or config["slurm"]["gpus_per_node"]
+    gpus, rails = settings["gpus"] or gpus_per_node, settings["ib_devices"] or named_hcas(config)
     options = [*(["--gpus", str(gpus)] if gpus else []), *(["--nvlink"] if settings["nvlink"] else []),
                *(["--ib-rate", f"{settings['ib_rate']:g}"] if settings["ib_rate"] else []),
-               *(["--ib-devices", ",".join(settings["ib_devices"])] if settings["ib_devices"] else []),
-               "--timeout-s", f"{settings['timeout_s']:g}"]
-    return [Srun.program, "--nodes=1", "--ntasks=1", "--export=ALL", python, "-m", "containerbench", "fleet",
-            "hwcheck", "--out", out_dir, *options]
+               *(["--ib-devices", ",".join(rails)] if rails else []), "--timeout-s", f"{settings['timeout_s']:g}"]
+    return [Srun.program, "--nodes=1", "--ntasks=1", *([f"--gres=gpu:{gpus_per_node}"] if gpus_per_node else []),
+            f"--time={hardware_minutes(config)}", "--export=ALL", python, "-m", "containerbench", "fleet", "hwcheck",
+            "--out", out_dir, *options]
 
 
 def check_hardware(step: dict) -> None:
     """A node job's hardware step (FleetJobs.write_job), run in its allocation before its runs. Where hwcheck
-    could not run or answer there, its report says so itself, a failed check: a node that cannot start one
-    step of a minute is not passed in silence."""
-    from containerbench.hardware import TOOLS, Check, write_report
+    could not run or answer there, its report says so itself: a failed check (a node that cannot start one
+    step of a minute is not passed in silence), or a skipped one where Slurm ended the allocation meanwhile
+    (the runs' records then carry Slurm's state)."""
+    from containerbench.hardware import Check, write_report
+    from containerbench.slurm import job_state
 
-    limit = step["timeout_s"] * (len(TOOLS) + 2) + 60  # each tool's own, perfquery's ports, srun's start
+    limit = step["minutes"] * 60 + 120  # past srun's own --time (hardware_minutes), which Slurm enforces
     try:
         done = run_group(step["argv"], timeout=limit, stdin=subprocess.DEVNULL)
-        print(done.stdout + done.stderr, end="", flush=True)
+        output = done.stdout + done.stderr
+        print(output, end="", flush=True)
+        # hwcheck's last line names the report it wrote: on a shared file system whose client cached the
+        # report's absence (NFS), that line is the evidence, not a stat from here.
+        if done.returncode in (0, 1) and f"report: {step['report']}" in output.splitlines():
+            return
         why = f"fleet hwcheck exited with {done.returncode} and wrote no report: " + (
-            (done.stdout + done.stderr).strip().splitlines() or ["no output"])[-1]
+            output.strip().splitlines() or ["no output"])[-1]
     except subprocess.TimeoutExpired:
         why = f"fleet hwcheck did not end in {limit:g} s"
-    if not Path(step["report"]).exists():
-        print(f"containerbench: {step['node']}: {why}", flush=True)
-        write_report(step["report"], step["node"], [Check("fleet hwcheck", "fail", why)])
+    if Path(step["report"]).exists():
+        return
+    ended = job_state(os.environ["SLURM_JOB_ID"], wait_s=5) if os.environ.get("SLURM_JOB_ID") else None
+    status = "skipped" if ended else "fail"
+    if ended:
+        why = f"not run to its end: Slurm job {ended['job']} {ended['state']} (sacct) while it ran"
+    print(f"containerbench: {step['node']}: {why}", flush=True)
+    write_report(step["report"], step["node"], [Check("fleet hwcheck", status, why)])
 
 
 def run_timeout_s(config: dict, run: RunSpec) -> float:
@@ -195,9 +218,10 @@ class FleetJobs:
 
     def time_limit(self, job: tuple[str, str]) -> int:
         """The minutes a job asks Slurm for: its runs' deadlines, with ALLOCATION_SLACK_MINUTES a run for sacct
-        after a failure (allocation_minutes where no record tells). A limit near what the job takes is what
-        lets Slurm's backfill start it in the gaps between other jobs."""
-        return allocation_minutes(self.config, self.job_runs(job), self.deadlines(job))
+        after a failure (allocation_minutes where no record tells), and a node's hardware step's bound. A limit
+        near what the job takes is what lets Slurm's backfill start it in the gaps between other jobs."""
+        step = hardware_minutes(self.config) if job[0] == "node" and hardware_argv(self.config, "") else 0
+        return allocation_minutes(self.config, self.job_runs(job), self.deadlines(job)) + step
 
     def logs(self, job: tuple[str, str]) -> list[str]:
         """Its runs' raw logs: a suspect's second measurement apart from the first pass's (`fleet judge
@@ -260,6 +284,9 @@ class FleetJobs:
                 limits.append(f"{kind} jobs {longest[kind]} minutes: the runs' timeouts, {timeouts}, as no earlier "
                               "ok run of their benchmarks on as many nodes tells how long they take (the calibrate "
                               "target makes them)")
+        if kinds["node"] and hardware_argv(self.config, ""):
+            limits[0] += (f"; and the hardware step's {hardware_minutes(self.config)} (validation.hardware.timeout_s "
+                          "a tool)")
         lines.append(f"  worst case   {node_hours:,.0f} node-hours: every job to its time limit")
         lines += [f"  time limit   {limit}" for limit in limits]
         if all(kind in self.expected_s for kind, jobs in kinds.items() if jobs):
@@ -280,6 +307,7 @@ class FleetJobs:
             path.parent.mkdir(parents=True, exist_ok=True)
         outputs.write_text(plan_path, json.dumps(fleet.as_dict(), indent=1, sort_keys=True) + "\n")
         outputs.write_text(self.records_list, "".join(f"{path}\n" for path in self.records()))
+        outputs.write_text(self.hardware_list, "".join(f"{path}\n" for path in self.hardware_reports()))
         for job in self.runs:
             self.write_job(job, self.job_file(job))
 
@@ -292,7 +320,7 @@ class FleetJobs:
         steps = {}
         if job[0] == "node" and (argv := hardware_argv(self.config, self.hardware_dir)):
             steps["hardware"] = {"argv": argv, "node": job[1], "report": self.hardware_report(job[1]),
-                                 "timeout_s": self.config["validation"]["hardware"]["timeout_s"]}
+                                 "minutes": hardware_minutes(self.config)}
         outputs.write_text(path, json.dumps({"allocation": self.allocation(job), "plans": plans,
                                              "logs": self.logs(job), **steps}, sort_keys=True) + "\n")
 
@@ -303,6 +331,11 @@ class FleetJobs:
     def hardware_report(self, node: str) -> str:
         """Where a node's hardware report is: `fleet hwcheck` names it by SLURMD_NODENAME, the plan's name."""
         return f"{self.hardware_dir}/{node}.json"
+
+    @property
+    def hardware_list(self) -> str:
+        """The file listing every node's hardware report, for `fleet judge --hardware @FILE` (empty where off)."""
+        return f"{self.directory}/hardware.txt"
 
     def hardware_reports(self) -> list[str]:
         """Every node's, where validation.hardware is on (`fleet judge --hardware`)."""
@@ -350,7 +383,8 @@ def run_job(job_file, in_allocation: bool = False) -> int:
         from containerbench.hardware import Check, write_report
 
         write_report(hardware["report"], hardware["node"], [Check(
-            "fleet hwcheck", "skipped", "not run: the node's job had no allocation (its runs' logs say why)")])
+            "fleet hwcheck", "skipped", "not run: the node's job ran no hardware step (its runs' logs and the job's "
+                                        "log say why)")])
     # Each raw log parsed here: a parse job per run would be most of a large batch's DAG.
     if returncode == 0 and not in_allocation:
         for log in job["logs"]:

@@ -195,8 +195,7 @@ def ibstat_findings(ports: list[IbPort], expected_rate: float | None = None,
     """An InfiniBand port not Active and LinkUp, or slower than `expected_rate` (Gb/s; else than the
     node's fastest InfiniBand port: one rail of several at a lower rate). `devices`: the HCAs the node's
     rails are (a dual-port card's unused port is then not read), each of which must be listed."""
-    infiniband = [port for port in ports if port.link_layer == "InfiniBand"
-                  and (devices is None or port.device in devices)]
+    infiniband = [port for port in ports if port.link_layer == "InfiniBand" and is_rail(port, devices)]
     rate = expected_rate or max((port.rate for port in infiniband if port.state == "Active"), default=0.0)
     findings = []
     for port in infiniband:
@@ -206,9 +205,14 @@ def ibstat_findings(ports: list[IbPort], expected_rate: float | None = None,
         elif port.rate < rate:
             findings.append(Finding(f"{name}: rate {port.rate:g} Gb/s, {rate:g} expected", port.line_number,
                                     port.line))
-    listed = {port.device for port in ports}
+    listed = {port.device for port in ports} | {f"{port.device}:{port.port}" for port in ports}
     findings += [Finding(f"{device} not listed", 0, "") for device in devices or [] if device not in listed]
     return findings
+
+
+def is_rail(port: IbPort, devices: list[str] | None) -> bool:
+    """Is this port one of the rails `devices` names (HCA, every port of it, or HCA:PORT)? None: every port."""
+    return devices is None or port.device in devices or f"{port.device}:{port.port}" in devices
 
 
 # perfquery's error counters that mean a bad cable, port or transceiver (IBTA's PortCounters; NHC's and
@@ -248,8 +252,9 @@ TOOLS = {
     "dcgmi diag -r 1": ["dcgmi", "diag", "-r", "1"],
 }
 # A tool whose failure to run says nothing of the hardware: the kernel log unreadable to this user
-# (kernel.dmesg_restrict), DCGM's host engine not running. Skipped, with what it said.
-SKIPPED_IF_IT_CANNOT_RUN = {"dmesg", "dcgmi diag -r 1"}
+# (kernel.dmesg_restrict), DCGM's host engine not running, perfquery's /dev/infiniband/umad* open to root
+# only (the node jobs run as the admin's user). Skipped, with what it said.
+SKIPPED_IF_IT_CANNOT_RUN = {"dmesg", "dcgmi diag -r 1", "perfquery -x"}
 
 
 def judge_output(name: str, text: str, expected: Expected | None = None) -> list[Finding]:
@@ -297,7 +302,7 @@ def run_checks(out_dir, expected: Expected | None = None, timeout_s: float = 120
         if name == "perfquery -x":  # a port at a time, each named in its findings
             runs = [([*argv, "-C", port.device, "-P", port.port], f"{port.device} port {port.port}: ")
                     for port in ports if port.link_layer == "InfiniBand" and port.state == "Active"
-                    and (expected.ib_devices is None or port.device in expected.ib_devices)]
+                    and is_rail(port, expected.ib_devices)]
             if not runs:  # its default port would be some other port's counters, or none's
                 rails = f" of {', '.join(expected.ib_devices)}" if expected.ib_devices is not None else ""
                 checks.append(Check(name, "skipped", f"no Active InfiniBand port{rails} in ibstat's list on {node}"))

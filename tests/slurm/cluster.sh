@@ -16,8 +16,9 @@
 #
 # Each host is a network namespace of its own (cbctl, cbn1, cbn2, ...) with its own
 # hostname (UTS namespace), so records see distinct hosts and distinct
-# interfaces. Two networks connect the nodes, as on a cluster with two fabrics:
-#   fast0 (10.77.1.0/24)  stands for InfiniBand: unshaped
+# interfaces. Three networks connect the nodes, as on a cluster with two fabrics, the first of two rails:
+#   fast0 (10.77.1.0/24)  stands for InfiniBand's first rail: unshaped
+#   fast1 (10.77.3.0/24)  stands for its second rail: unshaped (tests/slurm/fleet.yaml's rails)
 #   slow0 (10.77.2.0/24)  stands for Ethernet: rate-limited with tc; also carries Slurm's own traffic
 # All traffic stays inside these namespaces. slurm.conf goes to /etc/slurm
 # (the job-step plugin drops SLURM_CONF inside jobs); what was there is restored on stop.
@@ -234,7 +235,7 @@ start() {
       || die "node $node did not start${docker:+ (the output of its dockerd: $dir/log/dockerd-$node.log)}"
   done
   wait_for 60 "${#NODES[@]} idle nodes" sh -c "nsenter --net=/run/netns/$NS_CTL sinfo -h -t idle -o %D | grep -qx ${#NODES[@]}"
-  echo "cluster.sh: $CLUSTER up: nodes ${NODES[*]}, fast0 10.77.1.0/24, slow0 10.77.2.0/24 ($SLOW_RATE)" >&2
+  echo "cluster.sh: $CLUSTER up: nodes ${NODES[*]}, fast0 10.77.1.0/24, fast1 10.77.3.0/24, slow0 10.77.2.0/24 ($SLOW_RATE)" >&2
 }
 
 stop_pidfile() {

@@ -59,6 +59,7 @@ if FLEET is not None:
         output:
             plan=f"{FLEET_DIR}/plan.json",
             records=FLEET_JOBS.records_list,
+            hardware=FLEET_JOBS.hardware_list,
             # One directory, not a file per job: each node's and link's job depends on it, and Snakemake
             # walks every output of a job's dependencies when the job ends (quadratic in the jobs).
             jobs=directory(FLEET_JOBS.jobs_dir),
@@ -123,7 +124,7 @@ if FLEET is not None:
         ),
         shortfall=config["validation"]["min_shortfall"],
         # A node whose hardware failed fails first, with the tool's line; it is not measured again.
-        hardware=["--hardware", *FLEET_JOBS.hardware_reports()] if FLEET_HARDWARE else [],
+        hardware=["--hardware", f"@{FLEET_JOBS.hardware_list}"] if FLEET_HARDWARE else [],
     )
 
     checkpoint fleet_suspects:

@@ -84,8 +84,10 @@ def _load_batch(args):
             print(f"containerbench: {error}", file=sys.stderr)
             return None
     from containerbench import hardware
+    from containerbench.records import record_paths
 
-    hardware_faults, unknown = hardware.failures(args.hardware, planned.nodes) if args.hardware else ({}, [])
+    reports = record_paths(args.hardware)  # @FILE too: a thousand nodes' reports overflow one argument
+    hardware_faults, unknown = hardware.failures(reports, planned.nodes) if reports else ({}, [])
     for node in unknown:
         print(f"containerbench: note: a hardware report names {node!r}, not a node of the plan: not judged",
               file=sys.stderr)
@@ -147,8 +149,8 @@ def _batch_arguments(parser):
     parser.add_argument("--references", help="a references file: its system's figures bound every node and link too")
     parser.add_argument("--system", help="the node type's system in the references file (default: the records' system)")
     parser.add_argument("--hardware", nargs="*", default=[],
-                        help="the nodes' hardware reports (`fleet hwcheck`): a failed check fails its node, with its "
-                             "line, and it is not measured again")
+                        help="the nodes' hardware reports (`fleet hwcheck`), or @FILE listing them: a failed check "
+                             "fails its node, with its line, and it is not measured again")
     return parser
 
 
