@@ -115,7 +115,7 @@ def check_hardware(step: dict) -> None:
         print(output, end="", flush=True)
         # hwcheck's last line names the report it wrote: on a shared file system whose client cached the
         # report's absence (NFS), that line is the evidence, not a stat from here.
-        if done.returncode in (0, 1) and f"report: {step['report']}" in output.splitlines():
+        if done.returncode in (0, 1) and f"report: {Path(step['report'])}" in output.splitlines():  # as it prints
             return
         why = f"fleet hwcheck exited with {done.returncode} and wrote no report: " + (
             output.strip().splitlines() or ["no output"])[-1]

@@ -133,8 +133,9 @@ if FLEET is not None:
         input:
             plan=f"{FLEET_DIR}/plan.json",
             listed=FLEET_JOBS.records_list,
+            # The node jobs that write the records write the hardware reports too (FLEET_HARDWARE), listed in
+            # FLEET_JOBS.hardware_list beside plan.json: the reports again would add a thousand files to the DAG.
             records=FLEET_JOBS.records(),
-            hardware=FLEET_JOBS.hardware_reports(),
         output:
             suspects=f"{FLEET_DIR}/recheck/suspects.json",
         log:
@@ -177,8 +178,9 @@ if FLEET is not None:
             # named list input once for each of its files (quadratic: 70 s for a thousand nodes' records).
             plan=f"{FLEET_DIR}/plan.json",
             listed=FLEET_JOBS.records_list,
+            # The node jobs that write the records write the hardware reports too (FLEET_HARDWARE), listed in
+            # FLEET_JOBS.hardware_list beside plan.json: the reports again would add a thousand files to the DAG.
             records=FLEET_JOBS.records(),
-            hardware=FLEET_JOBS.hardware_reports(),
             # The suspects' second measurements, once fleet_suspects has named them (none without recheck).
             rechecked=lambda wildcards: (
                 FLEET_JOBS.recheck_records(
