@@ -9,7 +9,8 @@
 #   tests/slurm/cluster.sh stop DIR         everything it started, by PID; namespaces removed
 #   tests/slurm/cluster.sh exec DIR CMD...  run a client command (sbatch, snakemake) on the controller host
 #   tests/slurm/cluster.sh slow-node DIR NODE PERCENT   cap everything NODE's slurmd runs at PERCENT of a CPU
-#   tests/slurm/cluster.sh slow-link DIR NODE NODE RATE   cap what the two send each other on fast0 (htb)
+#   tests/slurm/cluster.sh slow-link DIR NODE NODE RATE [IFACE]   cap what the two send each other on
+#                                           fast0, or IFACE (fast1: the second rail), with htb
 #   tests/slurm/cluster.sh heal DIR         undo slow-node and slow-link
 #   tests/slurm/cluster.sh restart-controller DIR   stop slurmctld (SIGTERM, by PID) and start it again on its
 #                                           saved state, as an admin's restart does; running jobs go on
@@ -268,17 +269,19 @@ slow_node() {
   echo "$group $home" >> "$dir/slowed-groups"
 }
 
-# A rate limit on the fast network (a bad cable or port of the "InfiniBand"), on both nodes, only for
-# what they send each other (htb: unclassified traffic goes out directly, unshaped; this machine's
-# kernel has no netem). fast0 has no qdisc of its own to keep (slow0 has the tbf).
+# A rate limit on one rail of the fast network (a bad cable or port of the "InfiniBand"), on both nodes,
+# only for what they send each other on it (htb: unclassified traffic goes out directly, unshaped; this
+# machine's kernel has no netem). fast0 and fast1 have no qdisc of their own to keep (slow0 has the tbf).
 slow_link() {
-  local dir=$1 a=$2 b=$3 rate=$4 from to
+  local dir=$1 a=$2 b=$3 rate=$4 iface=${5:-fast0} from to subnet
+  case "$iface" in fast0) subnet=1 ;; fast1) subnet=3 ;; *) die "slow-link: IFACE $iface: allowed fast0, fast1" ;; esac
   for from in "$a" "$b"; do
     to=$([ "$from" = "$a" ] && echo "$b" || echo "$a")
-    in_ns "cb$from" tc qdisc replace dev fast0 root handle 1: htb default 0
-    in_ns "cb$from" tc class replace dev fast0 parent 1: classid 1:20 htb rate "$rate" ceil "$rate"
-    in_ns "cb$from" tc filter add dev fast0 protocol ip parent 1: prio 1 u32 match ip dst "10.77.1.1${to#n}/32" flowid 1:20
-    echo "$from" >> "$dir/slowed-links"
+    in_ns "cb$from" tc qdisc replace dev "$iface" root handle 1: htb default 0
+    in_ns "cb$from" tc class replace dev "$iface" parent 1: classid 1:20 htb rate "$rate" ceil "$rate"
+    in_ns "cb$from" tc filter add dev "$iface" protocol ip parent 1: prio 1 u32 \
+      match ip dst "10.77.$subnet.1${to#n}/32" flowid 1:20
+    echo "$from $iface" >> "$dir/slowed-links"
   done
 }
 
@@ -295,8 +298,8 @@ heal() {
     rm -f "$dir/slowed-groups"
   fi
   if [ -s "$dir/slowed-links" ]; then
-    for node in $(sort -u "$dir/slowed-links"); do
-      in_ns "cb$node" tc qdisc del dev fast0 root 2>/dev/null || true
+    sort -u "$dir/slowed-links" | while read -r node iface; do
+      in_ns "cb$node" tc qdisc del dev "${iface:-fast0}" root 2>/dev/null || true
     done
     rm -f "$dir/slowed-links"
   fi
@@ -336,7 +339,8 @@ stop() {
 case "${1:-}" in
   install) install_packages ;;
   slow-node) slow_node "$2" "${3:?usage: cluster.sh slow-node DIR NODE PERCENT}" "${4:?PERCENT}" ;;
-  slow-link) slow_link "$2" "${3:?usage: cluster.sh slow-link DIR NODE NODE RATE}" "${4:?NODE}" "${5:?RATE}" ;;
+  slow-link) slow_link "$2" "${3:?usage: cluster.sh slow-link DIR NODE NODE RATE [IFACE]}" "${4:?NODE}" "${5:?RATE}" \
+                       "${6:-fast0}" ;;
   heal) heal "${2:?usage: cluster.sh heal DIR}" ;;
   restart-controller) restart_controller "${2:?usage: cluster.sh restart-controller DIR}" ;;
   start) start "${2:?usage: cluster.sh start DIR}" ;;
