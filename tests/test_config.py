@@ -244,3 +244,20 @@ def test_numeric_repetitions_plan_as_before(tmp_path):
     assert cb_config.repetition_bounds(config["benchmark"]) == (4, 4)
     assert cb_config.first_runs(config, runs) == runs
     assert max(r.repetition for r in runs) == 4 and len(runs) == 4 * 2 + 1
+
+
+@pytest.mark.parametrize("gpus_per_node, gpus", [(0, 8), (4, 8)], ids=["none asked", "more than asked"])
+def test_hardware_gpus_beyond_what_the_node_jobs_ask_for_are_refused_in_one_line(tmp_path, gpus_per_node, gpus):
+    # A step sees only the GPUs its job asked for (srun(1) --gres; Slurm's gres.conf(5), ConstrainDevices): a
+    # hardware step counting 8 in a job of 4 would fail every node "fewer than 8".
+    with pytest.raises(cb_config.ConfigError) as caught:
+        tiny_config(tmp_path, slurm={"gpus_per_node": gpus_per_node}, validation={"hardware": {"gpus": gpus}})
+    assert str(caught.value) == (
+        f"config: 'validation.hardware.gpus' = {gpus} is more than 'slurm.gpus_per_node' ({gpus_per_node}), the GPUs "
+        "the node jobs ask for and their hardware step sees; allowed: at most slurm.gpus_per_node, or null "
+        "(slurm.gpus_per_node)")
+    # Off, it asks nothing of them; at most as many, it is kept.
+    off = tiny_config(tmp_path, slurm={"gpus_per_node": 4}, validation={"hardware": {"gpus": 8, "enabled": False}})
+    assert off["validation"]["hardware"]["gpus"] == 8
+    assert tiny_config(tmp_path, slurm={"gpus_per_node": 4},
+                       validation={"hardware": {"gpus": 2}})["validation"]["hardware"]["gpus"] == 2

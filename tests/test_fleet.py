@@ -822,7 +822,8 @@ def test_a_links_job_measures_its_fabric_whole_then_each_rail_alone_each_run_set
     requests = fabrics.named_devices({"fast.rail1": fabrics.fabric_settings(config, "fast.rail1")})
     assert {(each.key, each.name) for each in requests} >= {("fabrics.fast.rails.rail1.env.NCCL_IB_HCA", "mlx5_1")}
     assert fabrics.named_hcas(config) == ["mlx5_0:1", "mlx5_1:1"]
-    assert fleetjobs.hardware_argv(config, "hw")[-4:] == ["--ib-devices", "mlx5_0:1,mlx5_1:1", "--timeout-s", "120"]
+    assert fleetjobs.hardware_step(config, "hw", "n1")["argv"][-4:] == [
+        "--ib-devices", "mlx5_0:1,mlx5_1:1", "--timeout-s", "120"]
 
 
 @pytest.mark.parametrize("rails, message", [
@@ -893,15 +894,16 @@ def test_a_nodes_job_checks_its_hardware_first_and_a_hwcheck_that_cannot_answer_
     # srun(1): one task on one node, a step of the node job's allocation with its GPUs (--gres: a step sees only
     # what it asks for), ended by Slurm at --time, in the job's environment (--export=ALL); what the site
     # expects of the node from validation.hardware, the GPUs from its GRES.
-    # Bounded by Slurm (--time, minutes): each of 6 tools' 120 s, perfquery's for up to 8 rails, a minute to start.
-    assert fleetjobs.hardware_minutes(config) == math.ceil((120 * (6 + 7) + 60) / 60) == 27
-    assert step == {"argv": ["srun", "--nodes=1", "--ntasks=1", "--gres=gpu:4", "--time=27", "--export=ALL",
+    # Bounded by Slurm (--time, minutes): each of 6 tools' 120 s, perfquery's once a rail, a minute to start.
+    assert fleetjobs.hardware_minutes(config) == math.ceil((120 * (5 + 2) + 60) / 60) == 15
+    assert step == {"argv": ["srun", "--nodes=1", "--ntasks=1", "--ntasks-per-node=1", "--gres=gpu:4", "--time=15",
+                             "--export=ALL",
                              sys.executable, "-m", "containerbench", "fleet", "hwcheck", "--out",
                              f"{tmp_path}/fleet/hardware", "--gpus", "4", "--nvlink", "--ib-devices", "mlx5_0,mlx5_1",
                              "--timeout-s", "120"],
-                    "node": "n1", "report": f"{tmp_path}/fleet/hardware/n1.json", "minutes": 27}
+                    "node": "n1", "report": f"{tmp_path}/fleet/hardware/n1.json", "minutes": 15}
     # The node's job holds its node for the step too; a link's job runs none.
-    assert jobs.time_limit(("node", "n1")) == fleetjobs.allocation_minutes(config, jobs.runs[("node", "n1")]) + 27
+    assert jobs.time_limit(("node", "n1")) == fleetjobs.allocation_minutes(config, jobs.runs[("node", "n1")]) + 15
     assert "hardware" not in json.loads(Path(jobs.job_file(("link", "n1+n2"))).read_text())  # links: no tier
     assert jobs.hardware_reports() == [f"{tmp_path}/fleet/hardware/{node}.json" for node in ("n1", "n2")]
     # The step's own command, here rather than under srun, as Slurm names the node to it: the tools this
@@ -919,7 +921,11 @@ def test_a_nodes_job_checks_its_hardware_first_and_a_hwcheck_that_cannot_answer_
     Path(step["report"]).unlink()
     fleetjobs.check_hardware({**step, "argv": ["/bin/sh", "-c", "echo 'srun: error: Unable to create step'; exit 1"]})
     assert hardware.failures([step["report"]], ["n1"])[0] == {"n1": (
-        "hardware: fleet hwcheck: fleet hwcheck exited with 1 and wrote no report: srun: error: Unable to create step")}
+        "hardware: hardware step: exited with 1 and wrote no report: srun: error: Unable to create step")}
+    # Where no rail is named, perfquery may read up to eight ports (ibstat lists them all).
+    config["validation"]["hardware"]["ib_devices"] = None
+    assert fabrics.named_hcas(config) is None  # tests/slurm/fleet.yaml's rails are interfaces, no HCA
+    assert fleetjobs.hardware_minutes(config) == math.ceil((120 * (5 + fleetjobs.UNNAMED_PORTS) + 60) / 60)
     config["validation"]["hardware"]["enabled"] = False
-    assert fleetjobs.hardware_argv(config, "x") is None
+    assert fleetjobs.hardware_step(config, "x", "n1") is None
     assert fleetjobs.FleetJobs(config, plan, "x").hardware_reports() == []

@@ -106,12 +106,18 @@ def validated(config: dict) -> dict:
     for error in _filling_defaults(jsonschema.Draft202012Validator)(schema).iter_errors(config):
         raise ConfigError(f"config: {describe(error)}")  # a default the schema itself got wrong
     check_repetitions(config["benchmark"])
-    if config["validation"]["hardware"]["gpus"] and not config["slurm"]["gpus_per_node"]:
-        # A step sees the GPUs its job asked for (srun --gres, Slurm's device cgroup), none of them otherwise.
-        raise ConfigError(f"config: 'validation.hardware.gpus' = {config['validation']['hardware']['gpus']} needs "
-                          "'slurm.gpus_per_node' (0): the node jobs ask for no GPU, so their hardware step would see "
-                          "none; allowed: slurm.gpus_per_node set, or hardware.gpus null")
+    check_hardware_settings(config)
     return config
+
+
+def check_hardware_settings(config: dict) -> None:
+    """What the schema cannot say about `validation.hardware.gpus`: a node job's hardware step sees the GPUs
+    its job asked for (srun --gres=gpu:slurm.gpus_per_node, Slurm's device cgroup), so it cannot count more."""
+    settings, asked = config["validation"]["hardware"], config["slurm"]["gpus_per_node"]
+    if settings["enabled"] and settings["gpus"] and settings["gpus"] > asked:
+        raise ConfigError(f"config: 'validation.hardware.gpus' = {settings['gpus']} is more than "
+                          f"'slurm.gpus_per_node' ({asked}), the GPUs the node jobs ask for and their hardware step "
+                          "sees; allowed: at most slurm.gpus_per_node, or null (slurm.gpus_per_node)")
 
 
 # `benchmark.repetitions: auto`: each train point runs min_repetitions, then one more repetition per

@@ -31,12 +31,13 @@ from containerbench.runtimes import host_environment
 
 
 def run_plans(plans: list[RunPlan], logs: list, strategy: Allocation, command: list[str], *,
-              salloc: list[str] | None = None, inside: bool = False, echo=sys.stdout) -> int:
+              salloc: list[str] | None = None, inside: bool = False, echo=sys.stdout, on_refused=None) -> int:
     """The runs `plans` into `logs`, one after another, as their allocation strategy says: the one
     place it is carried out. PER_RUN and PER_JOB ask salloc (`salloc`) for the allocation and run
     `containerbench COMMAND --in-allocation` in it, which comes back here with `inside`; NONE and STEP
     start the runs here. A failed run is a measured outcome, not an error of the workflow: 0 unless the
-    command in the allocation failed."""
+    command in the allocation failed. `refused(why)`: called where Slurm gave no allocation, or revoked it
+    before the command ran."""
     if inside or (strategy is Allocation.PER_RUN and slurm.in_allocation()):
         # In an allocation already (salloc's, or a site's own session): the runs are steps of it. A run whose
         # runtime needs words on its own allocation (Shifter's image, read when the allocation is made) cannot
@@ -52,7 +53,7 @@ def run_plans(plans: list[RunPlan], logs: list, strategy: Allocation, command: l
                 "launching it from outside any allocation")})
         return run_in_allocation(kept_plans, kept_logs, echo)
     if strategy.asks_salloc:  # an allocation of their own, with this process outside it
-        return run_allocated_plans(plans, logs, salloc, command)
+        return run_allocated_plans(plans, logs, salloc, command, on_refused)
     for run_plan, log in zip(plans, logs):
         returncode = measure(run_plan, Path(log), echo)
         if returncode != 0:
@@ -299,7 +300,8 @@ def run_in_allocation(plans: list[RunPlan], logs: list, echo=sys.stdout) -> int:
     return 0
 
 
-def run_allocated_plans(plans: list[RunPlan], logs: list, allocation: list[str], command: list[str]) -> int:
+def run_allocated_plans(plans: list[RunPlan], logs: list, allocation: list[str], command: list[str],
+                        on_refused=None) -> int:
     """A job of runs with an allocation of its own (`allocation`, salloc's argv), asked for from here, and
     `containerbench COMMAND --in-allocation` (which comes to run_in_allocation) run in it. Where Slurm gave
     none, or revoked it before the command ran, every log not yet written says why and those written stay;
@@ -311,6 +313,8 @@ def run_allocated_plans(plans: list[RunPlan], logs: list, allocation: list[str],
     for run_plan, log in zip(plans, logs):
         if not Path(log).exists():
             write_not_run(run_plan, log, {"not_run": refused})
+    if on_refused is not None:  # what else the job owes where its command never ran (a node's hardware report)
+        on_refused(refused)
     return 0
 
 

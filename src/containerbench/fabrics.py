@@ -303,6 +303,11 @@ def named_devices(fabrics: dict[str, dict]) -> list[DeviceRequest]:
 RAIL_SEPARATOR = "."
 
 
+def measured_fabrics(config: dict) -> list[str]:
+    """Every fabric of the config, each followed by its rails (FABRIC.RAIL): what a fleet's link jobs measure."""
+    return [name for fabric in config["fabrics"] for name in (fabric, *rail_names(config, fabric))]
+
+
 def rail_names(config: dict, fabric: str) -> list[str]:
     """The names a fleet's link jobs measure a fabric's rails under, one each (fabrics.NAME.rails)."""
     return [f"{fabric}{RAIL_SEPARATOR}{rail}" for rail in config["fabrics"][fabric].get("rails") or {}]
@@ -331,8 +336,7 @@ def fabric_settings(config: dict, name: str) -> dict:
 def named_hcas(config: dict) -> list[str] | None:
     """The HCAs (HCA or HCA:PORT) the fabrics and their rails name exactly (NCCL_IB_HCA=mlx5_0:1,...): the node's
     rails, as a fleet's hardware step reads them; None where none is named so (every InfiniBand port counts)."""
-    names = [name for fabric in config["fabrics"] for name in (fabric, *rail_names(config, fabric))]
     hcas = [f"{each.name}:{each.port}" if each.port else each.name
-            for each in named_devices({name: fabric_settings(config, name) for name in names})
+            for each in named_devices({name: fabric_settings(config, name) for name in measured_fabrics(config)})
             if each.kind == "hca" and each.exact]
     return list(dict.fromkeys(hcas)) or None

@@ -19,13 +19,14 @@ from pathlib import Path
 from containerbench import outputs
 from containerbench.config import ImageUse, RunSpec, mpi_models
 from containerbench.cost import expected_each
-from containerbench.fabrics import named_hcas, rail_fabric, rail_names
+from containerbench.fabrics import measured_fabrics, named_hcas, rail_fabric
 from containerbench.fleetplan import FleetError, FleetPlan, in_order, link_name
+from containerbench.hardware import TOOLS, report_line, report_path, write_step_report
 from containerbench.launchers import Allocation, Srun
 from containerbench.plans import node_archive, plan_run
 from containerbench.processes import run_group
 from containerbench.runtimes import runtime_for
-from containerbench.slurm import ALLOCATION_SLACK_MINUTES, allocation_argv, job_partition
+from containerbench.slurm import ALLOCATION_SLACK_MINUTES, allocation_argv, job_partition, job_state
 
 # A run's deadline where earlier records tell its expected time: at least this much beyond it, whatever the
 # factor (a new node's first start reads every package from a cold shared file system).
@@ -63,7 +64,7 @@ def link_runs(config: dict, pair: tuple[str, str]) -> list[RunSpec]:
     carry together), and with validation.link_training a two-node training run, in the config's first runtime."""
     bench, runtime = config["benchmark"], config["runtimes"][0]
     model = mpi_models(config, runtime)[0]
-    fabrics = [name for fabric in config["fabrics"] for name in (fabric, *rail_names(config, fabric))]
+    fabrics = measured_fabrics(config)
     runs = []
     for repetition in range(1, config["validation"]["repetitions"] + 1):
         runs += [RunSpec("netbench", runtime, fabric, 2, 1, repetition, mpi_model=model, nodelist=tuple(pair))
@@ -75,19 +76,24 @@ def link_runs(config: dict, pair: tuple[str, str]) -> list[RunSpec]:
     return runs
 
 
+# The ports perfquery may read where no rail is named (ibstat lists them all): four dual-port HCAs.
+UNNAMED_PORTS = 8
+
+
 def hardware_minutes(config: dict) -> int:
-    """The longest a node's hardware step may take, in minutes: each tool's timeout (perfquery's once for each
-    of up to 8 rails), and a minute for srun and Python to start. Part of the node job's time limit."""
-    from containerbench.hardware import TOOLS
+    """The longest a node's hardware step may take, in minutes: each tool's timeout (perfquery's once a rail, or
+    once for each of UNNAMED_PORTS where none is named), and a minute for srun and Python to start. Part of
+    the node job's time limit."""
+    rails = config["validation"]["hardware"]["ib_devices"] or named_hcas(config)
+    tools = len(TOOLS) - 1 + (len(rails) if rails else UNNAMED_PORTS)
+    return math.ceil((config["validation"]["hardware"]["timeout_s"] * tools + 60) / 60)
 
-    return math.ceil((config["validation"]["hardware"]["timeout_s"] * (len(TOOLS) + 7) + 60) / 60)
 
-
-def hardware_argv(config: dict, out_dir: str, python: str = sys.executable) -> list[str] | None:
-    """The hardware tier a node's job runs first, on its node: `fleet hwcheck` as one task, a step of the
-    job's allocation with the GPUs it asked for (a step sees only its GRES, through Slurm's device cgroup),
-    ended by Slurm at its bound, with what the site expects of the node (validation.hardware; the rails: those
-    the fabrics name exactly, fabrics.named_hcas, where it names none); None where it is off."""
+def hardware_step(config: dict, out_dir: str, node: str, python: str = sys.executable) -> dict | None:
+    """The hardware tier a node's job runs first, on its node (check_hardware): `fleet hwcheck` as one task,
+    a step of the job's allocation with the GPUs it asked for (a step sees only its GRES, through Slurm's
+    device cgroup), ended by Slurm at its bound, with what the site expects of the node (validation.hardware;
+    the rails: those the fabrics name exactly, fabrics.named_hcas, where it names none). None where it is off."""
     settings, gpus_per_node = config["validation"]["hardware"], config["slurm"]["gpus_per_node"]
     if not settings["enabled"]:
         return None
@@ -95,19 +101,18 @@ def hardware_argv(config: dict, out_dir: str, python: str = sys.executable) -> l
     options = [*(["--gpus", str(gpus)] if gpus else []), *(["--nvlink"] if settings["nvlink"] else []),
                *(["--ib-rate", f"{settings['ib_rate']:g}"] if settings["ib_rate"] else []),
                *(["--ib-devices", ",".join(rails)] if rails else []), "--timeout-s", f"{settings['timeout_s']:g}"]
-    return [Srun.program, "--nodes=1", "--ntasks=1", *([f"--gres=gpu:{gpus_per_node}"] if gpus_per_node else []),
-            f"--time={hardware_minutes(config)}", "--export=ALL", python, "-m", "containerbench", "fleet", "hwcheck",
-            "--out", out_dir, *options]
+    minutes = hardware_minutes(config)
+    srun = Srun(gpus_per_node=gpus_per_node)
+    argv = srun.node_step([python, "-m", "containerbench", "fleet", "hwcheck", "--out", out_dir, *options],
+                          1, [*srun.gres, f"--time={minutes}"])
+    return {"argv": argv, "node": node, "report": report_path(out_dir, node), "minutes": minutes}
 
 
 def check_hardware(step: dict) -> None:
-    """A node job's hardware step (FleetJobs.write_job), run in its allocation before its runs. Where hwcheck
+    """A node job's hardware step (hardware_step), run in its allocation before its runs. Where hwcheck
     could not run or answer there, its report says so itself: a failed check (a node that cannot start one
     step of a minute is not passed in silence), or a skipped one where Slurm ended the allocation meanwhile
     (the runs' records then carry Slurm's state)."""
-    from containerbench.hardware import Check, write_report
-    from containerbench.slurm import job_state
-
     limit = step["minutes"] * 60 + 120  # past srun's own --time (hardware_minutes), which Slurm enforces
     try:
         done = run_group(step["argv"], timeout=limit, stdin=subprocess.DEVNULL)
@@ -115,20 +120,19 @@ def check_hardware(step: dict) -> None:
         print(output, end="", flush=True)
         # hwcheck's last line names the report it wrote: on a shared file system whose client cached the
         # report's absence (NFS), that line is the evidence, not a stat from here.
-        if done.returncode in (0, 1) and f"report: {Path(step['report'])}" in output.splitlines():  # as it prints
+        if done.returncode in (0, 1) and report_line(Path(step["report"])) in output.splitlines():
             return
-        why = f"fleet hwcheck exited with {done.returncode} and wrote no report: " + (
+        why = f"exited with {done.returncode} and wrote no report: " + (
             output.strip().splitlines() or ["no output"])[-1]
     except subprocess.TimeoutExpired:
-        why = f"fleet hwcheck did not end in {limit:g} s"
+        why = f"did not end in {limit:g} s"
     if Path(step["report"]).exists():
         return
     ended = job_state(os.environ["SLURM_JOB_ID"], wait_s=5) if os.environ.get("SLURM_JOB_ID") else None
-    status = "skipped" if ended else "fail"
     if ended:
         why = f"not run to its end: Slurm job {ended['job']} {ended['state']} (sacct) while it ran"
-    print(f"containerbench: {step['node']}: {why}", flush=True)
-    write_report(step["report"], step["node"], [Check("fleet hwcheck", status, why)])
+    print(f"containerbench: {step['node']}: hardware step {why}", flush=True)
+    write_step_report(step["report"], step["node"], "skipped" if ended else "fail", why)
 
 
 def run_timeout_s(config: dict, run: RunSpec) -> float:
@@ -183,6 +187,8 @@ class FleetJobs:
                 self.after[link_name(pair)] = [latest[end] for end in pair]
                 latest.update({end: ("link", link_name(pair)) for end in pair})
         self.expected_s = self._expected_seconds(list(records))
+        # Each node's first pass runs its hardware step first (None where validation.hardware is off).
+        self.hardware_minutes = hardware_minutes(config) if config["validation"]["hardware"]["enabled"] else 0
 
     def _expected_seconds(self, records: list[dict]) -> dict[str, list[float]]:
         """Job kind -> each of its runs' expected seconds, where earlier ok runs of their benchmarks on as
@@ -220,7 +226,7 @@ class FleetJobs:
         """The minutes a job asks Slurm for: its runs' deadlines, with ALLOCATION_SLACK_MINUTES a run for sacct
         after a failure (allocation_minutes where no record tells), and a node's hardware step's bound. A limit
         near what the job takes is what lets Slurm's backfill start it in the gaps between other jobs."""
-        step = hardware_minutes(self.config) if job[0] == "node" and hardware_argv(self.config, "") else 0
+        step = self.hardware_minutes if job[0] == "node" else 0
         return allocation_minutes(self.config, self.job_runs(job), self.deadlines(job)) + step
 
     def logs(self, job: tuple[str, str]) -> list[str]:
@@ -284,9 +290,8 @@ class FleetJobs:
                 limits.append(f"{kind} jobs {longest[kind]} minutes: the runs' timeouts, {timeouts}, as no earlier "
                               "ok run of their benchmarks on as many nodes tells how long they take (the calibrate "
                               "target makes them)")
-        if kinds["node"] and hardware_argv(self.config, ""):
-            limits[0] += (f"; and the hardware step's {hardware_minutes(self.config)} (validation.hardware.timeout_s "
-                          "a tool)")
+        if kinds["node"] and self.hardware_minutes:
+            limits[0] += f"; and the hardware step's {self.hardware_minutes} (validation.hardware.timeout_s a tool)"
         lines.append(f"  worst case   {node_hours:,.0f} node-hours: every job to its time limit")
         lines += [f"  time limit   {limit}" for limit in limits]
         if all(kind in self.expected_s for kind, jobs in kinds.items() if jobs):
@@ -318,9 +323,8 @@ class FleetJobs:
         plans = [replace(self.plan(spec), timeout_s=deadline).as_dict()
                  for spec, deadline in zip(self.job_runs(job), self.deadlines(job))]
         steps = {}
-        if job[0] == "node" and (argv := hardware_argv(self.config, self.hardware_dir)):
-            steps["hardware"] = {"argv": argv, "node": job[1], "report": self.hardware_report(job[1]),
-                                 "minutes": hardware_minutes(self.config)}
+        if job[0] == "node" and (step := hardware_step(self.config, self.hardware_dir, job[1])):
+            steps["hardware"] = step
         outputs.write_text(path, json.dumps({"allocation": self.allocation(job), "plans": plans,
                                              "logs": self.logs(job), **steps}, sort_keys=True) + "\n")
 
@@ -330,7 +334,7 @@ class FleetJobs:
 
     def hardware_report(self, node: str) -> str:
         """Where a node's hardware report is: `fleet hwcheck` names it by SLURMD_NODENAME, the plan's name."""
-        return f"{self.hardware_dir}/{node}.json"
+        return report_path(self.hardware_dir, node)
 
     @property
     def hardware_list(self) -> str:
@@ -339,8 +343,7 @@ class FleetJobs:
 
     def hardware_reports(self) -> list[str]:
         """Every node's, where validation.hardware is on (`fleet judge --hardware`)."""
-        enabled = self.config["validation"]["hardware"]["enabled"]
-        return [self.hardware_report(job[1]) for job in self.runs if job[0] == "node" and enabled]
+        return [self.hardware_report(job[1]) for job in self.runs if job[0] == "node" and self.hardware_minutes]
 
     def records(self) -> list[str]:
         return [record_path(log) for job in self.runs for log in self.logs(job)]
@@ -376,15 +379,13 @@ def run_job(job_file, in_allocation: bool = False) -> int:
     hardware = job.get("hardware")
     if hardware and in_allocation:  # before anything is timed (issue 33: the tier SuperBench and NHC run first)
         check_hardware(hardware)
-    returncode = run_plans(plans, job["logs"], Allocation.PER_JOB, ["fleet", "run", str(job_file)],
-                           salloc=job["allocation"], inside=in_allocation)
-    if hardware and not in_allocation and not Path(hardware["report"]).exists():
-        # Slurm never ran the job: its runs' logs say why, and they fail the node; this says only that.
-        from containerbench.hardware import Check, write_report
 
-        write_report(hardware["report"], hardware["node"], [Check(
-            "fleet hwcheck", "skipped", "not run: the node's job ran no hardware step (its runs' logs and the job's "
-                                        "log say why)")])
+    def refused(why: str) -> None:  # Slurm never ran the job: its runs' logs say why, and they fail the node
+        if hardware:
+            write_step_report(hardware["report"], hardware["node"], "skipped", f"not run: {why}")
+
+    returncode = run_plans(plans, job["logs"], Allocation.PER_JOB, ["fleet", "run", str(job_file)],
+                           salloc=job["allocation"], inside=in_allocation, on_refused=refused)
     # Each raw log parsed here: a parse job per run would be most of a large batch's DAG.
     if returncode == 0 and not in_allocation:
         for log in job["logs"]:

@@ -241,6 +241,11 @@ class Expected:
     ib_devices: list[str] | None = None
 
 
+# Each tool's bound where none is given (validation.hardware.timeout_s's default in the schema too).
+TOOL_TIMEOUT_S = 120.0
+# What a node's job names its hardware step in a report it writes itself (fleetjobs.check_hardware).
+STEP_CHECK = "hardware step"
+
 # What each check runs. Each is skipped where its program is absent; perfquery runs once a port of each
 # InfiniBand port ibstat lists (without -C and -P it reads the first HCA's first port only).
 TOOLS = {
@@ -287,7 +292,7 @@ def _run(argv: list[str], timeout_s: float) -> tuple[int, str]:
     return done.returncode, done.stdout + done.stderr
 
 
-def run_checks(out_dir, expected: Expected | None = None, timeout_s: float = 120) -> tuple[Path, list[Check]]:
+def run_checks(out_dir, expected: Expected | None = None, timeout_s: float = TOOL_TIMEOUT_S) -> tuple[Path, list[Check]]:
     """Every check this node has the tool for, its raw output kept in out_dir/NODE/, and the node's
     report in out_dir/NODE.json, which `fleet judge --hardware` reads."""
     expected, node = expected or Expected(), node_name()
@@ -324,7 +329,23 @@ def run_checks(out_dir, expected: Expected | None = None, timeout_s: float = 120
         if failed and not findings and name in SKIPPED_IF_IT_CANNOT_RUN:
             status = "skipped"
         checks.append(Check(name, status, "; ".join(failed), findings, ", ".join(map(str, raws))))
-    return write_report(Path(out_dir) / f"{node}.json", node, checks), checks
+    return write_report(report_path(out_dir, node), node, checks), checks
+
+
+def report_path(out_dir, node: str) -> str:
+    """Where `fleet hwcheck --out OUT_DIR` writes a node's report (raw outputs in OUT_DIR/NODE/)."""
+    return f"{out_dir}/{node}.json"
+
+
+def report_line(path) -> str:
+    """The last line `fleet hwcheck` prints, naming its report: a node's job trusts it over a stat of the
+    file from the submit host, whose NFS client may have cached the report's absence."""
+    return f"report: {path}"
+
+
+def write_step_report(path, node: str, status: str, why: str) -> Path:
+    """The report a node's job writes itself where its hardware step could not run or answer: one check."""
+    return write_report(path, node, [Check(STEP_CHECK, status, why)])
 
 
 def write_report(path, node: str, checks: list[Check]) -> Path:

@@ -124,17 +124,26 @@ class Srun(Launcher):
         # Explicit sizes: Snakemake's job-step plugin strips the allocation's SLURM_* defaults.
         # Every GPU of a node is visible to its ranks; the benchmark pins one per local rank
         # (no --ntasks-per-gpu: it clashes with SLURM_TRES_PER_TASK, a known plugin trap).
-        gpus = [f"--gres=gpu:{self.gpus_per_node}"] if self.gpus_per_node else []
+        gpus = self.gres
         # runtime_options: what a runtime contributes to srun itself (Pyxis: --container-image, ...)
         return [self.program, f"--mpi={self.mpi}", f"--nodes={spec.nodes}", f"--ntasks={spec.ranks}",
                 f"--ntasks-per-node={spec.ranks_per_node}", f"--cpus-per-task={self.cpus_per_rank}", *gpus,
                 f"--cpu-bind={cpu_bind}", "--export=ALL", *self.extra_args, *runtime_options, *rank_argv]
 
 
+    @property
+    def gres(self) -> list[str]:
+        """The GPUs each node's step asks for: a step sees only its GRES (Slurm's device cgroup)."""
+        return [f"--gres=gpu:{self.gpus_per_node}"] if self.gpus_per_node else []
+
     def on_each_node(self, argv: list[str], spec: RunSpec) -> list[str]:
         # One task on each node of the run (Slurm places it in the run's allocation), with none of the
         # ranks' MPI plugin or binding: a step of its own before the ranks' step.
-        return [self.program, f"--nodes={spec.nodes}", f"--ntasks={spec.nodes}", "--ntasks-per-node=1",
+        return self.node_step(argv, spec.nodes)
+
+    def node_step(self, argv: list[str], nodes: int, options=()) -> list[str]:
+        """`argv` as one task on each of `nodes` nodes of the allocation, with srun `options` of its own."""
+        return [self.program, f"--nodes={nodes}", f"--ntasks={nodes}", "--ntasks-per-node=1", *options,
                 "--export=ALL", *argv]
 
     @classmethod

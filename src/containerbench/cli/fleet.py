@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from containerbench import config as cb_config
-from containerbench import outputs
+from containerbench import hardware, outputs
 from containerbench.cli.results import system_named, system_of
 
 
@@ -34,15 +34,13 @@ def cmd_fleet_run(args) -> int:
 
 
 def cmd_fleet_hwcheck(args) -> int:
-    from containerbench import hardware
-
     expected = hardware.Expected(args.gpus, args.nvlink, args.ib_rate,
                                  args.ib_devices.split(",") if args.ib_devices else None)
     report, checks = hardware.run_checks(args.out, expected, args.timeout_s)
     for check in checks:
         found = "; ".join(map(str, check.findings))
         print(f"{check.status:7} {check.name}: {found or check.reason}".rstrip(": "))
-    print(f"report: {report}")
+    print(hardware.report_line(report))
     return 1 if any(check.status == "fail" for check in checks) else 0
 
 
@@ -83,7 +81,6 @@ def _load_batch(args):
         except ReferencesError as error:
             print(f"containerbench: {error}", file=sys.stderr)
             return None
-    from containerbench import hardware
     from containerbench.records import record_paths
 
     reports = record_paths(args.hardware)  # @FILE too: a thousand nodes' reports overflow one argument
@@ -174,7 +171,8 @@ def add_commands(sub) -> None:
     a.add_argument("--ib-devices", help="the HCAs of the node's rails, comma-separated (default: every InfiniBand "
                                         "port ibstat lists)")
     a.add_argument("--nvlink", action="store_true", help="the GPUs have NVLink: none active is a fault")
-    a.add_argument("--timeout-s", type=float, default=120, help="each tool's; its whole session killed past it")
+    a.add_argument("--timeout-s", type=float, default=hardware.TOOL_TIMEOUT_S,
+                   help="each tool's; its whole session killed past it")
     a.set_defaults(func=cmd_fleet_hwcheck)
     a = actions.add_parser("summary", help="print a verdict's summary and drain list; exit 1 if a node, a link or "
                                            "a container path failed")
