@@ -168,8 +168,8 @@ def add_commands(sub) -> None:
     a.add_argument("--out", required=True, help="the directory for NODE.json and the raw outputs in NODE/")
     a.add_argument("--gpus", type=int, help="the GPUs this node must list (its GRES)")
     a.add_argument("--ib-rate", type=float, help="each InfiniBand port's rate in Gb/s (default: the node's fastest)")
-    a.add_argument("--ib-devices", help="the HCAs of the node's rails, comma-separated (default: every InfiniBand "
-                                        "port ibstat lists)")
+    a.add_argument("--ib-devices", help="the node's rails, comma-separated, each HCA (every port of it) or HCA:PORT "
+                                        "(default: every InfiniBand port ibstat lists)")
     a.add_argument("--nvlink", action="store_true", help="the GPUs have NVLink: none active is a fault")
     a.add_argument("--timeout-s", type=float, default=hardware.TOOL_TIMEOUT_S,
                    help="each tool's; its whole session killed past it")
