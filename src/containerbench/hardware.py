@@ -292,7 +292,8 @@ def _run(argv: list[str], timeout_s: float) -> tuple[int, str]:
     return done.returncode, done.stdout + done.stderr
 
 
-def run_checks(out_dir, expected: Expected | None = None, timeout_s: float = TOOL_TIMEOUT_S) -> tuple[Path, list[Check]]:
+def run_checks(out_dir, expected: Expected | None = None,
+               timeout_s: float = TOOL_TIMEOUT_S) -> tuple[Path, list[Check]]:
     """Every check this node has the tool for, its raw output kept in out_dir/NODE/, and the node's
     report in out_dir/NODE.json, which `fleet judge --hardware` reads."""
     expected, node = expected or Expected(), node_name()
