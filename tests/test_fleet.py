@@ -26,7 +26,18 @@ from helpers import ROOT, assert_junit_as_pytest_writes, fleet_records, on_nodes
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics_families
 
 from containerbench import config as cb_config
-from containerbench import execution, fabrics, fleet, fleetexport, fleetjobs, fleetplan, fleetreport, hardware, slurm
+from containerbench import (
+    execution,
+    fabrics,
+    fleet,
+    fleetexport,
+    fleetjobs,
+    fleetplan,
+    fleetreport,
+    fleetstats,
+    hardware,
+    slurm,
+)
 from containerbench.plans import RunPlan
 from containerbench.rank import markers
 from containerbench.records import parse_log
@@ -107,7 +118,7 @@ def test_the_node_table_holds_each_metric_against_the_fleet(verdict):
     assert sorted(rate.index) == BATCH  # the drained node has no figures, only its summary row
     assert rate.loc[SLOW_NODE, "result"] == "fail" and (rate.drop(SLOW_NODE)["result"] == "pass").all()
     assert rate.loc[SLOW_NODE, "deviation_percent"] == pytest.approx(-30, abs=3)
-    assert rate.loc[SLOW_NODE, "robust_z"] < -fleet.ROBUST_Z_LIMIT
+    assert rate.loc[SLOW_NODE, "robust_z"] < -fleetstats.ROBUST_Z_LIMIT
     # Intra-node netbench: every node is fine inside itself, the bad NIC included.
     intra = table[table["variable"].str.contains("/1x2/")]
     assert set(intra["result"]) == {"pass"} and set(intra["node"]) == set(BATCH)
@@ -161,7 +172,7 @@ def test_a_small_shortfall_in_a_tight_fleet_is_not_a_fault(recorded_runs):
     plan = fleetplan.plan_batch({name: fleet.NodeState(name, "idle") for name in NODES})
     verdict = fleet.judge(fleet_records(recorded_runs, plan.nodes, plan.links, compute={"n03": 0.95}), plan)
     row = verdict.nodes[(verdict.nodes["node"] == "n03") & verdict.nodes["variable"].str.endswith("images_per_sec")]
-    assert row["robust_z"].iloc[0] < -fleet.ROBUST_Z_LIMIT and row["result"].iloc[0] == "pass"
+    assert row["robust_z"].iloc[0] < -fleetstats.ROBUST_Z_LIMIT and row["result"].iloc[0] == "pass"
     assert verdict.failed_nodes == []
 
 
@@ -434,10 +445,10 @@ def test_half_the_fleets_figure_fails_however_wide_a_small_fleets_spread():
     variable = "netbench/bare-metal/fast/2x1/allreduce_busbw_GBps@1048576"
     latency = "netbench/bare-metal/fast/2x1/pingpong_latency_us@1"
     values = pd.DataFrame({"variable": [variable] * 3 + [latency] * 3, "value": [0.001, 3.125, 2.382, 5.5, 5.2, 5.4]})
-    judged = fleet.robust_deviation(values, 0.10)
-    assert judged["robust_z"].iloc[0] > -fleet.ROBUST_Z_LIMIT and judged["worse"].tolist() == [
+    judged = fleetstats.robust_deviation(values, 0.10)
+    assert judged["robust_z"].iloc[0] > -fleetstats.ROBUST_Z_LIMIT and judged["worse"].tolist() == [
         True, False, False, False, False, False]
-    judged = fleet.robust_deviation(values.assign(value=[0.001, 3.125, 2.382, 11.0, 5.2, 5.4]), 0.10)
+    judged = fleetstats.robust_deviation(values.assign(value=[0.001, 3.125, 2.382, 11.0, 5.2, 5.4]), 0.10)
     assert judged["worse"].tolist() == [True, False, False, True, False, False]  # latency over twice the median
 
 

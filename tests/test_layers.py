@@ -46,6 +46,7 @@ LAYERS = [
     ("runs executed, their cost, report, validation, repetition rounds, the base image",
      {"execution", "cost", "report", "validate", "repetitions", "baseimage"}),
     ("the plan of a batch of nodes to validate", {"fleetplan"}),
+    ("a batch's figures against the fleet", {"fleetstats"}),
     ("fleet verdicts, the results history, the formats a site's tools read", {"fleet", "history", "export"}),
     ("the fleet's node and link jobs, its verdict in the formats a site's tools read and on its page",
      {"fleetjobs", "fleetexport", "fleetreport"}),

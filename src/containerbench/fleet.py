@@ -35,19 +35,12 @@ import numpy as np
 import pandas as pd
 
 from containerbench.fleetplan import FleetPlan, in_order, link_name
+from containerbench.fleetstats import against, member_values, members_of, robust_deviation
 from containerbench.records import UNREADABLE_RESULT
 from containerbench.runtimes.bare_metal import BareMetal
 from containerbench.slurm import NodeState
 from containerbench.status import Status
-from containerbench.validate import LOWER_IS_BETTER, Reference, figure_name, metric_of, rail_of, record_variables
-
-# MAD x 1.4826 estimates the standard deviation of normal data; 3.5 is Iglewicz and
-# Hoaglin's cut-off for the modified z-score (NIST/SEMATECH e-Handbook, 1.3.5.17).
-MAD_TO_SIGMA = 1.4826
-ROBUST_Z_LIMIT = 3.5
-# Half the fleet median's throughput, or twice its latency, fails whatever the spread: in a batch of
-# a few nodes one bad figure is a third of the basis and widens the MAD it is measured against.
-GROSS_RATIO = 0.5
+from containerbench.validate import Reference, rail_of
 
 # deviation_percent: from the fleet median; better_percent: the same, signed so that below 0 is worse
 # whatever the metric (latency up is worse), which is what the charts show.
@@ -66,112 +59,6 @@ NOT_REPEATED = "not repeated"  # a node table's result: failed, then within the 
 # metal on the same node is within the fleet: the container's path, not the node's hardware. Not drained.
 CONTAINER_PATH = "container path"
 SUMMARY_COLUMNS = ["member", "kind", "result", "reason"]
-
-
-def _members(record: dict) -> tuple[str, ...]:
-    """The nodes a run ran on: Slurm's names of the nodes it was pinned to, else what its ranks reported
-    (a node's hostname may differ from its NodeName: an FQDN, a NodeHostname)."""
-    hosts = record["spec"].get("nodelist") or (record["result"] or {}).get("hostnames") or []
-    return in_order(hosts.split(",") if isinstance(hosts, str) else hosts)
-
-
-def on_nodes(records: list[dict], nodes) -> list[dict]:
-    """The records of runs that ran only on these nodes (nodes declared good, for a baseline)."""
-    wanted = set(nodes)
-    return [record for record in records if set(_members(record)) <= wanted and _members(record)]
-
-
-def member_values(records: list[dict]) -> pd.DataFrame:
-    """The median of each variable per node (one-node runs) and per link (two-node runs), over repetitions."""
-    members = {record["run_id"]: _members(record) for record in records}
-    values = record_variables(records)
-    values["hosts"] = values["run_id"].map(members)
-    values = values[values["hosts"].map(len).isin((1, 2))]
-    values["member"] = values["hosts"].map(link_name)
-    values["scope"] = np.where(values["hosts"].map(len) == 1, "node", "link")
-    grouped = (values.groupby(["scope", "member", "variable", "unit"], as_index=False, sort=False)
-               .agg(value=("value", "median"), runs=("run_id", "nunique"), low=("value", "min"),
-                    high=("value", "max")))
-    with np.errstate(divide="ignore", invalid="ignore"):
-        spread = 100 * (grouped["high"] - grouped["low"]) / grouped["value"].abs()
-    return grouped.assign(spread_percent=spread.where(grouped["runs"] > 1))
-
-
-def robust_deviation(values: pd.DataFrame, min_shortfall: float, basis=None) -> pd.DataFrame:
-    """Each value against its variable's fleet median and MAD; `worse` when far out in the bad direction.
-    `basis` (a mask): the rows the median and MAD come from, where a variable has any; else all rows."""
-    basis = pd.Series(True, index=values.index) if basis is None else pd.Series(basis, index=values.index)
-    has_basis = basis.groupby(values["variable"]).transform("any")
-    counted = values[basis | ~has_basis]
-    center = counted.groupby("variable")["value"].median()
-    spread = (counted["value"] - counted["variable"].map(center)).abs().groupby(counted["variable"]).median()
-    median, mad = values["variable"].map(center), values["variable"].map(spread)
-    sign = np.where(values["variable"].map(metric_of).isin(LOWER_IS_BETTER), -1.0, 1.0)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        deviation = 100 * (values["value"] / median - 1)
-        # No spread (MAD 0, e.g. most nodes identical): any difference is infinitely far out, so
-        # the shortfall fraction alone decides.
-        z = np.where(mad > 0, (values["value"] - median) / (MAD_TO_SIGMA * mad),
-                     np.sign(values["value"] - median) * np.inf)
-        ratio = np.where(sign > 0, values["value"] / median, median / values["value"])  # below 1: worse
-    worse = ((sign * z < -ROBUST_Z_LIMIT) & (sign * deviation < -100 * min_shortfall)) | (ratio < GROSS_RATIO)
-    repeatability, unjudged, best_too_low = _repeatability(values, counted, sign, min_shortfall)
-    return values.assign(fleet_median=median, mad=mad, robust_z=z, deviation_percent=deviation,
-                         better_percent=sign * deviation, repeatability_percent=repeatability, unjudged=unjudged,
-                         worse=np.where(unjudged, best_too_low, worse))
-
-
-def _repeatability(values: pd.DataFrame, counted: pd.DataFrame, sign, min_shortfall: float):
-    """Each row's variable's repeatability (the median over the basis of a member's spread over its
-    repetitions, in %), whether it is too coarse to resolve `min_shortfall` (unjudged), and whether the
-    row's best repetition is under half the median of the basis' worst ones (a fault however noisy)."""
-    if "spread_percent" not in values:  # one figure per member: no repetitions to tell noise by
-        false = np.zeros(len(values), dtype=bool)
-        return pd.Series(np.nan, index=values.index), false, false
-    repeatability = values["variable"].map(counted.groupby("variable")["spread_percent"].median())
-    unjudged = (repeatability > 100 * min_shortfall).to_numpy()
-    higher_better = sign > 0
-    best = np.where(higher_better, values["high"], values["low"])
-    counted_worst = counted["high"].where(counted["variable"].map(metric_of).isin(LOWER_IS_BETTER), counted["low"])
-    floor = values["variable"].map(counted_worst.groupby(counted["variable"]).median())
-    with np.errstate(divide="ignore", invalid="ignore"):
-        best_ratio = np.where(higher_better, best / floor, floor / best)
-    return repeatability, unjudged, best_ratio < GROSS_RATIO
-
-
-def _against(values: pd.DataFrame, references: dict[str, Reference], min_shortfall: float) -> pd.DataFrame:
-    """`bad`: far out in the fleet, or outside the site's reference for the node type (a whole batch
-    equally slow passes the first test and fails this one); `reason` says which, or why the fleet could
-    not judge the figure."""
-    known = values["variable"].map(references.get)
-    outside = [reference is not None and not reference.admits(value)
-               for reference, value in zip(known, values["value"])]
-    reasons = []
-    for row, reference, out in zip(values.itertuples(), known, outside):
-        why = [_why(row)] if row.worse else []
-        if row.unjudged and not row.worse:
-            why.append(f"{figure_name(row.variable)} not judged against the fleet: one member's repetitions differ "
-                       f"by {row.repeatability_percent:.0f}% (the batch's median), more than the "
-                       f"{100 * min_shortfall:.0f}% shortfall that fails")
-        if out:
-            bounds = " and ".join(f"{word} {bound:.4g}" for word, bound in (("at least", reference.lower_bound),
-                                                                            ("at most", reference.upper_bound))
-                                  if bound is not None)
-            why.append(f"{figure_name(row.variable)} {row.value:.4g} {row.unit} outside the reference "
-                       f"{reference.reference:.4g} ({bounds})")
-        reasons.append("; ".join(why))
-    return values.assign(reference=[None if reference is None else reference.reference for reference in known],
-                         bad=values["worse"] | np.array(outside, dtype=bool), reason=reasons)
-
-
-def _why(row) -> str:
-    direction = "above" if row.deviation_percent > 0 else "below"
-    why = (f"{figure_name(row.variable)} {row.value:.4g} {row.unit}, {abs(row.deviation_percent):.0f}% {direction} "
-           f"the fleet median {row.fleet_median:.4g} (robust z {row.robust_z:.1f})")
-    if row.unjudged:
-        why += (f", and even its best repetition under half the others' worst (repetitions differ by "
-                f"{row.repeatability_percent:.0f}%)")
-    return why
 
 
 @dataclass
@@ -281,7 +168,7 @@ def _node_figures(values: pd.DataFrame, min_shortfall: float, references: dict[s
     both = pd.concat([first, again], ignore_index=True)
     in_first = np.arange(len(both)) < len(first)
     # The fleet's median, MAD and repeatability come from the first pass only: a recheck is judged by it.
-    judged = _against(robust_deviation(both, min_shortfall, in_first), references, min_shortfall)
+    judged = against(robust_deviation(both, min_shortfall, in_first), references, min_shortfall)
     nodes, again = judged[in_first].copy(), judged[~in_first].set_index(["member", "variable"])
     nodes["result"] = np.where(nodes["bad"], "fail", np.where(nodes["unjudged"], UNJUDGED, "pass"))
     nodes["recheck_value"] = np.nan
@@ -374,7 +261,7 @@ def _link_figures(values: pd.DataFrame, node_fault: dict[str, str], min_shortfal
     drag the links' median along."""
     links = values[values["scope"] == "link"]
     healthy = [not set(member.split("+")) & set(node_fault) for member in links["member"]]
-    return _against(robust_deviation(links, min_shortfall, healthy), references, min_shortfall)
+    return against(robust_deviation(links, min_shortfall, healthy), references, min_shortfall)
 
 
 def _slow_networked_nodes(fleet: FleetPlan, links: pd.DataFrame, failures: Failures,
@@ -475,10 +362,10 @@ def unreadable(record: dict) -> bool:
 def _unreadable(records: list[dict]) -> Failures:
     """The members with a kind of run (training, netbench) whose runs left no figure but unreadable ones,
     and which: run again rather than judged."""
-    measured = {(_members(record), record["kind"]) for record in records if record["status"] == Status.OK}
+    measured = {(members_of(record), record["kind"]) for record in records if record["status"] == Status.OK}
     runs: dict[tuple[str, ...], list[str]] = {}
     for record in records:
-        members = _members(record)
+        members = members_of(record)
         if unreadable(record) and len(members) in (1, 2) and (members, record["kind"]) not in measured:
             runs.setdefault(members, []).append(record["run_id"])
     return {members: f"result of {', '.join(ids)} unreadable (the launcher's output cut it): not judged, run it again"
@@ -491,7 +378,7 @@ def _failures(records: list[dict]) -> Failures:
     whose result is unreadable is no failure of either (_unreadable)."""
     failed: dict[tuple[str, ...], dict[str, list[str]]] = {}
     for record in records:
-        members = _members(record)
+        members = members_of(record)
         if record["status"] != Status.OK and len(members) in (1, 2) and not unreadable(record):
             why = f"{record['status']}: {'; '.join(record['reasons']) or 'no reason given'}"
             failed.setdefault(members, {}).setdefault(why, []).append(record["run_id"])

@@ -119,9 +119,10 @@ def cmd_fleet_judge(args) -> int:
                           hardware=hardware_faults)
     paths = fleetexport.write_verdict(verdict, args.out_dir)
     from containerbench.fleetreport import render_fleet
+    from containerbench.fleetstats import ROBUST_Z_LIMIT
 
     page = Path(args.out_dir) / "fleet.html"
-    render_fleet(args.out_dir, page, args.min_shortfall, fleet.ROBUST_Z_LIMIT)
+    render_fleet(args.out_dir, page, args.min_shortfall, ROBUST_Z_LIMIT)
     print(fleetexport.format_verdict(verdict))
     print(f"tables and page: {page.parent}/fleet_*.csv, {page}")
     drain = paths["drain"].read_text()

@@ -96,8 +96,8 @@ def cmd_baseline(args) -> int:
     records, _ = load_records(args.records)
     source = f"{len(records)} run records"
     if args.good_nodes:  # the nodes a site trusts: the reference for their node type
-        from containerbench.fleet import on_nodes
         from containerbench.fleetplan import in_order
+        from containerbench.fleetstats import on_nodes
         from containerbench.slurm import QueryError, expand_hostlist
 
         try:
