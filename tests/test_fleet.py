@@ -680,6 +680,57 @@ def test_a_slow_link_of_a_node_whose_slowness_was_not_repeated_is_not_blamed_on_
     assert summary.loc["+".join(link), "reason"].endswith(
         "; not judged: its end n02 was slow in the first pass and not when measured again, and the link was "
         "measured in that pass")
+    # The second pass settles it (fleet.links_to_settle): the link measured again, slow again, with both of its
+    # ends within the fleet with new partners is the link itself, n02 a moment's noise.
+    members = fleet.suspects(records, plan)
+    assert members[:2] == ["n02", "+".join(link)] and len(members) == 4
+    verdict = fleet.judge(records, plan, rechecked=again + links_again(
+        recorded_runs, {member: 0.4 if member == "+".join(link) else 1.0 for member in members[1:]}))
+    assert verdict.failed_nodes == [] and verdict.bad_links == ["+".join(link)]
+
+
+def links_again(recorded_runs, factors: dict[str, float], repetitions=(4, 5, 6)) -> list[dict]:
+    """Second measurements of links (fleetjobs.relink_runs: the repetitions after the first pass's), each
+    link's netbench scaled by its factor."""
+    return [on_nodes(recorded_runs[("netbench", 2)], link.split("+"), repetition, factor)
+            for link, factor in factors.items() for repetition in repetitions]
+
+
+def test_a_slow_link_no_end_explains_is_measured_again_with_its_ends_re_paired(recorded_runs):
+    """Item 4 of issue 33 for links, as Google's Cluster Health Scanner does it: a slow link whose ends are fine
+    elsewhere is measured again, and each end is paired with a node that passed and is the end of no such link (one
+    not linked to it in the plan first). Slow again with both re-pairings fine: the link itself; fine when
+    measured again: a moment's noise, passed; slow again and one end slow with its new partner too: that end."""
+    plan = fleetplan.plan_batch({name: fleet.NodeState(name, "idle") for name in NODES})
+    records = fleet_records(recorded_runs, plan.nodes, plan.links, slow_links={("n02", "n03"): 0.4})
+    # n02 is linked to n01, n03 and n05 in the plan, so it meets n04; n03 (n02, n04, n06) meets n01.
+    assert fleet.suspects(records, plan) == ["n02+n03", "n02+n04", "n01+n03"]
+    cable = fleet.judge(records, plan, rechecked=links_again(recorded_runs, {"n02+n03": 0.4, "n02+n04": 1.0,
+                                                                              "n01+n03": 1.0}))
+    assert cable.bad_links == ["n02+n03"] and cable.failed_nodes == []
+    reason = cable.summary.set_index("member").loc["n02+n03", "reason"]
+    assert re.search(r"; measured again later: .*pingpong_bandwidth_MBps [\d.]+ MB/s \(6\d% below the first pass's "
+                     r"median\)", reason), reason
+    assert reason.endswith("): confirmed; re-paired, n02 with n04 and n03 with n01 within the fleet: the link itself "
+                           "(a cable, a switch port)")
+    noise = fleet.judge(records, plan, rechecked=links_again(recorded_runs, {"n02+n03": 1.0, "n02+n04": 1.0,
+                                                                             "n01+n03": 1.0}))
+    assert not noise.failed
+    row = noise.summary.set_index("member").loc["n02+n03"]
+    assert row["result"] == "pass" and row["reason"].startswith("not repeated: ")
+    assert row["reason"].endswith("the first pass's median): within the fleet")
+    assert not noise.links.loc[noise.links["link"] == "n02+n03", "slow"].any()  # not crossed on the page
+    nic = fleet.judge(records, plan, rechecked=links_again(recorded_runs, {"n02+n03": 0.4, "n02+n04": 0.4,
+                                                                           "n01+n03": 1.0}))
+    assert nic.failed_nodes == ["n02"] and nic.bad_links == []
+    summary = nic.summary.set_index("member")
+    assert summary.loc["n02+n03", "result"] == "explained" and summary.loc["n02+n03", "reason"] == "node n02 failed"
+    assert summary.loc["n02", "reason"] == ("slow again in link n02+n03 and re-paired with n04, which passed: its own "
+                                            "network (its HCA, port or cable)")
+    # A slow link's end that failed on its own evidence explains it: nothing to settle, nothing measured again.
+    failed_end = [dict(record, status="failed", reasons=["exit 1"]) if record["result"]["hostnames"] == ["n02"]
+                  else record for record in records]
+    assert fleet.suspects(failed_end, plan) == []
 
 
 def test_a_node_slow_in_everything_in_the_first_pass_only_is_not_drained_through_its_links(recorded_runs):
@@ -731,6 +782,19 @@ def test_a_recheck_is_its_nodes_job_again_as_the_repetitions_after_the_first_pas
     assert written["logs"] == [f"{tmp_path}/fleet/recheck/{run.run_id}.log" for run in again]
     assert [plan["spec"]["repetition"] for plan in written["plans"]] == [3, 3, 4, 4]
     assert jobs.recheck_records(["n3"]) == [log.removesuffix(".log") + ".json" for log in written["logs"]]
+    # A slow link's second measurement, or a re-pairing (fleet.links_to_settle, NODE+NODE, planned or not): a
+    # link's job again, the repetitions after the first pass's, holding both its nodes, timed as a link's.
+    relinked = fleetjobs.relink_runs(config, ("n1", "n3"))
+    assert [run.run_id for run in relinked[:3]] == [
+        f"netbench_bare-metal_{fabric}_2x1_on_n1+n3_rep3" for fabric in ("fast", "fast.fast0", "fast.fast1")]
+    assert [run.repetition for run in relinked] == [3] * 3 + [4] * 3
+    assert jobs.job_runs(("recheck", "n1+n3")) == relinked
+    jobs.write_job(("recheck", "n1+n3"), tmp_path / "recheck" / "link-n1+n3.json")
+    written = json.loads((tmp_path / "recheck" / "link-n1+n3.json").read_text())
+    assert "--nodes=2" in written["allocation"] and "--nodelist=n1,n3" in written["allocation"]
+    assert jobs.time_limit(("recheck", "n1+n3")) == fleetjobs.allocation_minutes(config, relinked)
+    assert written["logs"] == [f"{tmp_path}/fleet/recheck/{run.run_id}.log" for run in relinked]
+    assert jobs.recheck_records(["n3", "n1+n3"])[-1] == written["logs"][-1].removesuffix(".log") + ".json"
 
 
 def in_runtime(record: dict, runtime: str, factor: float) -> dict:

@@ -165,9 +165,16 @@ def test_validate_nodes_names_the_slowed_node_the_slowed_link_and_the_cancelled_
     assert sorted(failed.index) == sorted([SLOW_NODE, "+".join(SLOW_LINK), CANCELLED_LINK]), summary
     assert summary.loc[SLOW_NODE, "reason"].startswith("images_per_sec ")
     assert "the first pass's median: confirmed" in summary.loc[SLOW_NODE, "reason"]
-    suspects = json.loads((fleet_dir / "recheck" / "suspects.json").read_text())
+    named = json.loads((fleet_dir / "recheck" / "suspects.json").read_text())
+    suspects = [member for member in named if "+" not in member]
     assert SLOW_NODE in suspects and set(suspects) - {SLOW_NODE} <= set(healthy.loc[healthy["result"] ==
                                                                                   NOT_REPEATED, "node"])
+    # The slowed link, whose ends are fine elsewhere, is measured again, and each end re-paired with n4, the one
+    # node that passed (n3 is the slowed node, whose slow links it explains) and is the end of no link left
+    # unexplained (fleet.links_to_settle): slow again, with both ends within the fleet re-paired, it is the link.
+    assert [member for member in named if "+" in member] == ["n1+n2", "n1+n4", "n2+n4"]
+    assert summary.loc["n1+n2", "reason"].endswith(
+        ": confirmed; re-paired, n1 with n4 and n2 with n4 within the fleet: the link itself (a cable, a switch port)")
     assert sorted(p.name for p in (fleet_dir / "recheck").glob(f"*_on_{SLOW_NODE}_rep*.json")) == [
         f"netbench_bare-metal_fast_1x2_on_{SLOW_NODE}_rep{r}.json" for r in (4, 5, 6)] + [
         f"train_bare-metal_fast_1x1_b32_on_{SLOW_NODE}_rep{r}.json" for r in (4, 5, 6)]
@@ -185,6 +192,7 @@ def test_validate_nodes_names_the_slowed_node_the_slowed_link_and_the_cancelled_
     # Each job ran once: the cancelled one is not submitted again.
     assert (output.count("localrule fleet_node:"), output.count("localrule fleet_link:")) == (4, 6)
     assert output.count("localrule fleet_recheck:") == len(suspects)  # only the suspects, never the batch
+    assert output.count("localrule fleet_recheck_link:") == 3
     # Links through the slow node are explained by it, or not slow at all: never a bad link of their own.
     assert set(summary.loc[["n1+n3", "n2+n3", "n3+n4"], "result"]) <= {"explained", "pass"}
     # The pair is slowed on rail fast0 only (cluster.sh slow-link): the link fails by that rail's name, and its

@@ -40,7 +40,7 @@ from containerbench.records import UNREADABLE_RESULT
 from containerbench.runtimes.bare_metal import BareMetal
 from containerbench.slurm import NodeState
 from containerbench.status import Status
-from containerbench.validate import Reference, rail_of
+from containerbench.validate import Reference, figure_name, rail_of
 
 # deviation_percent: from the fleet median; better_percent: the same, signed so that below 0 is worse
 # whatever the metric (latency up is worse), which is what the charts show.
@@ -111,16 +111,23 @@ def judge(records: list[dict], fleet: FleetPlan, references: dict[str, Reference
     node_fault = _node_faults(fleet, nodes, failures, unreadable_runs)
     for name, why in (hardware or {}).items():  # hardware.failures: the plan's nodes only
         node_fault[name] = f"{why}; {node_fault[name]}" if name in node_fault else why
-    links = _link_figures(values, node_fault, min_shortfall, references)
+    links, links_again = _link_figures(values, node_fault, min_shortfall, references,
+                                       member_values(list(rechecked)) if rechecked else None)
     # A node whose first-pass figures were not repeated is no culprit through links measured in that pass.
     noisy_ends = set(nodes.loc[nodes["result"] == NOT_REPEATED, "member"])
     culprits = {name: why for name, why in _slow_networked_nodes(fleet, links, failures, node_fault).items()
                 if name not in noisy_ends}
+    settled = _settled_links(links, links_again)
+    for link, (_, ends, _) in settled.items():  # an end slow again with a node that passed: its own network
+        for end, partner in ends.items():
+            culprits.setdefault(end, f"slow again in link {link} and re-paired with {partner}, which passed: its "
+                                     "own network (its HCA, port or cable)")
     for name, reason in culprits.items():  # failed too; a fault of their own comes first
         node_fault.setdefault(name, reason)
-    link_summary, blamed = _link_verdicts(fleet, links, failures, node_fault, culprits, unreadable_runs, noisy_ends)
-    unjudged_links = {row["member"] for row in link_summary if row["result"] == UNJUDGED}
-    links["slow"] = links["bad"] & ~links["member"].isin(unjudged_links)
+    link_summary, blamed = _link_verdicts(fleet, links, failures, node_fault, culprits, unreadable_runs, noisy_ends,
+                                          settled)
+    passed_links = {row["member"] for row in link_summary if row["result"] in (UNJUDGED, "pass")}
+    links["slow"] = links["bad"] & ~links["member"].isin(passed_links)
     links["blamed_on"] = links["member"].map(blamed).fillna("")
     noted = {result: {name: "; ".join(rows["reason"]) for name, rows in nodes[nodes["result"] == result]
                       .groupby("member", sort=False)} for result in (NOT_REPEATED, CONTAINER_PATH)}
@@ -145,14 +152,48 @@ def _unjudged_variables(nodes: pd.DataFrame, links: pd.DataFrame, min_shortfall:
 
 
 def suspects(records: list[dict], fleet: FleetPlan, references: dict[str, Reference] | None = None,
-             min_shortfall: float = 0.10) -> list[str]:
-    """The nodes a second measurement must confirm before they are failed: those whose own figures fail,
-    from runs that ran (a failed run, or a Slurm state, is its own evidence and needs none)."""
-    nodes = _node_figures(member_values(records), min_shortfall, references or {})
+             min_shortfall: float = 0.10, hardware: dict[str, str] | None = None) -> list[str]:
+    """The members a second measurement must settle before the verdict: each node whose own figures fail,
+    from runs that ran (a failed run, a Slurm state or a failed hardware check is its own evidence and needs
+    none); and each slow link that no end explains, with each of its ends re-paired with a node that passed
+    (links_to_settle)."""
+    references, hardware = references or {}, hardware or {}
+    values, failures = member_values(records), _failures(records)
+    nodes = _node_figures(values, min_shortfall, references)
     # Against the fleet: a batch all below a site's reference would otherwise be measured twice, whole.
     failed = set(nodes.loc[nodes["worse"].astype(bool), "member"])
-    failures = _failures(records)
-    return [name for name in fleet.nodes if name in failed and (name,) not in failures]
+    named = [name for name in fleet.nodes if name in failed and (name,) not in failures and name not in hardware]
+    node_fault = {**_node_faults(fleet, nodes, failures, _unreadable(records)), **hardware}
+    links = _link_figures(values, node_fault, min_shortfall, references)[0]
+    culprits = _slow_networked_nodes(fleet, links, failures, node_fault)
+    return named + links_to_settle(fleet, links, failures, node_fault, culprits, named)
+
+
+def links_to_settle(fleet: FleetPlan, links: pd.DataFrame, failures: Failures, node_fault: dict[str, str],
+                    culprits: dict[str, str], suspect_nodes=()) -> list[str]:
+    """Each link slow against the fleet whose ends explain nothing (no culprit, no fault but a suspect's,
+    which its own second measurement may not repeat), to be measured again; and each of its ends paired with
+    a node that passed and is the end of no such link, as Google's Cluster Health Scanner re-pairs a suspect, so that
+    the verdict can tell a bad end from a bad link. A partner not linked to that end in the plan comes
+    first (a pairing not yet measured), then the least used. A small batch may hold no such node: the link is
+    then measured again alone."""
+    slow = set(links.loc[links["worse"].astype(bool), "member"])
+    settled = {name: why for name, why in node_fault.items() if name not in set(suspect_nodes)}
+    ambiguous = [pair for pair in map(in_order, fleet.links)
+                 if link_name(pair) in slow and pair not in failures and not _failed_ends(pair, culprits, settled)]
+    # A link slow through a culprit end says nothing of its other end: only the ambiguous links' ends are unsure.
+    unsure = {end for pair in ambiguous for end in pair}
+    good = [name for name in fleet.nodes if name not in node_fault and name not in culprits and name not in unsure]
+    planned, used = {frozenset(pair) for pair in fleet.links}, dict.fromkeys(good, 0)
+    members = []
+    for pair in ambiguous:
+        members.append(link_name(pair))
+        for end in pair:  # the same partner for both ends where one node passed: each re-pairing is a job of its own
+            partners = sorted(good, key=lambda name: (frozenset((end, name)) in planned, used[name]))
+            if partners:
+                used[partners[0]] += 1
+                members.append(link_name(in_order((end, partners[0]))))
+    return list(dict.fromkeys(members))
 
 
 def _node_figures(values: pd.DataFrame, min_shortfall: float, references: dict[str, Reference],
@@ -254,14 +295,60 @@ def _node_fault(name: str, state: NodeState | None, mine: pd.DataFrame | None,
 
 
 def _link_figures(values: pd.DataFrame, node_fault: dict[str, str], min_shortfall: float,
-                  references: dict[str, Reference]) -> pd.DataFrame:
-    """Each link's figures against the links between nodes that passed, and the references: `bad`.
+                  references: dict[str, Reference], again: pd.DataFrame | None = None
+                  ) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Each link's figures against the links between nodes that passed, and the references: `bad`; and
+    those of the links measured again (`again`: settled links and re-pairings), against the same first-pass
+    basis.
 
     A node slow in everything (a CPU fault) slows its links too, and in a small batch those would
     drag the links' median along."""
-    links = values[values["scope"] == "link"]
-    healthy = [not set(member.split("+")) & set(node_fault) for member in links["member"]]
-    return against(robust_deviation(links, min_shortfall, healthy), references, min_shortfall)
+    first = values[values["scope"] == "link"]
+    second = again[again["scope"] == "link"] if again is not None else first.iloc[:0]
+    both = pd.concat([first, second], ignore_index=True)
+    in_first = np.arange(len(both)) < len(first)
+    healthy = in_first & np.array([not set(member.split("+")) & set(node_fault) for member in both["member"]],
+                                  dtype=bool)
+    judged = against(robust_deviation(both, min_shortfall, healthy), references, min_shortfall)
+    return judged[in_first].copy(), judged[~in_first].copy()
+
+
+def _settled_links(links: pd.DataFrame, again: pd.DataFrame) -> dict[str, tuple[str, dict[str, str], str]]:
+    """What the second pass says of each slow link measured again (links_to_settle): link -> (NOT_REPEATED
+    or "confirmed", the ends to blame with the partner each was slow with, why). A figure slow again is
+    confirmed; then an end slow again with its partner that passed, on that figure, is to blame (both, if both
+    are), and neither: the link itself."""
+    settled = {}
+    again_rows = again.set_index(["member", "variable"])
+    for link, rows in links[links["bad"]].groupby("member", sort=False):
+        measured = [(row, again_rows.loc[(link, row["variable"])]) for _, row in rows.iterrows()
+                    if (link, row["variable"]) in again_rows.index]
+        if not measured:
+            continue
+        said = [f"{figure_name(row['variable'])} {second['value']:.4g} {second['unit']} "
+                f"({abs(second['deviation_percent']):.0f}% {'above' if second['deviation_percent'] > 0 else 'below'}"
+                " the first pass's median)" for row, second in measured]
+        confirmed = {row["variable"] for row, second in measured if second["bad"]}
+        if not confirmed:
+            settled[link] = (NOT_REPEATED, {}, f"measured again later: {'; '.join(said)}: within the fleet")
+            continue
+        slow_with, fine_with = {}, []
+        for end in link.split("+"):
+            repaired = again[again["member"].map(lambda member, end=end: end in member.split("+"))
+                             & (again["member"] != link) & again["variable"].isin(confirmed)]
+            for member, mine in repaired.groupby("member", sort=False):
+                partner = next(name for name in member.split("+") if name != end)
+                if mine["bad"].any():
+                    slow_with[end] = partner
+                else:
+                    fine_with.append(f"{end} with {partner}")
+        fine = f"{' and '.join(fine_with)} within the fleet" if fine_with else ""
+        what = (f"re-paired, {' and '.join(f'{end} with {partner}' for end, partner in slow_with.items())} slow too"
+                + (f", {fine}" if fine else "") if slow_with else
+                f"re-paired, {fine}: the link itself (a cable, a switch port)" if fine else
+                "no node that passed to re-pair its ends with")
+        settled[link] = ("confirmed", slow_with, f"measured again later: {'; '.join(said)}: confirmed; {what}")
+    return settled
 
 
 def _slow_networked_nodes(fleet: FleetPlan, links: pd.DataFrame, failures: Failures,
@@ -314,10 +401,11 @@ def _node_verdicts(fleet: FleetPlan, node_fault: dict[str, str], unreadable_runs
 
 
 def _link_verdicts(fleet: FleetPlan, links: pd.DataFrame, failures: Failures, node_fault: dict[str, str],
-                   culprits: dict[str, str], unreadable_runs: Failures,
-                   noisy_ends: set[str]) -> tuple[list[dict], dict[str, str]]:
+                   culprits: dict[str, str], unreadable_runs: Failures, noisy_ends: set[str],
+                   settled: dict[str, tuple[str, dict[str, str], str]]) -> tuple[list[dict], dict[str, str]]:
     """A summary row per link of the plan, and whom each slow link is blamed on: a slow link whose
-    ends are fine is the link's own fault (a cable, a switch port). One with an end whose first-pass
+    ends are fine is the link's own fault (a cable, a switch port). A slow link measured again (`settled`,
+    _settled_links) passes where that measurement is within the fleet. Else, one with an end whose first-pass
     figures were not repeated when measured again (`noisy_ends`) was measured in that pass: unjudged."""
     link_rows = {name: rows for name, rows in links.groupby("member", sort=False)}
     slow_links = set(links.loc[links["bad"], "member"]) | {link_name(key) for key in failures if len(key) == 2}
@@ -329,6 +417,16 @@ def _link_verdicts(fleet: FleetPlan, links: pd.DataFrame, failures: Failures, no
             ends = _failed_ends(pair, culprits, node_fault)
             blamed[link] = " and ".join(ends) or "link"
             reason = failures.get(pair) or "; ".join(rows.loc[rows["bad"], "reason"])
+            if link in settled and pair not in failures:
+                result, _, again = settled[link]
+                if result == NOT_REPEATED:
+                    blamed[link] = ""
+                    summary.append({"member": link, "kind": "link", "result": "pass",
+                                    "reason": f"{NOT_REPEATED}: {reason}; {again}"})
+                    continue
+                if not ends:
+                    summary.append({"member": link, "kind": "link", "result": "fail", "reason": f"{reason}; {again}"})
+                    continue
             noisy = [end for end in pair if end in noisy_ends]
             if not ends and noisy and pair not in failures:
                 blamed[link] = ""

@@ -20,7 +20,7 @@ from containerbench import outputs
 from containerbench.config import ImageUse, RunSpec, mpi_models
 from containerbench.cost import expected_each
 from containerbench.fabrics import measured_fabrics, named_hcas, rail_fabric
-from containerbench.fleetplan import FleetError, FleetPlan, in_order, link_name
+from containerbench.fleetplan import FleetError, FleetPlan, in_order, is_link, link_name
 from containerbench.hardware import TOOLS, report_line, report_path, write_step_report
 from containerbench.launchers import Allocation, Srun
 from containerbench.plans import node_archive, plan_run
@@ -56,6 +56,13 @@ def recheck_runs(config: dict, node: str) -> list[RunSpec]:
     the first pass's, so that every run keeps an id, a raw log and a record of its own."""
     first = config["validation"]["repetitions"]
     return [replace(spec, repetition=spec.repetition + first) for spec in node_runs(config, node)]
+
+
+def relink_runs(config: dict, pair: tuple[str, str]) -> list[RunSpec]:
+    """A slow link's second measurement, or a re-pairing of one of its ends with a node that passed
+    (fleet.links_to_settle): a link's job, as the repetitions after the first pass's."""
+    first = config["validation"]["repetitions"]
+    return [replace(spec, repetition=spec.repetition + first) for spec in link_runs(config, pair)]
 
 
 def link_runs(config: dict, pair: tuple[str, str]) -> list[RunSpec]:
@@ -207,15 +214,24 @@ class FleetJobs:
         return expected
 
     def job_runs(self, job: tuple[str, str]) -> list[RunSpec]:
-        """A job's runs: a planned node's or link's, or a suspect node's recheck (made only when asked)."""
-        return recheck_runs(self.config, job[1]) if job[0] == "recheck" else self.runs[job]
+        """A job's runs: a planned node's or link's, or a suspect's second measurement (made only when asked): a
+        node's, or a link's (NODE+NODE, a slow link or a re-pairing of its end)."""
+        if job[0] != "recheck":
+            return self.runs[job]
+        return relink_runs(self.config, in_order(job[1].split("+"))) if is_link(job[1]) else recheck_runs(
+            self.config, job[1])
+
+    @staticmethod
+    def kind(job: tuple[str, str]) -> str:
+        """"node" or "link": what a job measures, a second measurement too (its runs are timed as the kind's)."""
+        return "link" if is_link(job[1]) else "node"
 
     def deadlines(self, job: tuple[str, str]) -> list[float]:
         """Each run's own timeout in a job: validation.time_limit_factor times its expected time, at least
         DEADLINE_MARGIN_S beyond it, and never over its kind's timeout_s, which it keeps where no earlier
         record tells. A run over its deadline ends with its own reason and the job's next runs still run."""
         timeouts = [run_timeout_s(self.config, run) for run in self.job_runs(job)]
-        expected = self.expected_s.get("node" if job[0] == "recheck" else job[0])
+        expected = self.expected_s.get(self.kind(job))
         if expected is None:
             return timeouts
         factor = self.config["validation"]["time_limit_factor"]
@@ -249,7 +265,7 @@ class FleetJobs:
 
     def allocation(self, job: tuple[str, str]) -> list[str]:
         """salloc for the job: exactly its nodes, exclusively, for as long as its runs may take."""
-        nodes = tuple(job[1].split("+")) if job[0] == "link" else (job[1],)
+        nodes = tuple(job[1].split("+"))
         runs = self.job_runs(job)
         return allocation_argv(self.config["slurm"], len(nodes), max(run.ranks_per_node for run in runs),
                                self.time_limit(job), f"containerbench-fleet-{job[1]}", nodes, exclusive=True)
@@ -348,9 +364,9 @@ class FleetJobs:
     def records(self) -> list[str]:
         return [record_path(log) for job in self.runs for log in self.logs(job)]
 
-    def recheck_records(self, nodes) -> list[str]:
-        """The records of the suspect nodes' second measurements."""
-        return [record_path(log) for node in nodes for log in self.logs(("recheck", node))]
+    def recheck_records(self, members) -> list[str]:
+        """The records of the suspects' second measurements: nodes' and links' (fleet.suspects)."""
+        return [record_path(log) for member in members for log in self.logs(("recheck", member))]
 
     def plan(self, spec: RunSpec):
         """A run's plan in its job's allocation, naming the built image's file where it runs one."""

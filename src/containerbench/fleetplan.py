@@ -172,6 +172,11 @@ def in_order(hosts) -> tuple[str, ...]:
                                                         for part in re.split(r"(\d+)", name)]))
 
 
+def is_link(member: str) -> bool:
+    """A link's name (link_name), not a node's."""
+    return "+" in member
+
+
 def link_name(hosts: tuple[str, ...]) -> str:
     """A node's own name, or a link's two names joined by '+': no hostname holds it (they may hold '-'),
     and it needs no quoting in a file name, a shell or a Snakemake job's wildcards."""

@@ -129,7 +129,8 @@ if FLEET is not None:
 
     checkpoint fleet_suspects:
         """The nodes whose own figures fail the first pass: each is measured again (fleet_recheck) before
-        the verdict fails it, at another time, so that a moment's noise on a healthy node drains nothing."""
+        the verdict fails it, at another time, so that a moment's noise on a healthy node drains nothing; and
+        the slow links no end explains, each measured again with its ends re-paired (fleet_recheck_link)."""
         input:
             plan=f"{FLEET_DIR}/plan.json",
             listed=FLEET_JOBS.records_list,
@@ -171,6 +172,30 @@ if FLEET is not None:
             FLEET_JOBS.write_job(("recheck", wildcards.node), output.job)
             shell("{params.cb} fleet run {output.job:q} > {log:q} 2>&1")
 
+    rule fleet_recheck_link:
+        """A slow link no end explains, measured again, or one of its ends re-paired with a node that passed
+        (fleet.links_to_settle): a link's job, its runs the repetitions after the first pass's."""
+        input:
+            FLEET_IMAGES,
+            jobs=FLEET_JOBS.jobs_dir,
+            suspects=f"{FLEET_DIR}/recheck/suspects.json",
+        output:
+            job=f"{FLEET_DIR}/recheck/link-{{link}}.json",
+            logs=[f"{FLEET_DIR}/recheck/{spec.run_id}.log" for spec in fleetjobs.relink_runs(PLANNED, ("{link}",))],
+            records=[f"{FLEET_DIR}/recheck/{spec.run_id}.json" for spec in fleetjobs.relink_runs(PLANNED, ("{link}",))],
+        log:
+            f"{RESULTS}/logs/fleet/recheck-{{link}}.txt",
+        wildcard_constraints:
+            link=r"[^+/]+\+[^+/]+",
+        params:
+            cb=CB,
+        resources:
+            fleet_jobs=1,
+        localrule: True
+        run:
+            FLEET_JOBS.write_job(("recheck", wildcards.link), output.job)
+            shell("{params.cb} fleet run {output.job:q} > {log:q} 2>&1")
+
     rule fleet_verdict:
         """The tables, the page and the drain list; it always succeeds, so they are kept on FAIL."""
         input:
@@ -181,7 +206,8 @@ if FLEET is not None:
             # The node jobs that write the records write the hardware reports too (FLEET_HARDWARE), listed in
             # FLEET_JOBS.hardware_list beside plan.json: the reports again would add a thousand files to the DAG.
             records=FLEET_JOBS.records(),
-            # The suspects' second measurements, once fleet_suspects has named them (none without recheck).
+            # The suspects' second measurements, nodes' and links', once fleet_suspects has named them (none
+            # without recheck).
             rechecked=lambda wildcards: (
                 FLEET_JOBS.recheck_records(
                     json.loads(Path(checkpoints.fleet_suspects.get().output.suspects).read_text())

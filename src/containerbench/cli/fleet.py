@@ -92,16 +92,19 @@ def _load_batch(args):
 
 
 def cmd_fleet_suspects(args) -> int:
-    from containerbench import fleet
+    from containerbench import fleet, fleetplan
 
     if (batch := _load_batch(args)) is None:
         return 2
     planned, records, references, hardware_faults = batch
     # A node whose hardware failed fails whatever its figures: measuring it again would tell nothing more.
-    named = [node for node in fleet.suspects(records, planned, references, min_shortfall=args.min_shortfall)
-             if node not in hardware_faults]
+    named = fleet.suspects(records, planned, references, min_shortfall=args.min_shortfall, hardware=hardware_faults)
     outputs.write_text(args.out, json.dumps(named) + "\n")
-    print(f"{len(named)} node(s) to measure again before they fail" + (f": {', '.join(named)}" if named else ""))
+    nodes = [member for member in named if not fleetplan.is_link(member)]
+    links = [member for member in named if fleetplan.is_link(member)]
+    print(f"{len(nodes)} node(s) to measure again before they fail" + (f": {', '.join(nodes)}" if nodes else ""))
+    if links:
+        print(f"{len(links)} link(s) to measure, slow links again and their ends re-paired: {', '.join(links)}")
     return 0
 
 
@@ -179,9 +182,10 @@ def add_commands(sub) -> None:
                                            "a container path failed")
     a.add_argument("summary", help="fleet_summary.csv")
     a.set_defaults(func=cmd_fleet_summary)
-    a = _batch_arguments(actions.add_parser("suspects", help="the nodes whose figures fail, to measure again "
-                                                             "before the verdict"))
-    a.add_argument("--out", required=True, help="the JSON list of suspect nodes written")
+    a = _batch_arguments(actions.add_parser("suspects", help="the nodes whose figures fail and the slow links no "
+                                                             "end explains, with their ends re-paired: to measure "
+                                                             "again before the verdict"))
+    a.add_argument("--out", required=True, help="the JSON list of the nodes and links (NODE+NODE) written")
     a.set_defaults(func=cmd_fleet_suspects)
     a = _batch_arguments(actions.add_parser("judge", help="the verdict on every node and link; exit 1 if any "
                                                           "failed, a container path too"))
