@@ -334,6 +334,20 @@ class Removal:
     kept: dict[str, str] = field(default_factory=dict)  # stamp -> why
 
 
+def remove_from_engine(engine: str, tag: str, stamp: str, timeout: float = DEFAULT_STEP_TIMEOUT_S) -> list[str]:
+    """Remove `tag` from `engine` where it is there (remove_prepared's counterpart for the engines); an engine
+    that does not answer while its `stamp` says it holds the image: StoreNotAnswering."""
+    answers, why = engine_usable(engine)
+    if not answers:
+        if Path(stamp).exists():
+            raise StoreNotAnswering(engine, why)
+        return []
+    if not image_exists(engine, tag):
+        return []
+    run_step(f"remove ({engine} rmi)", rmi_argv(engine, tag), env=engine_env(engine), timeout=timeout)
+    return [f"{engine} {tag}"]
+
+
 def remove_image(tag: str, build_dir: Path | str = IMAGES, only=None,
                  timeout: float = DEFAULT_STEP_TIMEOUT_S) -> Removal:
     """Give back the disk one built flavour holds: its tag in each engine that answers, and every file
@@ -346,19 +360,13 @@ def remove_image(tag: str, build_dir: Path | str = IMAGES, only=None,
         raise ImageStepError(f"remove: no such part of an image: {', '.join(unknown)} (one of {', '.join(files)})")
     wanted = set(only or files)
     done = Removal()
-    for engine in sorted(wanted & set(ENGINES)):
-        answers, why = engine_usable(engine)
-        if not answers:
-            if Path(files[engine]).exists():
-                done.kept[files[engine]] = str(StoreNotAnswering(engine, why))
-            continue
-        if not image_exists(engine, tag):
-            continue
-        run_step(f"remove ({engine} rmi)", rmi_argv(engine, tag), env=engine_env(engine), timeout=timeout)
-        done.removed.append(f"{engine} {tag}")
-    for name in sorted(wanted & set(CONTAINER_RUNTIMES)):  # a copy in a runtime's own store (podman-hpc's)
+    # Each engine's tag, then a copy in a runtime's own store (podman-hpc's); a store that does not answer keeps
+    # its stamp, which records the copy that may still be there.
+    stores = [*sorted(wanted & set(ENGINES)), *sorted(wanted & set(CONTAINER_RUNTIMES))]
+    for name in stores:
         try:
-            done.removed += remove_prepared(name, build_outputs(tag, build_dir), timeout)
+            done.removed += (remove_from_engine(name, tag, files[name], timeout) if name in ENGINES
+                             else remove_prepared(name, build_outputs(tag, build_dir), timeout))
         except StoreNotAnswering as silent:
             done.kept[files[name]] = str(silent)
     paths = {Path(path) for name, path in files.items() if name in wanted and path not in done.kept}
