@@ -478,7 +478,7 @@ def test_a_figure_that_does_not_repeat_on_one_node_is_not_judged_against_the_fle
     assert verdict.failed_nodes == [] and verdict.bad_links == []
     nodes = verdict.nodes.set_index("node")
     bandwidth = nodes[nodes["variable"].str.contains("/1x2/pingpong_bandwidth_MBps@")]
-    assert bandwidth.loc["n2", "deviation_percent"] < -50 and set(bandwidth["result"]) == {fleet.UNJUDGED}
+    assert bandwidth.loc["n2", "deviation_percent"] < -50 and set(bandwidth["result"]) == {fleetstats.UNJUDGED}
     # Each node's spread is its range in % of its median; the repeatability, their median over the batch.
     assert bandwidth.loc["n2", "spread_percent"] == pytest.approx(100 * 50 / 1690)
     assert bandwidth["repeatability_percent"].iloc[0] == pytest.approx(
@@ -627,7 +627,7 @@ def test_a_suspect_is_measured_again_and_fails_only_if_the_second_measurement_fa
     assert summary.loc["n04", "reason"].endswith("40% below the first pass's median: confirmed")
     rows = verdict.nodes.set_index("node")
     train = rows["variable"].str.startswith("train/")
-    assert rows[train].loc["n02", "result"] == fleet.NOT_REPEATED and rows[train].loc["n04", "result"] == "fail"
+    assert rows[train].loc["n02", "result"] == fleetstats.NOT_REPEATED and rows[train].loc["n04", "result"] == "fail"
     assert rows[train].loc["n02", "recheck_value"] > rows[train].loc["n04", "recheck_value"]
     assert rows[train].drop(["n02", "n04"])["recheck_value"].isna().all()
     drain = fleetexport.format_drain_list(verdict)
@@ -676,16 +676,17 @@ def test_a_slow_link_of_a_node_whose_slowness_was_not_repeated_is_not_blamed_on_
     verdict = fleet.judge(records, plan, rechecked=again)
     summary = verdict.summary.set_index("member")
     assert verdict.failed_nodes == [] and verdict.bad_links == [] and not verdict.failed
-    assert summary.loc["+".join(link), "result"] == fleet.UNJUDGED
+    assert summary.loc["+".join(link), "result"] == fleetstats.UNJUDGED
     assert summary.loc["+".join(link), "reason"].endswith(
         "; not judged: its end n02 was slow in the first pass and not when measured again, and the link was "
         "measured in that pass")
-    # The second pass settles it (fleet.links_to_settle): the link measured again, slow again, with both of its
-    # ends within the fleet with new partners is the link itself, n02 a moment's noise.
-    members = fleet.suspects(records, plan)
-    assert members[:2] == ["n02", "+".join(link)] and len(members) == 4
+    # The second pass settles it (fleet.relinks, after n02's second measurement): the link measured again, slow
+    # again, with both of its ends within the fleet with new partners is the link itself, n02 a moment's noise.
+    assert fleet.suspects(records, plan) == ["n02"]
+    members = fleet.relinks(records, plan, rechecked=again)
+    assert members[0] == "+".join(link) and len(members) == 3
     verdict = fleet.judge(records, plan, rechecked=again + links_again(
-        recorded_runs, {member: 0.4 if member == "+".join(link) else 1.0 for member in members[1:]}))
+        recorded_runs, {member: 0.4 if member == "+".join(link) else 1.0 for member in members}))
     assert verdict.failed_nodes == [] and verdict.bad_links == ["+".join(link)]
 
 
@@ -703,8 +704,10 @@ def test_a_slow_link_no_end_explains_is_measured_again_with_its_ends_re_paired(r
     measured again: a moment's noise, passed; slow again and one end slow with its new partner too: that end."""
     plan = fleetplan.plan_batch({name: fleet.NodeState(name, "idle") for name in NODES})
     records = fleet_records(recorded_runs, plan.nodes, plan.links, slow_links={("n02", "n03"): 0.4})
-    # n02 is linked to n01, n03 and n05 in the plan, so it meets n04; n03 (n02, n04, n06) meets n01.
-    assert fleet.suspects(records, plan) == ["n02+n03", "n02+n04", "n01+n03"]
+    # No node is a suspect; after their second measurements (none), n02 (linked to n01, n03 and n05 in the plan)
+    # meets n04, and n03 (n02, n04, n06) meets n01.
+    assert fleet.suspects(records, plan) == []
+    assert fleet.relinks(records, plan) == ["n02+n03", "n02+n04", "n01+n03"]
     cable = fleet.judge(records, plan, rechecked=links_again(recorded_runs, {"n02+n03": 0.4, "n02+n04": 1.0,
                                                                               "n01+n03": 1.0}))
     assert cable.bad_links == ["n02+n03"] and cable.failed_nodes == []
@@ -713,6 +716,15 @@ def test_a_slow_link_no_end_explains_is_measured_again_with_its_ends_re_paired(r
                      r"median\)", reason), reason
     assert reason.endswith("): confirmed; re-paired, n02 with n04 and n03 with n01 within the fleet: the link itself "
                            "(a cable, a switch port)")
+    # A pairing whose runs failed tells nothing of its end: the link fails, confirmed, without being called the
+    # link itself, and says why.
+    failed_pairing = [dict(record, status="failed", reasons=["exit 1"])
+                      if record["spec"]["nodelist"] == ["n02", "n04"] else record
+                      for record in links_again(recorded_runs, {"n02+n03": 0.4, "n02+n04": 1.0, "n01+n03": 1.0})]
+    row = fleet.judge(records, plan, rechecked=failed_pairing).summary.set_index("member").loc["n02+n03"]
+    assert row["result"] == "fail" and row["reason"].endswith(
+        ": confirmed; re-paired, n03 with n01 within the fleet; n02 re-paired with n04: "
+        "netbench_bare-metal_tcp-loopback_1x2_n02-n04_rep4 and 2 more failed: exit 1"), row["reason"]
     noise = fleet.judge(records, plan, rechecked=links_again(recorded_runs, {"n02+n03": 1.0, "n02+n04": 1.0,
                                                                              "n01+n03": 1.0}))
     assert not noise.failed
@@ -730,7 +742,52 @@ def test_a_slow_link_no_end_explains_is_measured_again_with_its_ends_re_paired(r
     # A slow link's end that failed on its own evidence explains it: nothing to settle, nothing measured again.
     failed_end = [dict(record, status="failed", reasons=["exit 1"]) if record["result"]["hostnames"] == ["n02"]
                   else record for record in records]
-    assert fleet.suspects(failed_end, plan) == []
+    assert fleet.relinks(failed_end, plan) == []
+
+
+def test_a_link_measured_again_is_judged_only_on_what_came_back(recorded_runs):
+    """The second pass's edge cases (a review of it): another slow link sharing an end is no pairing of that
+    end; a second measurement that failed, or lacks a slow figure, settles nothing and says so; a failed
+    pairing leaves its end untold; one partner slow with both ends blames neither."""
+    plan = fleetplan.plan_batch({name: fleet.NodeState(name, "idle") for name in NODES})
+    # n02 slow in two of its three links: no culprit, both links ambiguous; n01, n04 and n06 passed and are the
+    # end of neither: n02 meets n04 and then n06 (not linked to it in the plan), n03 and n05 meet n01.
+    records = fleet_records(recorded_runs, plan.nodes, plan.links, slow_links={("n02", "n03"): 0.4,
+                                                                               ("n02", "n05"): 0.4})
+    members = fleet.relinks(records, plan)
+    assert members == ["n02+n03", "n02+n04", "n01+n03", "n02+n05", "n02+n06", "n01+n05"]
+    again = links_again(recorded_runs, {member: 0.4 if member in ("n02+n03", "n02+n05") else 1.0
+                                        for member in members})
+    verdict = fleet.judge(records, plan, rechecked=again)
+    assert verdict.failed_nodes == [] and verdict.bad_links == ["n02+n03", "n02+n05"]
+    assert all(reason.endswith("within the fleet: the link itself (a cable, a switch port)")
+               for reason in verdict.summary.set_index("member").loc[["n02+n03", "n02+n05"], "reason"])
+    # The link's second runs failed: the first pass's verdict stands (the link itself), and says why.
+    crashed = [dict(record, status="failed", reasons=["Slurm: NODE_FAIL (sacct)"])
+               if record["spec"]["nodelist"] == ["n02", "n03"] else record for record in again]
+    summary = fleet.judge(records, plan, rechecked=crashed).summary.set_index("member")
+    assert summary.loc["n02+n03", "result"] == "fail" and "; measured again: " in summary.loc["n02+n03", "reason"]
+    assert summary.loc["n02+n03", "reason"].endswith("failed: Slurm: NODE_FAIL (sacct)")
+    # A slow figure not measured again settles nothing either: not passed on the others' word.
+    partial = [record for record in again if not (record["spec"]["nodelist"] == ["n02", "n03"]
+                                                  and record["spec"]["repetition"] > 4)]
+    for record in partial:
+        if record["spec"]["nodelist"] == ["n02", "n03"]:
+            record["result"]["pingpong"] = []
+    summary = fleet.judge(records, plan, rechecked=partial).summary.set_index("member")
+    assert summary.loc["n02+n03", "result"] == "fail"
+    assert "; measured again: no figure of " in summary.loc["n02+n03", "reason"]
+    # Both ends slow with the one partner they share: that partner is the common factor, neither end is blamed.
+    small = fleetplan.plan_batch({name: fleet.NodeState(name, "idle") for name in NODES[:3]})  # a ring of three
+    records = fleet_records(recorded_runs, small.nodes, small.links, slow_links={("n01", "n02"): 0.4})
+    members = fleet.relinks(records, small)
+    assert members == ["n01+n02", "n01+n03", "n02+n03"]  # n03, the one node that passed, meets both ends
+    partner = {"n03"}
+    verdict = fleet.judge(records, small, rechecked=links_again(recorded_runs, dict.fromkeys(members, 0.4)))
+    assert verdict.failed_nodes == [] and verdict.bad_links == ["n01+n02"]
+    assert verdict.summary.set_index("member").loc["n01+n02", "reason"].endswith(
+        f"re-paired, both ends with {partner.pop()} slow too: the partner they share is the common factor, which "
+        "end is not told")
 
 
 def test_a_node_slow_in_everything_in_the_first_pass_only_is_not_drained_through_its_links(recorded_runs):
@@ -745,7 +802,7 @@ def test_a_node_slow_in_everything_in_the_first_pass_only_is_not_drained_through
     assert not verdict.failed
     summary = verdict.summary.set_index("member")
     links = [member for member in summary.index if "+" in member and "n02" in member.split("+")]
-    assert len(links) == 3 and set(summary.loc[links, "result"]) == {fleet.UNJUDGED}
+    assert len(links) == 3 and set(summary.loc[links, "result"]) == {fleetstats.UNJUDGED}
     assert not verdict.links.loc[verdict.links["link"].isin(links), "slow"].any()  # not crossed on the page
 
 
@@ -969,16 +1026,17 @@ def test_a_nodes_job_checks_its_hardware_first_and_a_hwcheck_that_cannot_answer_
     # srun(1): one task on one node, a step of the node job's allocation with its GPUs (--gres: a step sees only
     # what it asks for), ended by Slurm at --time, in the job's environment (--export=ALL); what the site
     # expects of the node from validation.hardware, the GPUs from its GRES.
-    # Bounded by Slurm (--time, minutes): each of 6 tools' 120 s, perfquery's once a rail, a minute to start.
-    assert fleetjobs.hardware_minutes(config) == math.ceil((120 * (5 + 2) + 60) / 60) == 15
-    assert step == {"argv": ["srun", "--nodes=1", "--ntasks=1", "--ntasks-per-node=1", "--gres=gpu:4", "--time=15",
+    # Bounded by Slurm (--time, minutes): each of 6 tools' 120 s, perfquery's once a port of the rails (two HCAs
+    # named without a port: each port of a dual-port card), a minute to start.
+    assert fleetjobs.hardware_minutes(config) == math.ceil((120 * (5 + 2 * 2) + 60) / 60) == 19
+    assert step == {"argv": ["srun", "--nodes=1", "--ntasks=1", "--ntasks-per-node=1", "--gres=gpu:4", "--time=19",
                              "--export=ALL",
                              sys.executable, "-m", "containerbench", "fleet", "hwcheck", "--out",
                              f"{tmp_path}/fleet/hardware", "--gpus", "4", "--nvlink", "--ib-devices", "mlx5_0,mlx5_1",
                              "--timeout-s", "120"],
-                    "node": "n1", "report": f"{tmp_path}/fleet/hardware/n1.json", "minutes": 15}
+                    "node": "n1", "report": f"{tmp_path}/fleet/hardware/n1.json", "minutes": 19}
     # The node's job holds its node for the step too; a link's job runs none.
-    assert jobs.time_limit(("node", "n1")) == fleetjobs.allocation_minutes(config, jobs.runs[("node", "n1")]) + 15
+    assert jobs.time_limit(("node", "n1")) == fleetjobs.allocation_minutes(config, jobs.runs[("node", "n1")]) + 19
     assert "hardware" not in json.loads(Path(jobs.job_file(("link", "n1+n2"))).read_text())  # links: no tier
     assert jobs.hardware_reports() == [f"{tmp_path}/fleet/hardware/{node}.json" for node in ("n1", "n2")]
     # The step's own command, here rather than under srun, as Slurm names the node to it: the tools this

@@ -20,7 +20,7 @@ import yaml
 from helpers import BENCH_PYTHON, ROOT, SLURM_CLUSTER, cancel_when_running, clone_copy, on_controller
 
 from containerbench import config as cb_config
-from containerbench.fleet import NOT_REPEATED
+from containerbench.fleetstats import NOT_REPEATED
 from containerbench.rank import markers
 
 pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.slurm, pytest.mark.netns, pytest.mark.timeout(1500)]
@@ -165,14 +165,14 @@ def test_validate_nodes_names_the_slowed_node_the_slowed_link_and_the_cancelled_
     assert sorted(failed.index) == sorted([SLOW_NODE, "+".join(SLOW_LINK), CANCELLED_LINK]), summary
     assert summary.loc[SLOW_NODE, "reason"].startswith("images_per_sec ")
     assert "the first pass's median: confirmed" in summary.loc[SLOW_NODE, "reason"]
-    named = json.loads((fleet_dir / "recheck" / "suspects.json").read_text())
-    suspects = [member for member in named if "+" not in member]
+    suspects = json.loads((fleet_dir / "recheck" / "suspects.json").read_text())
     assert SLOW_NODE in suspects and set(suspects) - {SLOW_NODE} <= set(healthy.loc[healthy["result"] ==
                                                                                   NOT_REPEATED, "node"])
-    # The slowed link, whose ends are fine elsewhere, is measured again, and each end re-paired with n4, the one
-    # node that passed (n3 is the slowed node, whose slow links it explains) and is the end of no link left
-    # unexplained (fleet.links_to_settle): slow again, with both ends within the fleet re-paired, it is the link.
-    assert [member for member in named if "+" in member] == ["n1+n2", "n1+n4", "n2+n4"]
+    # After the suspects' second measurements, the slowed link, whose ends are fine elsewhere, is measured again,
+    # and each end re-paired with n4, the one node that passed (n3 is the slowed node, confirmed: it explains its
+    # slow links) and is the end of no link left unexplained (fleet.relinks): slow again, with both ends within
+    # the fleet re-paired, it is the link itself.
+    assert json.loads((fleet_dir / "recheck" / "relinks.json").read_text()) == ["n1+n2", "n1+n4", "n2+n4"]
     assert summary.loc["n1+n2", "reason"].endswith(
         ": confirmed; re-paired, n1 with n4 and n2 with n4 within the fleet: the link itself (a cable, a switch port)")
     assert sorted(p.name for p in (fleet_dir / "recheck").glob(f"*_on_{SLOW_NODE}_rep*.json")) == [

@@ -47,6 +47,7 @@ LAYERS = [
      {"execution", "cost", "report", "validate", "repetitions", "baseimage"}),
     ("the plan of a batch of nodes to validate", {"fleetplan"}),
     ("a batch's figures against the fleet", {"fleetstats"}),
+    ("the second pass for links", {"fleetsecond"}),
     ("fleet verdicts, the results history, the formats a site's tools read", {"fleet", "history", "export"}),
     ("the fleet's node and link jobs, its verdict in the formats a site's tools read and on its page",
      {"fleetjobs", "fleetexport", "fleetreport"}),

@@ -35,12 +35,13 @@ import numpy as np
 import pandas as pd
 
 from containerbench.fleetplan import FleetPlan, in_order, link_name
-from containerbench.fleetstats import against, member_values, members_of, robust_deviation
+from containerbench.fleetsecond import CONFIRMED, Failures, Settled, failed_ends, links_to_settle, settled_links
+from containerbench.fleetstats import NOT_REPEATED, UNJUDGED, against, member_values, members_of, robust_deviation
 from containerbench.records import UNREADABLE_RESULT
 from containerbench.runtimes.bare_metal import BareMetal
 from containerbench.slurm import NodeState
 from containerbench.status import Status
-from containerbench.validate import Reference, figure_name, rail_of
+from containerbench.validate import Reference, rail_of
 
 # deviation_percent: from the fleet median; better_percent: the same, signed so that below 0 is worse
 # whatever the metric (latency up is worse), which is what the charts show.
@@ -53,8 +54,6 @@ LINK_COLUMNS = ["link", "variable", "value", "unit", "reference", "fleet_median"
                 "deviation_percent", "better_percent", "runs", "spread_percent", "repeatability_percent",
                 "slow", "blamed_on", "reason"]
 UNREADABLE = "unreadable"  # a summary's result: the member's only runs left results that could not be read
-UNJUDGED = "unjudged"  # a node table's result: the variable does not repeat finely enough to compare nodes
-NOT_REPEATED = "not repeated"  # a node table's result: failed, then within the fleet when measured again
 # A node table's and summary's result: a figure failed in a container runtime, where the same benchmark bare
 # metal on the same node is within the fleet: the container's path, not the node's hardware. Not drained.
 CONTAINER_PATH = "container path"
@@ -90,7 +89,40 @@ class FleetVerdict:
         return rows["member"].tolist()
 
 
-Failures = dict[tuple[str, ...], str]  # why a node's (one name) or a link's (two) runs failed
+
+
+@dataclass
+class _View:
+    """The batch as its records, and its suspects' second measurements, show it, up to which nodes are slow in
+    all of their links: what judge() decides from, and what relinks() names the ambiguous links from."""
+    failures: Failures
+    unreadable_runs: Failures
+    nodes: pd.DataFrame
+    node_fault: dict[str, str]
+    links: pd.DataFrame
+    links_again: pd.DataFrame
+    noisy_ends: set[str]
+    culprits: dict[str, str]
+
+
+def _view(records: list[dict], fleet: FleetPlan, references: dict[str, Reference], min_shortfall: float,
+          rechecked: list[dict], hardware: dict[str, str]) -> _View:
+    values, failures, unreadable_runs = member_values(records), _failures(records), _unreadable(records)
+    # A suspect whose second measurement failed to run, or could not be read, keeps its first pass's verdict,
+    # and says why.
+    recheck_failed = {members[0]: why for members, why in {**_unreadable(list(rechecked)),
+                                                           **_failures(list(rechecked))}.items() if len(members) == 1}
+    again = member_values(list(rechecked)) if rechecked else None
+    nodes = _node_figures(values, min_shortfall, references, again, recheck_failed)
+    node_fault = _node_faults(fleet, nodes, failures, unreadable_runs)
+    for name, why in hardware.items():  # hardware.failures: the plan's nodes only
+        node_fault[name] = f"{why}; {node_fault[name]}" if name in node_fault else why
+    links, links_again = _link_figures(values, node_fault, min_shortfall, references, again)
+    # A node whose first-pass figures were not repeated is no culprit through links measured in that pass.
+    noisy_ends = set(nodes.loc[nodes["result"] == NOT_REPEATED, "member"])
+    culprits = {name: why for name, why in _slow_networked_nodes(fleet, links, failures, node_fault).items()
+                if name not in noisy_ends}
+    return _View(failures, unreadable_runs, nodes, node_fault, links, links_again, noisy_ends, culprits)
 
 
 def judge(records: list[dict], fleet: FleetPlan, references: dict[str, Reference] | None = None,
@@ -98,40 +130,27 @@ def judge(records: list[dict], fleet: FleetPlan, references: dict[str, Reference
           ) -> FleetVerdict:
     """The verdict on every node and link of `fleet` from its records: a node that did not run, or whose
     runs failed, fails with the reason; a missing row is never a pass. `rechecked`: the records of the
-    suspects' second measurements (suspects()); a figure fails only where that measurement fails it too.
-    `hardware`: node -> why its hardware tier failed (hardware.failures), said before anything timed."""
-    references = references or {}
-    values, failures, unreadable_runs = member_values(records), _failures(records), _unreadable(records)
-    # A suspect whose second measurement failed to run, or could not be read, keeps its first pass's verdict,
-    # and says why.
-    recheck_failed = {members[0]: why for members, why in {**_unreadable(list(rechecked)),
-                                                           **_failures(list(rechecked))}.items() if len(members) == 1}
-    nodes = _node_figures(values, min_shortfall, references, member_values(list(rechecked)) if rechecked else None,
-                          recheck_failed)
-    node_fault = _node_faults(fleet, nodes, failures, unreadable_runs)
-    for name, why in (hardware or {}).items():  # hardware.failures: the plan's nodes only
-        node_fault[name] = f"{why}; {node_fault[name]}" if name in node_fault else why
-    links, links_again = _link_figures(values, node_fault, min_shortfall, references,
-                                       member_values(list(rechecked)) if rechecked else None)
-    # A node whose first-pass figures were not repeated is no culprit through links measured in that pass.
-    noisy_ends = set(nodes.loc[nodes["result"] == NOT_REPEATED, "member"])
-    culprits = {name: why for name, why in _slow_networked_nodes(fleet, links, failures, node_fault).items()
-                if name not in noisy_ends}
-    settled = _settled_links(links, links_again)
-    for link, (_, ends, _) in settled.items():  # an end slow again with a node that passed: its own network
-        for end, partner in ends.items():
+    second measurements, the suspects' (suspects()) and the ambiguous links' with their ends' pairings
+    (relinks()); a figure fails only where that measurement fails it too. `hardware`: node -> why its
+    hardware tier failed (hardware.failures), said before anything timed."""
+    view = _view(records, fleet, references or {}, min_shortfall, rechecked, hardware or {})
+    nodes, node_fault, links, culprits = view.nodes, view.node_fault, view.links, view.culprits
+    failed_again = {members: why for members, why in {**_unreadable(list(rechecked)),
+                                                      **_failures(list(rechecked))}.items() if len(members) == 2}
+    settled = settled_links(links, view.links_again, node_fault, failed_again)
+    for link, second in settled.items():  # an end slow again with a node that passed: its own network
+        for end, partner in second.blame.items():
             culprits.setdefault(end, f"slow again in link {link} and re-paired with {partner}, which passed: its "
                                      "own network (its HCA, port or cable)")
     for name, reason in culprits.items():  # failed too; a fault of their own comes first
         node_fault.setdefault(name, reason)
-    link_summary, blamed = _link_verdicts(fleet, links, failures, node_fault, culprits, unreadable_runs, noisy_ends,
-                                          settled)
+    link_summary, blamed = _link_verdicts(fleet, links, view, settled)
     passed_links = {row["member"] for row in link_summary if row["result"] in (UNJUDGED, "pass")}
     links["slow"] = links["bad"] & ~links["member"].isin(passed_links)
     links["blamed_on"] = links["member"].map(blamed).fillna("")
     noted = {result: {name: "; ".join(rows["reason"]) for name, rows in nodes[nodes["result"] == result]
                       .groupby("member", sort=False)} for result in (NOT_REPEATED, CONTAINER_PATH)}
-    summary = (_node_verdicts(fleet, node_fault, unreadable_runs, noted) + link_summary
+    summary = (_node_verdicts(fleet, node_fault, view.unreadable_runs, noted) + link_summary
                + _unjudged_variables(nodes, links, min_shortfall))
     return FleetVerdict(nodes.rename(columns={"member": "node"})[NODE_COLUMNS],
                         links.rename(columns={"member": "link"})[LINK_COLUMNS],
@@ -153,47 +172,25 @@ def _unjudged_variables(nodes: pd.DataFrame, links: pd.DataFrame, min_shortfall:
 
 def suspects(records: list[dict], fleet: FleetPlan, references: dict[str, Reference] | None = None,
              min_shortfall: float = 0.10, hardware: dict[str, str] | None = None) -> list[str]:
-    """The members a second measurement must settle before the verdict: each node whose own figures fail,
-    from runs that ran (a failed run, a Slurm state or a failed hardware check is its own evidence and needs
-    none); and each slow link that no end explains, with each of its ends re-paired with a node that passed
-    (links_to_settle)."""
-    references, hardware = references or {}, hardware or {}
-    values, failures = member_values(records), _failures(records)
-    nodes = _node_figures(values, min_shortfall, references)
+    """The nodes a second measurement must confirm before they are failed: those whose own figures fail,
+    from runs that ran (a failed run, a Slurm state or a failed hardware check is its own evidence and
+    needs none)."""
+    nodes = _node_figures(member_values(records), min_shortfall, references or {})
     # Against the fleet: a batch all below a site's reference would otherwise be measured twice, whole.
     failed = set(nodes.loc[nodes["worse"].astype(bool), "member"])
-    named = [name for name in fleet.nodes if name in failed and (name,) not in failures and name not in hardware]
-    node_fault = {**_node_faults(fleet, nodes, failures, _unreadable(records)), **hardware}
-    links = _link_figures(values, node_fault, min_shortfall, references)[0]
-    culprits = _slow_networked_nodes(fleet, links, failures, node_fault)
-    return named + links_to_settle(fleet, links, failures, node_fault, culprits, named)
+    failures, hardware = _failures(records), hardware or {}
+    return [name for name in fleet.nodes if name in failed and (name,) not in failures and name not in hardware]
 
 
-def links_to_settle(fleet: FleetPlan, links: pd.DataFrame, failures: Failures, node_fault: dict[str, str],
-                    culprits: dict[str, str], suspect_nodes=()) -> list[str]:
-    """Each link slow against the fleet whose ends explain nothing (no culprit, no fault but a suspect's,
-    which its own second measurement may not repeat), to be measured again; and each of its ends paired with
-    a node that passed and is the end of no such link, as Google's Cluster Health Scanner re-pairs a suspect, so that
-    the verdict can tell a bad end from a bad link. A partner not linked to that end in the plan comes
-    first (a pairing not yet measured), then the least used. A small batch may hold no such node: the link is
-    then measured again alone."""
-    slow = set(links.loc[links["worse"].astype(bool), "member"])
-    settled = {name: why for name, why in node_fault.items() if name not in set(suspect_nodes)}
-    ambiguous = [pair for pair in map(in_order, fleet.links)
-                 if link_name(pair) in slow and pair not in failures and not _failed_ends(pair, culprits, settled)]
-    # A link slow through a culprit end says nothing of its other end: only the ambiguous links' ends are unsure.
-    unsure = {end for pair in ambiguous for end in pair}
-    good = [name for name in fleet.nodes if name not in node_fault and name not in culprits and name not in unsure]
-    planned, used = {frozenset(pair) for pair in fleet.links}, dict.fromkeys(good, 0)
-    members = []
-    for pair in ambiguous:
-        members.append(link_name(pair))
-        for end in pair:  # the same partner for both ends where one node passed: each re-pairing is a job of its own
-            partners = sorted(good, key=lambda name: (frozenset((end, name)) in planned, used[name]))
-            if partners:
-                used[partners[0]] += 1
-                members.append(link_name(in_order((end, partners[0]))))
-    return list(dict.fromkeys(members))
+def relinks(records: list[dict], fleet: FleetPlan, references: dict[str, Reference] | None = None,
+            min_shortfall: float = 0.10, rechecked: list[dict] = (), hardware: dict[str, str] | None = None
+            ) -> list[str]:
+    """After the suspects' second measurements (`rechecked`), the slow links no end explains, each followed by
+    its ends' pairings with nodes that passed (fleetsecond.links_to_settle): what the verdict would otherwise
+    call a bad cable, or leave unjudged, on one pass's evidence."""
+    view = _view(records, fleet, references or {}, min_shortfall, rechecked, hardware or {})
+    unreadable_nodes = {members[0] for members in view.unreadable_runs if len(members) == 1}
+    return links_to_settle(fleet, view.links, view.failures, view.node_fault, view.culprits, unreadable_nodes)
 
 
 def _node_figures(values: pd.DataFrame, min_shortfall: float, references: dict[str, Reference],
@@ -313,44 +310,6 @@ def _link_figures(values: pd.DataFrame, node_fault: dict[str, str], min_shortfal
     return judged[in_first].copy(), judged[~in_first].copy()
 
 
-def _settled_links(links: pd.DataFrame, again: pd.DataFrame) -> dict[str, tuple[str, dict[str, str], str]]:
-    """What the second pass says of each slow link measured again (links_to_settle): link -> (NOT_REPEATED
-    or "confirmed", the ends to blame with the partner each was slow with, why). A figure slow again is
-    confirmed; then an end slow again with its partner that passed, on that figure, is to blame (both, if both
-    are), and neither: the link itself."""
-    settled = {}
-    again_rows = again.set_index(["member", "variable"])
-    for link, rows in links[links["bad"]].groupby("member", sort=False):
-        measured = [(row, again_rows.loc[(link, row["variable"])]) for _, row in rows.iterrows()
-                    if (link, row["variable"]) in again_rows.index]
-        if not measured:
-            continue
-        said = [f"{figure_name(row['variable'])} {second['value']:.4g} {second['unit']} "
-                f"({abs(second['deviation_percent']):.0f}% {'above' if second['deviation_percent'] > 0 else 'below'}"
-                " the first pass's median)" for row, second in measured]
-        confirmed = {row["variable"] for row, second in measured if second["bad"]}
-        if not confirmed:
-            settled[link] = (NOT_REPEATED, {}, f"measured again later: {'; '.join(said)}: within the fleet")
-            continue
-        slow_with, fine_with = {}, []
-        for end in link.split("+"):
-            repaired = again[again["member"].map(lambda member, end=end: end in member.split("+"))
-                             & (again["member"] != link) & again["variable"].isin(confirmed)]
-            for member, mine in repaired.groupby("member", sort=False):
-                partner = next(name for name in member.split("+") if name != end)
-                if mine["bad"].any():
-                    slow_with[end] = partner
-                else:
-                    fine_with.append(f"{end} with {partner}")
-        fine = f"{' and '.join(fine_with)} within the fleet" if fine_with else ""
-        what = (f"re-paired, {' and '.join(f'{end} with {partner}' for end, partner in slow_with.items())} slow too"
-                + (f", {fine}" if fine else "") if slow_with else
-                f"re-paired, {fine}: the link itself (a cable, a switch port)" if fine else
-                "no node that passed to re-pair its ends with")
-        settled[link] = ("confirmed", slow_with, f"measured again later: {'; '.join(said)}: confirmed; {what}")
-    return settled
-
-
 def _slow_networked_nodes(fleet: FleetPlan, links: pd.DataFrame, failures: Failures,
                           node_fault: dict[str, str]) -> dict[str, str]:
     """The nodes slow in every link they are in (three or more from four nodes), the culprits for all
@@ -400,13 +359,14 @@ def _node_verdicts(fleet: FleetPlan, node_fault: dict[str, str], unreadable_runs
     return rows
 
 
-def _link_verdicts(fleet: FleetPlan, links: pd.DataFrame, failures: Failures, node_fault: dict[str, str],
-                   culprits: dict[str, str], unreadable_runs: Failures, noisy_ends: set[str],
-                   settled: dict[str, tuple[str, dict[str, str], str]]) -> tuple[list[dict], dict[str, str]]:
+def _link_verdicts(fleet: FleetPlan, links: pd.DataFrame, view: _View,
+                   settled: dict[str, Settled]) -> tuple[list[dict], dict[str, str]]:
     """A summary row per link of the plan, and whom each slow link is blamed on: a slow link whose
-    ends are fine is the link's own fault (a cable, a switch port). A slow link measured again (`settled`,
-    _settled_links) passes where that measurement is within the fleet. Else, one with an end whose first-pass
-    figures were not repeated when measured again (`noisy_ends`) was measured in that pass: unjudged."""
+    ends are fine is the link's own fault (a cable, a switch port). A slow link measured again (`settled`)
+    passes where that measurement is within the fleet, and is the link itself where both ends re-paired
+    were, whatever else failed them. Else, one with an end whose first-pass figures were not repeated
+    when measured again (view.noisy_ends) was measured in that pass: unjudged."""
+    failures, node_fault, culprits = view.failures, view.node_fault, view.culprits
     link_rows = {name: rows for name, rows in links.groupby("member", sort=False)}
     slow_links = set(links.loc[links["bad"], "member"]) | {link_name(key) for key in failures if len(key) == 2}
     summary, blamed = [], {}
@@ -414,20 +374,22 @@ def _link_verdicts(fleet: FleetPlan, links: pd.DataFrame, failures: Failures, no
         link = link_name(pair)
         rows = link_rows.get(link)
         if link in slow_links:
-            ends = _failed_ends(pair, culprits, node_fault)
+            ends = failed_ends(pair, culprits, node_fault)
             blamed[link] = " and ".join(ends) or "link"
             reason = failures.get(pair) or "; ".join(rows.loc[rows["bad"], "reason"])
-            if link in settled and pair not in failures:
-                result, _, again = settled[link]
-                if result == NOT_REPEATED:
+            second = settled.get(link) if pair not in failures else None
+            if second is not None:
+                reason = f"{reason}; {second.why}"
+                if second.result == NOT_REPEATED:
                     blamed[link] = ""
                     summary.append({"member": link, "kind": "link", "result": "pass",
-                                    "reason": f"{NOT_REPEATED}: {reason}; {again}"})
+                                    "reason": f"{NOT_REPEATED}: {reason}"})
                     continue
-                if not ends:
-                    summary.append({"member": link, "kind": "link", "result": "fail", "reason": f"{reason}; {again}"})
+                if second.result == CONFIRMED and (second.link_itself or not ends):
+                    blamed[link] = "link"
+                    summary.append({"member": link, "kind": "link", "result": "fail", "reason": reason})
                     continue
-            noisy = [end for end in pair if end in noisy_ends]
+            noisy = [end for end in pair if end in view.noisy_ends]
             if not ends and noisy and pair not in failures:
                 blamed[link] = ""
                 summary.append({"member": link, "kind": "link", "result": UNJUDGED, "reason": (
@@ -436,19 +398,14 @@ def _link_verdicts(fleet: FleetPlan, links: pd.DataFrame, failures: Failures, no
                 continue
             summary.append({"member": link, "kind": "link", "result": "explained" if ends else "fail",
                             "reason": f"node {blamed[link]} failed" if ends else reason})
-        elif pair in unreadable_runs:
-            summary.append({"member": link, "kind": "link", "result": UNREADABLE, "reason": unreadable_runs[pair]})
+        elif pair in view.unreadable_runs:
+            summary.append({"member": link, "kind": "link", "result": UNREADABLE, "reason": view.unreadable_runs[pair]})
         elif rows is None:
             summary.append({"member": link, "kind": "link", "result": "fail",
                             "reason": "not measured: no record of this link"})
         else:
             summary.append({"member": link, "kind": "link", "result": "pass", "reason": ""})
     return summary, blamed
-
-
-def _failed_ends(pair: tuple[str, ...], culprits: dict[str, str], node_fault: dict[str, str]) -> list[str]:
-    """What explains a slow link: its slow-networked end, else a failed end; none: the link itself."""
-    return [end for end in pair if end in culprits] or [end for end in pair if end in node_fault]
 
 
 def unreadable(record: dict) -> bool:

@@ -83,16 +83,18 @@ def link_runs(config: dict, pair: tuple[str, str]) -> list[RunSpec]:
     return runs
 
 
-# The ports perfquery may read where no rail is named (ibstat lists them all): four dual-port HCAs.
-UNNAMED_PORTS = 8
+# The ports perfquery may read where no rail is named (ibstat lists them all): four dual-port HCAs; and on
+# an HCA named without its port (every port of it, hardware.is_rail): a dual-port card's two.
+UNNAMED_PORTS, PORTS_OF_AN_HCA = 8, 2
 
 
 def hardware_minutes(config: dict) -> int:
-    """The longest a node's hardware step may take, in minutes: each tool's timeout (perfquery's once a rail, or
-    once for each of UNNAMED_PORTS where none is named), and a minute for srun and Python to start. Part of
-    the node job's time limit."""
+    """The longest a node's hardware step may take, in minutes: each tool's timeout (perfquery's once a port
+    of the rails: HCA:PORT one, an HCA PORTS_OF_AN_HCA, UNNAMED_PORTS where none is named), and a minute for
+    srun and Python to start. Part of the node job's time limit."""
     rails = config["validation"]["hardware"]["ib_devices"] or named_hcas(config)
-    tools = len(TOOLS) - 1 + (len(rails) if rails else UNNAMED_PORTS)
+    ports = sum(1 if ":" in rail else PORTS_OF_AN_HCA for rail in rails) if rails else UNNAMED_PORTS
+    tools = len(TOOLS) - 1 + ports
     return math.ceil((config["validation"]["hardware"]["timeout_s"] * tools + 60) / 60)
 
 
@@ -194,7 +196,8 @@ class FleetJobs:
                 self.after[link_name(pair)] = [latest[end] for end in pair]
                 latest.update({end: ("link", link_name(pair)) for end in pair})
         self.expected_s = self._expected_seconds(list(records))
-        # Each node's first pass runs its hardware step first (None where validation.hardware is off).
+        # Each node's first pass runs its hardware step first: its bound in minutes (0 where validation.hardware
+        # is off).
         self.hardware_minutes = hardware_minutes(config) if config["validation"]["hardware"]["enabled"] else 0
 
     def _expected_seconds(self, records: list[dict]) -> dict[str, list[float]]:

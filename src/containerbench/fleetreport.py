@@ -15,7 +15,8 @@ import pandas as pd  # noqa: E402
 from jinja2 import Environment, PackageLoader, select_autoescape  # noqa: E402
 
 from containerbench import outputs  # noqa: E402
-from containerbench.fleet import CONTAINER_PATH, NOT_REPEATED  # noqa: E402
+from containerbench.fleet import CONTAINER_PATH  # noqa: E402
+from containerbench.fleetstats import NOT_REPEATED  # noqa: E402
 from containerbench.report import figure_png, html_table  # noqa: E402
 from containerbench.validate import rail_of  # noqa: E402
 

@@ -12,6 +12,9 @@ import pandas as pd
 from containerbench.fleetplan import in_order, link_name
 from containerbench.validate import LOWER_IS_BETTER, Reference, figure_name, metric_of, record_variables
 
+UNJUDGED = "unjudged"  # a node table's result: the variable does not repeat finely enough to compare nodes
+NOT_REPEATED = "not repeated"  # a node table's result: failed, then within the fleet when measured again
+
 # MAD x 1.4826 estimates the standard deviation of normal data; 3.5 is Iglewicz and
 # Hoaglin's cut-off for the modified z-score (NIST/SEMATECH e-Handbook, 1.3.5.17).
 MAD_TO_SIGMA = 1.4826

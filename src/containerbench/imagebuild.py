@@ -362,7 +362,8 @@ def remove_image(tag: str, build_dir: Path | str = IMAGES, only=None,
     done = Removal()
     # Each engine's tag, then a copy in a runtime's own store (podman-hpc's); a store that does not answer keeps
     # its stamp, which records the copy that may still be there.
-    stores = [*sorted(wanted & set(ENGINES)), *sorted(wanted & set(CONTAINER_RUNTIMES))]
+    # (docker and podman are runtimes too: their copy is the engine's own, removed once.)
+    stores = dict.fromkeys([*sorted(wanted & set(ENGINES)), *sorted(wanted & set(CONTAINER_RUNTIMES))])
     for name in stores:
         try:
             done.removed += (remove_from_engine(name, tag, files[name], timeout) if name in ENGINES

@@ -129,8 +129,7 @@ if FLEET is not None:
 
     checkpoint fleet_suspects:
         """The nodes whose own figures fail the first pass: each is measured again (fleet_recheck) before
-        the verdict fails it, at another time, so that a moment's noise on a healthy node drains nothing; and
-        the slow links no end explains, each measured again with its ends re-paired (fleet_recheck_link)."""
+        the verdict fails it, at another time, so that a moment's noise on a healthy node drains nothing."""
         input:
             plan=f"{FLEET_DIR}/plan.json",
             listed=FLEET_JOBS.records_list,
@@ -172,13 +171,36 @@ if FLEET is not None:
             FLEET_JOBS.write_job(("recheck", wildcards.node), output.job)
             shell("{params.cb} fleet run {output.job:q} > {log:q} 2>&1")
 
+    checkpoint fleet_relinks:
+        """After the suspects' second measurements: the slow links no end explains (fleetsecond.links_to_settle),
+        each measured again with its ends re-paired with nodes that passed (fleet_recheck_link)."""
+        input:
+            plan=f"{FLEET_DIR}/plan.json",
+            listed=FLEET_JOBS.records_list,
+            records=FLEET_JOBS.records(),
+            rechecked=lambda wildcards: FLEET_JOBS.recheck_records(
+                json.loads(Path(checkpoints.fleet_suspects.get().output.suspects).read_text())
+            ),
+        output:
+            relinks=f"{FLEET_DIR}/recheck/relinks.json",
+        log:
+            f"{RESULTS}/logs/fleet/relinks.txt",
+        params:
+            **FLEET_JUDGED,
+            cb=CB,
+        localrule: True
+        shell:
+            "{params.cb} fleet relinks @{input.listed:q} --recheck {input.rechecked:q} --plan {input.plan:q} "
+            "{params.references:q} {params.hardware:q} --min-shortfall {params.shortfall} --out {output.relinks:q} "
+            "> {log:q} 2>&1"
+
     rule fleet_recheck_link:
         """A slow link no end explains, measured again, or one of its ends re-paired with a node that passed
-        (fleet.links_to_settle): a link's job, its runs the repetitions after the first pass's."""
+        (fleet_relinks): a link's job, its runs the repetitions after the first pass's."""
         input:
             FLEET_IMAGES,
             jobs=FLEET_JOBS.jobs_dir,
-            suspects=f"{FLEET_DIR}/recheck/suspects.json",
+            relinks=f"{FLEET_DIR}/recheck/relinks.json",
         output:
             job=f"{FLEET_DIR}/recheck/link-{{link}}.json",
             logs=[f"{FLEET_DIR}/recheck/{spec.run_id}.log" for spec in fleetjobs.relink_runs(PLANNED, ("{link}",))],
@@ -206,11 +228,12 @@ if FLEET is not None:
             # The node jobs that write the records write the hardware reports too (FLEET_HARDWARE), listed in
             # FLEET_JOBS.hardware_list beside plan.json: the reports again would add a thousand files to the DAG.
             records=FLEET_JOBS.records(),
-            # The suspects' second measurements, nodes' and links', once fleet_suspects has named them (none
-            # without recheck).
+            # The second measurements, once fleet_suspects and then fleet_relinks have named them: the suspect
+            # nodes', then the ambiguous links' and their ends' pairings (none without recheck).
             rechecked=lambda wildcards: (
                 FLEET_JOBS.recheck_records(
                     json.loads(Path(checkpoints.fleet_suspects.get().output.suspects).read_text())
+                    + json.loads(Path(checkpoints.fleet_relinks.get().output.relinks).read_text())
                 )
                 if config["validation"]["recheck"]
                 else []

@@ -1,4 +1,4 @@
-"""`containerbench fleet plan|run|suspects|hwcheck|summary|judge`: a batch of nodes validated, from the plan of
+"""`containerbench fleet plan|run|suspects|relinks|hwcheck|summary|judge`: a batch of nodes validated, from the plan of
 its node and link jobs, through the suspects measured again, to the verdict on each node and link and its
 drain list."""
 
@@ -92,7 +92,7 @@ def _load_batch(args):
 
 
 def cmd_fleet_suspects(args) -> int:
-    from containerbench import fleet, fleetplan
+    from containerbench import fleet
 
     if (batch := _load_batch(args)) is None:
         return 2
@@ -100,11 +100,23 @@ def cmd_fleet_suspects(args) -> int:
     # A node whose hardware failed fails whatever its figures: measuring it again would tell nothing more.
     named = fleet.suspects(records, planned, references, min_shortfall=args.min_shortfall, hardware=hardware_faults)
     outputs.write_text(args.out, json.dumps(named) + "\n")
-    nodes = [member for member in named if not fleetplan.is_link(member)]
-    links = [member for member in named if fleetplan.is_link(member)]
-    print(f"{len(nodes)} node(s) to measure again before they fail" + (f": {', '.join(nodes)}" if nodes else ""))
-    if links:
-        print(f"{len(links)} link(s) to measure, slow links again and their ends re-paired: {', '.join(links)}")
+    print(f"{len(named)} node(s) to measure again before they fail" + (f": {', '.join(named)}" if named else ""))
+    return 0
+
+
+def cmd_fleet_relinks(args) -> int:
+    from containerbench import fleet
+    from containerbench.records import load_records
+
+    if (batch := _load_batch(args)) is None:
+        return 2
+    planned, records, references, hardware_faults = batch
+    rechecked = load_records(args.recheck)[0] if args.recheck else []
+    named = fleet.relinks(records, planned, references, min_shortfall=args.min_shortfall, rechecked=rechecked,
+                          hardware=hardware_faults)
+    outputs.write_text(args.out, json.dumps(named) + "\n")
+    print(f"{len(named)} link job(s) to run again, each slow link no end explains and its ends re-paired"
+          + (f": {', '.join(named)}" if named else ""))
     return 0
 
 
@@ -182,11 +194,16 @@ def add_commands(sub) -> None:
                                            "a container path failed")
     a.add_argument("summary", help="fleet_summary.csv")
     a.set_defaults(func=cmd_fleet_summary)
-    a = _batch_arguments(actions.add_parser("suspects", help="the nodes whose figures fail and the slow links no "
-                                                             "end explains, with their ends re-paired: to measure "
-                                                             "again before the verdict"))
-    a.add_argument("--out", required=True, help="the JSON list of the nodes and links (NODE+NODE) written")
+    a = _batch_arguments(actions.add_parser("suspects", help="the nodes whose figures fail, to measure again "
+                                                             "before the verdict"))
+    a.add_argument("--out", required=True, help="the JSON list of suspect nodes written")
     a.set_defaults(func=cmd_fleet_suspects)
+    a = _batch_arguments(actions.add_parser("relinks", help="after the suspects' second measurements: the slow "
+                                                            "links no end explains, each with its ends re-paired "
+                                                            "with nodes that passed, to measure before the verdict"))
+    a.add_argument("--recheck", nargs="*", default=[], help="the records of the suspects' second measurements")
+    a.add_argument("--out", required=True, help="the JSON list of the links (NODE+NODE) written")
+    a.set_defaults(func=cmd_fleet_relinks)
     a = _batch_arguments(actions.add_parser("judge", help="the verdict on every node and link; exit 1 if any "
                                                           "failed, a container path too"))
     a.add_argument("--recheck", nargs="*", default=[],
