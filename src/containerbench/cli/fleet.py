@@ -61,8 +61,9 @@ def _system(records: list[dict], given: str | None) -> str:
 
 
 def _load_batch(args):
-    """The plan, the records, the references and the hardware faults `fleet judge` and `fleet suspects` read; None:
-    refused, in one line."""
+    """The plan, the records, the references, the hardware faults and the second measurements' records (those
+    `--recheck` names, where the command takes it) `fleet judge`, `suspects` and `relinks` read; None: refused,
+    in one line."""
     from containerbench import fleetplan
     from containerbench.records import load_records
 
@@ -88,7 +89,8 @@ def _load_batch(args):
     for node in unknown:
         print(f"containerbench: note: a hardware report names {node!r}, not a node of the plan: not judged",
               file=sys.stderr)
-    return planned, records, references, hardware_faults
+    rechecked = load_records(args.recheck)[0] if getattr(args, "recheck", None) else []
+    return planned, records, references, hardware_faults, rechecked
 
 
 def cmd_fleet_suspects(args) -> int:
@@ -96,7 +98,7 @@ def cmd_fleet_suspects(args) -> int:
 
     if (batch := _load_batch(args)) is None:
         return 2
-    planned, records, references, hardware_faults = batch
+    planned, records, references, hardware_faults, _ = batch
     # A node whose hardware failed fails whatever its figures: measuring it again would tell nothing more.
     named = fleet.suspects(records, planned, references, min_shortfall=args.min_shortfall, hardware=hardware_faults)
     outputs.write_text(args.out, json.dumps(named) + "\n")
@@ -106,12 +108,10 @@ def cmd_fleet_suspects(args) -> int:
 
 def cmd_fleet_relinks(args) -> int:
     from containerbench import fleet
-    from containerbench.records import load_records
 
     if (batch := _load_batch(args)) is None:
         return 2
-    planned, records, references, hardware_faults = batch
-    rechecked = load_records(args.recheck)[0] if args.recheck else []
+    planned, records, references, hardware_faults, rechecked = batch
     named = fleet.relinks(records, planned, references, min_shortfall=args.min_shortfall, rechecked=rechecked,
                           hardware=hardware_faults)
     outputs.write_text(args.out, json.dumps(named) + "\n")
@@ -124,12 +124,10 @@ def cmd_fleet_judge(args) -> int:
     import subprocess
 
     from containerbench import fleet, fleetexport
-    from containerbench.records import load_records
 
     if (batch := _load_batch(args)) is None:
         return 2
-    planned, records, references, hardware_faults = batch
-    rechecked = load_records(args.recheck)[0] if args.recheck else []
+    planned, records, references, hardware_faults, rechecked = batch
     verdict = fleet.judge(records, planned, references, min_shortfall=args.min_shortfall, rechecked=rechecked,
                           hardware=hardware_faults)
     paths = fleetexport.write_verdict(verdict, args.out_dir)
