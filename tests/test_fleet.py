@@ -730,7 +730,8 @@ def test_a_slow_link_no_end_explains_is_measured_again_with_its_ends_re_paired(r
     assert not noise.failed
     row = noise.summary.set_index("member").loc["n02+n03"]
     assert row["result"] == "pass" and row["reason"].startswith("not repeated: ")
-    assert row["reason"].endswith("the first pass's median): within the fleet")
+    assert row["reason"].endswith("the first pass's median): within the fleet; re-paired, n02 with n04 and n03 with "
+                                  "n01 within the fleet")
     assert not noise.links.loc[noise.links["link"] == "n02+n03", "slow"].any()  # not crossed on the page
     nic = fleet.judge(records, plan, rechecked=links_again(recorded_runs, {"n02+n03": 0.4, "n02+n04": 0.4,
                                                                            "n01+n03": 1.0}))
@@ -767,7 +768,8 @@ def test_a_link_measured_again_is_judged_only_on_what_came_back(recorded_runs):
                if record["spec"]["nodelist"] == ["n02", "n03"] else record for record in again]
     summary = fleet.judge(records, plan, rechecked=crashed).summary.set_index("member")
     assert summary.loc["n02+n03", "result"] == "fail" and "; measured again: " in summary.loc["n02+n03", "reason"]
-    assert summary.loc["n02+n03", "reason"].endswith("failed: Slurm: NODE_FAIL (sacct)")
+    assert summary.loc["n02+n03", "reason"].endswith("failed: Slurm: NODE_FAIL (sacct); re-paired, n02 with n04 and "
+                                                     "n06 and n03 with n01 within the fleet")
     # A slow figure not measured again settles nothing either: not passed on the others' word.
     partial = [record for record in again if not (record["spec"]["nodelist"] == ["n02", "n03"]
                                                   and record["spec"]["repetition"] > 4)]
@@ -786,8 +788,66 @@ def test_a_link_measured_again_is_judged_only_on_what_came_back(recorded_runs):
     verdict = fleet.judge(records, small, rechecked=links_again(recorded_runs, dict.fromkeys(members, 0.4)))
     assert verdict.failed_nodes == [] and verdict.bad_links == ["n01+n02"]
     assert verdict.summary.set_index("member").loc["n01+n02", "reason"].endswith(
-        f"re-paired, both ends with {partner.pop()} slow too: the partner they share is the common factor, which "
-        "end is not told")
+        f"{partner.pop()}, re-paired with n01 and n02, slow with each: the partner they share is the common factor, "
+        "which end is not told")
+
+
+def test_an_end_is_blamed_only_when_slow_with_every_node_that_passed_it_was_re_paired_with(recorded_runs):
+    """The second pass's pairings, read whatever the link did when measured again (a review of it): an end slow
+    with its new partner is to blame even where the link came back within the fleet, or failed; an end slow with
+    one partner and within the fleet with another is not told, nor is one slow with a partner that was slow with
+    another link's end too; a pairing with records and no figure is untold, as is a link's."""
+    plan = fleetplan.plan_batch({name: fleet.NodeState(name, "idle") for name in NODES})
+    records = fleet_records(recorded_runs, plan.nodes, plan.links, slow_links={("n02", "n03"): 0.4})
+    assert fleet.relinks(records, plan) == ["n02+n03", "n02+n04", "n01+n03"]
+    # Within the fleet again, and n02 slow with n04: n02's network, now and then; the link is explained by it.
+    verdict = fleet.judge(records, plan, rechecked=links_again(recorded_runs, {"n02+n03": 1.0, "n02+n04": 0.4,
+                                                                                "n01+n03": 1.0}))
+    summary = verdict.summary.set_index("member")
+    assert verdict.failed_nodes == ["n02"] and verdict.bad_links == []
+    assert summary.loc["n02", "reason"] == ("slow in link n02+n03 (not when it was measured again) and re-paired with "
+                                            "n04, which passed: its own network (its HCA, port or cable)")
+    assert summary.loc["n02+n03", "result"] == "explained"
+    assert verdict.links.loc[verdict.links["link"] == "n02+n03", "blamed_on"].eq("n02").all()
+    # The link's second runs failed: its ends' pairings still tell.
+    crashed = [dict(record, status="failed", reasons=["exit 1"]) if record["spec"]["nodelist"] == ["n02", "n03"]
+               else record for record in links_again(recorded_runs, {"n02+n03": 0.4, "n02+n04": 0.4, "n01+n03": 1.0})]
+    verdict = fleet.judge(records, plan, rechecked=crashed)
+    assert verdict.failed_nodes == ["n02"] and verdict.summary.set_index("member").loc["n02", "reason"].startswith(
+        "slow in link n02+n03 and re-paired with n04, which passed")
+    # Records without a figure, of the link and of a pairing: nothing settled, the first pass's verdict stands
+    # (the link itself, not re-paired fine at both ends), and the reason says which figures are missing.
+    blank = links_again(recorded_runs, {"n02+n03": 0.4, "n02+n04": 1.0, "n01+n03": 1.0})
+    for record in blank:
+        if record["spec"]["nodelist"] in (["n02", "n03"], ["n01", "n03"]):
+            record["result"].update(pingpong=[], allreduce=[])
+    row = fleet.judge(records, plan, rechecked=blank).summary.set_index("member").loc["n02+n03"]
+    assert row["result"] == "fail" and "; measured again: no figure of " in row["reason"]
+    assert "; re-paired, n02 with n04 within the fleet; n03 re-paired with n01: no figure of " in row["reason"], row
+    # n02 slow in two links, each measured again slow: re-paired slow with n04 and within the fleet with n06, it is
+    # not told; the links fail, blamed on no one (not the link itself either).
+    records = fleet_records(recorded_runs, plan.nodes, plan.links, slow_links={("n02", "n03"): 0.4,
+                                                                               ("n02", "n05"): 0.4})
+    members = fleet.relinks(records, plan)
+    assert members == ["n02+n03", "n02+n04", "n01+n03", "n02+n05", "n02+n06", "n01+n05"]
+    verdict = fleet.judge(records, plan, rechecked=links_again(recorded_runs, {
+        member: 0.4 if member in ("n02+n03", "n02+n05", "n02+n04") else 1.0 for member in members}))
+    assert verdict.failed_nodes == [] and verdict.bad_links == ["n02+n03", "n02+n05"]
+    assert "; n02 slow re-paired with n04, within the fleet with n06: n02 not told" in (
+        verdict.summary.set_index("member").loc["n02+n03", "reason"])
+    assert verdict.links.loc[verdict.links["link"].isin(["n02+n03", "n02+n05"]), "blamed_on"].eq("").all()
+    # Two links whose ends share no node, and the partner n04 slow with an end of each: n04 is the common
+    # factor, and neither end is blamed. The ends of one link meet different partners where there are two.
+    records = fleet_records(recorded_runs, plan.nodes, plan.links, slow_links={("n02", "n03"): 0.4,
+                                                                               ("n05", "n06"): 0.4})
+    members = fleet.relinks(records, plan)
+    assert members == ["n02+n03", "n02+n04", "n01+n03", "n05+n06", "n01+n05", "n04+n06"]
+    verdict = fleet.judge(records, plan, rechecked=links_again(recorded_runs, {
+        member: 0.4 if member in ("n02+n03", "n05+n06", "n02+n04", "n04+n06") else 1.0 for member in members}))
+    assert verdict.failed_nodes == [] and verdict.bad_links == ["n02+n03", "n05+n06"]
+    assert verdict.summary.set_index("member").loc["n05+n06", "reason"].endswith(
+        "; re-paired, n05 with n01 within the fleet; n04, re-paired with n02 and n06, slow with each: the partner "
+        "they share is the common factor, which end is not told")
 
 
 def test_a_node_slow_in_everything_in_the_first_pass_only_is_not_drained_through_its_links(recorded_runs):

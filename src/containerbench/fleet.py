@@ -35,12 +35,21 @@ import numpy as np
 import pandas as pd
 
 from containerbench.fleetplan import FleetPlan, in_order, link_name
-from containerbench.fleetsecond import CONFIRMED, Failures, Settled, failed_ends, links_to_settle, settled_links
-from containerbench.fleetstats import NOT_REPEATED, UNJUDGED, against, member_values, members_of, robust_deviation
-from containerbench.records import UNREADABLE_RESULT
+from containerbench.fleetsecond import CONFIRMED, Settled, failed_ends, links_to_settle, settled_links
+from containerbench.fleetstats import (
+    NOT_REPEATED,
+    UNJUDGED,
+    Failures,
+    against,
+    failed_members,
+    member_values,
+    members_of,
+    robust_deviation,
+    unmeasured,
+    unread_members,
+)
 from containerbench.runtimes.bare_metal import BareMetal
 from containerbench.slurm import NodeState
-from containerbench.status import Status
 from containerbench.validate import Reference, rail_of
 
 # deviation_percent: from the fleet median; better_percent: the same, signed so that below 0 is worse
@@ -107,11 +116,10 @@ class _View:
 
 def _view(records: list[dict], fleet: FleetPlan, references: dict[str, Reference], min_shortfall: float,
           rechecked: list[dict], hardware: dict[str, str]) -> _View:
-    values, failures, unreadable_runs = member_values(records), _failures(records), _unreadable(records)
+    values, failures, unreadable_runs = member_values(records), failed_members(records), unread_members(records)
     # A suspect whose second measurement failed to run, or could not be read, keeps its first pass's verdict,
     # and says why.
-    recheck_failed = {members[0]: why for members, why in {**_unreadable(list(rechecked)),
-                                                           **_failures(list(rechecked))}.items() if len(members) == 1}
+    recheck_failed = {members[0]: why for members, why in unmeasured(list(rechecked), 1).items()}
     again = member_values(list(rechecked)) if rechecked else None
     nodes = _node_figures(values, min_shortfall, references, again, recheck_failed)
     node_fault = _node_faults(fleet, nodes, failures, unreadable_runs)
@@ -135,13 +143,11 @@ def judge(records: list[dict], fleet: FleetPlan, references: dict[str, Reference
     hardware tier failed (hardware.failures), said before anything timed."""
     view = _view(records, fleet, references or {}, min_shortfall, rechecked, hardware or {})
     nodes, node_fault, links, culprits = view.nodes, view.node_fault, view.links, view.culprits
-    failed_again = {members: why for members, why in {**_unreadable(list(rechecked)),
-                                                      **_failures(list(rechecked))}.items() if len(members) == 2}
-    settled = settled_links(links, view.links_again, node_fault, failed_again)
-    for link, second in settled.items():  # an end slow again with a node that passed: its own network
-        for end, partner in second.blame.items():
-            culprits.setdefault(end, f"slow again in link {link} and re-paired with {partner}, which passed: its "
-                                     "own network (its HCA, port or cable)")
+    remeasured = {link_name(members_of(record)) for record in rechecked if len(members_of(record)) == 2}
+    settled = settled_links(links, view.links_again, node_fault, unmeasured(list(rechecked), 2), remeasured)
+    for second in settled.values():  # an end slow with every node that passed it was re-paired with
+        for end, why in second.blame.items():
+            culprits.setdefault(end, why)
     for name, reason in culprits.items():  # failed too; a fault of their own comes first
         node_fault.setdefault(name, reason)
     link_summary, blamed = _link_verdicts(fleet, links, view, settled)
@@ -178,7 +184,7 @@ def suspects(records: list[dict], fleet: FleetPlan, references: dict[str, Refere
     nodes = _node_figures(member_values(records), min_shortfall, references or {})
     # Against the fleet: a batch all below a site's reference would otherwise be measured twice, whole.
     failed = set(nodes.loc[nodes["worse"].astype(bool), "member"])
-    failures, hardware = _failures(records), hardware or {}
+    failures, hardware = failed_members(records), hardware or {}
     return [name for name in fleet.nodes if name in failed and (name,) not in failures and name not in hardware]
 
 
@@ -363,9 +369,10 @@ def _link_verdicts(fleet: FleetPlan, links: pd.DataFrame, view: _View,
                    settled: dict[str, Settled]) -> tuple[list[dict], dict[str, str]]:
     """A summary row per link of the plan, and whom each slow link is blamed on: a slow link whose
     ends are fine is the link's own fault (a cable, a switch port). A slow link measured again (`settled`)
-    passes where that measurement is within the fleet, and is the link itself where both ends re-paired
-    were, whatever else failed them. Else, one with an end whose first-pass figures were not repeated
-    when measured again (view.noisy_ends) was measured in that pass: unjudged."""
+    passes where that measurement is within the fleet and no end's pairings blame it; confirmed, it is the
+    link itself where both ends re-paired were within the fleet, whatever else failed them, and fails blamed
+    on no one where no end is told. Else, one with an end whose first-pass figures were not repeated when
+    measured again (view.noisy_ends) was measured in that pass: unjudged."""
     failures, node_fault, culprits = view.failures, view.node_fault, view.culprits
     link_rows = {name: rows for name, rows in links.groupby("member", sort=False)}
     slow_links = set(links.loc[links["bad"], "member"]) | {link_name(key) for key in failures if len(key) == 2}
@@ -380,13 +387,13 @@ def _link_verdicts(fleet: FleetPlan, links: pd.DataFrame, view: _View,
             second = settled.get(link) if pair not in failures else None
             if second is not None:
                 reason = f"{reason}; {second.why}"
-                if second.result == NOT_REPEATED:
+                if second.result == NOT_REPEATED and not second.blame:
                     blamed[link] = ""
                     summary.append({"member": link, "kind": "link", "result": "pass",
                                     "reason": f"{NOT_REPEATED}: {reason}"})
                     continue
                 if second.result == CONFIRMED and (second.link_itself or not ends):
-                    blamed[link] = "link"
+                    blamed[link] = "link" if second.link_itself else ""  # else: not told
                     summary.append({"member": link, "kind": "link", "result": "fail", "reason": reason})
                     continue
             noisy = [end for end in pair if end in view.noisy_ends]
@@ -406,37 +413,3 @@ def _link_verdicts(fleet: FleetPlan, links: pd.DataFrame, view: _View,
         else:
             summary.append({"member": link, "kind": "link", "result": "pass", "reason": ""})
     return summary, blamed
-
-
-def unreadable(record: dict) -> bool:
-    """A run whose result was printed but could not be read back: evidence of nothing about the node or
-    link, neither slow nor fast (its table rows are missing, and its summary row says why)."""
-    return any(reason.startswith(UNREADABLE_RESULT) for reason in record["reasons"])
-
-
-def _unreadable(records: list[dict]) -> Failures:
-    """The members with a kind of run (training, netbench) whose runs left no figure but unreadable ones,
-    and which: run again rather than judged."""
-    measured = {(members_of(record), record["kind"]) for record in records if record["status"] == Status.OK}
-    runs: dict[tuple[str, ...], list[str]] = {}
-    for record in records:
-        members = members_of(record)
-        if unreadable(record) and len(members) in (1, 2) and (members, record["kind"]) not in measured:
-            runs.setdefault(members, []).append(record["run_id"])
-    return {members: f"result of {', '.join(ids)} unreadable (the launcher's output cut it): not judged, run it again"
-            for members, ids in runs.items()}
-
-
-def _failures(records: list[dict]) -> Failures:
-    """Why each node's or link's runs failed, by its members: the record's own reasons (with Slurm's state
-    and reason when the job was ended from outside), each reason once with the runs that gave it. A run
-    whose result is unreadable is no failure of either (_unreadable)."""
-    failed: dict[tuple[str, ...], dict[str, list[str]]] = {}
-    for record in records:
-        members = members_of(record)
-        if record["status"] != Status.OK and len(members) in (1, 2) and not unreadable(record):
-            why = f"{record['status']}: {'; '.join(record['reasons']) or 'no reason given'}"
-            failed.setdefault(members, {}).setdefault(why, []).append(record["run_id"])
-    return {members: "; ".join(f"{runs[0]}{f' and {len(runs) - 1} more' if len(runs) > 1 else ''} {why}"
-                               for why, runs in reasons.items())
-            for members, reasons in failed.items()}

@@ -10,10 +10,14 @@ import numpy as np
 import pandas as pd
 
 from containerbench.fleetplan import in_order, link_name
+from containerbench.records import UNREADABLE_RESULT
+from containerbench.status import Status
 from containerbench.validate import LOWER_IS_BETTER, Reference, figure_name, metric_of, record_variables
 
 UNJUDGED = "unjudged"  # a node table's result: the variable does not repeat finely enough to compare nodes
 NOT_REPEATED = "not repeated"  # a node table's result: failed, then within the fleet when measured again
+
+Failures = dict[tuple[str, ...], str]  # why a node's (one name) or a link's (two) runs failed
 
 # MAD x 1.4826 estimates the standard deviation of normal data; 3.5 is Iglewicz and
 # Hoaglin's cut-off for the modified z-score (NIST/SEMATECH e-Handbook, 1.3.5.17).
@@ -128,3 +132,44 @@ def _why(row) -> str:
         why += (f", and even its best repetition under half the others' worst (repetitions differ by "
                 f"{row.repeatability_percent:.0f}%)")
     return why
+
+
+def unreadable(record: dict) -> bool:
+    """A run whose result was printed but could not be read back: evidence of nothing about the node or
+    link, neither slow nor fast (its table rows are missing, and its summary row says why)."""
+    return any(reason.startswith(UNREADABLE_RESULT) for reason in record["reasons"])
+
+
+def unread_members(records: list[dict]) -> Failures:
+    """The members with a kind of run (training, netbench) whose runs left no figure but unreadable ones,
+    and which: run again rather than judged."""
+    measured = {(members_of(record), record["kind"]) for record in records if record["status"] == Status.OK}
+    runs: dict[tuple[str, ...], list[str]] = {}
+    for record in records:
+        members = members_of(record)
+        if unreadable(record) and len(members) in (1, 2) and (members, record["kind"]) not in measured:
+            runs.setdefault(members, []).append(record["run_id"])
+    return {members: f"result of {', '.join(ids)} unreadable (the launcher's output cut it): not judged, run it again"
+            for members, ids in runs.items()}
+
+
+def failed_members(records: list[dict]) -> Failures:
+    """Why each node's or link's runs failed, by its members: the record's own reasons (with Slurm's state
+    and reason when the job was ended from outside), each reason once with the runs that gave it. A run
+    whose result is unreadable is no failure of either (unreadable_runs)."""
+    failed: dict[tuple[str, ...], dict[str, list[str]]] = {}
+    for record in records:
+        members = members_of(record)
+        if record["status"] != Status.OK and len(members) in (1, 2) and not unreadable(record):
+            why = f"{record['status']}: {'; '.join(record['reasons']) or 'no reason given'}"
+            failed.setdefault(members, {}).setdefault(why, []).append(record["run_id"])
+    return {members: "; ".join(f"{runs[0]}{f' and {len(runs) - 1} more' if len(runs) > 1 else ''} {why}"
+                               for why, runs in reasons.items())
+            for members, reasons in failed.items()}
+
+
+def unmeasured(records: list[dict], size: int) -> Failures:
+    """The members of `size` nodes (1: nodes, 2: links) whose runs failed or left only unreadable results,
+    and why: of a second measurement, what keeps the first pass's verdict."""
+    return {members: why for members, why in {**unread_members(records), **failed_members(records)}.items()
+            if len(members) == size}
