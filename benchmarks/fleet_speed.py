@@ -81,9 +81,10 @@ def main() -> None:
           f"{plan_s:.3f} s (target {plan_target_s:g} s, time/target = {plan_s / plan_target_s:.3f})")
 
     dag_s, jobs = dag_seconds(plan, args.tries)
-    print(f"snakemake -n validate_nodes, {args.nodes} nodes: {jobs.get('fleet_node', 0)} node and "
-          f"{jobs.get('fleet_link', 0)} link jobs, {sum(jobs.values())} fleet jobs in all: {dag_s:.2f} s "
-          f"(target {plan_target_s:g} s for pairings and DAG together, time/target = "
+    allocations = {rule: count for rule, count in jobs.items() if re.fullmatch(r"fleet_(nodes|links\d+)_\d+", rule)}
+    print(f"snakemake -n validate_nodes, {args.nodes} nodes: {len(plan.nodes)} node and {len(plan.links)} link "
+          f"jobs in {sum(allocations.values())} allocations (Slurm submissions), {sum(jobs.values())} workflow jobs "
+          f"in all: {dag_s:.2f} s (target {plan_target_s:g} s for pairings and DAG together, time/target = "
           f"{(plan_s + dag_s) / plan_target_s:.3f})")
 
     slow_node, slow_link = plan.nodes[len(plan.nodes) // 3], tuple(sorted(plan.links[len(plan.links) // 2]))

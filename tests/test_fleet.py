@@ -34,6 +34,7 @@ from containerbench import (
     fleetjobs,
     fleetplan,
     fleetreport,
+    fleetrounds,
     fleetstats,
     hardware,
     slurm,
@@ -504,15 +505,79 @@ def test_a_node_under_half_the_others_worst_fails_however_noisy_the_figure(recor
     assert summary.loc["n3", "reason"].startswith("images_per_sec ")  # a figure that repeats: judged as ever
 
 
+def test_a_batch_runs_in_rounds_each_in_a_few_allocations_that_hold_many_nodes(tmp_path):
+    """Issue 33 item 1: the node jobs all at once, then the links in rounds of disjoint pairs, each round's jobs
+    sharing allocations of validation.nodes_per_allocation nodes, every job on its own nodes: a thousand nodes cost
+    16 Slurm submissions in 4 rounds rather than 2,560, and about 4 jobs' time."""
+    config = cb_config.load([ROOT / "tests" / "slurm" / "fleet.yaml"])
+    config["validation"].update(nodes_per_allocation=256, max_jobs=4)
+    thousand = fleetplan.plan_batch({f"n{i:04d}": fleet.NodeState(f"n{i:04d}", "idle") for i in range(1, 1025)})
+    held = fleetrounds.round_allocations(thousand, 256)
+    assert len(held) == 16 and len(thousand.rounds) == 3
+    assert [each.name for each in held[:5]] == ["nodes-1", "nodes-2", "nodes-3", "nodes-4", "links1-1"]
+    jobs = [job for each in held for job in each.jobs]
+    assert sorted(jobs) == sorted([("node", name) for name in thousand.nodes]
+                                  + [("link", fleetplan.link_name(pair)) for pair in thousand.links])
+    for each in held:  # no node twice in an allocation, nor in a round: one job a node at a time
+        assert len(each.nodes) == len(set(each.nodes)) <= 256
+        same_round = [node for other in held if other.round == each.round for node in other.nodes]
+        assert len(same_round) == len(set(same_round))
+    assert {each.round for each in held if each.jobs[0][0] == "link"} == {1, 2, 3}
+    # A link is never split, and an allocation holds one job at least, however few nodes it may hold.
+    four = fleetplan.plan_batch({f"n{i}": fleet.NodeState(f"n{i}", "idle") for i in range(1, 5)})
+    assert [len(each.jobs) for each in fleetrounds.round_allocations(four, 3)] == [3, 1, 1, 1, 1, 1, 1, 1]
+    assert len(fleetrounds.round_allocations(four, 1)) == 4 + 6  # the test cluster's: one job an allocation
+
+    config["validation"]["nodes_per_allocation"] = 4
+    rounds = fleetrounds.FleetRounds(fleetjobs.FleetJobs(config, four, str(tmp_path / "fleet")), four)
+    first, links = rounds.held[0], rounds.held[1]
+    assert (first.name, first.rule, first.nodes) == ("nodes-1", "fleet_nodes_1", ("n1", "n2", "n3", "n4"))
+    assert (links.name, links.rule, links.jobs) == ("links1-1", "fleet_links1_1", (("link", "n1+n2"), ("link", "n3+n4")))
+    # salloc(1) OPTIONS: --nodelist, --exclusive, --time in minutes; -k, --no-kill: "Do not automatically terminate a
+    # job if one of the nodes it has been allocated fails" (the other jobs of the allocation run on). The time is the
+    # longest of its jobs', which run at once.
+    minutes = rounds.jobs.time_limit(("node", "n1"))
+    assert rounds.salloc(first) == [
+        "salloc", "--nodes=4", "--nodelist=n1,n2,n3,n4", "--exclusive", "--ntasks-per-node=2", "--cpus-per-task=1",
+        f"--time={minutes}", "--job-name=containerbench-fleet-nodes-1", "--partition=cpu",
+        "--account=cbtest-account", "--no-kill"]
+    # Its outputs are every file of its jobs; a round waits for every allocation of the one before.
+    assert rounds.outputs(first)["logs"] == [log for node in four.nodes for log in rounds.jobs.logs(("node", node))]
+    assert rounds.outputs(first)["hardware"] == [rounds.jobs.hardware_report(node) for node in four.nodes]
+    assert "hardware" not in rounds.outputs(links)
+    assert rounds.waits_for(first) == [] and rounds.waits_for(links) == [rounds.jobs.logs(("node", "n1"))[0]]
+    rounds.jobs.write(four, tmp_path / "plan.json")
+    rounds.write()
+    written = json.loads(Path(rounds.file(links)).read_text())
+    assert written == {"name": "links1-1", "allocation": rounds.salloc(links),
+                       "jobs": [rounds.jobs.job_file(("link", "n1+n2")), rounds.jobs.job_file(("link", "n3+n4"))]}
+    # Each run's steps pinned to its job's own nodes (srun(1) -w, --nodelist), the ranks' and the steps before
+    # them on each node: the allocation holds the round's other jobs too.
+    job = json.loads(Path(rounds.jobs.job_file(("link", "n1+n2"))).read_text())
+    argv = job["plans"][0]["argv"]
+    assert argv[:4] == ["srun", "--mpi=pmix", "--nodes=2", "--nodelist=n1,n2"], argv
+    node_job = json.loads(Path(rounds.jobs.job_file(("node", "n3"))).read_text())
+    assert "--nodelist=n3" in node_job["hardware"]["argv"]
+    assert all("--nodelist=n3" in run_plan["argv"] for run_plan in node_job["plans"])
+
+
 def test_what_validating_a_batch_costs_is_its_jobs_held_to_their_time_limits():
     config = cb_config.load([ROOT / "tests" / "slurm" / "fleet.yaml"])
     plan = fleetplan.plan_batch({f"n{i}": fleet.NodeState(f"n{i}", "idle") for i in range(1, 8)})
     jobs = fleetjobs.FleetJobs(config, plan, "results/fleet")
     node_minutes = fleetjobs.allocation_minutes(config, jobs.runs[("node", "n1")]) + fleetjobs.hardware_minutes(config)
     link_minutes = fleetjobs.allocation_minutes(config, jobs.runs[("link", "n1+n2")])
-    lines = jobs.cost_summary().splitlines()
-    assert lines[:2] == ["What validating the batch costs:", "  jobs         7 node jobs and 11 link jobs, each its "
-                         "own exclusive allocation, at most 1 at a time (validation.max_jobs)"]
+    lines = fleetrounds.FleetRounds(jobs, plan).cost_summary().splitlines()
+    # The test cluster's: one job an allocation, one allocation at a time (its nodes share this machine's cores).
+    assert lines[:4] == [
+        "What validating the batch costs:", "  jobs         7 node jobs and 11 link jobs, each holding its nodes "
+        "exclusively",
+        f"  allocations  18 in {1 + len(plan.rounds)} rounds (the node jobs, then the links round by round), each of "
+        "at most 1 node (validation.nodes_per_allocation) with every job on its own nodes at once, at most 1 at a "
+        "time (validation.max_jobs)",
+        f"  wall time    at most {7 * node_minutes + 11 * link_minutes:,} minutes: each round after the one before, "
+        "every job to its time limit"]
+    lines = lines[:2] + lines[4:]
     assert lines[2] == f"  runs         {7 * 6 + 11 * 3 * 3}: each job's runs, validation.repetitions = 3"  # 2 rails
     timeouts = f"benchmark.timeout_s = 600 s, netbench.timeout_s = {config['netbench']['timeout_s']} s"
     worst = (7 * node_minutes + 11 * 2 * link_minutes) / 60
@@ -1083,13 +1148,15 @@ def test_a_nodes_job_checks_its_hardware_first_and_a_hwcheck_that_cannot_answer_
     jobs = fleetjobs.FleetJobs(config, plan, str(tmp_path / "fleet"))
     jobs.write(plan, tmp_path / "plan.json")
     step = json.loads(Path(jobs.job_file(("node", "n1"))).read_text())["hardware"]
-    # srun(1): one task on one node, a step of the node job's allocation with its GPUs (--gres: a step sees only
-    # what it asks for), ended by Slurm at --time, in the job's environment (--export=ALL); what the site
-    # expects of the node from validation.hardware, the GPUs from its GRES.
+    # srun(1): one task on one node, the job's own (--nodelist: its allocation may hold its round's other jobs),
+    # a step of the node job's allocation with its GPUs (--gres: a step sees only what it asks for), ended by Slurm
+    # at --time, in the job's environment (--export=ALL); what the site expects of the node from
+    # validation.hardware, the GPUs from its GRES.
     # Bounded by Slurm (--time, minutes): each of 6 tools' 120 s, perfquery's once a port of the rails (two HCAs
     # named without a port: each port of a dual-port card), a minute to start.
     assert fleetjobs.hardware_minutes(config) == math.ceil((120 * (5 + 2 * 2) + 60) / 60) == 19
-    assert step == {"argv": ["srun", "--nodes=1", "--ntasks=1", "--ntasks-per-node=1", "--gres=gpu:4", "--time=19",
+    assert step == {"argv": ["srun", "--nodes=1", "--ntasks=1", "--ntasks-per-node=1", "--nodelist=n1", "--gres=gpu:4",
+                             "--time=19",
                              "--export=ALL",
                              sys.executable, "-m", "containerbench", "fleet", "hwcheck", "--out",
                              f"{tmp_path}/fleet/hardware", "--gpus", "4", "--nvlink", "--ib-devices", "mlx5_0,mlx5_1",

@@ -20,8 +20,10 @@ import yaml
 from helpers import BENCH_PYTHON, ROOT, SLURM_CLUSTER, cancel_when_running, clone_copy, on_controller
 
 from containerbench import config as cb_config
+from containerbench import fleetjobs, fleetplan, fleetrounds
 from containerbench.fleetstats import NOT_REPEATED
 from containerbench.rank import markers
+from containerbench.slurm import NodeState
 
 pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.slurm, pytest.mark.netns, pytest.mark.timeout(1500)]
 CLUSTER = SLURM_CLUSTER
@@ -113,9 +115,13 @@ def test_the_example_site_walks_from_clone_to_dry_runs_by_the_readmes_commands(f
           "netbench": {"timeout_s": 600}})
     fleet = run(batch)
     assert fleet.returncode == 0, fleet.stderr[-3000:]
-    # Four nodes: 4 node jobs, and a ring of 4 links with 2 chords (docs/validation.md).
-    assert re.search(r"^fleet_node\s+4$", fleet.stdout, re.M) and re.search(r"^fleet_link\s+6$", fleet.stdout, re.M)
+    # Four nodes: 4 node jobs, and a ring of 4 links with 2 chords in 3 rounds (docs/validation.md), each round in
+    # one allocation of the four nodes (validation.nodes_per_allocation): 4 Slurm submissions.
+    rules = dict(re.findall(r"^(fleet_\w+)\s+(\d+)$", fleet.stdout, re.M))
+    assert {rule: count for rule, count in rules.items() if re.fullmatch(r"fleet_(nodes|links\d)_\d", rule)} == {
+        "fleet_nodes_1": "1", "fleet_links1_1": "1", "fleet_links2_1": "1", "fleet_links3_1": "1"}, fleet.stdout
     assert "  jobs         4 node jobs and 6 link jobs" in fleet.stderr
+    assert "  allocations  4 in 4 rounds " in fleet.stderr
 
 
 def test_validate_nodes_names_the_slowed_node_the_slowed_link_and_the_cancelled_job(four_nodes, tmp_path):
@@ -189,8 +195,10 @@ def test_validate_nodes_names_the_slowed_node_the_slowed_link_and_the_cancelled_
     # The cancelled job is a failed record with Slurm's state from sacct, not a job submitted again.
     assert cancelled, "the link job never ran"
     assert f"failed: Slurm job {cancelled[0]} CANCELLED by 0 (sacct)" in summary.loc[CANCELLED_LINK, "reason"]
-    # Each job ran once: the cancelled one is not submitted again.
-    assert (output.count("localrule fleet_node:"), output.count("localrule fleet_link:")) == (4, 6)
+    # Each job ran once, in an allocation of its own (tests/slurm/fleet.yaml): the cancelled one is not submitted
+    # again.
+    assert len(re.findall(r"localrule fleet_nodes_\d+:", output)) == 4
+    assert len(re.findall(r"localrule fleet_links\d+_\d+:", output)) == 6
     assert output.count("localrule fleet_recheck:") == len(suspects)  # only the suspects, never the batch
     assert output.count("localrule fleet_recheck_link:") == 3
     # Links through the slow node are explained by it, or not slow at all: never a bad link of their own.
@@ -219,6 +227,55 @@ def test_validate_nodes_names_the_slowed_node_the_slowed_link_and_the_cancelled_
     assert session["records"] == len((fleet_dir / "records.txt").read_text().split()) and session["system"] == "cbtest"
     states = on_controller(four_nodes, "sinfo", "--noheader", "--Node", "--format", "%N %T").stdout
     assert "drain" not in states  # printed, never run unless validation.drain asks
+
+
+def test_a_rounds_allocation_runs_its_jobs_at_once_each_on_its_own_nodes(four_nodes, tmp_path):
+    """Issue 33 item 1 on real Slurm: one allocation of the four nodes (one salloc, --no-kill) runs their four node
+    jobs at once, each job's steps pinned to its own node, its hardware tier first; an allocation Slurm refuses
+    leaves every run of every job a failed record with salloc's error, and every node's hardware report."""
+    site = tmp_path / "site.yaml"
+    site.write_text(yaml.safe_dump({"bare_metal": {"python": str(BENCH_PYTHON)},
+                                    "validation": {"nodes_per_allocation": 4, "repetitions": 1}}))
+    config = cb_config.load([ROOT / "tests" / "slurm" / "fleet.yaml", site])
+    plan = fleetplan.plan_batch({f"n{i}": NodeState(f"n{i}", "idle") for i in range(1, 5)})
+    jobs = fleetjobs.FleetJobs(config, plan, str(tmp_path / "fleet"))
+    rounds = fleetrounds.FleetRounds(jobs, plan)
+    jobs.write(plan, tmp_path / "plan.json")
+    rounds.write()
+    nodes = rounds.held[0]
+    done = on_controller(four_nodes, sys.executable, "-m", "containerbench", "fleet", "run", rounds.file(nodes),
+                         timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    records = [json.loads(Path(path).read_text()) for path in rounds.outputs(nodes)["records"]]
+    assert len(records) == 4 * 2 and all(record["status"] == "ok" for record in records), [
+        (record["run_id"], record["reasons"]) for record in records]
+    assert all(set(record["result"]["hostnames"]) == set(record["spec"]["nodelist"]) for record in records)
+    # At once: every job had started its first run before any job ended its last (each job's runs run in turn).
+    runs = {node: [record for record in records if record["spec"]["nodelist"] == [node]] for node in plan.nodes}
+    started = max(min(record["started_unix"] for record in mine) for mine in runs.values())
+    ended = min(max(record["started_unix"] + record["wall_s"] for record in mine) for mine in runs.values())
+    assert started < ended, (started, ended)
+    for node in plan.nodes:  # each job's hardware tier ran first, on its own node
+        report = json.loads(Path(jobs.hardware_report(node)).read_text())
+        assert report["node"] == node and {"nvidia-smi -q", "dmesg"} <= {check["name"] for check in report["checks"]}
+    # One Slurm job for the four: sacct(1) --name, --format JobName,NNodes (its steps apart from it: -X).
+    accounted = on_controller(four_nodes, "sacct", "-X", "--noheader", "--parsable2", "--name",
+                              "containerbench-fleet-nodes-1", "--format", "JobID,NNodes", timeout=60).stdout.split()
+    assert len(accounted) == 1 and accounted[0].endswith("|4"), accounted
+    # Slurm gives no allocation (a partition it does not know): every run of every job says why, and every node's
+    # hardware report; nothing already measured is touched.
+    refused = json.loads(Path(rounds.file(rounds.held[1])).read_text())
+    refused["allocation"] = [word if not word.startswith("--partition=") else "--partition=nosuch"
+                             for word in refused["allocation"]]
+    Path(rounds.file(rounds.held[1])).write_text(json.dumps(refused))
+    done = on_controller(four_nodes, sys.executable, "-m", "containerbench", "fleet", "run",
+                         rounds.file(rounds.held[1]), timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for path in rounds.outputs(rounds.held[1])["records"]:
+        record = json.loads(Path(path).read_text())
+        assert record["reasons"] == ["not run: no allocation: error: Job submit/allocate failed: Invalid partition "
+                                     "name specified"], record["reasons"]
+    assert json.loads(Path(rounds.outputs(nodes)["records"][0]).read_text()) == records[0]
 
 
 def test_a_sweep_through_chaos_keeps_every_promise(four_nodes):

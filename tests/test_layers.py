@@ -51,6 +51,7 @@ LAYERS = [
     ("fleet verdicts, the results history, the formats a site's tools read", {"fleet", "history", "export"}),
     ("the fleet's node and link jobs, its verdict in the formats a site's tools read and on its page",
      {"fleetjobs", "fleetexport", "fleetreport"}),
+    ("the allocations a batch's jobs run in, round by round", {"fleetrounds"}),
     ("command groups", {"cli.sweep", "cli.results", "cli.history", "cli.image"}),
     ("the fleet's commands (they name the records' system as results' do)", {"cli.fleet"}),
     ("command line", {"cli"}),

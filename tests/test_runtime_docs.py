@@ -18,7 +18,7 @@ import sys
 import pytest
 
 from containerbench import images
-from containerbench.config import ConfigError
+from containerbench.config import ConfigError, RunSpec
 from containerbench.launchers import Srun
 from containerbench.runtimes import (
     Apptainer,
@@ -72,7 +72,8 @@ def test_shifter_under_srun_takes_the_image_once_per_step_not_per_rank():
     assert step == ["--image=id:0123abcd", "--module=gpu", "--volume=/datasets/imagenet:/mnt"]
     rank = shifter.rank_argv(DATA)
     assert rank[rank.index("--") + 1:] == ["shifter", "--clearenv", "--workdir=/", "--", *CMD, "/mnt"]
-    srun = Srun("pmix").wrap(rank, type("Spec", (), {"nodes": 2, "ranks": 8, "ranks_per_node": 4})(), [], step)
+    spec = RunSpec(kind="train", runtime="shifter", fabric="f", nodes=2, ranks_per_node=4, repetition=1)
+    srun = Srun("pmix").wrap(rank, spec, [], step)
     assert srun.index("--image=id:0123abcd") < srun.index(HOST_PY)  # an srun option, before the rank's argv
     # Under mpirun there is no step to carry them: each rank names them (and pays the new instance).
     assert configured("shifter", "mpirun", host_python=HOST_PY).launcher_options(DATA) == []

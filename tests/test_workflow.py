@@ -158,7 +158,11 @@ def test_lint_finds_only_the_explained_warning(tmp_path, fleet):
                         "--dry-run")
         assert dry.returncode == 0, dry.stderr
         assert dry.stderr.count("What validating the batch costs:") == 1
-        assert "  jobs         4 node jobs and 6 link jobs, each its own exclusive allocation" in dry.stderr
+        assert "  jobs         4 node jobs and 6 link jobs, each holding its nodes exclusively" in dry.stderr
+        # A rule an allocation (fleetrounds), linted above: the node jobs, then three rounds of links.
+        assert "  allocations  4 in 4 rounds " in dry.stderr
+        assert {"fleet_nodes_1", "fleet_links1_1", "fleet_links2_1", "fleet_links3_1"} <= set(
+            re.findall(r"^(fleet_\w+)\s+1$", dry.stdout, re.M)), dry.stdout
 
 
 @pytest.mark.parametrize("override,expected", [

@@ -113,7 +113,7 @@ def hardware_step(config: dict, out_dir: str, node: str, python: str = sys.execu
     minutes = hardware_minutes(config)
     srun = Srun(gpus_per_node=gpus_per_node)
     argv = srun.node_step([python, "-m", "containerbench", "fleet", "hwcheck", "--out", out_dir, *options],
-                          1, [*srun.gres, f"--time={minutes}"])
+                          1, [f"--nodelist={node}", *srun.gres, f"--time={minutes}"])
     return {"argv": argv, "node": node, "report": report_path(out_dir, node), "minutes": minutes}
 
 
@@ -278,9 +278,10 @@ class FleetJobs:
         job = max(self.runs, key=self.time_limit)
         return job[1], self.time_limit(job)
 
-    def cost_summary(self) -> str:
-        """What the batch may cost, as the sweep's estimate says it: its jobs, the node-hours if every job
-        held its nodes to its time limit, and what its runs are expected to take where records tell."""
+    def cost_summary(self, allocations=()) -> str:
+        """What the batch may cost, as the sweep's estimate says it: its jobs (and the `allocations` they run in,
+        fleetrounds), the node-hours if every job held its nodes to its time limit, and what its runs are expected
+        to take where records tell."""
         minutes = {job: self.time_limit(job) for job in self.runs}
         nodes = {job: 1 if job[0] == "node" else 2 for job in self.runs}
         kinds = {kind: [job for job in self.runs if job[0] == kind] for kind in ("node", "link")}
@@ -291,8 +292,9 @@ class FleetJobs:
                     f"netbench.timeout_s = {self.config['netbench']['timeout_s']} s")
         lines = [
             "What validating the batch costs:",
-            f"  jobs         {len(kinds['node'])} node jobs and {len(kinds['link'])} link jobs, each its own "
-            f"exclusive allocation, at most {validation['max_jobs']} at a time (validation.max_jobs)",
+            f"  jobs         {len(kinds['node'])} node jobs and {len(kinds['link'])} link jobs, each holding its "
+            "nodes exclusively",
+            *allocations,
             f"  runs         {sum(map(len, self.runs.values()))}: each job's runs, "
             f"validation.repetitions = {validation['repetitions']}",
         ]

@@ -126,9 +126,10 @@ class Srun(Launcher):
         # (no --ntasks-per-gpu: it clashes with SLURM_TRES_PER_TASK, a known plugin trap).
         gpus = self.gres
         # runtime_options: what a runtime contributes to srun itself (Pyxis: --container-image, ...)
-        return [self.program, f"--mpi={self.mpi}", f"--nodes={spec.nodes}", f"--ntasks={spec.ranks}",
-                f"--ntasks-per-node={spec.ranks_per_node}", f"--cpus-per-task={self.cpus_per_rank}", *gpus,
-                f"--cpu-bind={cpu_bind}", "--export=ALL", *self.extra_args, *runtime_options, *rank_argv]
+        return [self.program, f"--mpi={self.mpi}", f"--nodes={spec.nodes}", *self.pinned(spec),
+                f"--ntasks={spec.ranks}", f"--ntasks-per-node={spec.ranks_per_node}",
+                f"--cpus-per-task={self.cpus_per_rank}", *gpus, f"--cpu-bind={cpu_bind}", "--export=ALL",
+                *self.extra_args, *runtime_options, *rank_argv]
 
 
     @property
@@ -139,7 +140,13 @@ class Srun(Launcher):
     def on_each_node(self, argv: list[str], spec: RunSpec) -> list[str]:
         # One task on each node of the run (Slurm places it in the run's allocation), with none of the
         # ranks' MPI plugin or binding: a step of its own before the ranks' step.
-        return self.node_step(argv, spec.nodes)
+        return self.node_step(argv, spec.nodes, self.pinned(spec))
+
+    @staticmethod
+    def pinned(spec: RunSpec) -> list[str]:
+        """A fleet run's steps on its own nodes (spec.nodelist): its allocation may hold the other jobs of its
+        round too, each on nodes of its own (fleetrounds)."""
+        return [f"--nodelist={','.join(spec.nodelist)}"] if spec.nodelist else []
 
     def node_step(self, argv: list[str], nodes: int, options=()) -> list[str]:
         """`argv` as one task on each of `nodes` nodes of the allocation, with srun `options` of its own."""

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A real Slurm 22.05 cluster of two nodes (CB_NODES=4: four, up to 9) on one machine, for the tests.
+# A real Slurm 22.05 cluster of two nodes (CB_NODES=4: four, up to 240) on one machine, for the tests.
 #
 #   tests/slurm/cluster.sh install          apt packages (idempotent)
 #   tests/slurm/cluster.sh start DIR        network, munge, MariaDB, slurmdbd, slurmctld, N x slurmd
@@ -86,7 +86,7 @@ make_network() {
       IFS=: read -r iface bridge subnet <<< "$net"
       ip link add "$iface" netns "cb$node" type veth peer name "${iface%0}$node" netns "$NS_CTL"
       ip -n "$NS_CTL" link set "${iface%0}$node" master "$bridge" up
-      ip -n "cb$node" addr add "10.77.$subnet.1$i/24" dev "$iface"
+      ip -n "cb$node" addr add "10.77.$subnet.$((10 + i))/24" dev "$iface"
       ip -n "cb$node" link set "$iface" up
     done
     # Both directions of the slow network are shaped: the node side and the bridge port.
@@ -135,7 +135,7 @@ JobCompType=jobcomp/none
 GresTypes=gpu
 SlurmdParameters=config_overrides
 $(i=0; for node in "${NODES[@]}"; do i=$((i + 1))
-  echo "NodeName=$node NodeHostname=$node NodeAddr=10.77.2.1$i CPUs=$cpus Sockets=$cpus CoresPerSocket=1" \
+  echo "NodeName=$node NodeHostname=$node NodeAddr=10.77.2.$((10 + i)) CPUs=$cpus Sockets=$cpus CoresPerSocket=1" \
        "ThreadsPerCore=1 RealMemory=$memory Gres=gpu:h100:$((2 * cpus)) State=UNKNOWN"; done)
 PartitionName=cpu Nodes=$(IFS=,; echo "${NODES[*]}") Default=YES MaxTime=120 State=UP OverSubscribe=NO
 EOF
@@ -192,7 +192,7 @@ start() {
     [ -S "$NODE_DOCKERD/docker.sock" ] || die "CB_NODE_DOCKERD=$NODE_DOCKERD: no docker.sock there (start-dockerd first)"
   fi
   mkdir -p "$dir"
-  [ "${#NODES[@]}" -le 9 ] || die "CB_NODES=${#NODES[@]}: at most 9 (addresses 10.77.x.11-19)"
+  [ "${#NODES[@]}" -le 240 ] || die "CB_NODES=${#NODES[@]}: at most 240 (node i at 10.77.x.(10 + i))"
   echo "${#NODES[@]}" > "$dir/nodes"
   install_packages
   make_network
@@ -280,7 +280,7 @@ slow_link() {
     in_ns "cb$from" tc qdisc replace dev "$iface" root handle 1: htb default 0
     in_ns "cb$from" tc class replace dev "$iface" parent 1: classid 1:20 htb rate "$rate" ceil "$rate"
     in_ns "cb$from" tc filter add dev "$iface" protocol ip parent 1: prio 1 u32 \
-      match ip dst "10.77.$subnet.1${to#n}/32" flowid 1:20
+      match ip dst "10.77.$subnet.$((10 + ${to#n}))/32" flowid 1:20
     echo "$from $iface" >> "$dir/slowed-links"
   done
 }

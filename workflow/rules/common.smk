@@ -15,6 +15,7 @@ from containerbench import (
     fleetexport,
     fleetplan,
     fleetjobs,
+    fleetrounds,
     history,
     launchers,
     plans,

@@ -1,13 +1,13 @@
 # Validating a batch of new nodes: `snakemake validate_nodes` with validation.nodes (a Slurm hostlist)
 # or validation.partition. docs/validation.md says how nodes are paired and judged.
 #
-# Each node's job and each link's job is a local rule that asks Slurm for exactly its nodes (salloc,
-# exclusive) and runs its runs one after another in that allocation, from outside it
-# (containerbench fleet run): when Slurm ends the allocation (scancel, time limit, node failure), the
-# runs get Slurm's state and reason from sacct in their logs and become failed records, so the
-# verdict names the node instead of the workflow submitting it again. A link's job waits for the
-# jobs before it on both of its nodes (fleetplan.job_rounds), so no node ever has two jobs at a time, and
-# at most validation.max_jobs run at once.
+# Each node's job and each link's job asks Slurm for exactly its nodes, exclusively, and runs its runs one
+# after another there, from outside (containerbench fleet run): when Slurm ends the allocation (scancel, time
+# limit, node failure), the runs get Slurm's state and reason from sacct in their logs and become failed
+# records, so the verdict names the node instead of the workflow submitting it again. The jobs run in rounds
+# (fleetrounds): every node's job, then the links round by round (fleetplan.job_rounds), no node in two jobs
+# at a time; a round's jobs share allocations of validation.nodes_per_allocation nodes, a local rule each, every
+# job of one at once on its own nodes, and at most validation.max_jobs allocations run at once.
 
 FLEET_SELECTION = {
     key: config["validation"][key] for key in ("nodes", "partition", "plan") if config["validation"][key]
@@ -40,8 +40,9 @@ if FLEET_SELECTION and workflow.is_main_process:  # every fleet rule is local: t
             print(f"containerbench: note: validate_nodes would stop here: {error}", file=sys.stderr)
     except slurm.QueryError as error:
         sys.exit(f"containerbench: config: {error}")  # one line, before anything is submitted
+    FLEET_ROUNDS = fleetrounds.FleetRounds(FLEET_JOBS, FLEET)
     if PLANS_A_RUN:  # beside the sweep's (common.smk): what `validate_nodes` would hold
-        print(FLEET_JOBS.cost_summary(), file=sys.stderr)
+        print(FLEET_ROUNDS.cost_summary(), file=sys.stderr)
     if "fleet_jobs" not in workflow.global_resources:  # a --resources fleet_jobs=N of the admin wins
         workflow.register_resource("fleet_jobs", config["validation"]["max_jobs"])
 
@@ -68,52 +69,33 @@ if FLEET is not None:
         localrule: True
         run:
             FLEET_JOBS.write(FLEET, output.plan)
+            FLEET_ROUNDS.write()
 
-    rule fleet_node:
-        input:
-            FLEET_IMAGES,
-            jobs=FLEET_JOBS.jobs_dir,
-        output:
-            **FLEET_HARDWARE,
-            # One template per run of a node's job: the same runs on every node. The job parses its raw
-            # logs into records itself (a parse job per run would be most of a large batch's DAG).
-            logs=[f"{FLEET_DIR}/runs/{spec.run_id}.log" for spec in fleetjobs.node_runs(PLANNED, "{node}")],
-            records=[f"{FLEET_DIR}/runs/{spec.run_id}.json" for spec in fleetjobs.node_runs(PLANNED, "{node}")],
-        log:
-            f"{RESULTS}/logs/fleet/node-{{node}}.txt",
-        wildcard_constraints:
-            node=r"[^+/]+",
-        params:
-            cb=CB,
-            job=lambda wildcards: FLEET_JOBS.job_file(("node", wildcards.node)),
-        resources:
-            fleet_jobs=1,
-        localrule: True
-        shell:
-            "{params.cb} fleet run {params.job:q} > {log:q} 2>&1"
+    for held in FLEET_ROUNDS.held:  # one rule an allocation: its outputs are all of its jobs' files
 
-    rule fleet_link:
-        input:
-            FLEET_IMAGES,
-            jobs=FLEET_JOBS.jobs_dir,
-            # Finished before: their logs' times are not this job's business (a rerun of one is not a reason
-            # to measure this link again).
-            after=lambda wildcards: [ancient(log) for log in FLEET_JOBS.waits_for(wildcards.link)],
-        output:
-            logs=[f"{FLEET_DIR}/runs/{spec.run_id}.log" for spec in fleetjobs.link_runs(PLANNED, ("{link}",))],
-            records=[f"{FLEET_DIR}/runs/{spec.run_id}.json" for spec in fleetjobs.link_runs(PLANNED, ("{link}",))],
-        log:
-            f"{RESULTS}/logs/fleet/link-{{link}}.txt",
-        wildcard_constraints:
-            link=r"[^+/]+\+[^+/]+",
-        params:
-            cb=CB,
-            job=lambda wildcards: FLEET_JOBS.job_file(("link", wildcards.link)),
-        resources:
-            fleet_jobs=1,
-        localrule: True
-        shell:
-            "{params.cb} fleet run {params.job:q} > {log:q} 2>&1"
+        rule:
+            name:
+                held.rule
+            input:
+                FLEET_IMAGES,
+                jobs=FLEET_JOBS.jobs_dir,
+                # The round before, finished: its logs' times are not this round's business (a rerun of one is
+                # not a reason to measure these again).
+                after=[ancient(log) for log in FLEET_ROUNDS.waits_for(held)],
+            output:
+                # The jobs parse their raw logs into records themselves (a parse job per run would be most of
+                # a large batch's DAG).
+                **FLEET_ROUNDS.outputs(held),
+            log:
+                f"{RESULTS}/logs/fleet/allocation-{held.name}.txt",
+            params:
+                cb=CB,
+                allocation=FLEET_ROUNDS.file(held),
+            resources:
+                fleet_jobs=1,
+            localrule: True
+            shell:
+                "{params.cb} fleet run {params.allocation:q} > {log:q} 2>&1"
 
     FLEET_VERDICT = {key: f"{FLEET_DIR}/{name}" for key, name in fleetexport.VERDICT_FILES.items()}
     FLEET_JUDGED = dict(

@@ -28,8 +28,10 @@ def cmd_fleet_plan(args) -> int:
 
 
 def cmd_fleet_run(args) -> int:
-    from containerbench import fleetjobs
+    from containerbench import fleetjobs, fleetrounds
 
+    if "jobs" in json.loads(Path(args.job).read_text()):  # a round's allocation (fleetrounds), its jobs at once
+        return fleetrounds.run_allocation(args.job, args.in_allocation)
     return fleetjobs.run_job(args.job, args.in_allocation)
 
 
@@ -173,8 +175,10 @@ def add_commands(sub) -> None:
     a.add_argument("--partition", help="every node of this partition")
     a.add_argument("--write", metavar="PLAN_JSON", help="also write the plan, for `fleet judge`")
     a.set_defaults(func=cmd_fleet_plan)
-    a = actions.add_parser("run", help="a node's or link's runs one after another, in the allocation salloc made")
-    a.add_argument("job", help="the job's file (its allocation, its runs' plans and logs), as validate_nodes writes it")
+    a = actions.add_parser("run", help="a node's or link's runs one after another, in the allocation salloc made; "
+                                       "or a round's allocation, each of its jobs at once on its own nodes")
+    a.add_argument("job", help="the job's file (its allocation, its runs' plans and logs), or an allocation's (its "
+                               "salloc and its jobs' files), as validate_nodes writes them")
     a.add_argument("--in-allocation", action="store_true", help="run the plans in the allocation salloc made")
     a.set_defaults(func=cmd_fleet_run)
     a = actions.add_parser("hwcheck", help="this node's hardware tier: GPUs, NVLink, Xid, InfiniBand ports and "
