@@ -532,7 +532,8 @@ def test_a_batch_runs_in_rounds_each_in_a_few_allocations_that_hold_many_nodes(t
     rounds = fleetrounds.FleetRounds(fleetjobs.FleetJobs(config, four, str(tmp_path / "fleet")), four)
     first, links = rounds.held[0], rounds.held[1]
     assert (first.name, first.rule, first.nodes) == ("nodes-1", "fleet_nodes_1", ("n1", "n2", "n3", "n4"))
-    assert (links.name, links.rule, links.jobs) == ("links1-1", "fleet_links1_1", (("link", "n1+n2"), ("link", "n3+n4")))
+    assert (links.name, links.rule, links.jobs) == ("links1-1", "fleet_links1_1",
+                                                    (("link", "n1+n2"), ("link", "n3+n4")))
     # salloc(1) OPTIONS: --nodelist, --exclusive, --time in minutes; -k, --no-kill: "Do not automatically terminate a
     # job if one of the nodes it has been allocated fails" (the other jobs of the allocation run on). The time is the
     # longest of its jobs', which run at once.
