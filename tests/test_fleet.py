@@ -392,6 +392,26 @@ def test_sinfos_time_limits_are_read_in_whole_minutes(text, minutes):
     assert slurm.time_limit_minutes(text) == minutes
 
 
+@pytest.mark.parametrize("text, nodes", [("1-infinite", None), ("1-64", 64), ("2-UNLIMITED", None), ("16", 16)])
+def test_sinfos_job_sizes_are_read_as_the_most_nodes_a_job_may_have(text, nodes):
+    # sinfo(1) %s: "Maximum job size in nodes", printed as the partition's MinNodes-MaxNodes ("1-infinite").
+    assert slurm.job_size_limit(text) == nodes
+
+
+def test_an_allocation_larger_than_the_partitions_largest_job_is_refused_before_anything_is_submitted():
+    config = cb_config.load([ROOT / "tests" / "slurm" / "fleet.yaml"])
+    config["validation"]["nodes_per_allocation"] = 8
+    plan = fleetplan.plan_batch({f"n{i}": fleet.NodeState(f"n{i}", "idle") for i in range(1, 11)})
+    rounds = fleetrounds.FleetRounds(fleetjobs.FleetJobs(config, plan, "results/fleet"), plan)
+    with pytest.raises(fleetplan.FleetError) as caught:
+        fleetrounds.check_allocation_size(rounds, config["slurm"], {"cpu": slurm.Partition(10, 0, 120, 4)})
+    assert str(caught.value) == ("'validation.nodes_per_allocation' = 8 makes allocations of 8 nodes, beyond "
+                                 "partition 'cpu''s largest job of 4; allowed: at most 4")
+    fleetrounds.check_allocation_size(rounds, config["slurm"], {"cpu": slurm.Partition(10, 0, 120, 8)})
+    fleetrounds.check_allocation_size(rounds, config["slurm"], {"cpu": slurm.Partition(10, 0, 120)})  # no MaxNodes
+    fleetrounds.check_allocation_size(rounds, config["slurm"], None)  # where sinfo cannot answer: not checked
+
+
 def test_a_jobs_file_holds_its_allocation_plans_and_logs_and_a_run_never_started_is_a_failed_record(tmp_path):
     config = cb_config.load([ROOT / "tests" / "slurm" / "fleet.yaml"])
     plan = fleetplan.plan_batch({"n1": fleet.NodeState("n1", "idle")})

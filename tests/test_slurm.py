@@ -99,6 +99,7 @@ def test_what_the_cluster_cannot_give_is_refused_in_one_line_before_any_job(clus
     assert on_controller(cluster, "sinfo", "-h", "-o", "%G").stdout.split() == [
         f"gpu:h100:{2 * cpus}(S:0-{cpus - 1})" if cpus > 1 else "gpu:h100:2(S:0)"]
     assert slurm.partitions(via)["cpu"].gpus == 2 * cpus
+    assert slurm.partitions(via)["cpu"].max_job_nodes is None  # sinfo %s "1-infinite": no MaxNodes here
     for change, message in (
         ({"slurm": {"partition": "gpu"}}, "'slurm.partition' = 'gpu' is not a partition of this cluster; allowed: cpu"),
         ({"scaling": {"nodes": [4]}}, "'scaling.nodes' asks for 4 nodes, partition 'cpu' has 2; allowed: at most 2"),

@@ -21,10 +21,10 @@ from pathlib import Path
 
 from containerbench import outputs
 from containerbench.fleetjobs import FleetJobs, record_path
-from containerbench.fleetplan import FleetPlan, in_order, link_name
+from containerbench.fleetplan import FleetError, FleetPlan, in_order, link_name
 from containerbench.hardware import write_step_report
 from containerbench.processes import kill_session
-from containerbench.slurm import allocation_argv, run_allocated
+from containerbench.slurm import allocation_argv, job_partition, run_allocated
 
 NO_KILL = "--no-kill"  # salloc(1) -k, --no-kill: "Do not automatically terminate a job if one of the nodes it
 # has been allocated fails": the other jobs of the allocation run on.
@@ -131,6 +131,18 @@ class FleetRounds:
                 f"at most {self.at_once} at a time (validation.max_jobs)",
                 f"  wall time    at most {wall:,} minutes: each round after the one before, every job to its time "
                 "limit"]
+
+
+def check_allocation_size(rounds: FleetRounds, settings: dict, partitions: dict | None) -> None:
+    """Refuse, before anything is submitted, an allocation larger than its partition's largest job (MaxNodes,
+    sinfo): Slurm would refuse it, and every job in it would fail its nodes."""
+    name = job_partition(settings, partitions or {})
+    limit = (partitions or {}).get(name)
+    largest = max((len(held.nodes) for held in rounds.held), default=0)
+    if limit and limit.max_job_nodes is not None and largest > limit.max_job_nodes:
+        raise FleetError(f"'validation.nodes_per_allocation' = {rounds.per_allocation} makes allocations of {largest} "
+                         f"nodes, beyond partition {name!r}'s largest job of {limit.max_job_nodes}; allowed: at most "
+                         f"{limit.max_job_nodes}")
 
 
 def run_allocation(allocation_file, in_allocation: bool = False) -> int:

@@ -82,6 +82,14 @@ class Partition:
     nodes: int
     gpus: int  # the most on one node
     max_minutes: int | None  # MaxTime; None: no limit
+    max_job_nodes: int | None = None  # MaxNodes, the most nodes one job may have; None: no limit
+
+
+def job_size_limit(text: str) -> int | None:
+    """sinfo's %s, a partition's job sizes in nodes as MIN-MAX ("1-infinite", "2-64") or one number: the
+    most, None for no limit."""
+    most = text.strip().rsplit("-", 1)[-1]
+    return int(most) if most.isdigit() else None
 
 
 # srun's word for tasks that ended before their step did (Slurm 22.05, src/plugins/launch/slurm/launch_slurm.c,
@@ -134,7 +142,7 @@ def partitions(via: tuple[str, ...] = ()) -> dict[str, Partition] | None:
     """Each partition's nodes, GPUs (the most on one node) and time limit, from sinfo; None where sinfo
     cannot answer. QueryError for a GRES field that is not Slurm's."""
     try:
-        listing = subprocess.run([*via, "sinfo", "-h", "-o", "%R|%D|%G|%l"], capture_output=True, text=True,
+        listing = subprocess.run([*via, "sinfo", "-h", "-o", "%R|%D|%G|%l|%s"], capture_output=True, text=True,
                                  timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return None
@@ -142,10 +150,11 @@ def partitions(via: tuple[str, ...] = ()) -> dict[str, Partition] | None:
         return None
     found: dict[str, Partition] = {}
     for line in listing.stdout.split():
-        name, nodes, gres, limit = line.split("|")
+        name, nodes, gres, limit, sizes = line.split("|")
         gpus = gpus_of(gres)
-        known = found.get(name, Partition(0, 0, time_limit_minutes(limit)))
-        found[name] = Partition(known.nodes + int(nodes), max(known.gpus, gpus), known.max_minutes)
+        known = found.get(name, Partition(0, 0, time_limit_minutes(limit), job_size_limit(sizes)))
+        found[name] = Partition(known.nodes + int(nodes), max(known.gpus, gpus), known.max_minutes,
+                                known.max_job_nodes)
     return found
 
 

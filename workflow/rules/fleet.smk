@@ -30,8 +30,11 @@ if FLEET_SELECTION and workflow.is_main_process:  # every fleet rule is local: t
         FLEET_JOBS = fleetjobs.FleetJobs(
             PLANNED, FLEET, f"{RESULTS}/fleet", EARLIER_RECORDS, EARLIER_SOURCE, SWEEP.artifacts
         )
+        FLEET_ROUNDS = fleetrounds.FleetRounds(FLEET_JOBS, FLEET)
         try:
-            fleetjobs.check_time_limit(FLEET_JOBS, config["slurm"], slurm.partitions())
+            PARTITIONS = slurm.partitions()
+            fleetjobs.check_time_limit(FLEET_JOBS, config["slurm"], PARTITIONS)
+            fleetrounds.check_allocation_size(FLEET_ROUNDS, config["slurm"], PARTITIONS)
         except fleetplan.FleetError as error:
             # Only the batch is refused: a sweep, or the calibration that gives the jobs their expected
             # times (the refusal's own remedy), still runs, and is told what validate_nodes would say.
@@ -40,7 +43,6 @@ if FLEET_SELECTION and workflow.is_main_process:  # every fleet rule is local: t
             print(f"containerbench: note: validate_nodes would stop here: {error}", file=sys.stderr)
     except slurm.QueryError as error:
         sys.exit(f"containerbench: config: {error}")  # one line, before anything is submitted
-    FLEET_ROUNDS = fleetrounds.FleetRounds(FLEET_JOBS, FLEET)
     if PLANS_A_RUN:  # beside the sweep's (common.smk): what `validate_nodes` would hold
         print(FLEET_ROUNDS.cost_summary(), file=sys.stderr)
     if "fleet_jobs" not in workflow.global_resources:  # a --resources fleet_jobs=N of the admin wins
