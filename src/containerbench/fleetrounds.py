@@ -23,7 +23,7 @@ from containerbench import outputs
 from containerbench.fleetjobs import FleetJobs, record_path
 from containerbench.fleetplan import FleetError, FleetPlan, in_order, link_name
 from containerbench.hardware import write_step_report
-from containerbench.processes import kill_session
+from containerbench.processes import die_with_parent, kill_session
 from containerbench.slurm import allocation_argv, job_partition, run_allocated
 
 NO_KILL = "--no-kill"  # salloc(1) -k, --no-kill: "Do not automatically terminate a job if one of the nodes it
@@ -178,9 +178,12 @@ def run_allocation(allocation_file, in_allocation: bool = False) -> int:
 def _run_at_once(job_files: list[str]) -> int:
     """Inside the allocation: every job's `fleet run JOB --in-allocation` at once, each line of its output
     prefixed with its job; all of them stopped if this one is."""
+    # Each job in a session of its own, SIGTERMed when this process dies however it dies (salloc's end, a
+    # SIGKILL): its runs are stopped by the same means, so that no job outlives the allocation.
     started = [subprocess.Popen([sys.executable, "-m", "containerbench", "fleet", "run", job_file, "--in-allocation"],
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
-                                start_new_session=True) for job_file in job_files]
+                                start_new_session=True, preexec_fn=die_with_parent())  # noqa: PLW1509 (prctl only)
+               for job_file in job_files]
     lock = threading.Lock()
 
     def relay(process, name: str) -> None:
@@ -195,7 +198,7 @@ def _run_at_once(job_files: list[str]) -> int:
         thread.start()
     try:
         codes = [process.wait() for process in started]
-    except BaseException:  # salloc's end, Ctrl-C, snakemake's SIGTERM: no job outlives the allocation
+    except BaseException:  # Ctrl-C, a timeout's exception
         for process in started:
             kill_session(process.pid)
         raise
