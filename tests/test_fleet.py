@@ -441,17 +441,22 @@ def test_a_run_whose_allocation_slurm_ended_carries_slurms_state_and_reason(tmp_
     assert record["evidence"] == "srun: error: n2: task 1: Killed"
 
 
-def test_a_links_job_waits_for_the_jobs_before_it_on_both_of_its_nodes():
+def test_a_links_job_runs_in_a_round_after_the_jobs_before_it_on_both_of_its_nodes():
     config = cb_config.load([ROOT / "tests" / "slurm" / "fleet.yaml"])
     plan = fleetplan.plan_batch({f"n{i}": fleet.NodeState(f"n{i}", "idle") for i in range(1, 8)})
     jobs = fleetjobs.FleetJobs(config, plan, "results/fleet")
     assert len(jobs.runs) == plan.jobs == 7 + 7 + 4
+    rounds = fleetrounds.FleetRounds(jobs, plan)
+    round_of = {job: held.round for held in rounds.held for job in held.jobs}
     for node in plan.nodes:
-        # This node's jobs in the order they may run: its own, then its links round by round.
+        # This node's jobs in the order they may run: its own, then its links round by round, each in a later
+        # round, and a round waits for every allocation of the one before (fleetrounds: a barrier).
         chain = [("node", node)] + [("link", fleetplan.link_name(fleetplan.in_order(pair)))
                                     for taken in plan.rounds for pair in taken if node in pair]
-        for before, after in zip(chain, chain[1:]):
-            assert jobs.logs(before)[0] in jobs.waits_for(after[1]), (node, before, after)
+        assert [round_of[job] for job in chain] == sorted({round_of[job] for job in chain}), (node, chain)
+    for held in rounds.held[1:]:
+        before = [other for other in rounds.held if other.round == held.round - 1]
+        assert rounds.waits_for(held) == [rounds.outputs(other)["logs"][0] for other in before]
     repetitions = config["validation"]["repetitions"]
     # Each link over the fabric whole, then over each of its two rails alone.
     assert jobs.logs(("link", "n1+n2")) == [f"results/fleet/runs/netbench_bare-metal_{fabric}_2x1_on_n1+n2_rep{rep}.log"
@@ -677,6 +682,7 @@ def edited(plan: dict, change) -> dict:
     (lambda plan: plan["rounds"].pop(), "its 'rounds' do not hold each of its 'links' once"),
     (lambda plan: plan.update(rounds=[[pair for taken in plan["rounds"] for pair in taken]]),
      "a round gives a node two jobs at once: "),
+    (lambda plan: plan["rounds"].insert(1, []), "its 'rounds' hold an empty round"),
     (lambda plan: plan.pop("links"), "'links'"),
 ])
 def test_a_plan_edited_into_one_no_planning_makes_is_refused_in_one_line_and_nothing_is_written(tmp_path, change,
@@ -922,6 +928,13 @@ def test_an_end_is_blamed_only_when_slow_with_every_node_that_passed_it_was_re_p
     assert "; n02 slow re-paired with n04, within the fleet with n06: n02 not told" in (
         verdict.summary.set_index("member").loc["n02+n03", "reason"])
     assert verdict.links.loc[verdict.links["link"].isin(["n02+n03", "n02+n05"]), "blamed_on"].eq("").all()
+    # Slow with n04, and its pairing with n06 told nothing (its runs failed): not told either.
+    failed_pairing = [dict(record, status="failed", reasons=["exit 1"]) if record["spec"]["nodelist"] == ["n02", "n06"]
+                      else record for record in links_again(recorded_runs, {
+                          member: 0.4 if member in ("n02+n03", "n02+n05", "n02+n04") else 1.0 for member in members})]
+    verdict = fleet.judge(records, plan, rechecked=failed_pairing)
+    assert verdict.failed_nodes == [] and "; n02 slow re-paired with n04: n02 not told" in (
+        verdict.summary.set_index("member").loc["n02+n03", "reason"])
     # Two links whose ends share no node, and the partner n04 slow with an end of each: n04 is the common
     # factor, and neither end is blamed. The ends of one link meet different partners where there are two.
     records = fleet_records(recorded_runs, plan.nodes, plan.links, slow_links={("n02", "n03"): 0.4,

@@ -231,8 +231,9 @@ def test_validate_nodes_names_the_slowed_node_the_slowed_link_and_the_cancelled_
 
 def test_a_rounds_allocation_runs_its_jobs_at_once_each_on_its_own_nodes(four_nodes, tmp_path):
     """Issue 33 item 1 on real Slurm: one allocation of the four nodes (one salloc, --no-kill) runs their four node
-    jobs at once, each job's steps pinned to its own node, its hardware tier first; an allocation Slurm refuses
-    leaves every run of every job a failed record with salloc's error, and every node's hardware report."""
+    jobs at once, each job's steps pinned to its own node, its hardware tier first; a job with a node drained since
+    is left out of its round's allocation, and an allocation Slurm refuses leaves every run of every job a failed
+    record with salloc's error."""
     site = tmp_path / "site.yaml"
     site.write_text(yaml.safe_dump({"bare_metal": {"python": str(BENCH_PYTHON)},
                                     "validation": {"nodes_per_allocation": 4, "repetitions": 1}}))
@@ -262,16 +263,35 @@ def test_a_rounds_allocation_runs_its_jobs_at_once_each_on_its_own_nodes(four_no
     accounted = on_controller(four_nodes, "sacct", "-X", "--noheader", "--parsable2", "--name",
                               "containerbench-fleet-nodes-1", "--format", "JobID,NNodes", timeout=60).stdout.split()
     assert len(accounted) == 1 and accounted[0].endswith("|4"), accounted
-    # Slurm gives no allocation (a partition it does not know): every run of every job says why, and every node's
-    # hardware report; nothing already measured is touched.
-    refused = json.loads(Path(rounds.file(rounds.held[1])).read_text())
+    # A node Slurm drained since the plan: its link's job is left out of the next round's allocation (salloc would
+    # wait for the node), its runs failed records with Slurm's state and reason; the other link runs.
+    links = rounds.held[1]
+    assert links.jobs == (("link", "n1+n2"), ("link", "n3+n4"))
+    on_controller(four_nodes, "scontrol", "update", "NodeName=n4", "State=DRAIN", "Reason=cbtest_drained", timeout=60)
+    try:
+        done = on_controller(four_nodes, sys.executable, "-m", "containerbench", "fleet", "run", rounds.file(links),
+                             timeout=900)
+    finally:
+        on_controller(four_nodes, "scontrol", "update", "NodeName=n4", "State=RESUME", timeout=60)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    for path in rounds.outputs(links)["records"]:
+        record = json.loads(Path(path).read_text())
+        if record["spec"]["nodelist"] == ["n1", "n2"]:
+            assert record["status"] == "ok", record["reasons"]
+        else:
+            assert record["status"] == "failed" and len(record["reasons"]) == 1, record["reasons"]
+            assert re.fullmatch(r"not run: node n4 drain\w* \(cbtest_drained\) \(sinfo\) when its allocation was "
+                                r"asked for", record["reasons"][0]), record["reasons"]
+    # Slurm gives no allocation (a partition it does not know): every run of every job says why; nothing already
+    # measured is touched.
+    refused = json.loads(Path(rounds.file(rounds.held[2])).read_text())
     refused["allocation"] = [word if not word.startswith("--partition=") else "--partition=nosuch"
                              for word in refused["allocation"]]
-    Path(rounds.file(rounds.held[1])).write_text(json.dumps(refused))
+    Path(rounds.file(rounds.held[2])).write_text(json.dumps(refused))
     done = on_controller(four_nodes, sys.executable, "-m", "containerbench", "fleet", "run",
-                         rounds.file(rounds.held[1]), timeout=300)
+                         rounds.file(rounds.held[2]), timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    for path in rounds.outputs(rounds.held[1])["records"]:
+    for path in rounds.outputs(rounds.held[2])["records"]:
         record = json.loads(Path(path).read_text())
         assert record["reasons"] == ["not run: no allocation: error: Job submit/allocate failed: Invalid partition "
                                      "name specified"], record["reasons"]

@@ -188,13 +188,6 @@ class FleetJobs:
         self.run_config = {**config, "telemetry": {**config["telemetry"], "enabled": False}}
         self.runs = {("node", node): node_runs(config, node) for node in fleet.nodes} | {
             ("link", link_name(in_order(pair))): link_runs(config, in_order(pair)) for pair in fleet.links}
-        # The jobs before each link's on its two nodes: each node's own job first, then its links by round.
-        latest = {node: ("node", node) for node in fleet.nodes}
-        self.after: dict[str, list[tuple[str, str]]] = {}
-        for taken in fleet.rounds:
-            for pair in map(in_order, taken):
-                self.after[link_name(pair)] = [latest[end] for end in pair]
-                latest.update({end: ("link", link_name(pair)) for end in pair})
         self.expected_s = self._expected_seconds(list(records))
         # Each node's first pass runs its hardware step first: its bound in minutes (0 where validation.hardware
         # is off).
@@ -253,11 +246,6 @@ class FleetJobs:
         --recheck`), so that runs/*.json stays the first pass whole."""
         where = "recheck" if job[0] == "recheck" else "runs"
         return [f"{self.directory}/{where}/{spec.run_id}.log" for spec in self.job_runs(job)]
-
-    def waits_for(self, link: str) -> list[str]:
-        """A raw log of each job before this link's on its nodes (one output names the job): one job per
-        node at a time."""
-        return [self.logs(job)[0] for job in self.after[link]]
 
     @property
     def jobs_dir(self) -> str:

@@ -36,8 +36,16 @@ def link_pairings(nodes: list[str]) -> list[tuple[str, str]]:
 
 
 def job_rounds(pairs: list[tuple[str, str]]) -> list[list[tuple[str, str]]]:
-    """The links in rounds in which no node is in two jobs (a greedy edge colouring: the ring and its
-    chords need 3 or 4 rounds), the order that keeps a node to one job at a time."""
+    """The links in rounds in which no node is in two jobs, the order that keeps a node to one job at a time:
+    a greedy edge colouring, the fewest rounds of a few orders of the pairs. Each round costs a job's time
+    (fleetrounds), and the ring-then-chords order leaves an odd batch two rounds of one link each (5), which
+    its chords first colour in 4; an even batch takes 3."""
+    count = len(pairs)
+    orders = [pairs, pairs[::-1], *(pairs[offset:] + pairs[:offset] for offset in (count // 3, -(-2 * count // 3)))]
+    return min((_greedy_rounds(order) for order in orders), key=len)
+
+
+def _greedy_rounds(pairs: list[tuple[str, str]]) -> list[list[tuple[str, str]]]:
     rounds: list[list[tuple[str, str]]] = []
     busy: list[set[str]] = []
     for pair in pairs:
@@ -99,6 +107,8 @@ class FleetPlan:
         if sorted(map(in_order, scheduled)) != sorted(map(in_order, self.links)):
             raise ValueError("its 'rounds' do not hold each of its 'links' once")
         for taken in self.rounds:
+            if not taken:  # a round is a barrier (fleetrounds): an empty one would let the next start early
+                raise ValueError("its 'rounds' hold an empty round")
             members = [node for pair in taken for node in pair]
             if len(members) != len(set(members)):
                 raise ValueError(f"a round gives a node two jobs at once: {[list(pair) for pair in taken]}")

@@ -5,8 +5,9 @@ links of a round). A round's jobs share allocations of at most validation.nodes_
 salloc each, and every job of an allocation runs at once, its runs Slurm steps pinned to its own nodes
 (launchers.Srun.pinned), as its job's file says (fleetjobs.run_job). With `--no-kill` a node that fails ends
 its own job's runs, not the allocation. A round starts once the one before it has ended. So a batch takes
-about (1 + rounds) times a job's time, whatever its size, and asks Slurm for about (1 + rounds) times
-(its nodes / nodes_per_allocation) allocations, not one a job: a thousand nodes in five rounds of four.
+about (1 + rounds) times a job's time, whatever its size up to max_jobs x nodes_per_allocation nodes, and asks
+Slurm for about (1 + rounds) times (its nodes / nodes_per_allocation) allocations, not one a job: 1,024 nodes
+in 4 rounds of 4.
 """
 
 from __future__ import annotations
@@ -140,6 +141,9 @@ def check_allocation_size(rounds: FleetRounds, settings: dict, partitions: dict 
     limit = (partitions or {}).get(name)
     largest = max((len(held.nodes) for held in rounds.held), default=0)
     if limit and limit.max_job_nodes is not None and largest > limit.max_job_nodes:
+        if limit.max_job_nodes < 2 <= largest:  # a link's job is two nodes, whatever the setting
+            raise FleetError(f"partition {name!r}'s largest job is {limit.max_job_nodes} node, and a link's job needs "
+                             "2; allowed: a partition whose jobs may have two nodes or more ('slurm.partition')")
         raise FleetError(f"'validation.nodes_per_allocation' = {rounds.per_allocation} makes allocations of {largest} "
                          f"nodes, beyond partition {name!r}'s largest job of {limit.max_job_nodes}; allowed: at most "
                          f"{limit.max_job_nodes}")
@@ -147,32 +151,74 @@ def check_allocation_size(rounds: FleetRounds, settings: dict, partitions: dict 
 
 def run_allocation(allocation_file, in_allocation: bool = False) -> int:
     """An allocation's jobs: asked for from here (salloc), each job's runs in it at once (`fleet run JOB
-    --in-allocation` a job), and every record written here after. Where Slurm gave no allocation, or a job's
-    command ended before its runs, each run not run says why in its log (a failed record that names its node)
-    and what ran is kept."""
+    --in-allocation` a job), and every record written here after. A job with a node Slurm has taken out since
+    the plan (down, drained: sinfo) is left out, and Slurm never waits for that node; its runs, like those of an
+    allocation Slurm refuses, are failed records that say why. A job whose own command failed fails the rule
+    after the other jobs' records are written: containerbench's fault, never the node's."""
     held = json.loads(Path(allocation_file).read_text())
     jobs = {job_file: json.loads(Path(job_file).read_text()) for job_file in held["jobs"]}
-    if in_allocation:
-        return _run_at_once(list(jobs))
-    inner = [sys.executable, "-m", "containerbench", "fleet", "run", str(allocation_file), "--in-allocation"]
-    returncode, refused = run_allocated(held["allocation"], inner)
-    if returncode and not refused:  # a fault of the jobs' own command, not the nodes': said here, in the rule's log
-        print(f"containerbench: fleet: allocation {held['name']}: its command ended with exit {returncode}; its runs "
-              "not run are failed records that say so", file=sys.stderr)
-    why = refused or (f"its allocation's command ended with exit {returncode} before this run" if returncode
-                      else "its job's command ended before this run")
-    from containerbench.execution import write_not_run
-    from containerbench.plans import RunPlan
+    if in_allocation:  # the jobs left out have their logs already
+        return _run_at_once([job_file for job_file, job in jobs.items() if not Path(job["logs"][0]).exists()])
+    left_out = _unavailable(jobs)
+    for job_file, why in left_out.items():
+        _not_run(jobs[job_file], why)
+    returncode, refused = 0, None
+    if wanted := [job_file for job_file in jobs if job_file not in left_out]:
+        nodes = [node for job_file in wanted for node in _nodes(jobs[job_file])]
+        inner = [sys.executable, "-m", "containerbench", "fleet", "run", str(allocation_file), "--in-allocation"]
+        returncode, refused = run_allocated(_for_nodes(held["allocation"], nodes), inner)
     from containerbench.records import write_record
 
     for job in jobs.values():
-        for run_plan, log in zip(job["plans"], job["logs"]):
-            if not Path(log).exists():
-                write_not_run(RunPlan.from_json(run_plan), log, {"not_run": why})
-            write_record(log, record_path(log))
-        if (step := job.get("hardware")) and not Path(step["report"]).exists():
-            write_step_report(step["report"], step["node"], "skipped", f"not run: {why}")
+        if refused:
+            _not_run(job, refused)
+        for log in job["logs"]:
+            if Path(log).exists():
+                write_record(log, record_path(log))
+    if returncode and not refused:  # a job's own command failed: the rule fails, and says so
+        print(f"containerbench: fleet: allocation {held['name']}: a job's command ended with exit {returncode} (its "
+              "output above); the runs it left without a log are not judged", file=sys.stderr)
+        return returncode
     return 0
+
+
+def _not_run(job: dict, why: str) -> None:
+    """Each of the job's runs not run says why in its log (a failed record that names its node), and so does its
+    node's hardware report."""
+    from containerbench.execution import write_not_run
+    from containerbench.plans import RunPlan
+
+    for run_plan, log in zip(job["plans"], job["logs"]):
+        if not Path(log).exists():
+            write_not_run(RunPlan.from_json(run_plan), log, {"not_run": why})
+    if (step := job.get("hardware")) and not Path(step["report"]).exists():
+        write_step_report(step["report"], step["node"], "skipped", f"not run: {why}")
+
+
+def _nodes(job: dict) -> list[str]:
+    return list(dict.fromkeys(node for run_plan in job["plans"] for node in run_plan["spec"]["nodelist"]))
+
+
+def _unavailable(jobs: dict[str, dict]) -> dict[str, str]:
+    """The jobs with a node Slurm has taken out since the plan (sinfo), and why; none where sinfo cannot answer
+    (salloc says what it cannot give)."""
+    from containerbench.slurm import QueryError, node_states
+
+    nodes = list(dict.fromkeys(node for job in jobs.values() for node in _nodes(job)))
+    try:
+        states = node_states(nodes)
+    except QueryError:
+        return {}
+    out = {name: state for name, state in states.items() if not state.available}
+    return {job_file: "; ".join(f"node {name} {out[name].state}{f' ({out[name].reason})' if out[name].reason else ''}"
+                                f" (sinfo) when its allocation was asked for" for name in _nodes(job) if name in out)
+            for job_file, job in jobs.items() if set(_nodes(job)) & set(out)}
+
+
+def _for_nodes(salloc: list[str], nodes: list[str]) -> list[str]:
+    """salloc's argv for exactly these nodes."""
+    return [f"--nodes={len(nodes)}" if word.startswith("--nodes=") else
+            f"--nodelist={','.join(nodes)}" if word.startswith("--nodelist=") else word for word in salloc]
 
 
 def _run_at_once(job_files: list[str]) -> int:
@@ -204,4 +250,4 @@ def _run_at_once(job_files: list[str]) -> int:
         raise
     for thread in relays:
         thread.join(timeout=10)
-    return max(codes, default=0)
+    return max(codes, key=abs, default=0)  # a job killed by a signal is < 0

@@ -155,9 +155,10 @@ def _ends(link: str, result: str, pairings: list[_Pairing], shared: set[str], sl
         mine = [pairing for pairing in pairings if pairing.end == end]
         slow_partners = [pairing.partner for pairing in mine if pairing.slow and pairing.partner not in shared]
         fine_partners = [pairing.partner for pairing in mine if pairing.slow is False]
-        if slow_partners and fine_partners:  # now slow, now not: no evidence either way
-            told.append(f"{end} slow re-paired with {_names(slow_partners)}, within the fleet with "
-                        f"{_names(fine_partners)}: {end} not told")
+        unknown = any(pairing.slow is None for pairing in mine)
+        if slow_partners and (fine_partners or unknown):  # now slow, now not, or not known: no evidence either way
+            within = f", within the fleet with {_names(fine_partners)}" if fine_partners else ""
+            told.append(f"{end} slow re-paired with {_names(slow_partners)}{within}: {end} not told")
         elif slow_partners:
             blame[end] = (f"{_SLOW_IN[result].format(link=link)} and re-paired with {_names(slow_partners)}, which "
                           "passed: its own network (its HCA, port or cable)")

@@ -1,10 +1,10 @@
 # Validating a batch of new nodes: `snakemake validate_nodes` with validation.nodes (a Slurm hostlist)
 # or validation.partition. docs/validation.md says how nodes are paired and judged.
 #
-# Each node's job and each link's job asks Slurm for exactly its nodes, exclusively, and runs its runs one
-# after another there, from outside (containerbench fleet run): when Slurm ends the allocation (scancel, time
-# limit, node failure), the runs get Slurm's state and reason from sacct in their logs and become failed
-# records, so the verdict names the node instead of the workflow submitting it again. The jobs run in rounds
+# Each node's job and each link's job holds exactly its nodes, exclusively, and runs its runs one after
+# another there, from outside (containerbench fleet run): when Slurm ends the allocation (scancel, time
+# limit), the runs get Slurm's state and reason from sacct in their logs and become failed records, so the
+# verdict names the node instead of the workflow submitting it again. The jobs run in rounds
 # (fleetrounds): every node's job, then the links round by round (fleetplan.job_rounds), no node in two jobs
 # at a time; a round's jobs share allocations of validation.nodes_per_allocation nodes, a local rule each, every
 # job of one at once on its own nodes, and at most validation.max_jobs allocations run at once.
@@ -68,6 +68,9 @@ if FLEET is not None:
             jobs=directory(FLEET_JOBS.jobs_dir),
         log:
             f"{RESULTS}/logs/fleet/plan.txt",
+        params:
+            # The allocations' files change with it: planned again when it does.
+            nodes_per_allocation=config["validation"]["nodes_per_allocation"],
         localrule: True
         run:
             FLEET_JOBS.write(FLEET, output.plan)
