@@ -17,6 +17,7 @@ import math
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,7 +26,7 @@ from containerbench.fleetjobs import FleetJobs, record_path
 from containerbench.fleetplan import FleetError, FleetPlan, in_order, link_name
 from containerbench.hardware import write_step_report
 from containerbench.processes import die_with_parent, kill_session
-from containerbench.slurm import allocation_argv, job_partition, run_allocated
+from containerbench.slurm import NodeState, allocation_argv, job_partition, run_allocated
 
 NO_KILL = "--no-kill"  # salloc(1) -k, --no-kill: "Do not automatically terminate a job if one of the nodes it
 # has been allocated fails": the other jobs of the allocation run on.
@@ -199,17 +200,29 @@ def _nodes(job: dict) -> list[str]:
     return list(dict.fromkeys(node for run_plan in job["plans"] for node in run_plan["spec"]["nodelist"]))
 
 
+# A node that does not answer slurmctld's ping for a moment ("idle*": a busy slurmd) is waited for this long
+# before its jobs are left out; Slurm sets it DOWN itself after SlurmdTimeout (300 s by default).
+NOT_RESPONDING_WAIT_S, NOT_RESPONDING_POLL_S = 60.0, 10.0
+
+
 def _unavailable(jobs: dict[str, dict]) -> dict[str, str]:
     """The jobs with a node Slurm has taken out since the plan (sinfo), and why; none where sinfo cannot answer
     (salloc says what it cannot give)."""
     from containerbench.slurm import QueryError, node_states
 
     nodes = list(dict.fromkeys(node for job in jobs.values() for node in _nodes(job)))
-    try:
-        states = node_states(nodes)
-    except QueryError:
-        return {}
-    out = {name: state for name, state in states.items() if not state.available}
+    deadline = time.monotonic() + NOT_RESPONDING_WAIT_S
+    while True:
+        try:
+            states = node_states(nodes)
+        except QueryError:
+            return {}
+        out = {name: state for name, state in states.items() if not state.available}
+        only_silent = all(state.state.endswith("*") and NodeState(name, state.state.rstrip("*")).available
+                          for name, state in out.items())
+        if not out or not only_silent or time.monotonic() >= deadline:
+            break
+        time.sleep(NOT_RESPONDING_POLL_S)
     return {job_file: "; ".join(f"node {name} {out[name].state}{f' ({out[name].reason})' if out[name].reason else ''}"
                                 f" (sinfo) when its allocation was asked for" for name in _nodes(job) if name in out)
             for job_file, job in jobs.items() if set(_nodes(job)) & set(out)}
