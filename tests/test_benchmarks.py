@@ -59,6 +59,9 @@ def test_telemetry_cost_prints_the_samplers_share_of_a_core_and_the_ratio(root, 
 def test_fleet_speed_plans_and_judges_a_fleet_and_finds_what_it_slowed(root):
     out = run([sys.executable, "benchmarks/fleet_speed.py", "--nodes", "64", "--tries", "1"], root)
     assert re.search(r"^plan, 64 nodes: 96 links in \d rounds, 160 jobs: \d+\.\d{3} s .* time/target = \d", out, re.M)
+    # The workflow's DAG: the node jobs in one allocation of 64 nodes, then each of 3 rounds of links in one.
+    assert re.search(r"^snakemake -n validate_nodes, 64 nodes: 64 node and 96 link jobs in 4 allocations \(Slurm "
+                     r"submissions\), \d+ workflow jobs in all: \d+\.\d\d s ", out, re.M), out
     assert re.search(r"^verdict, 64 nodes x 3 repetitions \(\d+ records\): \d+\.\d{3} s .* time/target", out, re.M)
     slowed = re.search(r"failed nodes: (\S+) \(slowed: (\S+)\); bad links: (\S+) \(slowed: (\S+)\)", out)
     assert slowed and slowed[1] == slowed[2] and slowed[3] == slowed[4], out
