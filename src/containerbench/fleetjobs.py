@@ -26,7 +26,7 @@ from containerbench.launchers import Allocation, Srun
 from containerbench.plans import node_archive, plan_run
 from containerbench.processes import run_group
 from containerbench.runtimes import runtime_for
-from containerbench.slurm import ALLOCATION_SLACK_MINUTES, allocation_argv, job_partition, job_state
+from containerbench.slurm import ALLOCATION_SLACK_MINUTES, allocation_argv, job_partition_limits, job_state
 
 # A run's deadline where earlier records tell its expected time: at least this much beyond it, whatever the
 # factor (a new node's first start reads every package from a cold shared file system).
@@ -158,8 +158,7 @@ def allocation_minutes(config: dict, runs: list[RunSpec], seconds: list[float] |
 
 def check_time_limit(jobs: FleetJobs, settings: dict, partitions: dict | None) -> None:
     """Refuse, before anything is submitted, a job longer than its partition's MaxTime (sinfo)."""
-    name = job_partition(settings, partitions or {})
-    limit = (partitions or {}).get(name)
+    name, limit = job_partition_limits(settings, partitions)
     member, minutes = jobs.longest()
     if limit and limit.max_minutes is not None and minutes > limit.max_minutes:
         if ("node" if "+" not in member else "link") in jobs.expected_s:

@@ -26,7 +26,7 @@ from containerbench.fleetjobs import FleetJobs, record_path
 from containerbench.fleetplan import FleetError, FleetPlan, in_order, link_name
 from containerbench.hardware import write_step_report
 from containerbench.processes import die_with_parent, kill_session
-from containerbench.slurm import NodeState, allocation_argv, job_partition, run_allocated
+from containerbench.slurm import allocation_argv, job_partition_limits, run_allocated
 
 NO_KILL = "--no-kill"  # salloc(1) -k, --no-kill: "Do not automatically terminate a job if one of the nodes it
 # has been allocated fails": the other jobs of the allocation run on.
@@ -138,8 +138,7 @@ class FleetRounds:
 def check_allocation_size(rounds: FleetRounds, settings: dict, partitions: dict | None) -> None:
     """Refuse, before anything is submitted, an allocation larger than its partition's largest job (MaxNodes,
     sinfo): Slurm would refuse it, and every job in it would fail its nodes."""
-    name = job_partition(settings, partitions or {})
-    limit = (partitions or {}).get(name)
+    name, limit = job_partition_limits(settings, partitions)
     largest = max((len(held.nodes) for held in rounds.held), default=0)
     if limit and limit.max_job_nodes is not None and largest > limit.max_job_nodes:
         if limit.max_job_nodes < 2 <= largest:  # a link's job is two nodes, whatever the setting
@@ -218,8 +217,7 @@ def _unavailable(jobs: dict[str, dict]) -> dict[str, str]:
         except QueryError:
             return {}
         out = {name: state for name, state in states.items() if not state.available}
-        only_silent = all(state.state.endswith("*") and NodeState(name, state.state.rstrip("*")).available
-                          for name, state in out.items())
+        only_silent = all(state.usable_when_it_answers for state in out.values())
         if not out or not only_silent or time.monotonic() >= deadline:
             break
         time.sleep(NOT_RESPONDING_POLL_S)

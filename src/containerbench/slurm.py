@@ -163,6 +163,12 @@ def job_partition(settings: dict, found: dict) -> str | None:
     return settings["partition"] or next(iter(found), None)
 
 
+def job_partition_limits(settings: dict, found: dict | None) -> tuple[str | None, Partition | None]:
+    """The partition a job goes to and what sinfo says of it (None where sinfo cannot answer)."""
+    name = job_partition(settings, found or {})
+    return name, (found or {}).get(name)
+
+
 NOT_CHECKED = ("containerbench: note: sinfo cannot answer here: the partition, node count, GPUs and time limit are not "
                "checked before submitting (Slurm refuses what it cannot give when each job is submitted)")
 
@@ -213,8 +219,13 @@ class NodeState:
 
     @property
     def available(self) -> bool:
+        return not self.state.endswith("*") and self.usable_when_it_answers
+
+    @property
+    def usable_when_it_answers(self) -> bool:
+        """Its state, the '*' of a node not answering slurmctld's ping for now set aside: not down, drained, ..."""
         state = self.state.lower().rstrip("*~#!%$@^-")
-        return not self.state.endswith("*") and not any(state.startswith(bad) for bad in UNAVAILABLE_STATES)
+        return not any(state.startswith(bad) for bad in UNAVAILABLE_STATES)
 
 
 def query(argv: list[str], key: str, value: str, via: tuple[str, ...] = ()) -> str:
