@@ -314,6 +314,27 @@ def clone_copy(destination: Path, *built: str) -> Path:
 SLURM_CLUSTER = ROOT / "tests" / "slurm" / "cluster.sh"
 
 
+def running_cluster(state: Path, nodes: int = 2):
+    """A cluster of `nodes` started in `state` for a fixture to yield, and stopped by PID after it. Stopped only
+    when this start got as far as writing state/nodes: a start refused because another cluster is running must
+    not stop that one (stop kills what is in the namespaces), nor stop fewer nodes than were started."""
+    import contextlib
+
+    @contextlib.contextmanager
+    def started_and_stopped():
+        subprocess.run([str(SLURM_CLUSTER), "install"], check=True, timeout=600)
+        started = subprocess.run([str(SLURM_CLUSTER), "start", str(state)], capture_output=True, text=True,
+                                 timeout=300, env={**os.environ, "CB_NODES": str(nodes)})
+        try:
+            assert started.returncode == 0, started.stderr
+            yield state
+        finally:
+            if (state / "nodes").exists():
+                subprocess.run([str(SLURM_CLUSTER), "stop", str(state)], timeout=300)
+
+    return started_and_stopped()
+
+
 def on_controller(state: Path, *argv: str, timeout=1800, cwd=None):
     return run_group([str(SLURM_CLUSTER), "exec", str(state), *argv], timeout=timeout, cwd=cwd)
 

@@ -7,7 +7,6 @@ same four nodes, a sweep through chaos (benchmarks/chaos_sweep.py)."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -17,7 +16,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-from helpers import BENCH_PYTHON, ROOT, SLURM_CLUSTER, cancel_when_running, clone_copy, on_controller
+from helpers import BENCH_PYTHON, ROOT, SLURM_CLUSTER, cancel_when_running, clone_copy, on_controller, running_cluster
 
 from containerbench import config as cb_config
 from containerbench import fleetjobs, fleetplan, fleetrounds
@@ -42,15 +41,8 @@ CHAOS_SEED, CHAOS_UNDISTURBED_S = 2, 216
 
 @pytest.fixture(scope="module")
 def four_nodes(tmp_path_factory):
-    state = tmp_path_factory.mktemp("slurm-four")
-    subprocess.run([str(CLUSTER), "install"], check=True, timeout=600)
-    started = subprocess.run([str(CLUSTER), "start", str(state)], capture_output=True, text=True, timeout=300,
-                             env={**os.environ, "CB_NODES": "4"})
-    try:
-        assert started.returncode == 0, started.stderr
+    with running_cluster(tmp_path_factory.mktemp("slurm-four"), nodes=4) as state:
         yield state
-    finally:
-        subprocess.run([str(CLUSTER), "stop", str(state)], timeout=300)
 
 
 def test_the_example_site_walks_from_clone_to_dry_runs_by_the_readmes_commands(four_nodes, tmp_path):

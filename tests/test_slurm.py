@@ -15,7 +15,15 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-from helpers import BENCH_PYTHON, ROOT, SLURM_CLUSTER, cancel_when_running, fleet_records, on_controller
+from helpers import (
+    BENCH_PYTHON,
+    ROOT,
+    SLURM_CLUSTER,
+    cancel_when_running,
+    fleet_records,
+    on_controller,
+    running_cluster,
+)
 
 from containerbench import config as cb_config
 from containerbench import fleetplan, slurm
@@ -33,14 +41,8 @@ SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    state = tmp_path_factory.mktemp("slurm-state")
-    subprocess.run([str(CLUSTER), "install"], check=True, timeout=600)
-    started = subprocess.run([str(CLUSTER), "start", str(state)], capture_output=True, text=True, timeout=300)
-    try:
-        assert started.returncode == 0, started.stderr
+    with running_cluster(tmp_path_factory.mktemp("slurm-state")) as state:
         yield state
-    finally:
-        subprocess.run([str(CLUSTER), "stop", str(state)], timeout=300)
 
 
 def workflow(state: Path, workdir: Path, *args: str, overrides: dict | None = None) -> subprocess.CompletedProcess:

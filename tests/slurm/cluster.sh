@@ -7,6 +7,8 @@
 #                                           login node's does: scripts/container-engines.sh start-dockerd D;
 #                                           CB_NODE_SYSFS=1: and a /sys of each node's own network namespace)
 #   tests/slurm/cluster.sh stop DIR         everything it started, by PID; namespaces removed
+#   tests/slurm/cluster.sh clear-stale      remove the namespaces a killed cluster left with no process in them
+#                                           (start does it first); refuse if one has a process: a cluster running
 #   tests/slurm/cluster.sh exec DIR CMD...  run a client command (sbatch, snakemake) on the controller host
 #   tests/slurm/cluster.sh slow-node DIR NODE PERCENT   cap everything NODE's slurmd runs at PERCENT of a CPU
 #   tests/slurm/cluster.sh slow-link DIR NODE NODE RATE [IFACE]   cap what the two send each other on
@@ -184,9 +186,24 @@ GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1';
 EOF
 }
 
+# The namespaces of a cluster whose run was killed before its stop (a session ended, a test timed out) outlive it:
+# with no process left in them they are removed, since `ip netns add` of a node's name would fail on them; one with
+# a process in it is a cluster still running, and is refused, never stopped, since it is not this one to stop.
+clear_stale_namespaces() {
+  local ns live=() stale=()
+  for ns in $(ip netns list | awk '$1 ~ /^cb(ctl|n[0-9]+)$/ {print $1}'); do
+    if [ -n "$(ip netns pids "$ns" 2>/dev/null)" ]; then live+=("$ns"); else stale+=("$ns"); fi
+  done
+  [ "${#live[@]}" -eq 0 ] || die "a test cluster is already running (namespaces ${live[*]} have processes); stop it first"
+  for ns in "${stale[@]}"; do
+    ip netns del "$ns"
+    echo "cluster.sh: removed namespace $ns, left with no process in it by a cluster that was not stopped" >&2
+  done
+}
+
 start() {
   local dir=$1
-  [ -e /run/netns/$NS_CTL ] && die "a test cluster is already running (namespace $NS_CTL); stop it first"
+  clear_stale_namespaces
   if [ -n "$NODE_DOCKERD" ]; then  # before anything starts, so a refusal leaves nothing to stop
     case $NODE_DOCKERD in /*) ;; *) die "CB_NODE_DOCKERD=$NODE_DOCKERD: not an absolute path" ;; esac
     [ -S "$NODE_DOCKERD/docker.sock" ] || die "CB_NODE_DOCKERD=$NODE_DOCKERD: no docker.sock there (start-dockerd first)"
@@ -345,6 +362,7 @@ case "${1:-}" in
   restart-controller) restart_controller "${2:?usage: cluster.sh restart-controller DIR}" ;;
   start) start "${2:?usage: cluster.sh start DIR}" ;;
   stop) stop "${2:?usage: cluster.sh stop DIR}" ;;
+  clear-stale) clear_stale_namespaces ;;
   exec) shift 2; exec nsenter --net=/run/netns/$NS_CTL "$@" ;;
-  *) die "usage: cluster.sh install | start DIR | stop DIR | exec DIR CMD..." ;;
+  *) die "usage: cluster.sh install | start DIR | stop DIR | clear-stale | exec DIR CMD..." ;;
 esac
