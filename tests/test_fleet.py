@@ -39,6 +39,7 @@ from containerbench import (
     hardware,
     slurm,
 )
+from containerbench.fleetstats import members_of
 from containerbench.plans import RunPlan
 from containerbench.rank import markers
 from containerbench.records import parse_log
@@ -1223,3 +1224,38 @@ def test_a_nodes_job_checks_its_hardware_first_and_a_hwcheck_that_cannot_answer_
     config["validation"]["hardware"]["enabled"] = False
     assert fleetjobs.hardware_step(config, "x", "n1") is None
     assert fleetjobs.FleetJobs(config, plan, "x").hardware_reports() == []
+
+
+def test_a_node_slurm_took_out_after_its_own_job_fails_and_its_left_out_links_are_explained_by_it(
+        recorded_runs, tmp_path, monkeypatch):
+    """Issue 33: a node that passed its own job and was drained before its links' rounds. Each of its link jobs
+    is left out of its round's allocation (salloc would wait for the node); their runs' records name the node
+    Slurm took out, and the verdict fails that node (Slurm's state and reason), not its links."""
+    plan = fleetplan.plan_batch({name: fleet.NodeState(name, "idle") for name in NODES})
+    config = cb_config.load([ROOT / "tests" / "slurm" / "fleet.yaml"])
+    jobs = fleetjobs.FleetJobs(config, plan, str(tmp_path / "fleet"))
+    jobs.write(plan, tmp_path / "plan.json")
+    # As fleetrounds leaves them out when sinfo says n03 is drained (on real Slurm: test_fleet_slurm's rounds test).
+    nodes_out = {"n03": fleet.NodeState("n03", "drained", "bad DIMM")}
+    taken = [job for job in jobs.runs if job[0] == "link" and "n03" in job[1].split("+")]
+    for job in taken:
+        fleetjobs.not_run(json.loads(Path(jobs.job_file(job)).read_text()), fleetjobs.why_taken_out(nodes_out),
+                          nodes_out)
+    left_out = [parse_log(log) for job in taken for log in jobs.logs(job)]
+    assert {record["status"] for record in left_out} == {"failed"}
+    assert {tuple(record["reasons"]) for record in left_out} == {
+        ("not run: node n03 drained (bad DIMM) (sinfo) when its allocation was asked for",)}
+    assert all(record["taken_out"] == {"n03": {"state": "drained", "reason": "bad DIMM"}} for record in left_out)
+    measured = [record for record in fleet_records(recorded_runs, plan.nodes, plan.links)
+                if not ("n03" in members_of(record) and len(members_of(record)) == 2)]
+    summary = fleet.judge([*measured, *left_out], plan).summary.set_index("member")
+    links = [job[1] for job in taken]
+    assert summary.loc["n03", "result"] == "fail"
+    assert summary.loc["n03", "reason"] == (
+        f"not run: Slurm state drained (bad DIMM) (sinfo), taken out since the plan: seen when the allocation of "
+        f"{links[0]} was asked for")
+    assert (summary.loc[links, "result"] == "explained").all()
+    assert (summary.loc[links, "reason"] == "node n03 failed").all()
+    assert set(summary.loc[summary["result"] == "pass"].index) == set(summary.index) - {"n03", *links}
+    # Drained already: no drain line for it (fleetexport drains what Slurm has not).
+    assert fleetexport.drain_commands(fleet.judge([*measured, *left_out], plan)) == []

@@ -45,6 +45,7 @@ from containerbench.fleetstats import (
     member_values,
     members_of,
     robust_deviation,
+    taken_out_nodes,
     unmeasured,
     unread_members,
 )
@@ -125,6 +126,8 @@ def _view(records: list[dict], fleet: FleetPlan, references: dict[str, Reference
     node_fault = _node_faults(fleet, nodes, failures, unreadable_runs)
     for name, why in hardware.items():  # hardware.failures: the plan's nodes only
         node_fault[name] = f"{why}; {node_fault[name]}" if name in node_fault else why
+    for name, why in taken_out_nodes([*records, *rechecked]).items():  # its own job passed before Slurm took it
+        node_fault.setdefault(name, why)
     links, links_again = _link_figures(values, node_fault, min_shortfall, references, again)
     # A node whose first-pass figures were not repeated is no culprit through links measured in that pass.
     noisy_ends = set(nodes.loc[nodes["result"] == NOT_REPEATED, "member"])

@@ -13,6 +13,7 @@ import math
 import os
 import subprocess
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -26,7 +27,15 @@ from containerbench.launchers import Allocation, Srun
 from containerbench.plans import node_archive, plan_run
 from containerbench.processes import run_group
 from containerbench.runtimes import runtime_for
-from containerbench.slurm import ALLOCATION_SLACK_MINUTES, allocation_argv, job_partition_limits, job_state
+from containerbench.slurm import (
+    ALLOCATION_SLACK_MINUTES,
+    NodeState,
+    QueryError,
+    allocation_argv,
+    job_partition_limits,
+    job_state,
+    node_states,
+)
 
 # A run's deadline where earlier records tell its expected time: at least this much beyond it, whatever the
 # factor (a new node's first start reads every package from a cold shared file system).
@@ -377,28 +386,77 @@ class FleetJobs:
 
 def run_job(job_file, in_allocation: bool = False) -> int:
     """A node's or link's job (the file FleetJobs.write made): its allocation asked from here, its runs
-    run in it one after another (execution.run_plans), from outside it."""
+    run in it one after another (execution.run_plans), from outside it. A job with a node Slurm has taken out
+    since the plan is not submitted (salloc would wait for that node): its runs are failed records that say so."""
     from containerbench.execution import run_plans
     from containerbench.plans import RunPlan
     from containerbench.records import write_record
 
     job = json.loads(Path(job_file).read_text())
-    plans = [RunPlan.from_json(run_plan) for run_plan in job["plans"]]
-    hardware = job.get("hardware")
-    if hardware and in_allocation:  # before anything is timed (issue 33: the tier SuperBench and NHC run first)
-        check_hardware(hardware)
-
-    def refused(why: str) -> None:  # Slurm never ran the job: its runs' logs say why, and they fail the node
-        if hardware:
-            write_step_report(hardware["report"], hardware["node"], "skipped", f"not run: {why}")
-
-    returncode = run_plans(plans, job["logs"], Allocation.PER_JOB, ["fleet", "run", str(job_file)],
-                           salloc=job["allocation"], inside=in_allocation, on_refused=refused)
+    if not in_allocation and (nodes_out := taken_out({job_file: job}).get(job_file)):
+        not_run(job, why_taken_out(nodes_out), nodes_out)
+    else:
+        plans = [RunPlan.from_json(run_plan) for run_plan in job["plans"]]
+        if job.get("hardware") and in_allocation:  # before anything is timed (issue 33: SuperBench's, NHC's tier)
+            check_hardware(job["hardware"])
+        returncode = run_plans(plans, job["logs"], Allocation.PER_JOB, ["fleet", "run", str(job_file)],
+                               salloc=job["allocation"], inside=in_allocation, on_refused=lambda why: not_run(job, why))
+        if returncode != 0 or in_allocation:
+            return returncode
     # Each raw log parsed here: a parse job per run would be most of a large batch's DAG.
-    if returncode == 0 and not in_allocation:
-        for log in job["logs"]:
-            write_record(log, record_path(log))
-    return returncode
+    for log in job["logs"]:
+        write_record(log, record_path(log))
+    return 0
+
+
+def job_nodes(job: dict) -> list[str]:
+    """The nodes of a job's file, in its runs' order."""
+    return list(dict.fromkeys(node for run_plan in job["plans"] for node in run_plan["spec"]["nodelist"]))
+
+
+# A node that does not answer slurmctld's ping for a moment ("idle*": a busy slurmd) is waited for this long
+# before its jobs are left out; Slurm sets it DOWN itself after SlurmdTimeout (300 s by default).
+NOT_RESPONDING_WAIT_S, NOT_RESPONDING_POLL_S = 60.0, 10.0
+
+
+def taken_out(jobs: dict[str, dict]) -> dict[str, dict[str, NodeState]]:
+    """The jobs (files) with a node Slurm has taken out since the plan (sinfo: down, drained), and those nodes'
+    states; none where sinfo cannot answer (salloc then says what it cannot give)."""
+    nodes = list(dict.fromkeys(node for job in jobs.values() for node in job_nodes(job)))
+    deadline = time.monotonic() + NOT_RESPONDING_WAIT_S
+    while True:
+        try:
+            states = node_states(nodes)
+        except QueryError:
+            return {}
+        out = {name: state for name, state in states.items() if not state.available}
+        only_silent = all(state.usable_when_it_answers for state in out.values())
+        if not out or not only_silent or time.monotonic() >= deadline:
+            break
+        time.sleep(NOT_RESPONDING_POLL_S)
+    return {job_file: {name: out[name] for name in job_nodes(job) if name in out}
+            for job_file, job in jobs.items() if set(job_nodes(job)) & set(out)}
+
+
+def why_taken_out(nodes_out: dict[str, NodeState]) -> str:
+    return "; ".join(f"node {name} {state.state}{f' ({state.reason})' if state.reason else ''} (sinfo) when its "
+                     "allocation was asked for" for name, state in nodes_out.items())
+
+
+def not_run(job: dict, why: str, nodes_out: dict[str, NodeState] | None = None) -> None:
+    """Each of the job's runs without a log says why in one (a failed record that names its node, and the nodes
+    Slurm had taken out, `nodes_out`, for the verdict to fail those nodes rather than a link), and so does its
+    node's hardware report."""
+    from containerbench.execution import write_not_run
+    from containerbench.plans import RunPlan
+
+    taken = {"taken_out": {name: {"state": state.state, "reason": state.reason}
+                           for name, state in nodes_out.items()}} if nodes_out else {}
+    for run_plan, log in zip(job["plans"], job["logs"]):
+        if not Path(log).exists():
+            write_not_run(RunPlan.from_json(run_plan), log, {"not_run": why, **taken})
+    if (step := job.get("hardware")) and not Path(step["report"]).exists():
+        write_step_report(step["report"], step["node"], "skipped", f"not run: {why}")
 
 
 def record_path(log: str) -> str:

@@ -17,14 +17,12 @@ import math
 import subprocess
 import sys
 import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from containerbench import outputs
-from containerbench.fleetjobs import FleetJobs, record_path
+from containerbench.fleetjobs import FleetJobs, job_nodes, not_run, record_path, taken_out, why_taken_out
 from containerbench.fleetplan import FleetError, FleetPlan, in_order, link_name
-from containerbench.hardware import write_step_report
 from containerbench.processes import die_with_parent, kill_session
 from containerbench.slurm import allocation_argv, job_partition_limits, run_allocated
 
@@ -159,19 +157,19 @@ def run_allocation(allocation_file, in_allocation: bool = False) -> int:
     jobs = {job_file: json.loads(Path(job_file).read_text()) for job_file in held["jobs"]}
     if in_allocation:  # the jobs left out have their logs already
         return _run_at_once([job_file for job_file, job in jobs.items() if not Path(job["logs"][0]).exists()])
-    left_out = _unavailable(jobs)
-    for job_file, why in left_out.items():
-        _not_run(jobs[job_file], why)
+    left_out = taken_out(jobs)
+    for job_file, nodes_out in left_out.items():
+        not_run(jobs[job_file], why_taken_out(nodes_out), nodes_out)
     returncode, refused = 0, None
     if wanted := [job_file for job_file in jobs if job_file not in left_out]:
-        nodes = [node for job_file in wanted for node in _nodes(jobs[job_file])]
+        nodes = [node for job_file in wanted for node in job_nodes(jobs[job_file])]
         inner = [sys.executable, "-m", "containerbench", "fleet", "run", str(allocation_file), "--in-allocation"]
         returncode, refused = run_allocated(_for_nodes(held["allocation"], nodes), inner)
     from containerbench.records import write_record
 
     for job in jobs.values():
         if refused:
-            _not_run(job, refused)
+            not_run(job, refused)
         for log in job["logs"]:
             if Path(log).exists():
                 write_record(log, record_path(log))
@@ -180,50 +178,6 @@ def run_allocation(allocation_file, in_allocation: bool = False) -> int:
               "output above); the runs it left without a log are not judged", file=sys.stderr)
         return returncode
     return 0
-
-
-def _not_run(job: dict, why: str) -> None:
-    """Each of the job's runs not run says why in its log (a failed record that names its node), and so does its
-    node's hardware report."""
-    from containerbench.execution import write_not_run
-    from containerbench.plans import RunPlan
-
-    for run_plan, log in zip(job["plans"], job["logs"]):
-        if not Path(log).exists():
-            write_not_run(RunPlan.from_json(run_plan), log, {"not_run": why})
-    if (step := job.get("hardware")) and not Path(step["report"]).exists():
-        write_step_report(step["report"], step["node"], "skipped", f"not run: {why}")
-
-
-def _nodes(job: dict) -> list[str]:
-    return list(dict.fromkeys(node for run_plan in job["plans"] for node in run_plan["spec"]["nodelist"]))
-
-
-# A node that does not answer slurmctld's ping for a moment ("idle*": a busy slurmd) is waited for this long
-# before its jobs are left out; Slurm sets it DOWN itself after SlurmdTimeout (300 s by default).
-NOT_RESPONDING_WAIT_S, NOT_RESPONDING_POLL_S = 60.0, 10.0
-
-
-def _unavailable(jobs: dict[str, dict]) -> dict[str, str]:
-    """The jobs with a node Slurm has taken out since the plan (sinfo), and why; none where sinfo cannot answer
-    (salloc says what it cannot give)."""
-    from containerbench.slurm import QueryError, node_states
-
-    nodes = list(dict.fromkeys(node for job in jobs.values() for node in _nodes(job)))
-    deadline = time.monotonic() + NOT_RESPONDING_WAIT_S
-    while True:
-        try:
-            states = node_states(nodes)
-        except QueryError:
-            return {}
-        out = {name: state for name, state in states.items() if not state.available}
-        only_silent = all(state.usable_when_it_answers for state in out.values())
-        if not out or not only_silent or time.monotonic() >= deadline:
-            break
-        time.sleep(NOT_RESPONDING_POLL_S)
-    return {job_file: "; ".join(f"node {name} {out[name].state}{f' ({out[name].reason})' if out[name].reason else ''}"
-                                f" (sinfo) when its allocation was asked for" for name in _nodes(job) if name in out)
-            for job_file, job in jobs.items() if set(_nodes(job)) & set(out)}
 
 
 def _for_nodes(salloc: list[str], nodes: list[str]) -> list[str]:

@@ -168,6 +168,18 @@ def failed_members(records: list[dict]) -> Failures:
             for members, reasons in failed.items()}
 
 
+def taken_out_nodes(records: list[dict]) -> dict[str, str]:
+    """The nodes Slurm took out during the batch (down, drained since the plan: a run left out for them, its
+    record's `taken_out`), and why, by name. Their links' runs did not run for them: the node fails, not the link."""
+    out: dict[str, str] = {}
+    for record in records:
+        for name, state in (record.get("taken_out") or {}).items():
+            reason = f" ({state['reason']})" if state["reason"] else ""
+            out.setdefault(name, f"not run: Slurm state {state['state']}{reason} (sinfo), taken out since the plan: "
+                                 f"seen when the allocation of {link_name(members_of(record))} was asked for")
+    return out
+
+
 def unmeasured(records: list[dict], size: int) -> Failures:
     """The members of `size` nodes (1: nodes, 2: links) whose runs failed or left only unreadable results,
     and why: of a second measurement, what keeps the first pass's verdict."""

@@ -51,6 +51,7 @@ ADDED_KEYS = {
     "hung_at_exit": None,  # a run stopped after its result (execution.ExitGuard)
     "node_images": None,  # the image id each node of the run held or saw (nodeimages)
     "node_mpi": None,  # the host MPI each node of a native run read, library and closure (hostmpi)
+    "taken_out": None,  # the nodes Slurm had taken out when a fleet run's allocation was asked for (fleetrounds)
 }
 # Ranks that averaged their gradients hold the same weights to rounding; ranks
 # that did not drift apart by orders of magnitude more than this.
@@ -428,6 +429,7 @@ def parse_log(log_path: str | Path, telemetry_file: str | Path | None = None) ->
         "returncode": (found.exit or {}).get("returncode"),
         "wall_s": (found.exit or {}).get("wall_s"),
         "hung_at_exit": (found.exit or {}).get("hung_at_exit"),
+        "taken_out": (found.exit or {}).get("taken_out"),
         "started_unix": launch.get("started_unix"),  # which of a point's runs is the last (cost.estimate)
         "startup_s": startup_seconds(launch, found.result),
         "result": found.result,
