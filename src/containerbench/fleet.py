@@ -126,8 +126,9 @@ def _view(records: list[dict], fleet: FleetPlan, references: dict[str, Reference
     node_fault = _node_faults(fleet, nodes, failures, unreadable_runs)
     for name, why in hardware.items():  # hardware.failures: the plan's nodes only
         node_fault[name] = f"{why}; {node_fault[name]}" if name in node_fault else why
-    for name, why in taken_out_nodes([*records, *rechecked]).items():  # its own job passed before Slurm took it
-        node_fault.setdefault(name, why)
+    # Slurm's word first: a drained node's reason starts with it, and it is no node to drain again (fleetexport).
+    for name, why in taken_out_nodes([*records, *rechecked]).items():
+        node_fault[name] = f"{why}; {node_fault[name]}" if name in node_fault else why
     links, links_again = _link_figures(values, node_fault, min_shortfall, references, again)
     # A node whose first-pass figures were not repeated is no culprit through links measured in that pass.
     noisy_ends = set(nodes.loc[nodes["result"] == NOT_REPEATED, "member"])
