@@ -3,6 +3,7 @@ cluster still running is refused, not stopped."""
 
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 from helpers import SLURM_CLUSTER
@@ -36,7 +37,16 @@ def test_namespaces_a_killed_cluster_left_are_removed_and_a_running_ones_refused
         assert refused.returncode == 1 and refused.stderr.splitlines() == [
             "cluster.sh: a test cluster is already running (namespaces cbctl have processes); stop it first"]
         assert "cbctl" in namespaces() and resident.poll() is None
+        # A start under way (its namespaces empty until its daemons start) is refused too, by its PID.
+        subprocess.run(["ip", "netns", "del", "cbctl"], check=True)
+        Path("/run/containerbench-cluster-starting").write_text(f"{resident.pid}\n")
+        subprocess.run(["ip", "netns", "add", "cbctl"], check=True)
+        refused = subprocess.run([str(SLURM_CLUSTER), "clear-stale"], capture_output=True, text=True, timeout=30)
+        assert refused.returncode == 1 and refused.stderr.splitlines() == [
+            f"cluster.sh: a test cluster is starting (cluster.sh start, pid {resident.pid}); stop it first"]
+        assert "cbctl" in namespaces()
     finally:
+        Path("/run/containerbench-cluster-starting").unlink(missing_ok=True)
         resident.kill()
         resident.wait()
         subprocess.run(["ip", "netns", "del", "cbctl"], check=True)

@@ -1246,9 +1246,18 @@ def test_a_node_slurm_took_out_after_its_own_job_fails_and_its_left_out_links_ar
     assert {tuple(record["reasons"]) for record in left_out} == {
         ("not run: node n03 drained (bad DIMM) (sinfo) when its allocation was asked for",)}
     assert all(record["taken_out"] == {"n03": {"state": "drained", "reason": "bad DIMM"}} for record in left_out)
+    # And n05 did not answer slurmctld's ping for the minute its own job waited (idle*): that job was left out.
+    silent = {"n05": fleet.NodeState("n05", "idle*")}
+    fleetjobs.not_run(json.loads(Path(jobs.job_file(("node", "n05"))).read_text()), fleetjobs.why_taken_out(silent),
+                      silent)
+    left_out += [parse_log(log) for log in jobs.logs(("node", "n05"))]
     measured = [record for record in fleet_records(recorded_runs, plan.nodes, plan.links)
-                if not ("n03" in members_of(record) and len(members_of(record)) == 2)]
+                if not ("n03" in members_of(record) and len(members_of(record)) == 2)
+                and members_of(record) != ("n05",)]
+    assert fleet.suspects([*measured, *left_out], plan) == []
     summary = fleet.judge([*measured, *left_out], plan).summary.set_index("member")
+    assert summary.loc["n05", "reason"] == ("not run: Slurm state idle* (sinfo), not answering slurmctld since the "
+                                            "plan: seen when the allocation of n05 was asked for")  # said once
     links = [job[1] for job in taken]
     assert summary.loc["n03", "result"] == "fail"
     assert summary.loc["n03", "reason"] == (
@@ -1256,6 +1265,7 @@ def test_a_node_slurm_took_out_after_its_own_job_fails_and_its_left_out_links_ar
         f"{links[0]} was asked for")
     assert (summary.loc[links, "result"] == "explained").all()
     assert (summary.loc[links, "reason"] == "node n03 failed").all()
-    assert set(summary.loc[summary["result"] == "pass"].index) == set(summary.index) - {"n03", *links}
-    # Drained already: no drain line for it (fleetexport drains what Slurm has not).
-    assert fleetexport.drain_commands(fleet.judge([*measured, *left_out], plan)) == []
+    assert set(summary.loc[summary["result"] == "pass"].index) == set(summary.index) - {"n03", "n05", *links}
+    # Drained already: no drain line for it (fleetexport drains what Slurm has not); the silent node is drained.
+    assert [argv[2] for argv in fleetexport.drain_commands(fleet.judge([*measured, *left_out], plan))] == [
+        "NodeName=n05"]

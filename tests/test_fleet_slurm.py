@@ -260,9 +260,14 @@ def test_a_rounds_allocation_runs_its_jobs_at_once_each_on_its_own_nodes(four_no
     links = rounds.held[1]
     assert links.jobs == (("link", "n1+n2"), ("link", "n3+n4"))
     on_controller(four_nodes, "scontrol", "update", "NodeName=n4", "State=DRAIN", "Reason=cbtest_drained", timeout=60)
+    # And a job with an allocation of its own (a second pass's) is not submitted for it: salloc would wait.
+    own = fleetjobs.FleetJobs(config, plan, str(tmp_path / "second"))
+    own.write(plan, tmp_path / "second-plan.json")
     try:
         done = on_controller(four_nodes, sys.executable, "-m", "containerbench", "fleet", "run", rounds.file(links),
                              timeout=900)
+        alone = on_controller(four_nodes, sys.executable, "-m", "containerbench", "fleet", "run",
+                              own.job_file(("link", "n3+n4")), timeout=300)
     finally:
         on_controller(four_nodes, "scontrol", "update", "NodeName=n4", "State=RESUME", timeout=60)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -274,6 +279,11 @@ def test_a_rounds_allocation_runs_its_jobs_at_once_each_on_its_own_nodes(four_no
             assert record["status"] == "failed" and len(record["reasons"]) == 1, record["reasons"]
             assert re.fullmatch(r"not run: node n4 drain\w* \(cbtest_drained\) \(sinfo\) when its allocation was "
                                 r"asked for", record["reasons"][0]), record["reasons"]
+    assert alone.returncode == 0 and "salloc" not in alone.stdout + alone.stderr, alone.stdout + alone.stderr
+    for log in own.logs(("link", "n3+n4")):
+        record = json.loads(Path(fleetjobs.record_path(log)).read_text())
+        assert record["taken_out"] == {"n4": {"state": record["taken_out"]["n4"]["state"], "reason": "cbtest_drained"}}
+        assert record["taken_out"]["n4"]["state"].startswith("drain"), record["taken_out"]
     # The verdict fails the node Slurm took out, with Slurm's word first, and explains its link by it. (Whether
     # the others pass is not asked: one repetition of four jobs at once on two cores.)
     measured = [json.loads(Path(path).read_text())

@@ -126,9 +126,12 @@ def _view(records: list[dict], fleet: FleetPlan, references: dict[str, Reference
     node_fault = _node_faults(fleet, nodes, failures, unreadable_runs)
     for name, why in hardware.items():  # hardware.failures: the plan's nodes only
         node_fault[name] = f"{why}; {node_fault[name]}" if name in node_fault else why
-    # Slurm's word first: a drained node's reason starts with it, and it is no node to drain again (fleetexport).
+    # Slurm's word first: a drained node's reason starts with it, and it is no node to drain again (fleetexport);
+    # alone where the node's own runs were the ones left out (their failure says the same again).
+    own_left_out = {members_of(record)[0] for record in records if record.get("taken_out")
+                    and len(members_of(record)) == 1}
     for name, why in taken_out_nodes([*records, *rechecked]).items():
-        node_fault[name] = f"{why}; {node_fault[name]}" if name in node_fault else why
+        node_fault[name] = f"{why}; {node_fault[name]}" if name in node_fault and name not in own_left_out else why
     links, links_again = _link_figures(values, node_fault, min_shortfall, references, again)
     # A node whose first-pass figures were not repeated is no culprit through links measured in that pass.
     noisy_ends = set(nodes.loc[nodes["result"] == NOT_REPEATED, "member"])
@@ -188,8 +191,9 @@ def suspects(records: list[dict], fleet: FleetPlan, references: dict[str, Refere
     nodes = _node_figures(member_values(records), min_shortfall, references or {})
     # Against the fleet: a batch all below a site's reference would otherwise be measured twice, whole.
     failed = set(nodes.loc[nodes["worse"].astype(bool), "member"])
-    failures, hardware = failed_members(records), hardware or {}
-    return [name for name in fleet.nodes if name in failed and (name,) not in failures and name not in hardware]
+    failures, hardware, taken_out = failed_members(records), hardware or {}, taken_out_nodes(records)
+    return [name for name in fleet.nodes
+            if name in failed and (name,) not in failures and name not in hardware and name not in taken_out]
 
 
 def relinks(records: list[dict], fleet: FleetPlan, references: dict[str, Reference] | None = None,

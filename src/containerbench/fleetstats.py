@@ -11,6 +11,7 @@ import pandas as pd
 
 from containerbench.fleetplan import in_order, link_name
 from containerbench.records import UNREADABLE_RESULT
+from containerbench.slurm import NodeState
 from containerbench.status import Status
 from containerbench.validate import LOWER_IS_BETTER, Reference, figure_name, metric_of, record_variables
 
@@ -175,8 +176,11 @@ def taken_out_nodes(records: list[dict]) -> dict[str, str]:
     for record in records:
         for name, state in (record.get("taken_out") or {}).items():
             reason = f" ({state['reason']})" if state["reason"] else ""
-            out.setdefault(name, f"not run: Slurm state {state['state']}{reason} (sinfo), taken out since the plan: "
-                                 f"seen when the allocation of {link_name(members_of(record))} was asked for")
+            # idle*: up, but not answering slurmctld's ping for the minute fleetjobs.taken_out waited
+            what = ("not answering slurmctld since the plan" if NodeState(name, state["state"]).usable_when_it_answers
+                    else "taken out since the plan")
+            out.setdefault(name, f"not run: Slurm state {state['state']}{reason} (sinfo), {what}: seen when the "
+                                 f"allocation of {link_name(members_of(record))} was asked for")
     return out
 
 

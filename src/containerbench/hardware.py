@@ -352,6 +352,7 @@ def write_step_report(path, node: str, status: str, why: str) -> Path:
 def write_report(path, node: str, checks: list[Check]) -> Path:
     """A node's report, as `fleet judge --hardware` reads it: also the one a node job writes where hwcheck
     itself could not run or answer there (fleetjobs.check_hardware), a single check saying why."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)  # where no hwcheck ran before it (a round left out)
     outputs.write_text(path, json.dumps({"node": node, "checks": [asdict(check) for check in checks]}, indent=1) + "\n")
     return Path(path)
 

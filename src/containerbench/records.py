@@ -51,7 +51,7 @@ ADDED_KEYS = {
     "hung_at_exit": None,  # a run stopped after its result (execution.ExitGuard)
     "node_images": None,  # the image id each node of the run held or saw (nodeimages)
     "node_mpi": None,  # the host MPI each node of a native run read, library and closure (hostmpi)
-    "taken_out": None,  # the nodes Slurm had taken out when a fleet run's allocation was asked for (fleetrounds)
+    "taken_out": None,  # the nodes Slurm had taken out when a fleet run's allocation was asked for (fleetjobs.not_run)
 }
 # Ranks that averaged their gradients hold the same weights to rounding; ranks
 # that did not drift apart by orders of magnitude more than this.

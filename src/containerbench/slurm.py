@@ -234,6 +234,8 @@ def query(argv: list[str], key: str, value: str, via: tuple[str, ...] = ()) -> s
         done = subprocess.run([*via, *argv], capture_output=True, text=True, timeout=60)
     except FileNotFoundError:
         raise QueryError(f"'{key}' = {value!r} needs Slurm's {argv[0]}, which is not installed here") from None
+    except subprocess.TimeoutExpired:  # slurmctld not answering: the caller goes on as where Slurm cannot say
+        raise QueryError(f"'{key}' = {value!r}: {shlex.join(argv[:3])} did not answer in 60 s") from None
     if done.returncode != 0:
         why = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
         raise QueryError(f"'{key}' = {value!r}: {shlex.join(argv[:3])} failed: {why}")

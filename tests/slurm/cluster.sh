@@ -189,8 +189,13 @@ EOF
 # The namespaces of a cluster whose run was killed before its stop (a session ended, a test timed out) outlive it:
 # with no process left in them they are removed, since `ip netns add` of a node's name would fail on them; one with
 # a process in it is a cluster still running, and is refused, never stopped, since it is not this one to stop.
+STARTING=/run/containerbench-cluster-starting  # the PID of a start under way: its namespaces are empty a while
 clear_stale_namespaces() {
-  local ns live=() stale=()
+  local ns live=() stale=() starter
+  starter=$(cat "$STARTING" 2>/dev/null || true)
+  if [ -n "$starter" ] && kill -0 "$starter" 2>/dev/null; then
+    die "a test cluster is starting (cluster.sh start, pid $starter); stop it first"
+  fi
   for ns in $(ip netns list | awk '$1 ~ /^cb(ctl|n[0-9]+)$/ {print $1}'); do
     if [ -n "$(ip netns pids "$ns" 2>/dev/null)" ]; then live+=("$ns"); else stale+=("$ns"); fi
   done
@@ -204,6 +209,8 @@ clear_stale_namespaces() {
 start() {
   local dir=$1
   clear_stale_namespaces
+  echo $$ > "$STARTING"
+  trap 'rm -f "$STARTING"' EXIT
   if [ -n "$NODE_DOCKERD" ]; then  # before anything starts, so a refusal leaves nothing to stop
     case $NODE_DOCKERD in /*) ;; *) die "CB_NODE_DOCKERD=$NODE_DOCKERD: not an absolute path" ;; esac
     [ -S "$NODE_DOCKERD/docker.sock" ] || die "CB_NODE_DOCKERD=$NODE_DOCKERD: no docker.sock there (start-dockerd first)"
