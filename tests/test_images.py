@@ -32,6 +32,12 @@ def section(text: str, name: str) -> list[str]:
     return body.split("\n%", 1)[0].strip().splitlines()
 
 
+def stage(text: str, name: str) -> str:
+    """One stage of a multi-stage definition, from its Bootstrap line to the next stage's."""
+    stages = re.split(r"\n(?=Bootstrap: )", "\n" + text)
+    return next(part for part in stages if f"\nStage: {name}\n" in part + "\n")
+
+
 # -- Apptainer definition ----------------------------------------------------------------------
 
 def test_definition_from_local_daemon_base():
@@ -39,12 +45,22 @@ def test_definition_from_local_daemon_base():
     assert text.splitlines()[:2] == ["Bootstrap: docker-daemon", "From: localhost/containerbench-base:bookworm"]
     assert "${" not in text and "$PROVENANCE" not in text
     assert not re.search(r"^su - ", text, re.M)
-    assert "Stage:" not in text
+    # Apptainer user guide, "Definition Files", "Multi-Stage Builds": each stage names itself (Stage:) after its own
+    # Bootstrap and From, and a later stage copies from an earlier one with `%files from STAGE`. The venv is made in
+    # the first from the wheelhouse; the image has the venv and not the wheelhouse's 300 MB.
+    assert re.findall(r"^(?:Bootstrap|From|Stage): .*", text, re.M) == [
+        "Bootstrap: docker-daemon", "From: localhost/containerbench-base:bookworm", "Stage: venv",
+        "Bootstrap: docker-daemon", "From: localhost/containerbench-base:bookworm", "Stage: image"]
+    venv, image = stage(text, "venv"), stage(text, "image")
+    assert "build/wheelhouse /opt/containerbench/wheelhouse" in section(venv, "%files")
+    assert "wheelhouse" not in "".join(section(image, "%files"))
+    assert section(image, "%files from venv") == ["/opt/containerbench/venv /opt/containerbench/venv"]
+    assert "%labels" not in venv and "%environment" not in venv
     assert section(text, "%environment") == ["export VIRTUAL_ENV=/opt/containerbench/venv",
                                              "export PATH=/opt/containerbench/venv/bin:$PATH",
                                              "export PYTHONUNBUFFERED=1"]
-    post = section(text, "%post")
-    assert "export PATH=/opt/containerbench/venv/bin:$PATH" in post  # ENV also holds for later steps
+    assert "export PATH=/opt/containerbench/venv/bin:$PATH" in section(image, "%post")  # ENV holds for later steps
+    post = section(venv, "%post")
     assert "HOROVOD_GPU_OPERATIONS=''" in post and "--no-binary" not in text
     assert any(line.strip() == "--no-build-isolation horovod==0.28.1; fi" for line in post)
     horovod = [line.strip() for line in post].index(HOROVOD_STEP)
@@ -123,6 +139,37 @@ def test_definition_fixes_user_args_and_context(tmp_path):
     assert section(text, "%environment") == ["export APP=/opt/x/bin"]
 
 
+def test_a_multi_stage_definition_bootstraps_each_stage_from_its_own_image(tmp_path):
+    # Apptainer user guide, "Multi-Stage Builds": a stage bootstraps from an image (its example's devel stage from
+    # golang, its final one from alpine) and copies from an earlier one with `%files from devel`; a docker-archive
+    # source given for the image's base applies only to the stages that start from that base.
+    dockerfile = tmp_path / "Dockerfile"
+    dockerfile.write_text("ARG BASE=debian:12\nFROM golang:1.22 AS devel\nRUN go build -o /hello hello.go\n"
+                          "FROM ${BASE} AS final\nCOPY --from=devel /hello /bin/hello\nCOPY data /data\n")
+    text = singularity.singularity_definition(dockerfile, bootstrap="docker-archive", source="/s/base.tar",
+                                              context="ctx")
+    assert re.findall(r"^(?:Bootstrap|From|Stage): .*", text, re.M) == [
+        "Bootstrap: docker", "From: golang:1.22", "Stage: devel",
+        "Bootstrap: docker-archive", "From: /s/base.tar", "Stage: final"]
+    final = stage(text, "final")
+    assert section(final, "%files from devel") == ["/hello /bin/hello"]  # in the stage, not the build context
+    assert section(final, "%files") == ["ctx/data /data"]
+
+
+@pytest.mark.parametrize(("dockerfile", "error"), [
+    ("FROM debian:12 AS venv\nRUN true\nFROM debian:12\nCOPY --from=venv /v /v\n",
+     "every stage of a multi-stage build must be named (FROM IMAGE AS NAME)"),
+    ("FROM debian:12 AS venv\nRUN true\nFROM venv AS image\nRUN true\n",
+     "stage image starts from stage venv; an Apptainer stage bootstraps from an image"),
+])
+def test_a_dockerfile_whose_stages_apptainer_cannot_build_is_refused_in_one_line(tmp_path, dockerfile, error):
+    # spython starts a stage only at FROM ... AS NAME (it would merge an unnamed stage into the one before), and an
+    # Apptainer stage's From: is an image, never another stage.
+    (tmp_path / "Dockerfile").write_text(dockerfile)
+    with pytest.raises(ValueError, match=re.escape(error)):
+        singularity.singularity_definition(tmp_path / "Dockerfile")
+
+
 def test_expand_args_forms():
     values = {"A": "x", "E": ""}
     assert (singularity.expand_args("$A ${A} ${A:-d} ${E:-d} ${A:+w$A} ${E:+w} $AB $PATH", values)
@@ -138,8 +185,11 @@ def test_expand_args_forms():
 @pytest.mark.parametrize("engine", ["docker", "podman"])
 def test_build_argv(engine):
     spec = ImageSpec(engine, TAG, build_args={"PROVENANCE": "0123456789abcdef"})
+    # podman-build(1), --layers: "Cache intermediate images during the build process (Default is true)"; docker's
+    # classic builder has no such option (docker-build(1): --rm removes the intermediate containers, as by default).
     assert imagebuild.build_argv(spec) == [
         engine, "build", "--network", "none", "-f", "containers/Dockerfile", "-t", TAG,
+        *(["--layers=false"] if engine == "podman" else []),
         "--build-arg", "BASE_IMAGE=localhost/containerbench-base:bookworm",
         "--build-arg", "PROVENANCE=0123456789abcdef",
         "--label", "org.containerbench.provenance=0123456789abcdef", "."]

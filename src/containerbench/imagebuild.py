@@ -90,6 +90,11 @@ def image_build_args(env: BenchEnv, flavour: MpiFlavour) -> dict[str, str]:
 
 def build_argv(spec: ImageSpec) -> list[str]:
     argv = [spec.engine, "build", "--network", spec.network, "-f", str(spec.dockerfile), "-t", spec.tag]
+    if spec.engine == Podman.name:
+        # podman-build(1), --layers: "Cache intermediate images during the build process (Default is true)". The
+        # Dockerfile's venv stage (its wheelhouse and the venv, 1.6 GB) would stay in the store as that cache,
+        # beside the image that holds the venv again: the store keeps the image only (a rebuild takes 2 minutes).
+        argv.append("--layers=false")
     for name, value in spec.all_build_args().items():
         argv += ["--build-arg", f"{name}={value}"]
     if "PROVENANCE" in spec.build_args:  # podman 4.3 reuses a cached LABEL step when only the ARG changed

@@ -4,8 +4,9 @@ spython converts the Dockerfile; what it gets wrong for this one is put right
 here: ${ARG} references are expanded with the build's values, `USER` is not
 turned into `su -`, the bootstrap agent follows the base image (a local daemon,
 an archive or a registry), COPY sources are anchored at the build context,
-labels take Apptainer's "KEY VALUE" form, and ENV values hold for later %post
-steps as they do for later RUN steps.
+labels take Apptainer's "KEY VALUE" form, ENV values hold for later %post
+steps as they do for later RUN steps, and each stage of a multi-stage build is a stage
+of the definition.
 
     containerbench singularity-definition --dockerfile containers/Dockerfile --out DEF [--build-arg NAME=VALUE]
 """
@@ -52,12 +53,21 @@ def bootstrap_for(base: str) -> str:
     return "docker-daemon" if base.startswith("localhost/") else "docker"
 
 
+def dockerfile_stages(dockerfile: Path, values: dict[str, str]) -> list[tuple[str, str | None]]:
+    """Each FROM's image (ARGs expanded with the build's values) and stage name, in order."""
+    return [(expand_args(image, values), name) for image, name in
+            re.findall(r"^\s*FROM\s+(?:--\S+\s+)*(\S+)(?:\s+AS\s+(\S+))?", dockerfile.read_text(), re.M | re.I)]
+
+
 def singularity_definition(dockerfile: Path, build_args: dict | None = None, bootstrap: str | None = None,
                            source: str | None = None, context: str = ".") -> str:
     """spython's conversion of the Dockerfile, with what it gets wrong put right. The bootstrap
     agent follows the base (a local daemon, an archive, a registry) unless given; `source` is
     what it bootstraps from, the base by default, and must be given to bootstrap an image
-    reference from an archive."""
+    reference from an archive. A multi-stage Dockerfile becomes a multi-stage definition (Apptainer
+    user guide, "Multi-Stage Builds": each stage bootstraps from an image of its own, and a later one
+    copies files from it, `%files from STAGE`); bootstrap and source apply to the stages that start
+    from the image's own base."""
     from spython.logger import bot
     from spython.main.parse.parsers import DockerParser
     from spython.main.parse.writers import SingularityWriter
@@ -71,19 +81,34 @@ def singularity_definition(dockerfile: Path, build_args: dict | None = None, boo
         converted = SingularityWriter(recipe).convert()
     finally:
         bot.level = level
+    stages = dockerfile_stages(dockerfile, values)
+    names = [name for _, name in stages]
+    if len(stages) != len(recipe):  # spython starts a stage only at a FROM ... AS NAME, and merges the rest
+        raise ValueError(f"{dockerfile}: every stage of a multi-stage build must be named (FROM IMAGE AS NAME)")
+    for image, name in stages:
+        if image in names:
+            raise ValueError(f"{dockerfile}: stage {name} starts from stage {image}; an Apptainer stage "
+                             "bootstraps from an image, so each stage must start FROM an image")
     environ = {line for layer in recipe.values() for line in layer.environ}
-    froms = re.findall(r"^\s*FROM\s+(?:--\S+\s+)*(\S+)", dockerfile.read_text(), re.M | re.I)
-    base = expand_args(froms[-1], values)  # the stage that makes the image
+    base = stages[-1][0]  # the stage that makes the image
     bootstrap = bootstrap or bootstrap_for(base)
     if bootstrap == "docker-archive" and not source and bootstrap_for(base) != "docker-archive":
         raise ValueError(f"bootstrap docker-archive needs the archive of the base {base} (--from ARCHIVE)")
     source = source or base
-    out, section = [f"Bootstrap: {bootstrap}", f"From: {source}"], ""
+    out, section, stage = [""], "", -1
     for line in converted.splitlines():
-        if re.match(r"(Bootstrap|From|Stage):", line) or (not out[-1] and not line):
+        if line.startswith("Bootstrap:"):  # a stage begins: its header, with its own image
+            stage += 1
+            image, name = stages[stage]
+            header = [f"Bootstrap: {bootstrap}", f"From: {source}"] if image == base else [
+                f"Bootstrap: {bootstrap_for(image)}", f"From: {image}"]
+            out += ([""] if out[-1] else []) + header + ([f"Stage: {name}"] if len(stages) > 1 else [])
+            section = ""
+            continue
+        if re.match(r"(From|Stage):", line) or (not out[-1] and not line):
             continue
         if line.startswith("%"):
-            section = line.split()[0]
+            section = line.strip()
             out += ["", line] if out[-1] else [line]
             continue
         raw, line = line, expand_args(line, values)
