@@ -19,9 +19,9 @@ from helpers import (
     BENCH_PYTHON,
     ROOT,
     SMOKE_MODEL,
-    WORKFLOW_IMAGE,
     ch_run_argv,
     exported,
+    give_back,
     measured,
     run_and_parse,
     tiny_config,
@@ -66,7 +66,9 @@ def containers_root():
     os.chdir(previous)
 
 
-@pytest.fixture(scope="session")
+# Both images are this module's alone (tagged with the provenance hash, not the workflow's tag), and go when it
+# ends: podman builds without a layer cache, so this one is a second copy of the workflow's image (1.3 GB).
+@pytest.fixture(scope="module")
 def podman_image(containers_root, bench_python):
     conf = _engines_script("podman-conf", str(ROOT / "build" / "engines" / "podman"))
     with pytest.MonkeyPatch.context() as patch:
@@ -74,10 +76,12 @@ def podman_image(containers_root, bench_python):
             patch.setenv(name, value)
         ok, why = engine_usable("podman")
         assert ok, why
-        yield _built_image("podman", bench_python)
+        built = _built_image("podman", bench_python)
+        yield built
+        give_back(built["tag"], "podman")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def docker_image(containers_root, container_engines, bench_python):
     # The session's dockerd (conftest.container_engines): one daemon and one store for the suite.
     with pytest.MonkeyPatch.context() as patch:
@@ -87,20 +91,17 @@ def docker_image(containers_root, container_engines, bench_python):
         assert ok, why
         built = _built_image("docker", bench_python)
         yield built
-        # 2 GB in the daemon's store that no later test runs
+        # 2 GB in the daemon's store that no later test runs, and the venv stage the classic builder keeps as
+        # dangling images (1.6 GB; docker-image-prune(1): "Remove all dangling images"): the daemon is the suite's own.
         run_group(imagebuild.rmi_argv("docker", built["tag"]), timeout=300, capture=True)
+        run_group(["docker", "image", "prune", "--force"], timeout=300, capture=True)
         imagebuild.stamp_path("docker").unlink(missing_ok=True)
 
 
 @pytest.fixture(scope="module")
 def charliecloud_dir(podman_image, tmp_path_factory):
-    """The image as a Charliecloud directory: the workflow's, where test_containers converted this very
-    image (the same id: podman's layer cache gives it), else converted here and removed afterwards."""
-    workflows = Path(images.image_files(WORKFLOW_IMAGE, ROOT / imagestep.IMAGES)["charliecloud-dir"])
-    marker = Path(f"{workflows}.image-id")
-    if marker.exists() and marker.read_text().strip() == podman_image["stamp"]["image_id"]:
-        yield workflows
-        return
+    """This build's image as a Charliecloud directory, removed afterwards. Never test_containers' directory: podman
+    builds without its layer cache (imagebuild.build_argv), so this build is another image id than the workflow's."""
     image_dir = imagebuild.charliecloud_image("podman", podman_image["tag"], tmp_path_factory.mktemp("ch") / "image")
     yield image_dir
     shutil.rmtree(image_dir)  # 2 GB that no later test runs
