@@ -55,7 +55,8 @@ def test_definition_from_local_daemon_base():
     assert "build/wheelhouse /opt/containerbench/wheelhouse" in section(venv, "%files")
     assert "wheelhouse" not in "".join(section(image, "%files"))
     assert section(image, "%files from venv") == ["/opt/containerbench/venv /opt/containerbench/venv"]
-    assert "%labels" not in venv and "%environment" not in venv
+    # The venv stage's own label (what the docker build prunes it by) stays in that stage; the image's is the hash.
+    assert section(venv, "%labels") == ["org.containerbench.stage venv"] and "%environment" not in venv
     assert section(text, "%environment") == ["export VIRTUAL_ENV=/opt/containerbench/venv",
                                              "export PATH=/opt/containerbench/venv/bin:$PATH",
                                              "export PYTHONUNBUFFERED=1"]
@@ -65,7 +66,7 @@ def test_definition_from_local_daemon_base():
     assert any(line.strip() == "--no-build-isolation horovod==0.28.1; fi" for line in post)
     horovod = [line.strip() for line in post].index(HOROVOD_STEP)
     assert post[horovod - 1].strip() == '&& if [ -n "0.28.1" ]; then \\'  # ARGs expanded as Docker would
-    assert section(text, "%labels") == ["org.containerbench.provenance 0123456789abcdef"]
+    assert section(image, "%labels") == ["org.containerbench.provenance 0123456789abcdef"]
     assert "envs/bench.lock.txt /opt/containerbench/bench.lock.txt" in section(text, "%files")
 
 
@@ -107,7 +108,7 @@ def test_definition_command_labels_the_image_with_the_bench_venvs_hash(tmp_path,
     out = tmp_path / "containerbench.def"
     assert cli.main(["singularity-definition", "--dockerfile", str(ROOT / "containers" / "Dockerfile"),
                      "--context", str(ROOT), "--bench-python", str(bench_python), "--out", str(out)]) == 0
-    assert section(out.read_text(), "%labels") == [
+    assert section(stage(out.read_text(), "image"), "%labels") == [
         f"org.containerbench.provenance {singularity.host_provenance_hash(bench_python)}"]
 
 
@@ -156,6 +157,18 @@ def test_a_multi_stage_definition_bootstraps_each_stage_from_its_own_image(tmp_p
     assert section(final, "%files") == ["ctx/data /data"]
 
 
+def test_a_line_of_a_run_step_that_starts_with_from_is_no_stage(tmp_path):
+    # Dockerfile reference, "Format": a backslash continues the instruction on the next line, and comment lines
+    # within it are removed first. So `from os import path` in a RUN step's script is part of that RUN.
+    dockerfile = tmp_path / "Dockerfile"
+    dockerfile.write_text("FROM debian:12\nRUN python3 -c 'import os' \\\n  # a comment\n"
+                          "  from os import path \\\n  && true\nARG X=1\n")
+    assert singularity.dockerfile_stages(dockerfile, {}) == [("debian:12", None)]
+    assert singularity.instructions(dockerfile)[1] == "RUN python3 -c 'import os'    from os import path    && true"
+    text = singularity.singularity_definition(dockerfile)
+    assert "Stage:" not in text and "X=1" in section(text, "%post")
+
+
 @pytest.mark.parametrize(("dockerfile", "error"), [
     ("FROM debian:12 AS venv\nRUN true\nFROM debian:12\nCOPY --from=venv /v /v\n",
      "every stage of a multi-stage build must be named (FROM IMAGE AS NAME)"),
@@ -195,6 +208,14 @@ def test_build_argv(engine):
         "--label", "org.containerbench.provenance=0123456789abcdef", "."]
     assert engine_env(engine).get("DOCKER_BUILDKIT") == ("0" if engine == "docker"
                                                          else os.environ.get("DOCKER_BUILDKIT"))
+
+
+def test_a_docker_build_prunes_only_the_dangling_images_of_the_venv_stage():
+    # docker-image-prune(1): "Remove all dangling images"; --filter "label=<key>=<value>" keeps to those with the
+    # label, which only the Dockerfile's venv stage sets (a LABEL holds for the images after it in its stage).
+    assert imagebuild.prune_stage_argv("docker") == [
+        "docker", "image", "prune", "--force", "--filter", "label=org.containerbench.stage=venv"]
+    assert "LABEL org.containerbench.stage=venv" in (ROOT / "containers" / "Dockerfile").read_text()
 
 
 def test_a_prepared_copy_must_be_the_built_image_by_its_id(tmp_path):

@@ -51,6 +51,7 @@ from containerbench.runtimes import (
 
 DOCKERFILE = Path("containers/Dockerfile")
 PROVENANCE_LABEL = "org.containerbench.provenance"
+STAGE_LABEL = "org.containerbench.stage=venv"  # on the Dockerfile's venv stage only: what the build gives back
 
 
 @dataclass(frozen=True)
@@ -161,7 +162,10 @@ def build_image(spec: ImageSpec, bench_python: Path = BENCH_PYTHON, stamp: Path 
     host = host_provenance(bench_python)
     host_hash = host["hash"]
     spec = replace(spec, build_args={"PROVENANCE": host_hash, **spec.build_args})
+    previous = image_digest(spec.engine, spec.tag) if image_exists(spec.engine, spec.tag) else None
     run_step(f"build ({spec.engine})", build_argv(spec), env=engine_env(spec.engine), timeout=timeout)
+    if spec.engine != Podman.name:  # docker's classic builder keeps the stages; podman keeps none (--layers=false)
+        forget(spec.engine, prune_stage_argv(spec.engine), "the venv stage's images")
     measured = image_provenance(spec.engine, spec.tag, timeout)
     record = build_stamp(spec.engine, spec.tag, host_hash, timeout, measured)
     stamp = stamp or stamp_path(spec.engine)
@@ -180,7 +184,38 @@ def build_image(spec: ImageSpec, bench_python: Path = BENCH_PYTHON, stamp: Path 
         raise ImageStepError(f"build: refused {spec.tag}: {refusal}{left}")
     stamp.parent.mkdir(parents=True, exist_ok=True)
     stamp.write_text(json.dumps(record, indent=2) + "\n")
+    forget_previous(spec.engine, spec.tag, previous, record["image_id"])
     return record
+
+
+def forget_previous(engine: str, tag: str, previous: str | None, built: str) -> None:
+    """A build moves the tag: the image it named before is left untagged, a whole copy (1.3 GB; no layer cache
+    shares it). Removed by its id, never forced, unless another tag names it (rmi by id would untag that one
+    too) or a container uses it (rmi refuses)."""
+    if not previous or previous == built:
+        return
+    what = f"the image {tag} named before ({previous})"
+    found = run_group([engine, "image", "inspect", previous], timeout=QUERY_TIMEOUT_S, env=engine_env(engine),
+                      capture=True, stdin=subprocess.DEVNULL)
+    if found.returncode != 0:
+        return  # gone already
+    if tags := json.loads(found.stdout)[0].get("RepoTags") or []:
+        print(f"build: kept {what}: {', '.join(tags)} names it")
+        return
+    forget(engine, [engine, "rmi", previous], what)
+
+
+def prune_stage_argv(engine: str) -> list[str]:
+    """The build stages' images the classic builder keeps, by the label only they carry (containers/Dockerfile):
+    docker-image-prune(1) removes dangling images only, and --filter label= only those with the label."""
+    return [engine, "image", "prune", "--force", "--filter", f"label={STAGE_LABEL}"]
+
+
+def forget(engine: str, argv: list[str], what: str) -> None:
+    """Give back disk the build left behind; a refusal leaves it, and says so in the step's log."""
+    done = run_group(argv, timeout=QUERY_TIMEOUT_S, env=engine_env(engine), capture=True, stdin=subprocess.DEVNULL)
+    print(f"build: removed {what}" if done.returncode == 0 else
+          f"build: kept {what}: {(done.stderr or done.stdout).strip()[-200:]}")
 
 
 # -- export, load, charliecloud --------------------------------------------------------------

@@ -21,10 +21,26 @@ import subprocess
 from pathlib import Path
 
 
+def instructions(dockerfile: Path) -> list[str]:
+    """The Dockerfile's instructions, one line each: a line ending in a backslash continues on the next, and
+    comment lines, even within an instruction, are no part of it (Dockerfile reference, "Format")."""
+    out, current = [], ""
+    for line in dockerfile.read_text().splitlines():
+        if re.match(r"\s*#", line):
+            continue
+        if line.rstrip().endswith("\\"):
+            current += line.rstrip()[:-1] + " "
+            continue
+        if (current := current + line).strip():
+            out.append(current.strip())
+        current = ""
+    return out + ([current.strip()] if current.strip() else [])
+
+
 def dockerfile_args(dockerfile: Path) -> dict[str, str]:
     """ARG names and defaults, unquoted as Docker does (ARG X="" is empty)."""
     args = {}
-    for line in dockerfile.read_text().splitlines():
+    for line in instructions(dockerfile):
         if re.match(r"\s*ARG\s", line, re.I):
             for word in shlex.split(line.split(None, 1)[1], comments=True):
                 name, _, value = word.partition("=")
@@ -55,8 +71,8 @@ def bootstrap_for(base: str) -> str:
 
 def dockerfile_stages(dockerfile: Path, values: dict[str, str]) -> list[tuple[str, str | None]]:
     """Each FROM's image (ARGs expanded with the build's values) and stage name, in order."""
-    return [(expand_args(image, values), name) for image, name in
-            re.findall(r"^\s*FROM\s+(?:--\S+\s+)*(\S+)(?:\s+AS\s+(\S+))?", dockerfile.read_text(), re.M | re.I)]
+    froms = (re.match(r"FROM\s+(?:--\S+\s+)*(\S+)(?:\s+AS\s+(\S+))?", line, re.I) for line in instructions(dockerfile))
+    return [(expand_args(match.group(1), values), match.group(2)) for match in froms if match]
 
 
 def singularity_definition(dockerfile: Path, build_args: dict | None = None, bootstrap: str | None = None,
