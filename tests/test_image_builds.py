@@ -19,6 +19,7 @@ from helpers import (
     BENCH_PYTHON,
     ROOT,
     SMOKE_MODEL,
+    WORKFLOW_IMAGE,
     ch_run_argv,
     exported,
     give_back,
@@ -27,7 +28,7 @@ from helpers import (
     tiny_config,
 )
 
-from containerbench import baseimage, cli, imagebuild, images, imagestep, wheelhouse
+from containerbench import baseimage, buildinputs, cli, imagebuild, images, imagestep, wheelhouse
 from containerbench import config as cb_config
 from containerbench.imagebuild import ImageSpec
 from containerbench.processes import run_group
@@ -66,8 +67,9 @@ def containers_root():
     os.chdir(previous)
 
 
-# Both images are this module's alone (tagged with the provenance hash, not the workflow's tag), and go when it
-# ends: podman builds without a layer cache, so this one is a second copy of the workflow's image (1.3 GB).
+# Both tags are this module's (the provenance hash, not the workflow's tag), and go when it ends. Where
+# test_containers built the workflow's image in this session, podman's build is that image tagged again: the same
+# inputs (buildinputs); docker's copy went back when test_containers ended, and is built again here.
 @pytest.fixture(scope="module")
 def podman_image(containers_root, bench_python):
     conf = _engines_script("podman-conf", str(ROOT / "build" / "engines" / "podman"))
@@ -99,8 +101,13 @@ def docker_image(containers_root, container_engines, bench_python):
 
 @pytest.fixture(scope="module")
 def charliecloud_dir(podman_image, tmp_path_factory):
-    """This build's image as a Charliecloud directory, removed afterwards. Never test_containers' directory: podman
-    builds without its layer cache (imagebuild.build_argv), so this build is another image id than the workflow's."""
+    """The image as a Charliecloud directory: the workflow's, where test_containers converted this very image (the
+    same id: the build reused it by its inputs), else converted here and removed afterwards."""
+    workflows = Path(images.image_files(WORKFLOW_IMAGE, ROOT / imagestep.IMAGES)["charliecloud-dir"])
+    marker = Path(f"{workflows}.image-id")
+    if marker.exists() and marker.read_text().strip() == podman_image["stamp"]["image_id"]:
+        yield workflows
+        return
     image_dir = imagebuild.charliecloud_image("podman", podman_image["tag"], tmp_path_factory.mktemp("ch") / "image")
     yield image_dir
     shutil.rmtree(image_dir)  # 2 GB that no later test runs
@@ -321,6 +328,34 @@ def test_a_rebuild_removes_the_image_its_tag_named_before_unless_another_tag_nam
         assert capsys.readouterr().out == "" and imagebuild.image_exists("podman", third)
     finally:
         run_group(["podman", "rmi", "--force", tag, other], timeout=300, capture=True)
+
+
+def test_a_build_of_the_same_inputs_tags_the_image_built_before(podman_image, tmp_path, capsys):
+    """podman builds without a layer cache: a second build of identical inputs (another tag) is the image already
+    built, found by the inputs label the build put on it; another input is another build."""
+    tags = [f"localhost/containerbench-inputs-test:{n}" for n in (1, 2, 3)]
+    (tmp_path / "Dockerfile").write_text(f"FROM {imagestep.BASE_IMAGE}\nCOPY a /a\n")
+    (tmp_path / "a").write_text("1\n")
+    base_id = imagebuild.image_digest("podman", imagestep.BASE_IMAGE)
+
+    def build(tag: str) -> str:
+        inputs = buildinputs.inputs_digest(tmp_path / "Dockerfile", tmp_path, {}, base_id)
+        spec = ImageSpec("podman", tag, dockerfile=tmp_path / "Dockerfile", context=tmp_path, inputs=inputs)
+        imagebuild.build_or_reuse(spec, timeout=300)
+        return imagebuild.image_digest("podman", tag)
+
+    try:
+        first = build(tags[0])
+        capsys.readouterr()
+        assert build(tags[1]) == first
+        inputs = imagebuild.inspect_image("podman", first)["Config"]["Labels"][buildinputs.INPUTS_LABEL]
+        assert capsys.readouterr().out.endswith(
+            f"build: {tags[1]} is {first}, built before from the same inputs ({buildinputs.INPUTS_LABEL}={inputs})\n")
+        (tmp_path / "a").write_text("2\n")
+        assert build(tags[2]) != first
+        assert "built before" not in capsys.readouterr().out
+    finally:
+        run_group(["podman", "rmi", "--force", *tags], timeout=300, capture=True)
 
 
 def test_remove_gives_back_what_was_built_of_a_tag_and_only_the_parts_asked(podman_image, tmp_path, capsys):

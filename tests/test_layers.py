@@ -38,7 +38,8 @@ LAYERS = [
     ("benchmark, runtimes, recipes, telemetry read back, PyTorch's input, an image step's runner",
      {"rank.bench", "rank.netbench", "runtimes", "singularity", "usage", "rank.torchdata", "imagestep"}),
     ("the PyTorch harness (bench's record), which image each runtime runs, wheelhouses, records, the pre-flight job, "
-     "the image on each node", {"rank.torchbench", "images", "wheelhouse", "records", "preflight", "nodeimages"}),
+     "the image on each node, what an image is built from",
+     {"rank.torchbench", "images", "wheelhouse", "records", "preflight", "nodeimages", "buildinputs"}),
     ("the runs table and its summary", {"runtables"}),
     ("tables that compare runs, loss trajectories, the two levels of a point's spread",
      {"comparisons", "losses", "precision"}),
