@@ -12,7 +12,7 @@ from helpers import ROOT
 from containerbench import buildinputs
 from containerbench.imagebuild import DOCKERFILE, ImageSpec, build_argv, same_inputs_argv
 
-BASE_ID = "sha256:" + "1" * 64
+IDS = {"localhost/base:1": "sha256:" + "1" * 64}
 ARGS = {"BASE_IMAGE": "localhost/base:1", "LOCK": "envs/bench.lock.txt", "WHEELHOUSE": "build/wheelhouse"}
 
 
@@ -38,7 +38,7 @@ def context(tmp_path):
 
 
 def digest(context: Path, **args) -> str:
-    return buildinputs.inputs_digest(context / "Dockerfile", context, {**ARGS, **args}, BASE_ID)
+    return buildinputs.inputs_digest(context / "Dockerfile", context, {**ARGS, **args}, IDS)
 
 
 def test_the_sources_are_what_copy_and_add_take_from_the_context_with_the_args_expanded(context):
@@ -51,12 +51,35 @@ def test_the_sources_are_what_copy_and_add_take_from_the_context_with_the_args_e
 
 
 def test_the_files_are_those_the_dockerignore_lets_through(context):
-    files = [path.relative_to(context).as_posix() for path in
-             buildinputs.context_files(context, ["src", "build/wheelhouse", "README.md"])]
-    assert files == ["README.md", "build/wheelhouse/numpy.whl", "src/pkg/code.py"]
+    entries = buildinputs.context_entries(context, ["src", "build/wheelhouse", "/README.md"])
+    assert entries == ["README.md", "build/wheelhouse", "build/wheelhouse/numpy.whl", "src", "src/pkg",
+                       "src/pkg/code.py"]
     patterns = buildinputs.ignore_patterns(context)
     assert buildinputs.ignored("build/notes.txt", patterns) and not buildinputs.ignored("build/wheelhouse/a", patterns)
     assert buildinputs.ignored("__pycache__/a.pyc", patterns)  # `**/` matches no directory too
+
+
+@pytest.mark.parametrize("pattern, path, ignored", [
+    # Docker's builder reference, ".dockerignore file", and podman's .containerignore(5) (containers-common), whose
+    # examples these are: Go's filepath.Match rules, each line cleaned with filepath.Clean, a leading / the
+    # context's root, `**` any number of directories (zero included); `*` and `?` stay within one directory, and
+    # a pattern that matches a directory leaves out what is under it.
+    ("src/*.py", "src/a.py", True), ("src/*.py", "src/pkg/a.py", False), ("*/temp*", "somedir/temporary.txt", True),
+    ("*/*/temp*", "somedir/subdir/temporary.txt", True), ("temp?", "tempa/x", True), ("temp?", "temp/x", False),
+    ("**/*.go", "a/b/c.go", True), ("**/*.go", "c.go", True), ("./build/", "build/x", True),
+    ("/README.md", "README.md", True), ("[a-c]x", "bx", True), ("[!a-c]x", "bx", False),
+])
+def test_a_pattern_leaves_out_what_docker_leaves_out(tmp_path, pattern, path, ignored):
+    (tmp_path / ".dockerignore").write_text(pattern + "\n")
+    assert buildinputs.ignored(path, buildinputs.ignore_patterns(tmp_path)) is ignored
+
+
+def test_the_last_matching_pattern_decides_and_an_exception_takes_back_in(tmp_path):
+    # The same references: "the last line that matches a particular file determines whether it is included".
+    (tmp_path / ".dockerignore").write_text("*.md\n! README.md\n!./docs/keep.md\n")
+    patterns = buildinputs.ignore_patterns(tmp_path)
+    assert [buildinputs.ignored(path, patterns) for path in ("CHANGES.md", "README.md", "docs/keep.md")] == [
+        True, False, False]  # `*.md` is at the top only: docs/keep.md was never left out, nor taken back
 
 
 def test_the_digest_moves_with_each_input_and_only_with_them(context):
@@ -81,9 +104,60 @@ def test_the_digest_moves_with_each_input_and_only_with_them(context):
         seen.add(now)
     assert digest(context, LOCK="envs/other.lock.txt") not in seen  # another build argument, another file
     assert digest(context, LOCK="envs/bench.lock.txt", UNDECLARED="x") == now  # its default named; one unused
-    assert buildinputs.inputs_digest(context / "Dockerfile", context, ARGS, "sha256:" + "2" * 64) not in seen
+    assert buildinputs.inputs_digest(context / "Dockerfile", context, ARGS, {"localhost/base:1": "sha256:2"}) != now
     shutil.rmtree(context / "src" / "pkg" / "__pycache__")
-    assert digest(context) in seen
+    assert digest(context) == now
+
+
+def test_links_modes_and_empty_directories_are_inputs_and_a_dangling_link_is_no_error(context):
+    seen = {digest(context)}
+    changes = {
+        "a dangling link": lambda: (context / "src" / "pkg" / ".#code.py").symlink_to("root@host.1234"),
+        "its target": lambda: ((context / "src" / "pkg" / ".#code.py").unlink(),
+                               (context / "src" / "pkg" / ".#code.py").symlink_to("root@host.5678")),
+        "a mode": lambda: (context / "src" / "pkg" / "code.py").chmod(0o600),
+        "an empty directory": lambda: (context / "src" / "empty").mkdir(),
+        "a link to a directory": lambda: (context / "src" / "linked").symlink_to("pkg"),
+    }
+    for what, change in changes.items():
+        change()
+        assert (now := digest(context)) not in seen, what
+        seen.add(now)
+
+
+def test_the_images_a_build_starts_from_are_its_froms_less_its_own_stages(context):
+    assert buildinputs.from_images(context / "Dockerfile", ARGS) == ["localhost/base:1"]
+    assert buildinputs.from_images(context / "Dockerfile", {"BASE_IMAGE": "other:2"}) == ["other:2"]
+
+
+def test_an_argument_whose_stages_declare_other_defaults_has_none_in_common(tmp_path):
+    (tmp_path / "Dockerfile").write_text("FROM a AS one\nARG X=1\nARG Y=3\nFROM b\nARG X=2\nARG Y=3\n")
+    assert buildinputs.effective_args(tmp_path / "Dockerfile", {}) == {"X": None, "Y": "3"}
+    assert buildinputs.effective_args(tmp_path / "Dockerfile", {"X": "2", "Z": "0"}) == {"X": "2", "Y": "3"}
+
+
+@pytest.mark.parametrize("instruction, why", [
+    ("RUN --mount=type=bind,source=src,target=/s true", "RUN --mount"),
+    ("COPY <<EOF /f\nEOF", "a heredoc"),
+    ("ADD https://example.org/a.tar /a", "not from the context"),
+    ("COPY *.nothing /t/", "no file of the build context matches it"),
+    ("COPY $FROM_ENV /d", "a variable the build arguments do not set"),
+    ("COPY --from=localhost/other:1 /x /x", "an image, not a stage"),
+    ("COPY ../outside /o", "outside the build context"),
+])
+def test_an_input_the_digest_cannot_see_is_said_and_nothing_is_reused(context, instruction, why):
+    (context / "Dockerfile").write_text((context / "Dockerfile").read_text() + instruction + "\n")
+    with pytest.raises(buildinputs.Unresolved, match=why):
+        digest(context)
+
+
+def test_the_json_form_after_flags_and_wildcards_are_sources(context):
+    (context / "Dockerfile").write_text((context / "Dockerfile").read_text()
+                                        + 'COPY --chown=0:0 ["README.md", "/r"]\nCOPY\tsrc/pkg/*.py /p/\n')
+    assert buildinputs.copied_sources(context / "Dockerfile", ARGS)[-2:] == ["README.md", "src/pkg/*.py"]
+    first = digest(context)
+    (context / "src" / "pkg" / "other.py").write_text("")
+    assert digest(context) != first
 
 
 def test_the_build_labels_its_image_with_its_inputs_and_asks_the_store_by_that_label():

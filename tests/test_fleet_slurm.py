@@ -131,7 +131,8 @@ def test_validate_nodes_names_the_slowed_node_the_slowed_link_and_the_cancelled_
                                     "validation": {"repetitions": REPETITIONS}}))
     subprocess.run([str(CLUSTER), "slow-node", str(four_nodes), SLOW_NODE, SLOW_NODE_PERCENT], check=True, timeout=60)
     # 1 Gbit/s against the healthy links' 0.5 to 2.2 GB/s over fast0: far below the shortfall that fails, and
-    # its three default-size netbench runs take half a minute, where 100 Mbit/s took four and a half.
+    # its default-size netbench runs (three, at three repetitions) took half a minute, where 100 Mbit/s took
+    # four and a half.
     subprocess.run([str(CLUSTER), "slow-link", str(four_nodes), *SLOW_LINK, "1gbit"], check=True, timeout=60)
     cancelled, stop = [], threading.Event()
     watcher = threading.Thread(target=cancel_when_running,

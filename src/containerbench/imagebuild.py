@@ -16,7 +16,8 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
-from containerbench.buildinputs import INPUTS_LABEL, inputs_digest
+from containerbench import buildinputs
+from containerbench.buildinputs import INPUTS_LABEL
 from containerbench.config import BenchEnv, MpiFlavour
 from containerbench.images import (
     BuiltImage,
@@ -113,25 +114,49 @@ def same_inputs_argv(engine: str, inputs: str) -> list[str]:
 
 
 def built_from_same_inputs(spec: ImageSpec) -> str | None:
-    """An image in the store built from exactly these inputs, the final stage's (not a stage docker kept)."""
-    found = run_group(same_inputs_argv(spec.engine, spec.inputs), timeout=QUERY_TIMEOUT_S, env=engine_env(spec.engine),
-                      capture=True, stdin=subprocess.DEVNULL)
-    for image_id in dict.fromkeys(found.stdout.split() if found.returncode == 0 else []):
-        labels = (inspect_image(spec.engine, image_id).get("Config") or {}).get("Labels") or {}
-        if labels.get(INPUTS_LABEL) == spec.inputs and STAGE_LABEL.split("=")[0] not in labels:
-            return image_id
+    """An image in the store built from exactly these inputs, the final stage's (not a stage docker kept); none
+    where the store cannot say (the build then builds)."""
+    try:
+        found = run_group(same_inputs_argv(spec.engine, spec.inputs), timeout=QUERY_TIMEOUT_S,
+                          env=engine_env(spec.engine), capture=True, stdin=subprocess.DEVNULL)
+        for image_id in dict.fromkeys(found.stdout.split() if found.returncode == 0 else []):
+            labels = (inspect_image(spec.engine, image_id).get("Config") or {}).get("Labels") or {}
+            if labels.get(INPUTS_LABEL) == spec.inputs and STAGE_LABEL.split("=")[0] not in labels:
+                return image_id
+    except (ImageStepError, subprocess.TimeoutExpired, json.JSONDecodeError):
+        pass
     return None
 
 
-def build_or_reuse(spec: ImageSpec, timeout: float) -> None:
-    """Build the image, or tag the one built from the same inputs (buildinputs): the same bytes, minutes sooner."""
-    same = built_from_same_inputs(spec) if spec.inputs else None
-    if same is None:
-        run_step(f"build ({spec.engine})", build_argv(spec), env=engine_env(spec.engine), timeout=timeout)
-        return
-    run_step(f"tag ({spec.engine})", [spec.engine, "tag", same, spec.tag], env=engine_env(spec.engine),
-             timeout=QUERY_TIMEOUT_S)
-    print(f"build: {spec.tag} is {same}, built before from the same inputs ({INPUTS_LABEL}={spec.inputs})")
+def build_or_reuse(spec: ImageSpec, timeout: float) -> bool:
+    """Tag the image built from the same inputs (buildinputs), the same bytes minutes sooner, else build;
+    True when it was reused."""
+    if spec.inputs and (same := built_from_same_inputs(spec)):
+        tagged = run_group([spec.engine, "tag", same, spec.tag], timeout=QUERY_TIMEOUT_S, env=engine_env(spec.engine),
+                           capture=True, stdin=subprocess.DEVNULL)
+        if tagged.returncode == 0:
+            print(f"build: {spec.tag} is {same}, built before from the same inputs ({INPUTS_LABEL}={spec.inputs})")
+            return True
+        print(f"build: tagging {same} failed ({tagged.stderr.strip()[-200:]}); building")
+    run_step(f"build ({spec.engine})", build_argv(spec), env=engine_env(spec.engine), timeout=timeout)
+    return False
+
+
+def digest_of_inputs(spec: ImageSpec) -> str | None:
+    """buildinputs' digest of this build, with the ids of the images its FROMs name; none (no label, no reuse)
+    where the digest cannot see an input or such an image is not in the store yet (the build says so)."""
+    args = spec.all_build_args()
+    try:
+        if spec.network != "none":
+            raise buildinputs.Unresolved(f"--network {spec.network}: the build may take what it fetches")
+        images = buildinputs.from_images(spec.dockerfile, args)
+        if not all(image_exists(spec.engine, image) for image in images):
+            return None
+        ids = {image: image_digest(spec.engine, image) for image in images}
+        return buildinputs.inputs_digest(spec.dockerfile, spec.context, args, ids)
+    except buildinputs.Unresolved as why:
+        print(f"build: not reusable: {why}")
+        return None
 
 
 def image_exists(engine: str, tag: str) -> bool:
@@ -193,17 +218,18 @@ def build_image(spec: ImageSpec, bench_python: Path = BENCH_PYTHON, stamp: Path 
     host = host_provenance(bench_python)
     host_hash = host["hash"]
     spec = replace(spec, build_args={"PROVENANCE": host_hash, **spec.build_args})
-    if image_exists(spec.engine, spec.base_image):  # else the build itself says the base is missing
-        base_id = image_digest(spec.engine, spec.base_image)
-        spec = replace(spec, inputs=inputs_digest(spec.dockerfile, spec.context, spec.all_build_args(), base_id))
+    spec = replace(spec, inputs=digest_of_inputs(spec))
     previous = image_digest(spec.engine, spec.tag) if image_exists(spec.engine, spec.tag) else None
-    build_or_reuse(spec, timeout)
+    reused = build_or_reuse(spec, timeout)
     if spec.engine != Podman.name:  # docker's classic builder keeps the stages; podman keeps none (--layers=false)
         forget(spec.engine, prune_stage_argv(spec.engine), "the venv stage's images")
     measured = image_provenance(spec.engine, spec.tag, timeout)
     record = build_stamp(spec.engine, spec.tag, host_hash, timeout, measured)
     stamp = stamp or stamp_path(spec.engine)
-    if record["measured_provenance"] != host_hash:  # another lock or wheel, or the sources changed during the build
+    if spec.inputs and not reused and digest_of_inputs(spec) != spec.inputs:
+        # Its label would name inputs other than those it holds, and a later build of them would reuse it.
+        refusal = "its build context changed while it was built (buildinputs); build it again"
+    elif record["measured_provenance"] != host_hash:  # another lock or wheel, or the sources changed during the build
         differs = provenance.difference(host, measured)
         refusal = f"the provenance measured in it differs: {differs} (bench venv vs image)"
     elif record["label_provenance"] != host_hash:
