@@ -67,7 +67,8 @@ def test_the_files_are_those_the_dockerignore_lets_through(context):
     ("src/*.py", "src/a.py", True), ("src/*.py", "src/pkg/a.py", False), ("*/temp*", "somedir/temporary.txt", True),
     ("*/*/temp*", "somedir/subdir/temporary.txt", True), ("temp?", "tempa/x", True), ("temp?", "temp/x", False),
     ("**/*.go", "a/b/c.go", True), ("**/*.go", "c.go", True), ("./build/", "build/x", True),
-    ("/README.md", "README.md", True), ("[a-c]x", "bx", True), ("[!a-c]x", "bx", False),
+    ("/README.md", "README.md", True), ("[a-c]x", "bx", True), ("[^a-c]x", "bx", False),
+    ("[!a-c]x", "bx", True),  # filepath.Match: "'[' [ '^' ] { character-range } ']'", so `!` is a member
 ])
 def test_a_pattern_leaves_out_what_docker_leaves_out(tmp_path, pattern, path, ignored):
     (tmp_path / ".dockerignore").write_text(pattern + "\n")
@@ -115,7 +116,8 @@ def test_links_modes_and_empty_directories_are_inputs_and_a_dangling_link_is_no_
         "a dangling link": lambda: (context / "src" / "pkg" / ".#code.py").symlink_to("root@host.1234"),
         "its target": lambda: ((context / "src" / "pkg" / ".#code.py").unlink(),
                                (context / "src" / "pkg" / ".#code.py").symlink_to("root@host.5678")),
-        "a mode": lambda: (context / "src" / "pkg" / "code.py").chmod(0o600),
+        "a mode": lambda: (context / "src" / "pkg" / "code.py").chmod(
+            (context / "src" / "pkg" / "code.py").stat().st_mode ^ 0o100),
         "an empty directory": lambda: (context / "src" / "empty").mkdir(),
         "a link to a directory": lambda: (context / "src" / "linked").symlink_to("pkg"),
     }
@@ -144,10 +146,22 @@ def test_an_argument_whose_stages_declare_other_defaults_has_none_in_common(tmp_
     ("COPY $FROM_ENV /d", "a variable the build arguments do not set"),
     ("COPY --from=localhost/other:1 /x /x", "an image, not a stage"),
     ("COPY ../outside /o", "outside the build context"),
+    ("COPY linked-wheels /w", "a COPY source that is a link"),
 ])
 def test_an_input_the_digest_cannot_see_is_said_and_nothing_is_reused(context, instruction, why):
+    (context / "linked-wheels").symlink_to("build/wheelhouse")  # the builders follow it
     (context / "Dockerfile").write_text((context / "Dockerfile").read_text() + instruction + "\n")
     with pytest.raises(buildinputs.Unresolved, match=why):
+        digest(context)
+
+
+@pytest.mark.parametrize("ignore_file", [".containerignore", "Dockerfile.dockerignore", "Dockerfile.containerignore"])
+def test_an_ignore_file_the_builders_would_read_instead_is_said(context, ignore_file):
+    # containers-common's .containerignore(5): engines read ".containerignore or .dockerignore in the root context
+    # directory"; Docker's build-context reference: a Dockerfile's own <name>.dockerignore beside it wins over the
+    # context's (the .containerignore form beside it refused the same way, in case a builder reads it).
+    (context / ignore_file).write_text("src\n")
+    with pytest.raises(buildinputs.Unresolved, match="an ignore file the digest does not read"):
         digest(context)
 
 
@@ -156,7 +170,7 @@ def test_the_json_form_after_flags_and_wildcards_are_sources(context):
                                         + 'COPY --chown=0:0 ["README.md", "/r"]\nCOPY\tsrc/pkg/*.py /p/\n')
     assert buildinputs.copied_sources(context / "Dockerfile", ARGS)[-2:] == ["README.md", "src/pkg/*.py"]
     first = digest(context)
-    (context / "src" / "pkg" / "other.py").write_text("")
+    (context / "src" / "pkg" / ".hidden.py").write_text("")  # filepath.Match's `*` matches a leading dot
     assert digest(context) != first
 
 

@@ -11,6 +11,7 @@ set by ENV) it refuses (Unresolved): the image is built, and never reused.
 
 from __future__ import annotations
 
+import fnmatch
 import glob
 import hashlib
 import json
@@ -117,9 +118,8 @@ def _regex(pattern: str) -> re.Pattern:
             out += "[^/]*"
         elif char == "?":
             out += "[^/]"
-        elif char == "[" and (end := pattern.find("]", i + 1)) > i:
-            body = pattern[i + 1:end]
-            out, i = out + "[" + ("^" + body[1:] if body[:1] in "!^" and body else body) + "]", end
+        elif char == "[" and (end := pattern.find("]", i + 1)) > i:  # filepath.Match: only `^` negates a class
+            out, i = out + "[" + pattern[i + 1:end] + "]", end
         elif char == "\\" and i + 1 < len(pattern):
             out, i = out + re.escape(pattern[i + 1]), i + 1
         else:
@@ -128,7 +128,14 @@ def _regex(pattern: str) -> re.Pattern:
     return re.compile(out)
 
 
-def ignore_patterns(context: Path) -> list[tuple[bool, re.Pattern]]:
+def ignore_patterns(context: Path, dockerfile: Path | None = None) -> list[tuple[bool, re.Pattern]]:
+    """The context's .dockerignore; another ignore file the builders would read instead is not this one's to
+    guess (podman's .containerignore, a Dockerfile's own NAME.dockerignore)."""
+    own = [dockerfile.with_name(dockerfile.name + suffix) for suffix in (".dockerignore", ".containerignore")
+           ] if dockerfile else []
+    others = [context / ".containerignore", *own]
+    if other := next((path for path in others if path.exists()), None):
+        raise Unresolved(f"{other}: an ignore file the digest does not read")
     path = context / ".dockerignore"
     lines = path.read_text().splitlines() if path.exists() else []
     cleaned = [_clean(line.strip()) for line in lines if line.strip() and not line.lstrip().startswith("#")]
@@ -146,21 +153,37 @@ def ignored(relative: str, patterns: list[tuple[bool, re.Pattern]]) -> bool:
     return verdict
 
 
+def _glob(context: Path, relative: str) -> list[Path]:
+    """The context's paths a COPY source with wildcards names, component by component with Go's filepath.Match
+    rules as fnmatch has them within one name (a `*` matches a leading dot too, unlike Python's glob)."""
+    found = [context]
+    for part in relative.split("/"):
+        if not glob.has_magic(part):
+            found = [path / part for path in found if os.path.lexists(path / part)]
+            continue
+        found = [path / name for path in found if path.is_dir() and not path.is_symlink()
+                 for name in sorted(os.listdir(path)) if fnmatch.fnmatchcase(name, part)]
+    return found
+
+
 def _matches(context: Path, source: str) -> list[Path]:
     relative = posixpath.normpath(source.lstrip("/"))
     if relative == ".." or relative.startswith("../"):
         raise Unresolved(f"{source}: outside the build context")
-    found = [Path(path) for path in glob.glob(str(context / relative))] if glob.has_magic(relative) else (
+    found = _glob(context, relative) if glob.has_magic(relative) else (
         [context / relative] if os.path.lexists(context / relative) else [])
     if not found:
         raise Unresolved(f"{source}: no file of the build context matches it")
+    if links := [path for path in found if path.is_symlink()]:
+        # The builders follow a source that is a link (to where the digest would have to follow it too).
+        raise Unresolved(f"{links[0].relative_to(context)}: a COPY source that is a link")
     return found
 
 
-def context_entries(context: Path, sources: list[str]) -> list[str]:
+def context_entries(context: Path, sources: list[str], dockerfile: Path | None = None) -> list[str]:
     """Every path under the sources that reaches the build (files, directories, links, not followed), relative to
     the context, in a stable order."""
-    patterns, found = ignore_patterns(context), set()
+    patterns, found = ignore_patterns(context, dockerfile), set()
     for source in sources:
         for top in _matches(context, source):
             paths = [top]
@@ -177,7 +200,7 @@ def inputs_digest(dockerfile: Path, context: Path, build_args: dict[str, str], i
     digest.update(dockerfile.read_bytes())
     digest.update(json.dumps({"build_args": effective_args(dockerfile, build_args), "images": image_ids},
                              sort_keys=True).encode())
-    for relative in context_entries(context, copied_sources(dockerfile, build_args)):
+    for relative in context_entries(context, copied_sources(dockerfile, build_args), dockerfile):
         path = context / relative
         info = path.lstat()
         digest.update(f"\0{relative}\0{stat.S_IFMT(info.st_mode)}\0{stat.S_IMODE(info.st_mode):o}\0".encode())

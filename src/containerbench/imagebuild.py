@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import shutil
 import stat
@@ -154,7 +155,7 @@ def digest_of_inputs(spec: ImageSpec) -> str | None:
             return None
         ids = {image: image_digest(spec.engine, image) for image in images}
         return buildinputs.inputs_digest(spec.dockerfile, spec.context, args, ids)
-    except buildinputs.Unresolved as why:
+    except (buildinputs.Unresolved, OSError, ValueError, re.error) as why:  # OSError: a file gone while read
         print(f"build: not reusable: {why}")
         return None
 
