@@ -22,7 +22,7 @@ import shlex
 import stat
 from pathlib import Path
 
-from containerbench.singularity import dockerfile_stages, expand_args, instructions
+from containerbench.singularity import arg_declarations, dockerfile_stages, expand_args, instructions
 
 INPUTS_LABEL = "org.containerbench.inputs"
 
@@ -35,14 +35,8 @@ def effective_args(dockerfile: Path, build_args: dict[str, str]) -> dict[str, st
     """Each declared ARG's value as the build sees it: the one given, else its default. Naming a default changes
     nothing, and an argument the Dockerfile does not declare is unused; an ARG whose stages declare different
     defaults has none in common (None), so that naming one of them is another build."""
-    defaults: dict[str, set[str]] = {}
-    for line in instructions(dockerfile):
-        if re.match(r"ARG\s", line, re.I):
-            for word in shlex.split(line.split(None, 1)[1], comments=True):
-                name, _, value = word.partition("=")
-                defaults.setdefault(name, set()).add(value)
-    return {name: build_args.get(name, next(iter(values)) if len(values) == 1 else None)
-            for name, values in defaults.items()}
+    return {name: build_args.get(name, defaults[0] if len(set(defaults)) == 1 else None)
+            for name, defaults in arg_declarations(dockerfile).items()}
 
 
 def _values(dockerfile: Path, build_args: dict[str, str]) -> dict[str, str]:

@@ -54,7 +54,8 @@ from containerbench.runtimes import (
 
 DOCKERFILE = Path("containers/Dockerfile")
 PROVENANCE_LABEL = "org.containerbench.provenance"
-STAGE_LABEL = "org.containerbench.stage=venv"  # on the Dockerfile's venv stage only: what the build gives back
+STAGE_LABEL_KEY = "org.containerbench.stage"
+STAGE_LABEL = f"{STAGE_LABEL_KEY}=venv"  # on the Dockerfile's venv stage only: what the build gives back
 
 
 @dataclass(frozen=True)
@@ -122,7 +123,7 @@ def built_from_same_inputs(spec: ImageSpec) -> str | None:
                           env=engine_env(spec.engine), capture=True, stdin=subprocess.DEVNULL)
         for image_id in dict.fromkeys(found.stdout.split() if found.returncode == 0 else []):
             labels = (inspect_image(spec.engine, image_id).get("Config") or {}).get("Labels") or {}
-            if labels.get(INPUTS_LABEL) == spec.inputs and STAGE_LABEL.split("=")[0] not in labels:
+            if labels.get(INPUTS_LABEL) == spec.inputs and STAGE_LABEL_KEY not in labels:
                 return image_id
     except (ImageStepError, subprocess.TimeoutExpired, json.JSONDecodeError):
         pass

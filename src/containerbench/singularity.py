@@ -37,15 +37,20 @@ def instructions(dockerfile: Path) -> list[str]:
     return out + ([current.strip()] if current.strip() else [])
 
 
-def dockerfile_args(dockerfile: Path) -> dict[str, str]:
-    """ARG names and defaults, unquoted as Docker does (ARG X="" is empty)."""
-    args = {}
+def arg_declarations(dockerfile: Path) -> dict[str, list[str]]:
+    """Each ARG name's defaults, one per declaration in order, unquoted as Docker does (ARG X="" is empty)."""
+    declared: dict[str, list[str]] = {}
     for line in instructions(dockerfile):
         if re.match(r"\s*ARG\s", line, re.I):
             for word in shlex.split(line.split(None, 1)[1], comments=True):
                 name, _, value = word.partition("=")
-                args[name] = value
-    return args
+                declared.setdefault(name, []).append(value)
+    return declared
+
+
+def dockerfile_args(dockerfile: Path) -> dict[str, str]:
+    """ARG names and defaults (a name declared again: its last default)."""
+    return {name: defaults[-1] for name, defaults in arg_declarations(dockerfile).items()}
 
 
 def expand_args(text: str, values: dict[str, str]) -> str:
