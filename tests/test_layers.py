@@ -210,3 +210,19 @@ def test_the_rank_side_imports_nothing_of_the_workflows_side():
     for module in sorted(BENCHMARK_SIDE):
         outside = sorted(used for used in package_imports(module) if used not in BENCHMARK_SIDE)
         assert not outside, f"{module} (rank side) imports {outside}"
+
+
+# What a fleet job's driver imports (cli's `fleet run`, fleetrounds._run_at_once, fleetjobs.run_job and the
+# modules run_job imports in its body): one such process a job stays on the login node while the job's runs last.
+FLEET_JOB_DRIVER = ["cli", "cli.fleet", "fleetrounds", "fleetjobs", "execution", "plans", "records", "hardware"]
+
+
+def test_a_fleet_jobs_driver_imports_no_validator():
+    """config.LAZY_IMPORTS: jsonschema is imported by the functions that validate; the driver validates
+    nothing, and would carry it, 17 MB, in each of a round's thousand processes."""
+    from containerbench.config import LAZY_IMPORTS
+
+    script = "; ".join([*(f"import containerbench.{module}" for module in FLEET_JOB_DRIVER), "import sys",
+                        f"print(sorted(set({list(LAZY_IMPORTS)!r}) & set(sys.modules)))"])
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stdout.strip()) == (0, "[]"), done.stderr[-2000:]

@@ -16,9 +16,8 @@ import itertools
 from dataclasses import asdict, dataclass
 from importlib import resources
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
-import jsonschema
 import yaml
 
 from containerbench.frameworks import DEFAULT_FRAMEWORK, FRAMEWORKS, PYTORCH
@@ -26,6 +25,14 @@ from containerbench.frameworks import framework as framework_named
 
 # runtime_label is the point's; named here too for the modules that import it from here (images).
 from containerbench.point import Point, default_mode, runtime_label  # noqa: F401
+
+if TYPE_CHECKING:
+    import jsonschema
+
+# Imported by the functions that validate, not at the top of config, records and validate: a fleet job's driver
+# (`fleet run JOB --in-allocation`, one process a job on the login node while its runs last) validates nothing,
+# and jsonschema was 17 of its 33 MB and 0.12 of its 0.3 s of imports: 18 GB at once for a 1,024-node round.
+LAZY_IMPORTS = ("jsonschema",)
 
 
 class ConfigError(ValueError):
@@ -76,6 +83,8 @@ def describe(error: jsonschema.ValidationError) -> str:
 
 def check(config: dict, schema: dict | None = None) -> None:
     """Raise ConfigError naming the first violation (the most specific one)."""
+    import jsonschema  # here, not at the top: see LAZY_IMPORTS
+
     validator = jsonschema.Draft202012Validator(schema or load_schema())
     error = jsonschema.exceptions.best_match(validator.iter_errors(config))
     if error is not None:
@@ -94,6 +103,8 @@ def _filling_defaults(validator_class):
                     instance.setdefault(name, copy.deepcopy(subschema["default"]))
         yield from check_properties(validator, schema_properties, instance, schema)
 
+    import jsonschema
+
     return jsonschema.validators.extend(validator_class, {"properties": properties})
 
 
@@ -103,6 +114,8 @@ def validated(config: dict) -> dict:
     if isinstance(config.get("telemetry"), bool):  # `telemetry: false` is short for enabled: false
         config["telemetry"] = {"enabled": config["telemetry"]}
     check(config, schema)
+    import jsonschema
+
     for error in _filling_defaults(jsonschema.Draft202012Validator)(schema).iter_errors(config):
         raise ConfigError(f"config: {describe(error)}")  # a default the schema itself got wrong
     check_repetitions(config["benchmark"])

@@ -21,8 +21,7 @@ import logging
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import jsonschema
+from typing import TYPE_CHECKING
 
 from containerbench import outputs
 from containerbench.config import describe, load_schema
@@ -34,6 +33,9 @@ from containerbench.runtimes import BareMetal
 from containerbench.slurm import SRUN_TASK_ENDED
 from containerbench.status import Check, Status
 from containerbench.usage import read_telemetry
+
+if TYPE_CHECKING:
+    import jsonschema
 
 # The version is the major number of ReFrame's DATA_VERSION: a reader of one version cannot read a
 # record of another. It stays 1 while keys are only added (ADDED_KEYS, filled in on load), so every
@@ -474,12 +476,16 @@ def migrate(record: dict) -> dict:
 
 @functools.cache
 def _validator() -> jsonschema.protocols.Validator:
+    import jsonschema  # here, not at the top: see config.LAZY_IMPORTS
+
     return jsonschema.Draft202012Validator(load_schema("record"))
 
 
 def check_record(record: dict) -> None:
     """ValueError naming the record's first violation of its schema, in one line."""
-    error = jsonschema.exceptions.best_match(_validator().iter_errors(record))
+    from jsonschema.exceptions import best_match
+
+    error = best_match(_validator().iter_errors(record))
     if error is not None:
         raise ValueError(f"not a valid {RECORD_FORMAT} record: {describe(error)[:300]}")
 

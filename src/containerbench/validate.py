@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-import jsonschema
 import pandas as pd
 import yaml
 
@@ -207,6 +206,8 @@ def load_references(path: str | Path, system: str) -> dict[str, Reference]:
         raise ReferencesError(f"{path}: cannot read: {error.strerror}") from None
     except yaml.YAMLError as error:
         raise ReferencesError(f"{path}: not valid YAML: {_yaml_problem(error)}") from None
+    import jsonschema  # here, not at the top: see config.LAZY_IMPORTS
+
     validator = jsonschema.Draft202012Validator(load_schema("references"))
     error = jsonschema.exceptions.best_match(validator.iter_errors(document))
     if error is not None:
