@@ -10,7 +10,8 @@ import pytest
 from helpers import ROOT
 
 from containerbench import buildinputs
-from containerbench.imagebuild import DOCKERFILE, ImageSpec, build_argv, same_inputs_argv
+from containerbench.config import BENCH_ENVS, MPI_FLAVOURS
+from containerbench.imagebuild import DOCKERFILE, ImageSpec, build_argv, build_context_files, same_inputs_argv
 
 IDS = {"localhost/base:1": "sha256:" + "1" * 64}
 ARGS = {"BASE_IMAGE": "localhost/base:1", "LOCK": "envs/bench.lock.txt", "WHEELHOUSE": "build/wheelhouse"}
@@ -182,3 +183,21 @@ def test_the_build_labels_its_image_with_its_inputs_and_asks_the_store_by_that_l
     assert "--label" not in build_argv(ImageSpec("docker", "localhost/x:1"))
     assert same_inputs_argv("docker", "abc") == [
         "docker", "images", "--quiet", "--no-trunc", "--filter", "label=org.containerbench.inputs=abc"]
+
+
+def test_a_rules_inputs_are_the_files_the_build_takes_less_what_another_rule_makes(context):
+    """images.smk's image_build: a change to any file the build takes builds the image again (README.md, a
+    schema or a template too, not only the Python sources); the wheelhouse is its own rule's, by its marker."""
+    taken = buildinputs.files_taken(context / "Dockerfile", context, ARGS, ["build/wheelhouse"])
+    assert taken == [str(context / name) for name in ("README.md", "envs/bench.lock.txt", "src/pkg/code.py")]
+    everything = buildinputs.files_taken(context / "Dockerfile", context, ARGS, [])
+    assert str(context / "build" / "wheelhouse" / "numpy.whl") in everything
+
+
+@pytest.mark.parametrize("flavour", sorted(MPI_FLAVOURS))
+def test_the_workflows_image_build_takes_the_package_data_pyproject_and_readme(flavour):
+    taken = {Path(path).relative_to(ROOT).as_posix()
+             for path in build_context_files(ROOT, BENCH_ENVS["cpu"], MPI_FLAVOURS[flavour])}
+    assert {"pyproject.toml", "README.md", "envs/bench.lock.txt", "src/containerbench/schemas/config.schema.yaml",
+            "src/containerbench/templates/report.html.j2", "src/containerbench/rank/bench.py"} <= taken
+    assert not [path for path in taken if "__pycache__" in path or path.startswith("build/")]

@@ -94,6 +94,16 @@ def image_build_args(env: BenchEnv, flavour: MpiFlavour) -> dict[str, str]:
             **({} if env.horovod else {"HOROVOD_VERSION": ""})}
 
 
+def build_context_files(repo: Path, env: BenchEnv, flavour: MpiFlavour) -> list[str]:
+    """The image_build rule's inputs: what the flavour's build takes from the repository (buildinputs.files_taken),
+    the wheelhouse aside (its own rule's); for a Dockerfile whose sources cannot be read so, the Python sources."""
+    args = image_build_args(env, flavour)
+    try:
+        return buildinputs.files_taken(repo / DOCKERFILE, repo, args, [args["WHEELHOUSE"]])
+    except buildinputs.Unresolved:
+        return sorted(str(path) for path in (repo / "src" / "containerbench").rglob("*.py"))
+
+
 def build_argv(spec: ImageSpec) -> list[str]:
     argv = [spec.engine, "build", "--network", spec.network, "-f", str(spec.dockerfile), "-t", spec.tag]
     if spec.engine == Podman.name:

@@ -15,7 +15,6 @@ TAG = BUILD["tag"]
 # the working directory of a run: every path here is anchored at the repository.
 IMAGES_DIR = REPO / cb_images.IMAGES
 IMAGE_LOGS = REPO / "build" / "logs" / "images"
-PACKAGE_SOURCES = sorted(str(p) for p in (REPO / "src" / "containerbench").rglob("*.py"))
 GPU_RUNS = config["slurm"]["gpus_per_node"] > 0
 # Each image step has a time limit. It is a resource, not a param: raising it must not rebuild
 # an image that was built in time. On this machine (profiles/local) an image step takes one of
@@ -95,7 +94,7 @@ for BENCH_ENV, FLAVOUR in itertools.product(
             wheelhouse=getattr(rules, f"image_wheelhouse{RULE_SUFFIX}").output,
             definition=REPO / "containers" / "Dockerfile",
             lock=REPO / BENCH_ENV.lock,
-            sources=PACKAGE_SOURCES,
+            context=imagebuild.build_context_files(REPO, BENCH_ENV, FLAVOUR),
         output:
             FILES[ENGINE],
         log:
