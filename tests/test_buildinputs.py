@@ -195,9 +195,10 @@ def test_a_rules_inputs_are_the_files_the_build_takes_less_what_another_rule_mak
 
 
 @pytest.mark.parametrize("flavour", sorted(MPI_FLAVOURS))
-def test_the_workflows_image_build_takes_the_package_data_pyproject_and_readme(flavour):
+def test_the_workflows_image_build_takes_the_package_data_and_pyproject_and_not_the_readme(flavour):
     taken = {Path(path).relative_to(ROOT).as_posix()
              for path in build_context_files(ROOT, BENCH_ENVS["cpu"], MPI_FLAVOURS[flavour])}
-    assert {"pyproject.toml", "README.md", "envs/bench.lock.txt", "src/containerbench/schemas/config.schema.yaml",
+    assert "README.md" not in taken  # what a docs edit would cost: every container run measured again
+    assert {"pyproject.toml", "envs/bench.lock.txt", "src/containerbench/schemas/config.schema.yaml",
             "src/containerbench/templates/report.html.j2", "src/containerbench/rank/bench.py"} <= taken
     assert not [path for path in taken if "__pycache__" in path or path.startswith("build/")]

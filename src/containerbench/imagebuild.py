@@ -96,10 +96,12 @@ def image_build_args(env: BenchEnv, flavour: MpiFlavour) -> dict[str, str]:
 
 def build_context_files(repo: Path, env: BenchEnv, flavour: MpiFlavour) -> list[str]:
     """The image_build rule's inputs: what the flavour's build takes from the repository (buildinputs.files_taken),
-    the wheelhouse aside (its own rule's); for a Dockerfile whose sources cannot be read so, the Python sources."""
+    but the wheelhouse (its own rule's) and README.md, the package's long description only: a new stamp has every
+    container run measured again, hours of a site's sweep for a docs edit. For a Dockerfile whose sources cannot be
+    read so, the Python sources."""
     args = image_build_args(env, flavour)
     try:
-        return buildinputs.files_taken(repo / DOCKERFILE, repo, args, [args["WHEELHOUSE"]])
+        return buildinputs.files_taken(repo / DOCKERFILE, repo, args, [args["WHEELHOUSE"], "README.md"])
     except buildinputs.Unresolved:
         return sorted(str(path) for path in (repo / "src" / "containerbench").rglob("*.py"))
 
