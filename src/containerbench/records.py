@@ -21,7 +21,6 @@ import logging
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from containerbench import outputs
 from containerbench.config import describe, load_schema
@@ -33,9 +32,6 @@ from containerbench.runtimes import BareMetal
 from containerbench.slurm import SRUN_TASK_ENDED
 from containerbench.status import Check, Status
 from containerbench.usage import read_telemetry
-
-if TYPE_CHECKING:
-    import jsonschema
 
 # The version is the major number of ReFrame's DATA_VERSION: a reader of one version cannot read a
 # record of another. It stays 1 while keys are only added (ADDED_KEYS, filled in on load), so every
@@ -475,7 +471,7 @@ def migrate(record: dict) -> dict:
 
 
 @functools.cache
-def _validator() -> jsonschema.protocols.Validator:
+def _validator():  # a jsonschema Validator
     import jsonschema  # here, not at the top: see config.LAZY_IMPORTS
 
     return jsonschema.Draft202012Validator(load_schema("record"))
