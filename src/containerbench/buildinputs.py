@@ -208,13 +208,13 @@ def inputs_digest(dockerfile: Path, context: Path, build_args: dict[str, str], i
     return digest.hexdigest()[:32]
 
 
-def files_taken(dockerfile: Path, context: Path, build_args: dict[str, str], made_by_rules: list[str]) -> list[str]:
+def files_taken(dockerfile: Path, context: Path, build_args: dict[str, str], left_out: list[str]) -> list[str]:
     """The files of the context the build takes, as a workflow rule's inputs (a change to any of them builds the
-    image again): the package's sources, schemas and templates, pyproject.toml, README.md, the lock. Less the
-    sources another rule makes (`made_by_rules`: the wheelhouse, declared by its marker). Unresolved where the
-    Dockerfile's sources cannot be read as the digest reads them."""
-    left_out = {posixpath.normpath(source.lstrip("/")) for source in made_by_rules}
+    image again): the package's sources, schemas and templates, pyproject.toml, the lock. Less the sources
+    `left_out` names (the wheelhouse, another rule's, declared by its marker). Unresolved where the Dockerfile's
+    sources cannot be read as the digest reads them."""
+    leave = {posixpath.normpath(source.lstrip("/")) for source in left_out}
     sources = [source for source in copied_sources(dockerfile, build_args)
-               if posixpath.normpath(source.lstrip("/")) not in left_out]
+               if posixpath.normpath(source.lstrip("/")) not in leave]
     return [str(context / relative) for relative in context_entries(context, sources, dockerfile)
             if (context / relative).is_file()]
