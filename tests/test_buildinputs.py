@@ -186,8 +186,8 @@ def test_the_build_labels_its_image_with_its_inputs_and_asks_the_store_by_that_l
 
 
 def test_a_rules_inputs_are_the_files_the_build_takes_less_what_another_rule_makes(context):
-    """images.smk's image_build: a change to any file the build takes builds the image again (README.md, a
-    schema or a template too, not only the Python sources); the wheelhouse is its own rule's, by its marker."""
+    """What the build takes, less the sources named: a schema or a template too, not only the Python sources
+    (the workflow's rule names the wheelhouse, its own rule's, and README.md: below)."""
     taken = buildinputs.files_taken(context / "Dockerfile", context, ARGS, ["build/wheelhouse"])
     assert taken == [str(context / name) for name in ("README.md", "envs/bench.lock.txt", "src/pkg/code.py")]
     everything = buildinputs.files_taken(context / "Dockerfile", context, ARGS, [])

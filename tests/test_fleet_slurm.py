@@ -122,7 +122,7 @@ def test_the_example_site_walks_from_clone_to_dry_runs_by_the_readmes_commands(f
 # two cores; the slowed node's CPU quota slows its three links' runs too (17 s where a healthy one takes 9).
 REPETITIONS = 2
 # netbench's messages up to 1 MiB, where a site's run goes to 16 MiB (config.yaml), as
-# benchmarks/fleet_error_rates.py measures them: the four largest sizes were about 40% of a healthy link's run, and
+# benchmarks/fleet_error_rates.py measures them: a healthy link's run takes 4 s, where it took 8 (2026-12-01), and
 # the slowed link, at 1 Gbit/s, is as far below the others at 1 MiB. A result is still several srun messages long.
 NETBENCH_MAX_BYTES = 1048576
 SECOND_PASS = range(REPETITIONS + 1, 2 * REPETITIONS + 1)  # a suspect's repetitions measured again

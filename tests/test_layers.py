@@ -219,7 +219,7 @@ FLEET_JOB_DRIVER = ["cli", "cli.fleet", "fleetrounds", "fleetjobs", "execution",
 
 def test_a_fleet_jobs_driver_imports_no_validator():
     """config.LAZY_IMPORTS: jsonschema is imported by the functions that validate; the driver validates
-    nothing, and would carry it, 17 MB, in each of a round's thousand processes."""
+    nothing, and would carry it, 6.5 MB more RSS, in each of a round's thousand processes."""
     from containerbench.config import LAZY_IMPORTS
 
     script = "; ".join([*(f"import containerbench.{module}" for module in FLEET_JOB_DRIVER), "import sys",
