@@ -9,6 +9,11 @@
 # Their output is held in a log and shown whole when they end. The other tests need what ready makes,
 # and run after it. Exit status: the first failure of ready, the fast tests, the rest; pytest's 5 (no
 # test selected, e.g. by a -k in PYTEST_ARGS) is not one for either part alone.
+#
+# The rest is cut short (pytest-timeout's session_timeout) SUITE_BUDGET_S seconds after this script began,
+# default 88 minutes: CI stops a job at 90, and a cut session still prints what failed and what was slow.
+# What ready and the fast tests took is counted, not assumed (570 to 690 s before the slow session in the
+# fresh-clone runs of 2026-12-01); pyproject.toml's fixed 75 minutes are for pytest run by hand.
 set -uo pipefail
 fast=${1:?FAST_MARKERS}
 shift
@@ -56,7 +61,11 @@ if [[ -n $fast_rc ]]; then
 fi
 ((ready_rc == 0)) || exit "$ready_rc"
 
-"$python" -m pytest -m "not gpu_env and not ($fast)" "$@"
+budget_s=${SUITE_BUDGET_S:-5280}
+session_s=$((budget_s - SECONDS))
+((session_s > 60)) || session_s=60
+echo "== the tests that need what ready made: cut short after ${session_s} s (SUITE_BUDGET_S=${budget_s}, ${SECONDS} s spent) =="
+"$python" -m pytest -m "not gpu_env and not ($fast)" --session-timeout="$session_s" "$@"
 rest_rc=$?
 for rc in "$fast_rc" "$rest_rc"; do
   ((rc == 0 || rc == 5)) || exit "$rc"
