@@ -1,12 +1,12 @@
 """A small sweep on the 4-node test cluster while things go wrong at random, seeded moments; then every
 promise checked (issue 34, item 5).
 
-    .venv/bin/python benchmarks/chaos_sweep.py [--seeds 1 2 3 4 5] [--state DIR]
+    .venv/bin/python benchmarks/chaos_sweep.py [--seeds 1 2 3 4 5] [--state DIR] [--repetitions 2]
 
 For each seed, `snakemake --profile profiles/slurm` runs tests/slurm/config.yaml's sweep (bare metal,
-ResNet-50 at 32 px, two fabrics, one and two nodes, two repetitions) and, at moments drawn from the seed (a share
-of the sweep's runs done, between a tenth and seven tenths: counted in runs, not seconds, so that a fast hour
-moves no event past the sweep's end), each of these once, in an order drawn too:
+ResNet-50 at 32 px, two fabrics, one and two nodes, two repetitions unless --repetitions says) and, at moments
+drawn from the seed (a share of the sweep's runs done, between a tenth and seven tenths: counted in runs, not
+seconds, so that a fast hour moves no event past the sweep's end), each of these once, in an order drawn too:
 
 - scancel: a running job of the sweep is cancelled;
 - node-down: a node running a job is set DOWN (then RESUMEd 20 s later);
@@ -59,14 +59,14 @@ def on_controller(state: Path, *argv: str, timeout: float = 120) -> subprocess.C
     return subprocess.run([str(CLUSTER), "exec", str(state), *argv], capture_output=True, text=True, timeout=timeout)
 
 
-def sweep_config(workdir: Path) -> list[Path]:
+def sweep_config(workdir: Path, repetitions: int) -> list[Path]:
     overlay = workdir / "chaos.yaml"
     overlay.write_text(yaml.safe_dump({
         "runtimes": ["bare-metal"],
         "bare_metal": {"python": str(BENCH_PYTHON)},
         # ResNet-50 as tests/slurm/config.yaml has it: the smoke network's all-reduce is too small for the
         # traffic check to see in a window of a few steps (measured: under half of it, judged invalid).
-        "benchmark": {"repetitions": 2, "timeout_s": 300},
+        "benchmark": {"repetitions": repetitions, "timeout_s": 300},
         "netbench": {"max_bytes": 1048576, "timeout_s": 300},
         "history": {"store": str(workdir / "history.sqlite")},
     }))
@@ -196,10 +196,10 @@ def check(workdir: Path, configs: list[Path]) -> list[str]:
     return broken
 
 
-def chaos(seed: int, state: Path, undisturbed_s: float | None) -> tuple[list[str], float]:
+def chaos(seed: int, state: Path, undisturbed_s: float | None, repetitions: int = 2) -> tuple[list[str], float]:
     rng = random.Random(seed)
     workdir = Path(tempfile.mkdtemp(prefix=f"chaos-{seed}-", dir=os.environ.get("CHAOS_DIR")))
-    configs = sweep_config(workdir)
+    configs = sweep_config(workdir, repetitions)
     controller = Controller(state, workdir, configs)
     started = time.monotonic()
 
@@ -247,6 +247,8 @@ def main(argv=None) -> int:
     parser.add_argument("--state", type=Path, help="a running 4-node test cluster's state directory")
     parser.add_argument("--undisturbed-s", type=float,
                         help="the sweep's length without chaos, to compare each seed's with (else measured)")
+    # make test runs one seed at one repetition (tests/test_fleet_slurm.py): the same four events among fewer runs.
+    parser.add_argument("--repetitions", type=int, default=2, help="of each training point (default 2)")
     args = parser.parse_args(argv)
     state, own_cluster = args.state, args.state is None
     if own_cluster:
@@ -257,13 +259,13 @@ def main(argv=None) -> int:
     try:
         undisturbed = args.undisturbed_s
         if undisturbed is None:
-            broken, undisturbed = chaos(0, state, None)
+            broken, undisturbed = chaos(0, state, None, args.repetitions)
             print(f"undisturbed sweep: {undisturbed:.0f} s, {len(broken)} promise(s) broken", flush=True)
             failures += bool(broken)
             for line in broken:
                 print(f"    {line}")
         for seed in args.seeds:
-            broken, elapsed = chaos(seed, state, undisturbed)
+            broken, elapsed = chaos(seed, state, undisturbed, args.repetitions)
             print(f"seed {seed}: {elapsed:.0f} s, {len(broken)} promise(s) broken", flush=True)
             failures += bool(broken)
             for line in broken:

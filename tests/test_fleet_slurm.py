@@ -34,9 +34,11 @@ SLOW_NODE, SLOW_LINK, CANCELLED_LINK = "n3", ("n1", "n2"), "n2+n4"
 # and then only a node whose best repetition is under half the others' worst fails (fleet.py). At one CPU its
 # training came out 43 to 48% below: once failed, once only unjudged (a fresh clone's CI, 2026-11-29).
 SLOW_NODE_PERCENT = "40"
-# The seed make test runs, and the sweep's length without chaos on this machine (benchmarks/chaos_sweep.py
-# measures it itself when not given): the events land between 10% and 70% of it.
-CHAOS_SEED, CHAOS_UNDISTURBED_S = 2, 216
+# The seed make test runs, at one repetition of each training point where the benchmark's five seeds take two, and
+# that sweep's length without chaos on this machine (benchmarks/chaos_sweep.py measures it itself when not given).
+# The same four events land among fewer runs: seed 2 took 257 s where two repetitions took 398, side by side on
+# 2026-12-01, and seeds 1 and 3 broke no promise at one repetition either (321 and 234 s).
+CHAOS_SEED, CHAOS_REPETITIONS, CHAOS_UNDISTURBED_S = 2, 1, 216
 
 
 @pytest.fixture(scope="module")
@@ -327,12 +329,13 @@ def test_a_rounds_allocation_runs_its_jobs_at_once_each_on_its_own_nodes(four_no
 
 
 def test_a_sweep_through_chaos_keeps_every_promise(four_nodes):
-    """Issue 34, item 5: one seed of benchmarks/chaos_sweep.py (five there) on this cluster: a running job
-    scancel'ed, a node set DOWN, slurmctld restarted and the workflow's controller SIGKILLed and started
+    """Issue 34, item 5: one seed of benchmarks/chaos_sweep.py (five there), at one repetition, on this cluster: a
+    running job scancel'ed, a node set DOWN, slurmctld restarted and the workflow's controller SIGKILLed and started
     again, at seeded moments; then every planned run has a record (measured, or failed with Slurm's word),
     none twice, the store is whole and holds each run once, and nothing is left running."""
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "chaos_sweep.py"), "--state", str(four_nodes),
-                           "--seeds", str(CHAOS_SEED), "--undisturbed-s", str(CHAOS_UNDISTURBED_S)],
+                           "--seeds", str(CHAOS_SEED), "--repetitions", str(CHAOS_REPETITIONS),
+                           "--undisturbed-s", str(CHAOS_UNDISTURBED_S)],
                           capture_output=True, text=True, timeout=1400)
     print(done.stdout)  # the events injected and when, for the issue's note (pytest -s)
     assert done.returncode == 0, done.stdout[-5000:] + done.stderr[-3000:]
