@@ -196,7 +196,7 @@ def check(workdir: Path, configs: list[Path]) -> list[str]:
     return broken
 
 
-def chaos(seed: int, state: Path, undisturbed_s: float | None, repetitions: int = 2) -> tuple[list[str], float]:
+def chaos(seed: int, state: Path, undisturbed_s: float | None, repetitions: int) -> tuple[list[str], float]:
     rng = random.Random(seed)
     workdir = Path(tempfile.mkdtemp(prefix=f"chaos-{seed}-", dir=os.environ.get("CHAOS_DIR")))
     configs = sweep_config(workdir, repetitions)
