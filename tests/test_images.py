@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -414,3 +415,40 @@ def test_remove_keeps_the_stamp_of_a_store_that_does_not_answer_and_says_so(tmp_
                         r"here \(.+\), and may still hold what it names; allowed: run it again where each answers, "
                         r"or delete the stamp once its copy is gone\n", said.err), said.err
     assert Path(files["docker"]).exists() and not Path(files["archive"]).exists()
+
+
+def test_remove_takes_sarus_loaded_copy_by_the_reference_it_lists_and_reads_it_back(tmp_path, capsys, monkeypatch):
+    """Issue 32: `make clean-images` left the image `sarus load` put in Sarus's store. Sarus cannot be installed
+    here, so a program of its name answers as the user guide's own examples do (eth-cscs/sarus@4a8fdc43,
+    doc/user/user_guide.rst, "Loading images from tar archives" for the listing, "Removing images" for `sarus rmi
+    load/library/my_debian` and its "removed load/library/my_debian/latest"); what is held here is our side:
+    the stamp's copy read back, removed by the listed reference, read back again, and the stamp gone."""
+    listing, calls = tmp_path / "listing.txt", tmp_path / "calls.txt"
+    listing.write_text(
+        "REPOSITORY               TAG          IMAGE ID       CREATED               SIZE         SERVER\n"
+        "load/library/my_debian   latest       2fe79f06fa6d   2018-01-31T15:08:56   47.04MB      load\n")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sarus").write_text(f"""#!{sys.executable}
+import sys, pathlib
+listing, argv = pathlib.Path({str(listing)!r}), sys.argv[1:]
+pathlib.Path({str(calls)!r}).open("a").write(" ".join(argv) + "\\n")
+if argv == ["--version"]:
+    print("1.7.0")
+elif argv == ["images"]:
+    print(listing.read_text(), end="")
+elif argv[0] == "rmi":
+    repository, tag = argv[1].rsplit(":", 1)
+    rows = listing.read_text().splitlines()
+    listing.write_text("".join(row + "\\n" for row in rows if row.split()[:2] != [repository, tag]))
+    print(f"removed {{repository}}/{{tag}}")
+""")
+    (bin_dir / "sarus").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    tag = "localhost/my_debian:latest"
+    stamp = Path(images.image_files(tag, tmp_path)["sarus"])
+    stamp.write_text('{"image": "load/library/my_debian:latest", "sarus_image_id": "2fe79f06fa6d"}\n')
+    assert cli.main(["image", "--tag", tag, "remove", "--build-dir", str(tmp_path), "--only", "sarus"]) == 0
+    assert calls.read_text().splitlines() == ["--version", "images", "rmi load/library/my_debian:latest", "images"]
+    assert listing.read_text().splitlines()[1:] == [] and not stamp.exists()
+    assert capsys.readouterr().out.splitlines() == ["removed sarus localhost/my_debian:latest", f"removed {stamp}"]

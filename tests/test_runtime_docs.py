@@ -184,6 +184,38 @@ def test_sarus_runs_the_loaded_image_by_the_name_sarus_load_gives_it():
         "python3", "-m", "m"]
 
 
+
+# SARUS doc/user/user_guide.rst, "Loading images from tar archives": the listing after `sarus load ./debian.tar
+# my_debian`, as printed there (src/cli/CommandImages.hpp prints these columns, IMAGE ID cut to 12 characters).
+SARUS_IMAGES = ("REPOSITORY               TAG          IMAGE ID       CREATED               SIZE         SERVER\n"
+                "load/library/my_debian   latest       2fe79f06fa6d   2018-01-31T15:08:56   47.04MB      load\n")
+
+
+def test_sarus_reads_the_loaded_copy_back_and_removes_it_by_the_reference_sarus_images_lists():
+    # SARUS doc/user/user_guide.rst, "Removing images": "to remove [...] images loaded from local tar archives you
+    # need to enter the image reference as displayed by the sarus images command": `sarus rmi
+    # load/library/my_debian`, answered "removed load/library/my_debian/latest"; src/cli/CommandRmi.hpp: usage
+    # "sarus rmi REPOSITORY[:TAG]". IMAGE ID: OCIImage.cpp's imageID is the config digest's hash.
+    untagged = BuiltImage("localhost/my_debian", "podman", "/clone/build/images")
+    assert Sarus.remove_prepared_commands(untagged) == [["sarus", "rmi", "load/library/my_debian:latest"]]
+    assert Sarus.remove_prepared_commands(BUILT) == [["sarus", "rmi", "load/library/containerbench:0123456789abcdef"]]
+    asked = []
+
+    def listing(text: str):
+        return lambda argv: asked.append(argv) or text
+
+    assert Sarus.read_prepared(untagged, listing(SARUS_IMAGES)) == {"sarus_image_id": "2fe79f06fa6d"}
+    assert asked == [["sarus", "images"]]
+    # Gone (the guide's listing before the load: its header alone), or another tag of it only: none read back,
+    # so a removal knows the copy went and a prepare refuses a load that left none.
+    for listed in (SARUS_IMAGES.splitlines()[0] + "\n", SARUS_IMAGES.replace(" latest ", " v1     ")):
+        with pytest.raises(ValueError) as none:
+            Sarus.read_prepared(untagged, listing(listed))
+        assert str(none.value).startswith("`sarus images` lists no load/library/my_debian:latest (")
+    with pytest.raises(ValueError):
+        Sarus.read_prepared(BUILT, listing(SARUS_IMAGES))
+
+
 # --- 3. Charliecloud --------------------------------------------------------------------------
 
 def test_charliecloud_injects_the_hosts_nvidia_libraries_for_gpu_runs():

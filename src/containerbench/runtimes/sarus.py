@@ -34,6 +34,31 @@ class Sarus(ContainerRuntime):
     @classmethod
     def prepare_commands(cls, built: BuiltImage, registry: str = "REGISTRY") -> list[list[str]]:
         return [["sarus", "load", built.archive, built.name]]
+
+    @classmethod
+    def read_prepared(cls, built: BuiltImage, run) -> dict[str, str]:
+        """The loaded copy, read back from `sarus images`: its row names the reference in its first two columns,
+        REPOSITORY and TAG (user guide, "Loading images from tar archives"), then IMAGE ID, the first 12
+        characters of the image's config digest (src/cli/CommandImages.hpp; OCIImage.cpp). Kept in the stamp,
+        not held against the build's id: nothing here shows that `sarus load` keeps the config byte for byte."""
+        repository, tag = cls.listed_name(built)
+        listed = run(["sarus", "images"])
+        for line in listed.splitlines()[1:]:
+            if (fields := line.split())[:2] == [repository, tag] and len(fields) > 2:
+                return {"sarus_image_id": fields[2]}
+        raise ValueError(f"`sarus images` lists no {repository}:{tag} ({len(listed.splitlines()[1:])} image(s) listed)")
+
+    @classmethod
+    def listed_name(cls, built: BuiltImage) -> tuple[str, str]:
+        """(REPOSITORY, TAG) as `sarus images` lists the loaded copy; a name without a tag is loaded as latest."""
+        repository, colon, tag = cls.reference(built).rpartition(":")
+        return (repository, tag) if colon else (cls.reference(built), "latest")
+
+    @classmethod
+    def remove_prepared_commands(cls, built: BuiltImage) -> list[list[str]]:
+        # A loaded image is removed by the reference `sarus images` shows (user guide, "Removing images":
+        # `sarus rmi load/library/my_debian`); Sarus's store is the user's own (~/.sarus), not the engine's.
+        return [["sarus", "rmi", ":".join(cls.listed_name(built))]]
     rdma_devices = ("/dev/infiniband/rdma_cm", "/dev/infiniband/uverbs*")
 
     native_support = "hook"  # `sarus run --mpi`: the site's MPI hook (user guide, "Native MPI support")
