@@ -202,3 +202,18 @@ def test_the_workflows_image_build_takes_the_package_data_and_pyproject_and_not_
     assert {"pyproject.toml", "envs/bench.lock.txt", "src/containerbench/schemas/config.schema.yaml",
             "src/containerbench/templates/report.html.j2", "src/containerbench/rank/bench.py"} <= taken
     assert not [path for path in taken if "__pycache__" in path or path.startswith("build/")]
+
+
+def test_a_dockerfile_whose_sources_cannot_be_read_makes_the_rule_take_the_sources_and_the_lock(tmp_path):
+    """The image_build rule's inputs where files_taken cannot tell them (buildinputs.Unresolved): the package's
+    Python and the env's lock, which the rule no longer names apart (it was there for this case only)."""
+    env, flavour = BENCH_ENVS["cpu"], MPI_FLAVOURS["openmpi"]
+    (tmp_path / DOCKERFILE).parent.mkdir(parents=True)
+    (tmp_path / DOCKERFILE).write_text("FROM base\nCOPY linked /w\n")
+    (tmp_path / "linked").symlink_to("src")  # a COPY source that is a link: Unresolved
+    (tmp_path / "src" / "containerbench").mkdir(parents=True)
+    (tmp_path / "src" / "containerbench" / "bench.py").write_text("x = 1\n")
+    with pytest.raises(buildinputs.Unresolved):
+        buildinputs.files_taken(tmp_path / DOCKERFILE, tmp_path, {}, [])
+    assert build_context_files(tmp_path, env, flavour) == [str(tmp_path / env.lock),
+                                                           str(tmp_path / "src" / "containerbench" / "bench.py")]

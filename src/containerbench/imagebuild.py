@@ -98,12 +98,12 @@ def build_context_files(repo: Path, env: BenchEnv, flavour: MpiFlavour) -> list[
     """The image_build rule's inputs: what the flavour's build takes from the repository (buildinputs.files_taken),
     but the wheelhouse (its own rule's) and README.md, the package's long description only: a new stamp has every
     container run measured again, hours of a site's sweep for a docs edit. For a Dockerfile whose sources cannot be
-    read so, the Python sources."""
+    read so, the Python sources and the env's lock."""
     args = image_build_args(env, flavour)
     try:
         return buildinputs.files_taken(repo / DOCKERFILE, repo, args, [args["WHEELHOUSE"], "README.md"])
     except buildinputs.Unresolved:
-        return sorted(str(path) for path in (repo / "src" / "containerbench").rglob("*.py"))
+        return [str(repo / env.lock), *sorted(str(path) for path in (repo / "src" / "containerbench").rglob("*.py"))]
 
 
 def build_argv(spec: ImageSpec) -> list[str]:

@@ -93,7 +93,6 @@ for BENCH_ENV, FLAVOUR in itertools.product(
             base=[] if BUILD["base_image"] else rules.image_base.output,
             wheelhouse=getattr(rules, f"image_wheelhouse{RULE_SUFFIX}").output,
             definition=REPO / "containers" / "Dockerfile",
-            lock=REPO / BENCH_ENV.lock,
             context=imagebuild.build_context_files(REPO, BENCH_ENV, FLAVOUR),
         output:
             FILES[ENGINE],
