@@ -142,6 +142,38 @@ def test_docker_builds_on_the_very_base_podman_made(podman_image, docker_image):
             == imagebuild.image_digest("podman", imagestep.BASE_IMAGE))
 
 
+
+def test_a_base_made_from_another_recipe_is_made_again_not_taken_for_current(podman_image, docker_image, tmp_path,
+                                                                            capsys):
+    """The base's tag alone used to say it was current: a base made before BASE_PACKAGES changed would have been
+    built on for ever. It is labelled with its recipe (docker-import(1), podman-import(1): --change takes LABEL)
+    and one of another recipe, or of none (made before the label), is made again; docker's copy is podman's,
+    label and all (test above)."""
+    assert baseimage.made_from("podman", imagestep.BASE_IMAGE) == baseimage.recipe()
+    assert baseimage.made_from("docker", imagestep.BASE_IMAGE) == baseimage.recipe()
+    assert baseimage.recipe(packages=(*baseimage.BASE_PACKAGES, "libfabric1")) != baseimage.recipe()
+    assert baseimage.made_from("podman", "localhost/containerbench-base-test:none") is None
+    (tmp_path / "root" / "etc").mkdir(parents=True)
+    (tmp_path / "root" / "etc" / "debian_version").write_text("12.0\n")
+    tag = "localhost/containerbench-base-test:unlabelled"
+    tar = subprocess.Popen(["tar", "-C", str(tmp_path / "root"), "-c", "."], stdout=subprocess.PIPE)
+    imported = subprocess.run(["podman", "import", "-", tag], stdin=tar.stdout, capture_output=True, text=True,
+                              timeout=300, env=engine_env("podman"))
+    tar.stdout.close()
+    assert tar.wait() == 0 and imported.returncode == 0, imported.stderr
+    try:
+        assert baseimage.made_from("podman", tag) == ""
+        # Made again, not reused: the debootstrap it starts is pointed at a mirror that answers nothing here, so
+        # it fails at once, and the unlabelled image is left as it was.
+        with pytest.raises(imagestep.ImageStepError, match=r"base \(debootstrap\)"):
+            baseimage.make_base("podman", tag, tmp_path / "rootfs", mirror="http://127.0.0.1:9/debian", timeout=120)
+        assert capsys.readouterr().err.startswith(
+            f"containerbench image: base: {tag} in podman was made from recipe unlabelled, this one is "
+            f"{baseimage.recipe()} (baseimage.BASE_PACKAGES, SUITE): made again\n")
+        assert baseimage.made_from("podman", tag) == ""
+    finally:
+        subprocess.run(["podman", "rmi", tag], capture_output=True, timeout=300, env=engine_env("podman"))
+
 def test_podman_ranks_under_mpirun(podman_image):
     command = [*MPIRUN, "podman", "run", "--rm", "--network", "host", "--pid", "host", "--ipc", "host",
                "-v", "/tmp:/tmp", "--env", "OMPI_*", "--env", "PMIX_*", podman_image["tag"],

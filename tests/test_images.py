@@ -290,7 +290,10 @@ def test_base_and_wheelhouse_argvs(tmp_path):
         "bookworm", "root", "http://deb.debian.org/debian"]
     assert baseimage.rootfs_tar_argv(Path("root")) == ["tar", "-C", "root", "--exclude=./dev/*", "-c", "."]
     assert baseimage.import_argv("podman") == [
-        "podman", "import", "--change", f"ENV PATH={DEFAULT_PATH}", "-", imagestep.BASE_IMAGE]
+        "podman", "import", "--change", f"ENV PATH={DEFAULT_PATH}",
+        "--change", f"LABEL org.containerbench.base-recipe={baseimage.recipe()}", "-", imagestep.BASE_IMAGE]
+    assert re.fullmatch("[0-9a-f]{16}", baseimage.recipe()) and baseimage.recipe() == baseimage.recipe("bookworm")
+    assert baseimage.recipe("trixie") != baseimage.recipe() != baseimage.recipe(packages=("python3",))
     args = wheelhouse.platform_args("3.11")
     assert args[:10] == ["--only-binary=:all:", "--python-version", "3.11", "--implementation", "cp",
                          "--abi", "cp311", "--abi", "abi3", "--abi"]

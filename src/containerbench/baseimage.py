@@ -4,6 +4,8 @@ other engine when that one already holds it."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 import shlex
 import shutil
@@ -16,6 +18,7 @@ from containerbench.imagestep import (
     BASE_IMAGE,
     BUILD,
     DEFAULT_STEP_TIMEOUT_S,
+    QUERY_TIMEOUT_S,
     SUITE,
     ImageStepError,
     run_step,
@@ -52,8 +55,33 @@ def rootfs_tar_argv(rootfs: Path) -> list[str]:
     return ["tar", "-C", str(rootfs), "--exclude=./dev/*", "-c", "."]
 
 
+# What the base is made of, as a label on it: a base made from another recipe (an older BASE_PACKAGES) is
+# made again, not reused because its tag exists; the image_base rule's params carry it, so Snakemake runs the
+# rule again when it changes, and the images built on the base follow (their inputs digest has its id).
+RECIPE_LABEL = "org.containerbench.base-recipe"
+
+
+def recipe(suite: str = SUITE, packages=BASE_PACKAGES) -> str:
+    """The base's recipe, digested: the suite, the packages, the debootstrap variant and the PATH it gets."""
+    made_of = {"suite": suite, "packages": list(packages), "variant": "minbase", "path": DEFAULT_PATH}
+    return hashlib.sha256(json.dumps(made_of, sort_keys=True).encode()).hexdigest()[:16]
+
+
 def import_argv(engine: str, tag: str = BASE_IMAGE) -> list[str]:
-    return [engine, "import", "--change", f"ENV PATH={DEFAULT_PATH}", "-", tag]
+    # docker-import(1) and podman-import(1), --change: "ENV" and "LABEL" are among the instructions applied.
+    return [engine, "import", "--change", f"ENV PATH={DEFAULT_PATH}", "--change", f"LABEL {RECIPE_LABEL}={recipe()}",
+            "-", tag]
+
+
+def made_from(engine: str, tag: str) -> str | None:
+    """The recipe label of the engine's `tag` ("" where it has none: made before the label), None where the
+    engine has no such image."""
+    if not image_exists(engine, tag):
+        return None
+    done = run_step("base (inspect)", [engine, "image", "inspect", tag], capture=True, env=engine_env(engine),
+                    timeout=QUERY_TIMEOUT_S)
+    config = json.loads(done.stdout)[0]
+    return ((config.get("Config") or {}).get("Labels") or config.get("Labels") or {}).get(RECIPE_LABEL, "")
 
 
 def make_base(engine: str, tag: str = BASE_IMAGE, rootfs: Path = BUILD / "base" / "rootfs",
@@ -61,10 +89,14 @@ def make_base(engine: str, tag: str = BASE_IMAGE, rootfs: Path = BUILD / "base" 
     """Debootstrap a root file system into `rootfs`, import it into the engine as `tag`, and remove
     it: the engine keeps the base, the workflow keeps only its marker. A base another engine here
     already holds is copied from it instead (save, load): one debootstrap serves both engines."""
-    if image_exists(engine, tag) and not force:
+    wanted = recipe()
+    if (found := made_from(engine, tag)) == wanted and not force:
         return f"{tag} already in {engine}"
+    if found is not None and not force:
+        print(f"containerbench image: base: {tag} in {engine} was made from recipe {found or 'unlabelled'}, this "
+              f"one is {wanted} (baseimage.BASE_PACKAGES, SUITE): made again", file=sys.stderr)
     holder = None if force else next((other for other in ENGINES if other != engine and engine_usable(other)[0]
-                                      and image_exists(other, tag)), None)
+                                      and made_from(other, tag) == wanted), None)
     if holder:
         archive = rootfs.parent / "base.tar"
         try:

@@ -5,7 +5,7 @@
 import itertools
 
 from containerbench import images as cb_images
-from containerbench import imagebuild, imagestep
+from containerbench import baseimage, imagebuild, imagestep
 from containerbench.cli.image import step_argv
 
 BUILD = config["images"]["build"]
@@ -36,6 +36,8 @@ rule image_base:
         images=shlex.join(
             step_argv(PYTHON, ENGINE, TAG, BENCH_PYTHON, REPO, cb_config.BENCH_ENVS[config["benchmark_env"]])
         ),
+        # Not read by the step (it labels the base with it itself): a new recipe runs the rule again.
+        recipe=baseimage.recipe(),
     localrule: True
     priority: BEFORE_ANY_MEASUREMENT
     resources:
