@@ -148,7 +148,8 @@ def test_a_base_made_from_another_recipe_is_made_again_not_taken_for_current(pod
     """The base's tag alone used to say it was current: a base made before BASE_PACKAGES changed would have been
     built on for ever. It is labelled with its recipe (docker-import(1), podman-import(1): --change takes LABEL)
     and one of another recipe, or of none (made before the label), is made again; docker's copy is podman's,
-    label and all (test above)."""
+    label and all (test above). docker-import's reference does not list LABEL among --change's instructions:
+    dockerd is given the same argv here, and applies it."""
     assert baseimage.made_from("podman", imagestep.BASE_IMAGE) == baseimage.recipe()
     assert baseimage.made_from("docker", imagestep.BASE_IMAGE) == baseimage.recipe()
     assert baseimage.recipe(packages=(*baseimage.BASE_PACKAGES, "libfabric1")) != baseimage.recipe()
@@ -161,7 +162,14 @@ def test_a_base_made_from_another_recipe_is_made_again_not_taken_for_current(pod
                               timeout=300, env=engine_env("podman"))
     tar.stdout.close()
     assert tar.wait() == 0 and imported.returncode == 0, imported.stderr
+    labelled = "localhost/containerbench-base-test:labelled"
+    tar = subprocess.Popen(["tar", "-C", str(tmp_path / "root"), "-c", "."], stdout=subprocess.PIPE)
+    imported = subprocess.run(baseimage.import_argv("docker", labelled), stdin=tar.stdout, capture_output=True,
+                              text=True, timeout=300, env=engine_env("docker"))
+    tar.stdout.close()
+    assert tar.wait() == 0 and imported.returncode == 0, imported.stderr
     try:
+        assert baseimage.made_from("docker", labelled) == baseimage.recipe()
         assert baseimage.made_from("podman", tag) == ""
         # Made again, not reused: the debootstrap it starts is pointed at a mirror that answers nothing here, so
         # it fails at once, and the unlabelled image is left as it was.
@@ -173,6 +181,7 @@ def test_a_base_made_from_another_recipe_is_made_again_not_taken_for_current(pod
         assert baseimage.made_from("podman", tag) == ""
     finally:
         subprocess.run(["podman", "rmi", tag], capture_output=True, timeout=300, env=engine_env("podman"))
+        subprocess.run(["docker", "rmi", labelled], capture_output=True, timeout=300, env=engine_env("docker"))
 
 def test_podman_ranks_under_mpirun(podman_image):
     command = [*MPIRUN, "podman", "run", "--rm", "--network", "host", "--pid", "host", "--ipc", "host",

@@ -217,7 +217,8 @@ def test_a_fleet_jobs_driver_imports_no_validator(tmp_path):
     nothing, and would carry it, 6.5 MB more RSS, in each of a round's thousand processes (one a job, on the
     login node, while the job's runs last). The driver itself is run, as fleetrounds._run_at_once starts it, on
     a job of no runs, and Python's -X importtime names every module it imported, those run_job imports in its
-    body included: no list kept by hand to fall behind the code."""
+    body included: no list kept by hand to fall behind the code. What only a run's own path would import
+    (execution.measure's body) is not reached here; none of it imports a validator today."""
     from containerbench.config import LAZY_IMPORTS
 
     job = tmp_path / "job.json"

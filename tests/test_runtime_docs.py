@@ -214,6 +214,8 @@ def test_sarus_reads_the_loaded_copy_back_and_removes_it_by_the_reference_sarus_
         assert str(none.value).startswith("`sarus images` lists no load/library/my_debian:latest (")
     with pytest.raises(ValueError):
         Sarus.read_prepared(BUILT, listing(SARUS_IMAGES))
+    # Where Sarus stored no id, CommandImages.hpp prints "<none>": the copy is there, with no id to keep.
+    assert Sarus.read_prepared(untagged, listing(SARUS_IMAGES.replace("2fe79f06fa6d", "<none>      "))) == {}
 
 
 # --- 3. Charliecloud --------------------------------------------------------------------------

@@ -68,7 +68,8 @@ def recipe(suite: str = SUITE, packages=BASE_PACKAGES) -> str:
 
 
 def import_argv(engine: str, tag: str = BASE_IMAGE) -> list[str]:
-    # docker-import(1) and podman-import(1), --change: "ENV" and "LABEL" are among the instructions applied.
+    # podman-import(1), --change: LABEL is among the instructions it applies. docker-import's reference lists
+    # fewer, but dockerd applies LABEL too (test_image_builds imports with this argv into docker 28.2 here).
     return [engine, "import", "--change", f"ENV PATH={DEFAULT_PATH}", "--change", f"LABEL {RECIPE_LABEL}={recipe()}",
             "-", tag]
 

@@ -38,14 +38,15 @@ class Sarus(ContainerRuntime):
     @classmethod
     def read_prepared(cls, built: BuiltImage, run) -> dict[str, str]:
         """The loaded copy, read back from `sarus images`: its row names the reference in its first two columns,
-        REPOSITORY and TAG (user guide, "Loading images from tar archives"), then IMAGE ID, the first 12
-        characters of the image's config digest (src/cli/CommandImages.hpp; OCIImage.cpp). Kept in the stamp,
-        not held against the build's id: nothing here shows that `sarus load` keeps the config byte for byte."""
+        REPOSITORY and TAG (user guide, "Loading images from tar archives"), then the first 12 characters of the
+        image's config digest: IMAGE ID since 1.5.0 (CHANGELOG [1.5.0]; src/cli/CommandImages.hpp, OCIImage.cpp),
+        headed DIGEST in 1.4 (the loaded archive's config file), `<none>` where Sarus stored none. Kept in the
+        stamp, not held against the build's id: nothing here shows that `sarus load` keeps the config as it is."""
         repository, tag = cls.listed_name(built)
         listed = run(["sarus", "images"])
         for line in listed.splitlines()[1:]:
-            if (fields := line.split())[:2] == [repository, tag] and len(fields) > 2:
-                return {"sarus_image_id": fields[2]}
+            if (fields := line.split())[:2] == [repository, tag]:
+                return {"sarus_image_id": fields[2]} if len(fields) > 2 and fields[2] != "<none>" else {}
         raise ValueError(f"`sarus images` lists no {repository}:{tag} ({len(listed.splitlines()[1:])} image(s) listed)")
 
     @classmethod
