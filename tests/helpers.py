@@ -134,6 +134,8 @@ _CAUSE = (r"on \S+ (processes outside the run took \d+% of its CPUs \(cores [\d,
           r"|processes outside the run took \d+% of the SMT siblings of its CPUs \(cores [\d,]+, which share their "
           r"execution units\) in the measured window|the hypervisor stole \d+% of the run's CPUs), limit \d+%")
 DISTURBED_CAUSE = re.compile(rf"disturbed: {_CAUSE}(; {_CAUSE})*")
+_STOLEN = r"on \S+ the hypervisor stole \d+% of the run's CPUs, limit \d+%"
+STOLEN_ONLY = re.compile(rf"disturbed: {_STOLEN}(; {_STOLEN})*")  # a cause outside this machine's processes
 CONTAINERBENCH = Path(sys.executable).with_name("containerbench")  # beside this interpreter, as SNAKEMAKE
 # The embedded default's steal limit (telemetry.max_steal_share); a spell of steal is waited out below it.
 STEAL_LIMIT = cb_config.load([ROOT / "config" / "config.yaml"])["telemetry"]["max_steal_share"]
@@ -180,7 +182,7 @@ def remeasure_disturbed(workdir: Path, results: Path, *args: str, timeout=900, r
     limits (issue 34): a run this shared machine disturbed must say so with its measured cause, never be
     wrong silently; the disturbed runs alone are then set aside, as the docs say (docs/telemetry.md), and
     measured again by one more invocation, up to `rounds` times (the hypervisor's steal comes in spells),
-    until every one is ok. Every other record stays as it was."""
+    until every one is ok, or disturbed by that steal alone. Every other record stays as it was."""
     def records() -> dict[str, dict]:
         return {path.stem: json.loads(path.read_text()) for path in sorted((results / "runs").glob("*.json"))}
 
@@ -204,8 +206,13 @@ def remeasure_disturbed(workdir: Path, results: Path, *args: str, timeout=900, r
         for run_id in disturbed:  # each disturbed attempt is kept whole beside it
             kept = sorted((results / "superseded" / run_id).glob("attempt-*"))[-1] / "runs" / f"{run_id}.json"
             assert json.loads(kept.read_text()) == before[run_id]
-    assert [run_id for run_id, record in current.items() if record["status"] == "disturbed"] == [], \
-        {run_id: record["reasons"] for run_id, record in current.items() if record["status"] == "disturbed"}
+    # A run the hypervisor's steal still disturbed after `rounds` waits for a quiet spell is kept as it is: disturbed,
+    # with that measured cause, which a test of the benchmark's output accepts (measured()), never a quieter figure
+    # made up. A fresh clone's make test on 2026-12-01 took 18% longer than CI's an hour before, vmstat's st read 37%
+    # in its middle, and one netbench run stayed at 11% through three tries. Any other cause (this machine's own
+    # processes) fails here.
+    left = {run_id: record["reasons"] for run_id, record in current.items() if record["status"] == "disturbed"}
+    assert all(STOLEN_ONLY.fullmatch(reason) for reasons in left.values() for reason in reasons), left
     assert set(current) == set(first)
     return list(current.values())
 
