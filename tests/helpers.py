@@ -130,11 +130,12 @@ while True:
 
 
 # A disturbed run's reasons as usage.disturbance words them: each measured share, its cores, the limit.
+_STOLE = r"the hypervisor stole \d+% of the run's CPUs"
 _CAUSE = (r"on \S+ (processes outside the run took \d+% of its CPUs \(cores [\d,]+\) in the measured window"
           r"|processes outside the run took \d+% of the SMT siblings of its CPUs \(cores [\d,]+, which share their "
-          r"execution units\) in the measured window|the hypervisor stole \d+% of the run's CPUs), limit \d+%")
+          rf"execution units\) in the measured window|{_STOLE}), limit \d+%")
 DISTURBED_CAUSE = re.compile(rf"disturbed: {_CAUSE}(; {_CAUSE})*")
-_STOLEN = r"on \S+ the hypervisor stole \d+% of the run's CPUs, limit \d+%"
+_STOLEN = rf"on \S+ {_STOLE}, limit \d+%"
 STOLEN_ONLY = re.compile(rf"disturbed: {_STOLEN}(; {_STOLEN})*")  # a cause outside this machine's processes
 CONTAINERBENCH = Path(sys.executable).with_name("containerbench")  # beside this interpreter, as SNAKEMAKE
 # The embedded default's steal limit (telemetry.max_steal_share); a spell of steal is waited out below it.
