@@ -137,6 +137,8 @@ _CAUSE = (r"on \S+ (processes outside the run took \d+% of its CPUs \(cores [\d,
 DISTURBED_CAUSE = re.compile(rf"disturbed: {_CAUSE}(; {_CAUSE})*")
 _STOLEN = rf"on \S+ {_STOLE}, limit \d+%"
 STOLEN_ONLY = re.compile(rf"disturbed: {_STOLEN}(; {_STOLEN})*")  # a cause outside this machine's processes
+# What the hypervisor's steal adds after the causes a test made on purpose: nothing, or its named shares.
+STOLEN_BESIDE = re.compile(rf"(; {_STOLEN})*")
 CONTAINERBENCH = Path(sys.executable).with_name("containerbench")  # beside this interpreter, as SNAKEMAKE
 # The embedded default's steal limit (telemetry.max_steal_share); a spell of steal is waited out below it.
 STEAL_LIMIT = cb_config.load([ROOT / "config" / "config.yaml"])["telemetry"]["max_steal_share"]
@@ -178,25 +180,37 @@ def measured(record: dict) -> bool:
         and all(DISTURBED_CAUSE.fullmatch(reason) for reason in record["reasons"]))
 
 
-def remeasure_disturbed(workdir: Path, results: Path, *args: str, timeout=900, rounds=3, **popen) -> list[dict]:
+def remeasure_disturbed(workdir: Path, results: Path, *args: str, timeout=900, rounds=3, stolen_kept=(),
+                        **popen) -> list[dict]:
     """The records of a workflow run that `snakemake(workdir, *args)` finished, at the default disturbance
     limits (issue 34): a run this shared machine disturbed must say so with its measured cause, never be
     wrong silently; the disturbed runs alone are then set aside, as the docs say (docs/telemetry.md), and
     measured again by one more invocation, up to `rounds` times (the hypervisor's steal comes in spells),
-    until every one is ok, or disturbed by that steal alone. Every other record stays as it was."""
+    until every one is ok, or disturbed by that steal alone. Every other record stays as it was.
+
+    A run of a kind in `stolen_kept` that the steal alone disturbed is kept as it is, flagged, without a wait: its
+    figures feed no table the caller judges (the container modules read netbench records for what ran, not for
+    their figures), and a bad hour's waits and runs again for them took over three minutes of a CI run
+    (test_framework_containers, 2026-12-01). A cause of this machine's own is measured again whatever the kind."""
+    def again_needed(record: dict) -> bool:
+        if record["status"] != "disturbed":
+            return False
+        return record["kind"] not in stolen_kept or not all(STOLEN_ONLY.fullmatch(r) for r in record["reasons"])
+
     def records() -> dict[str, dict]:
         return {path.stem: json.loads(path.read_text()) for path in sorted((results / "runs").glob("*.json"))}
 
     first = current = records()
     for _ in range(rounds):
-        disturbed = sorted(run_id for run_id, record in current.items() if record["status"] == "disturbed")
-        for run_id in disturbed:
-            assert all(DISTURBED_CAUSE.fullmatch(r) for r in current[run_id]["reasons"]), current[run_id]["reasons"]
+        for record in current.values():
+            if record["status"] == "disturbed":
+                assert all(DISTURBED_CAUSE.fullmatch(r) for r in record["reasons"]), record["reasons"]
+        disturbed = sorted(run_id for run_id, record in current.items() if again_needed(record))
         if not disturbed:
             break
         wait_out_steal_it_names([reason for run_id in disturbed for reason in current[run_id]["reasons"]])
-        set_aside = run_group([str(CONTAINERBENCH), "remeasure", "--results", str(results), "--status", "disturbed"],
-                              timeout=60)
+        set_aside = run_group([str(CONTAINERBENCH), "remeasure", "--results", str(results), "--status", "disturbed",
+                               *(f"--run={run_id}" for run_id in disturbed)], timeout=60)
         assert set_aside.returncode == 0 and len(set_aside.stdout.splitlines()) == len(disturbed), set_aside.stdout
         again = snakemake(workdir, *args, timeout=timeout, **popen)
         assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]

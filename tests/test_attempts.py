@@ -93,3 +93,24 @@ def test_a_directory_the_workflow_did_not_write_is_refused_in_one_line(tmp_path,
     assert main(["remeasure", "--results", str(tmp_path / "elsewhere")]) == 2
     assert capsys.readouterr().err == (f"containerbench: remeasure: --results '{tmp_path / 'elsewhere'}' has no "
                                        "runs/ directory; allowed: a results directory the workflow wrote\n")
+
+
+def test_runs_named_alone_are_set_aside_and_a_name_without_such_a_record_moves_nothing(results, capsys):
+    """`--run` (as helpers.remeasure_disturbed names the runs it needs measured again): two failed runs, one named."""
+    netbench = "netbench_bare-metal_tcp-loopback_1x2_rep1"
+    log = results / "runs" / f"{netbench}.log"
+    log.write_text("\n".join(line for line in log.read_text().splitlines() if "containerbench-" not in line
+                             or line.startswith("containerbench-launch")) + "\n")
+    write_record(log, results / "runs" / f"{netbench}.json", results / "telemetry" / f"{netbench}.csv")
+    assert json.loads((results / "runs" / f"{netbench}.json").read_text())["status"] == "failed"
+    ok = "train_bare-metal_tcp-loopback_1x1_b2_rep1"
+    before = digests(results)
+    assert main(["remeasure", "--results", str(results), "--status", "failed", "--run", FAILED, "--run", ok]) == 2
+    assert capsys.readouterr().err == (f"containerbench: remeasure: --run '{ok}': no record of status failed in "
+                                       f"'{results / 'runs'}'; allowed: the run id of such a record (its file name, "
+                                       "without .json)\n")
+    assert digests(results) == before
+    assert main(["remeasure", "--results", str(results), "--status", "failed", "--run", FAILED]) == 0
+    assert capsys.readouterr().out.startswith(f"containerbench: {FAILED} (failed) set aside in ")
+    assert [entry["run_id"] for entry in index(results)] == [FAILED]
+    assert json.loads((results / "runs" / f"{netbench}.json").read_text())["status"] == "failed"  # not named: stays

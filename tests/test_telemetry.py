@@ -13,7 +13,15 @@ import time
 
 import pandas as pd
 import pytest
-from helpers import HALF_CORE_LOOP, RECORDED_RUNS, SMOKE_MODEL, run_and_parse, tiny_config
+from helpers import (
+    HALF_CORE_LOOP,
+    RECORDED_RUNS,
+    SMOKE_MODEL,
+    STOLEN_BESIDE,
+    STOLEN_ONLY,
+    run_and_parse,
+    tiny_config,
+)
 
 from containerbench import config as cb_config
 from containerbench.plans import plan_run
@@ -292,9 +300,12 @@ def test_a_busy_process_on_the_runs_core_marks_it_disturbed_and_a_quiet_run_is_n
     assert disturbed["status"] == "disturbed", (disturbed["reasons"], disturbed["telemetry"]["nodes"])
     [node] = disturbed["telemetry"]["nodes"].values()
     assert node["foreign_cpu_share"] > 0.15  # the busy loop took a share of the core
-    assert disturbed["reasons"] == [
-        f"disturbed: on {socket.gethostname()} processes outside the run took "
-        f"{100 * node['foreign_cpu_share']:.0f}% of its CPUs (cores {core}) in the measured window, limit 10%"]
+    # The loop's share first; the hypervisor's steal on this shared VM may be measured beside it, a cause of its own
+    # (a CI run on 2026-12-01: 5% of the run's CPUs, at the limit), never folded into the loop's.
+    [reason] = disturbed["reasons"]
+    caused = (f"disturbed: on {socket.gethostname()} processes outside the run took "
+              f"{100 * node['foreign_cpu_share']:.0f}% of its CPUs (cores {core}) in the measured window, limit 10%")
+    assert reason.startswith(caused) and STOLEN_BESIDE.fullmatch(reason.removeprefix(caused)), reason
     # Kept and listed, never compared: the point's summary counts only the quiet run.
     tables = build_tables([quiet, disturbed])
     assert tables["summary"].iloc[0]["repetitions"] == 1
@@ -309,7 +320,9 @@ def test_a_busy_process_on_the_runs_core_marks_it_disturbed_and_a_quiet_run_is_n
     # counted apart as the runtime's and launcher's, not a disturbance.
     served = run_beside_a_loop("orted", tmp_path / "served")
     [node] = served["telemetry"]["nodes"].values()
-    assert served["status"] == "ok", (served["reasons"], node)
+    # ok, or (after run_and_parse's waits for a quiet spell) flagged for the hypervisor's steal alone: never the loop.
+    stolen = served["status"] == "disturbed" and all(STOLEN_ONLY.fullmatch(r) for r in served["reasons"])
+    assert served["status"] == "ok" or stolen, (served["reasons"], node)
     assert node["service_cpu_s"]["orted"] > 0 and node["service_cpu_percent"] > 15, node
     assert node["foreign_cpu_share"] < config["telemetry"]["disturbed_cpu_share"], node
 

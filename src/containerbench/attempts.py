@@ -55,9 +55,10 @@ def index(results: Path) -> list[dict]:
     return entries
 
 
-def set_aside(results: str | Path, statuses: list[str]) -> list[tuple[str, str, Path]]:
-    """Move the files of every run whose record has one of `statuses` into a new attempt directory:
-    (run_id, status, attempt directory) for each, in run-id order. Nothing is ever overwritten."""
+def set_aside(results: str | Path, statuses: list[str],
+              run_ids: list[str] | None = None) -> list[tuple[str, str, Path]]:
+    """Move the files of every run whose record has one of `statuses` (of `run_ids` alone, where given) into a new
+    attempt directory: (run_id, status, attempt directory) for each, in run-id order. Nothing is ever overwritten."""
     results = Path(results)
     for status in statuses:
         if status not in ALLOWED:
@@ -71,8 +72,14 @@ def set_aside(results: str | Path, statuses: list[str]) -> list[tuple[str, str, 
             status = json.loads(path.read_text())["status"]
         except (OSError, ValueError, KeyError, TypeError):  # not a record: left for the parser to judge
             continue
-        if status in statuses:
+        if status in statuses and (run_ids is None or path.stem in run_ids):
             chosen.append((path.stem, status))
+    # A run named that is not there with such a status is refused before anything moves: a typo, or a run already
+    # measured again, must not pass as done.
+    if missing := sorted(set(run_ids or ()) - {run_id for run_id, _ in chosen}):
+        raise RemeasureError(f"remeasure: --run {', '.join(map(repr, missing))}: no record of status "
+                             f"{' or '.join(statuses)} in {str(results / 'runs')!r}; allowed: the run id of such a "
+                             "record (its file name, without .json)")
     moved = []
     for run_id, status in chosen:
         done = attempts(results, run_id)

@@ -139,7 +139,7 @@ def cmd_remeasure(args) -> int:
     from containerbench.attempts import RemeasureError, set_aside
 
     try:
-        moved = set_aside(args.results, args.status)
+        moved = set_aside(args.results, args.status, args.runs)
     except RemeasureError as error:
         print(f"containerbench: {error}", file=sys.stderr)
         return 2
@@ -189,6 +189,8 @@ def add_commands(sub) -> None:
     p.add_argument("--results", default="results", help="the workflow's results directory (default: results)")
     p.add_argument("--status", nargs="+", default=["disturbed"], metavar="STATUS",
                    help="the records' statuses to measure again (default: disturbed)")
+    p.add_argument("--run", action="append", dest="runs", metavar="RUN_ID",
+                   help="only this run (again for more); each must have a record of such a status")
     p.set_defaults(func=cmd_remeasure)
 
     p = sub.add_parser("validate", help="judge a run against reference values: exit 0 only if all pass")
