@@ -229,7 +229,7 @@ def test_a_container_run_that_ran_on_the_host_is_invalid(charliecloud_dir, tmp_p
     genuine_dir, broken_dir, shim_dir = tmp_path / "genuine", tmp_path / "broken", tmp_path / "shim"
     for directory in (genuine_dir, broken_dir, shim_dir):
         directory.mkdir()
-    [(_, genuine)] = run_and_parse([run], config, genuine_dir)
+    [(_, genuine)] = run_and_parse([run], config, genuine_dir, stolen_kept=True)
     assert measured(genuine), (genuine["reasons"], genuine["evidence"])
     [process] = genuine["result"]["processes"]
     assert process["context"]["mnt_ns"] != genuine["launch_context"]["mnt_ns"]

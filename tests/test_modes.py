@@ -36,6 +36,7 @@ def mode_records(tmp_path_factory, sample):
                          netbench={"enabled": False})
     runs = cb_config.plan_runs(config)
     cb_config.check_runs(config, runs)
+    # Not stolen_kept: test_tables_put_modes_and_data_sources_side_by_side compares their figures.
     return {(spec.mode, spec.data): record for spec, record in run_and_parse(runs, config, workdir)}
 
 
@@ -50,7 +51,7 @@ def local_records(tmp_path_factory, sample):
                          netbench={"enabled": False})
     runs = cb_config.plan_runs(config)
     cb_config.check_runs(config, runs)
-    return {spec.data: record for spec, record in run_and_parse(runs, config, workdir)}
+    return {spec.data: record for spec, record in run_and_parse(runs, config, workdir, stolen_kept=True)}
 
 
 def test_generator_writes_imagenet_shaped_shards(sample):

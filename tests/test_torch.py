@@ -78,7 +78,7 @@ def test_pytorch_reads_the_same_tfrecords_as_tensorflow(tmp_path, imagenet_sampl
                          netbench={"enabled": False})
     runs = cb_config.plan_runs(config)
     cb_config.check_runs(config, runs)
-    [(spec, record)] = run_and_parse(runs, config, tmp_path)
+    [(spec, record)] = run_and_parse(runs, config, tmp_path, stolen_kept=True)
     assert spec.run_id.endswith("_pytorch_real_rep1") and measured(record), record["reasons"]
     result = record["result"]
     assert (result["framework"], result["data"], result["data_dir"]) == ("pytorch", "real", str(imagenet_sample))
