@@ -12,7 +12,6 @@ import threading
 import time
 from pathlib import Path
 
-import helpers
 import pandas as pd
 import pytest
 import yaml
@@ -141,9 +140,7 @@ def test_every_run_used_slurm_and_the_fabric_it_asked_for(slurm_run):
     assert {r["spec"]["runtime"] for r in records} == {"bare-metal", "charliecloud"}
     assert len({r["result"]["provenance"]["hash"] for r in records}) == 1  # the same benchmark in both
     for record in records:
-        # ok, or flagged with its measured cause (the hypervisor's steal comes in spells): what is held here is where
-        # and over what it ran, and tests/slurm/config.yaml keeps such a run in the tables (exclude_disturbed: false).
-        assert helpers.measured(record), (record["run_id"], record["reasons"])
+        assert record["status"] == "ok", (record["run_id"], record["reasons"])
         # One sampler per node of the job, each covering the measured window (0.1 s samples: a
         # window shorter than a second may hold too few to judge, and then says so by coverage 0).
         nodes = record["telemetry"]["nodes"]
