@@ -86,7 +86,7 @@ def measure_until_quiet(plan, log: Path, retries=DISTURBED_RETRIES, stolen_kept=
     for attempt in range(1, retries + 1):
         if record["status"] != "disturbed":
             break
-        if stolen_kept and all(STOLEN_ONLY.fullmatch(reason) for reason in record["reasons"]):
+        if stolen_kept and stolen_only(record):
             break
         assert measured(record), record["reasons"]
         wait_out_steal_it_names(record["reasons"])
@@ -177,6 +177,12 @@ def wait_out_steal_it_names(reasons: list[str]) -> None:
         wait_out_steal()
 
 
+def stolen_only(record: dict) -> bool:
+    """A disturbed run whose every named cause is the hypervisor's steal: none of this machine's own processes."""
+    return (record["status"] == "disturbed" and bool(record["reasons"])
+            and all(STOLEN_ONLY.fullmatch(reason) for reason in record["reasons"]))
+
+
 def measured(record: dict) -> bool:
     """A run that measured: ok, or disturbed with each measured cause named (the retries above could not
     find a quiet spell). What a test of the benchmark's output may accept; a test of the verdict may not."""
@@ -198,9 +204,7 @@ def remeasure_disturbed(workdir: Path, results: Path, *args: str, timeout=900, r
     their figures), and a bad hour's waits and runs again for them took over three minutes of a CI run
     (test_framework_containers, 2026-12-01). A cause of this machine's own is measured again whatever the kind."""
     def again_needed(record: dict) -> bool:
-        if record["status"] != "disturbed":
-            return False
-        return record["kind"] not in stolen_kept or not all(STOLEN_ONLY.fullmatch(r) for r in record["reasons"])
+        return record["status"] == "disturbed" and not (record["kind"] in stolen_kept and stolen_only(record))
 
     def records() -> dict[str, dict]:
         return {path.stem: json.loads(path.read_text()) for path in sorted((results / "runs").glob("*.json"))}
@@ -232,7 +236,7 @@ def remeasure_disturbed(workdir: Path, results: Path, *args: str, timeout=900, r
     # in its middle, and one netbench run stayed at 11% through three tries. Any other cause (this machine's own
     # processes) fails here.
     left = {run_id: record["reasons"] for run_id, record in current.items() if record["status"] == "disturbed"}
-    assert all(STOLEN_ONLY.fullmatch(reason) for reasons in left.values() for reason in reasons), left
+    assert all(stolen_only(current[run_id]) for run_id in left), left
     assert set(current) == set(first)
     return list(current.values())
 

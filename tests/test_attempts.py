@@ -106,9 +106,15 @@ def test_runs_named_alone_are_set_aside_and_a_name_without_such_a_record_moves_n
     ok = "train_bare-metal_tcp-loopback_1x1_b2_rep1"
     before = digests(results)
     assert main(["remeasure", "--results", str(results), "--status", "failed", "--run", FAILED, "--run", ok]) == 2
-    assert capsys.readouterr().err == (f"containerbench: remeasure: --run '{ok}': no record of status failed in "
-                                       f"'{results / 'runs'}'; allowed: the run id of such a record (its file name, "
-                                       "without .json)\n")
+    assert capsys.readouterr().err == (f"containerbench: remeasure: --run '{ok}' (ok) in '{results / 'runs'}'; "
+                                       "allowed: the run id of a record of status failed (its file name, without "
+                                       ".json)\n")
+    with pytest.raises(RemeasureError) as refused:
+        set_aside(results, ["failed"], ["train_typo"])
+    assert str(refused.value).startswith("remeasure: --run 'train_typo' (no record) in ")
+    with pytest.raises(RemeasureError) as refused:
+        set_aside(results, ["failed"], [])
+    assert str(refused.value) == "remeasure: --run names no run; allowed: one run id or more, or no --run for them all"
     assert digests(results) == before
     assert main(["remeasure", "--results", str(results), "--status", "failed", "--run", FAILED]) == 0
     assert capsys.readouterr().out.startswith(f"containerbench: {FAILED} (failed) set aside in ")

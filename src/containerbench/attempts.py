@@ -11,6 +11,8 @@ new records, so a point may get more repetitions. Run it while no workflow runs 
 Nothing measured is deleted, and each attempt keeps what traces its figures to its log.
 
     containerbench remeasure --results results --status disturbed
+
+`--run RUN_ID` (set_aside's run_ids) narrows it to the runs named, each of which must have such a record.
 """
 
 from __future__ import annotations
@@ -66,20 +68,23 @@ def set_aside(results: str | Path, statuses: list[str],
     if not (results / "runs").is_dir():
         raise RemeasureError(f"remeasure: --results {str(results)!r} has no runs/ directory; "
                              "allowed: a results directory the workflow wrote")
-    chosen = []
+    if run_ids is not None and not run_ids:  # an empty selection would read as "nothing of that status"
+        raise RemeasureError("remeasure: --run names no run; allowed: one run id or more, or no --run for them all")
+    chosen, found = [], {}
     for path in sorted((results / "runs").glob("*.json")):
         try:
             status = json.loads(path.read_text())["status"]
         except (OSError, ValueError, KeyError, TypeError):  # not a record: left for the parser to judge
             continue
+        found[path.stem] = status
         if status in statuses and (run_ids is None or path.stem in run_ids):
             chosen.append((path.stem, status))
     # A run named that is not there with such a status is refused before anything moves: a typo, or a run already
     # measured again, must not pass as done.
     if missing := sorted(set(run_ids or ()) - {run_id for run_id, _ in chosen}):
-        raise RemeasureError(f"remeasure: --run {', '.join(map(repr, missing))}: no record of status "
-                             f"{' or '.join(statuses)} in {str(results / 'runs')!r}; allowed: the run id of such a "
-                             "record (its file name, without .json)")
+        named = ", ".join(f"{run_id!r} ({found[run_id] if run_id in found else 'no record'})" for run_id in missing)
+        raise RemeasureError(f"remeasure: --run {named} in {str(results / 'runs')!r}; allowed: the run id of a record "
+                             f"of status {' or '.join(statuses)} (its file name, without .json)")
     moved = []
     for run_id, status in chosen:
         done = attempts(results, run_id)
