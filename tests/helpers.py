@@ -39,8 +39,10 @@ RECORDED_RUNS = ROOT / "tests" / "data" / "runs"
 TINY = {
     "system": "ci",
     "runtimes": ["bare-metal"],  # container runtimes: tests/test_containers.py
+    # Horovod alone, and a mode asked for at every point: the default's parameter-server pair (benchmark.modes_at)
+    # is test_modes' to train.
     "benchmark": {"image_size": 32, "batch_sizes": [2], "warmup_steps": 1, "steps": 2, "repetitions": 2,
-                  "node_probe_steps": 1, "timeout_s": 600},
+                  "node_probe_steps": 1, "timeout_s": 600, "modes": ["horovod"], "modes_at": None},
     "bare_metal": {"python": str(BENCH_PYTHON), "torch_python": str(TORCH_PYTHON)},
     "netbench": {"max_bytes": 65536},
 }

@@ -83,9 +83,14 @@ def test_sweep_is_repetition_major_with_readable_ids(root):
     runs = cb_config.plan_runs(config)
     train = [r for r in runs if r.kind == "train"]
     runtimes = ["bare-metal", "podman", "charliecloud", "docker"]
-    # Every runtime's repetition 1 comes before any repetition 2: container and bare-metal runs interleave.
+    # Every runtime's repetition 1 comes before any repetition 2: container and bare-metal runs interleave; the
+    # parameter-server pair beside bare metal's Horovod point on 2 ranks (benchmark.modes_at).
     assert [r.run_id for r in train] == [
-        f"train_{runtime}_tcp-loopback_1x{n}_b8_rep{rep}" for rep in (1, 2, 3) for runtime in runtimes for n in (1, 2)
+        run_id for rep in (1, 2, 3) for runtime in runtimes for n in (1, 2)
+        for run_id in [f"train_{runtime}_tcp-loopback_1x{n}_b8_rep{rep}"] + (
+            [f"train_bare-metal_tcp-loopback_1x2_b8_{mode}_rep{rep}" for mode in ("parameter_server",
+                                                                                   "parameter_server_async")]
+            if (runtime, n) == ("bare-metal", 2) else [])
     ]
     assert [r.run_id for r in runs if r.kind == "netbench"] == [
         f"netbench_{runtime}_tcp-loopback_1x2_rep1" for runtime in runtimes]
@@ -123,8 +128,32 @@ def test_modes_and_data_sources_are_sweep_axes_with_readable_ids(root, tmp_path)
                    "train_bare-metal_tcp-loopback_1x2_b2_parameter_server_real_rep1"]
 
 
-def test_more_parameter_servers_than_ranks_is_rejected_before_any_run(tmp_path):
-    config = tiny_config(tmp_path, benchmark={"modes": ["parameter_server"], "parameter_servers": 2})
+def test_the_default_runs_its_parameter_server_pair_at_one_small_point_beside_horovod(root):
+    """benchmark.modes_at: the modes other than the baseline run bare metal on 2 ranks only, Horovod everywhere."""
+    config = cb_config.load([str(root / "config" / "config.yaml")])
+    runs = [r for r in cb_config.plan_runs(config) if r.kind == "train" and r.repetition == 1]
+    others = {(r.mode, r.runtime, r.ranks) for r in runs if r.mode != "horovod"}
+    assert others == {("parameter_server", "bare-metal", 2), ("parameter_server_async", "bare-metal", 2)}
+    assert {(r.runtime, r.ranks) for r in runs if r.mode == "horovod"} == {
+        (runtime, ranks) for runtime in config["runtimes"] for ranks in (1, 2)}
+    cb_config.check_runs(config, cb_config.plan_runs(config))
+
+
+@pytest.mark.parametrize(("key", "value", "allowed"), [("runtimes", ["podman-hpc"], "['bare-metal', 'podman', "
+                                                        "'charliecloud', 'docker']"), ("ranks", [4], "[1, 2]")])
+def test_modes_at_a_point_the_sweep_lacks_is_rejected_before_any_run(root, tmp_path, key, value, allowed):
+    override = tmp_path / "o.yaml"
+    override.write_text(yaml.safe_dump({"benchmark": {"modes_at": {key: value}}}))
+    config = cb_config.load([str(root / "config" / "config.yaml"), str(override)])
+    with pytest.raises(cb_config.ConfigError) as refused:
+        cb_config.check_runs(config, cb_config.plan_runs(config))
+    assert str(refused.value) == (f"config: 'benchmark.modes_at.{key}' = {value} names what the sweep does not run; "
+                                  f"allowed: {allowed}")
+
+
+@pytest.mark.parametrize("mode", ["parameter_server", "parameter_server_async"])
+def test_more_parameter_servers_than_ranks_is_rejected_before_any_run(tmp_path, mode):
+    config = tiny_config(tmp_path, benchmark={"modes": [mode], "parameter_servers": 2})
     with pytest.raises(cb_config.ConfigError,
                        match=r"'benchmark.parameter_servers' = 2 .* on \[1\] rank\(s\); allowed: at most 1"):
         cb_config.check_runs(config, cb_config.plan_runs(config))
@@ -151,9 +180,10 @@ def test_a_site_dataset_without_tfrecords_is_rejected(tmp_path):
 
 
 def test_xla_with_parameter_servers_is_rejected_before_any_run(tmp_path):
-    config = tiny_config(tmp_path, benchmark={"modes": ["horovod", "parameter_server"], "xla": True})
-    with pytest.raises(cb_config.ConfigError,
-                       match=r"^config: 'benchmark.xla' = true cannot run mode parameter_server"):
+    config = tiny_config(tmp_path, benchmark={"modes": ["horovod", "parameter_server", "parameter_server_async"],
+                                              "xla": True})
+    with pytest.raises(cb_config.ConfigError, match=r"^config: 'benchmark.xla' = true cannot run mode "
+                                                    r"parameter_server, parameter_server_async \(XLA"):
         cb_config.check_runs(config, cb_config.plan_runs(config))
 
 

@@ -31,8 +31,9 @@ LAYERS = [
     ("the layers that pick a network, one class each (fabrics' parts)", {"fabriclayers"}),
     ("leaves", {"rank.markers", "outputs", "processes", "rank.provenance", "rank.datasets",
                 "rank.distribution", "fabrics", "config", "rank.telemetry", "intervals"}),
-    ("Slurm, runs set aside to be measured again, the host MPI on a node, a node's hardware tier",
-     {"slurm", "attempts", "hostmpi", "hardware"}),
+    ("Slurm, runs set aside to be measured again, the host MPI on a node, a node's hardware tier, TensorFlow's "
+     "parameter servers (modes built on distribution's)",
+     {"slurm", "attempts", "hostmpi", "hardware", "rank.parameterservers"}),
     ("launchers (a runtime asks them what its launcher does)", {"launchers"}),
     ("the shim a container's rank starts through (docker's runtime reads the labels it gives)", {"rank.rankexec"}),
     ("benchmark, runtimes, recipes, telemetry read back, PyTorch's input, an image step's runner",

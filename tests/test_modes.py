@@ -17,7 +17,8 @@ from containerbench.results import build_tables
 
 pytestmark = pytest.mark.slow
 
-BACKENDS = {"horovod": "mpi", "collective": "ring", "parameter_server": "grpc"}
+BACKENDS = {"horovod": "mpi", "collective": "ring", "parameter_server": "grpc", "parameter_server_async": "grpc"}
+PARAMETER_SERVERS = ("parameter_server", "parameter_server_async")
 
 
 @pytest.fixture(scope="module")
@@ -27,9 +28,9 @@ def sample(imagenet_sample):
 
 @pytest.fixture(scope="module")
 def mode_records(tmp_path_factory, sample):
-    """2 ranks, each mode x {synthetic, real}: six real trainings."""
+    """2 ranks, each mode x {synthetic, real}: eight real trainings."""
     workdir = tmp_path_factory.mktemp("modes")
-    config = tiny_config(workdir, benchmark={"modes": ["horovod", "collective", "parameter_server"],
+    config = tiny_config(workdir, benchmark={"modes": list(BACKENDS),
                                              "data": ["synthetic", "real"], "collective_implementation": "ring",
                                              "repetitions": 1, "node_probe_steps": 0, "model": SMOKE_MODEL},
                          scaling={"nodes": [1], "ranks_per_node": [2]}, dataset={"path": str(sample)},
@@ -72,11 +73,12 @@ def test_each_mode_trains_on_two_ranks_and_says_so(mode_records, sample, mode, d
     assert result["images_per_sec"] > 0 and len(result["processes"]) == 2
     # The run id and the plan carry the variant, so tables group by it.
     assert record["spec"]["mode"] == mode and record["spec"]["data"] == data
-    if mode == "parameter_server":
+    if mode in PARAMETER_SERVERS:
         # One copy of the weights, on the servers; the coordinator times rounds of one batch per worker.
         assert [r["rank"] for r in result["per_rank"]] == [0]
         assert result["distribution"]["parameter_server_ranks"] == [0]
         assert len(result["distribution"]["cluster"]["worker"]) == 2
+        assert result["distribution"]["synchronous_rounds"] is (mode == "parameter_server")
     else:
         # Each rank trained on its own batch; identical weights prove the gradients were averaged.
         assert [r["rank"] for r in result["per_rank"]] == [0, 1] and result["weights_identical"] is True
@@ -90,8 +92,13 @@ def test_each_mode_trains_on_two_ranks_and_says_so(mode_records, sample, mode, d
 def test_tables_put_modes_and_data_sources_side_by_side(mode_records):
     tables = build_tables(list(mode_records.values()))
     modes = tables["modes"]
-    assert sorted(modes["mode"]) == ["collective", "collective", "parameter_server", "parameter_server"]
+    assert sorted(modes["mode"]) == sorted(["collective", *PARAMETER_SERVERS] * 2)
     assert (modes["ratio_to_baseline_of_means"] > 0).all() and modes["note"].isna().all()
+    # Asynchronous against synchronous rounds at each data source: throughput and what it cost in learning.
+    against = modes[modes["mode"] == "parameter_server_async"]
+    assert (against["sync_mode"] == "parameter_server").all() and (against["ratio_to_sync_of_means"] > 0).all()
+    assert against[["mode_loss_at_equal_images", "sync_loss_at_equal_images", "mode_staleness_mean",
+                    "sync_staleness_mean"]].notna().all().all()
     inputs = tables["input"]
     assert sorted(inputs["mode"]) == sorted(BACKENDS) and inputs["input_overhead_percent_of_means"].notna().all()
 
@@ -147,6 +154,36 @@ def test_the_checksum_rules_judge_the_real_weights_of_each_mode(mode_records, lo
     digest = local["per_rank"][0]["batch_digest"]["images"]
     assert verdict.status == "invalid" and f"ranks 0 and 1 trained on the same batch (images digest {digest}" \
         in verdict.reasons[0]
+
+
+@pytest.mark.parametrize("data", ["synthetic", "real"])
+def test_parameter_servers_count_each_updates_staleness_and_every_worker_reads_one_model(mode_records, data):
+    """Both parameter-server modes train (warmup + steps) x workers batches; each update's staleness is counted on
+    the servers (in joined rounds of 2 workers at most 1), the final weights' loss is taken on one fixed batch, and
+    every worker reads the servers' weights, the coordinator's to the bit. A record with a worker's read
+    missing is invalid: one model is then not shown."""
+    for mode in PARAMETER_SERVERS:
+        result = mode_records[(mode, data)]["result"]
+        updates, [coordinator] = result["updates"], result["per_rank"]
+        assert updates["images_trained"] == (result["warmup_steps"] + result["steps"]) * 2 * result["batch_size"]
+        assert updates["measured_updates"] == result["steps"] * 2 == sum(updates["staleness_counts"].values())
+        # Asynchronous: the steps as the servers completed them, not as the coordinator read them behind the workers.
+        assert len(coordinator["step_s"]) == result["steps"] and min(coordinator["step_s"]) >= 0
+        assert sum(coordinator["step_s"]) > 0 and ("step_s_read" in coordinator) is (mode == "parameter_server_async")
+        assert updates["loss_at_equal_images"] > 0
+        assert [read["worker"] for read in updates["worker_weights"]] == [0, 1]
+        assert {read["sum"] for read in updates["worker_weights"]} == {coordinator["weights"]["sum"]}
+        assert result["weights_identical"] is True and result["weights_max_relative_spread"] == 0.0
+        verdict = Verdict()
+        judge_weights(result, verdict)
+        assert verdict.ok, verdict.reasons
+        one_read = {**result, "updates": {**updates, "worker_weights": updates["worker_weights"][:1]}}
+        judge_weights(one_read, verdict)
+        assert verdict.status == "invalid" and verdict.reasons == [
+            "1 of 2 workers read the parameter servers' weights at the end: that they trained one model is not shown"]
+    # A round is joined before the next is scheduled: no update of 2 workers' rounds is more than 1 version behind.
+    rounds = mode_records[("parameter_server", data)]["result"]["updates"]
+    assert rounds["staleness_max"] <= 1 and set(rounds["staleness_counts"]) <= {"0", "1"}, rounds
 
 
 def test_a_mode_the_run_cannot_do_is_a_failed_record_with_its_reason(tmp_path):

@@ -308,6 +308,8 @@ def test_fabric_modes_and_input_tables_carry_counts_means_and_intervals(recorded
     assert row["communication_overhead_ci95_high"] == pytest.approx(100 * (1 - 1 / row["ratio_ci95_high"]))
     assert 0 < row["communication_overhead_ci95_low"] < row["communication_overhead_percent_of_means"]
 
+    assert modes["sync_mode"].isna().all()  # no asynchronous mode here
+
     [inputs] = tables["input"].query("mode == 'horovod'").to_dict("records")
     expected = ratio_interval(rates[("horovod", "infiniband", "real")], horovod)
     assert (inputs["synthetic_runs"], inputs["real_runs"]) == (3, 3)
@@ -315,6 +317,39 @@ def test_fabric_modes_and_input_tables_carry_counts_means_and_intervals(recorded
     assert (inputs["input_overhead_ci95_low"], inputs["input_overhead_ci95_high"]) == pytest.approx(
         (100 * (1 - expected.high), 100 * (1 - expected.low)))
     assert inputs["input_overhead_ci95_low"] > 0 and inputs["significance"] == "significant"
+
+
+def test_asynchronous_parameter_servers_stand_beside_their_synchronous_rounds(recorded_runs):
+    """The modes table sets each asynchronous run against the synchronous rounds at its point: Fieller's interval of
+    the throughput ratio, and the learning side of it, loss at equal images and staleness, from each record."""
+    two = recorded_runs[("train", 2)]
+    runs = {"parameter_server": [(40.0, 0.36, 0.5), (42.0, 0.30, 0.5), (41.0, 0.33, 0.5)],
+            "parameter_server_async": [(52.0, 0.02, 1.0), (50.0, 0.05, 1.2), (53.0, 0.04, 0.9)],
+            "horovod": [(60.0, None, None)] * 3}
+    records = []
+    for mode, figures in runs.items():
+        for repetition, (rate, loss, staleness) in enumerate(figures, 1):
+            record = variant(two, f"{mode}-{repetition}", rate, repetition, mode=mode)
+            if loss is not None:
+                record["result"]["updates"] = {"loss_at_equal_images": loss, "staleness_mean": staleness,
+                                               "worker_weights": [{"worker": 0}, {"worker": 1}]}
+            records.append(record)
+    modes = build_tables(records)["modes"].set_index("mode")
+    async_row, sync_row = modes.loc["parameter_server_async"], modes.loc["parameter_server"]
+    expected = ratio_interval([52.0, 50.0, 53.0], [40.0, 42.0, 41.0])
+    assert (async_row["sync_mode"], async_row["sync_runs"]) == ("parameter_server", 3)
+    assert (async_row["ratio_to_sync_of_means"], async_row["ratio_to_sync_ci95_low"],
+            async_row["ratio_to_sync_ci95_high"]) == pytest.approx((expected.ratio, expected.low, expected.high))
+    assert async_row["sync_significance"] == "significant"
+    assert (async_row["mode_loss_at_equal_images"], async_row["sync_loss_at_equal_images"]) == pytest.approx(
+        (0.11 / 3, 0.99 / 3))
+    assert (async_row["mode_staleness_mean"], async_row["sync_staleness_mean"]) == pytest.approx((3.1 / 3, 0.5))
+    # Both still stand against the framework's baseline (Horovod); the synchronous mode has no other to meet.
+    assert async_row["ratio_to_baseline_of_means"] == pytest.approx(155 / 180)
+    assert pd.isna(sync_row["sync_mode"]) and sync_row["ratio_to_baseline_of_means"] == pytest.approx(123 / 180)
+    runs_csv = build_tables(records)["runs"].set_index("run_id")
+    assert runs_csv.loc["parameter_server_async-2", "loss_at_equal_images"] == 0.05
+    assert np.isnan(runs_csv.loc["horovod-1", "staleness_mean"])
 
 
 def test_fabric_ratio_and_input_overhead_at_the_same_point(recorded_runs):

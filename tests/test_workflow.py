@@ -28,7 +28,8 @@ def test_dry_run_of_the_default_config(tmp_path):
     done = snakemake(tmp_path, "--configfile", str(ROOT / "config" / "config.yaml"), "--dry-run")
     assert done.returncode == 0, done.stderr
     # Bare metal and every container runtime usable on this machine, each: 2 rank counts x 3
-    # repetitions + 1 netbench, interleaved by repetition; the others are skipped.
+    # repetitions + 1 netbench, interleaved by repetition; the others are skipped. And bare metal's 2-rank point
+    # with parameter servers, joined rounds and asynchronous, 3 repetitions each (benchmark.modes_at).
     config = cb_config.load([str(ROOT / "config" / "config.yaml")])
     skipped = select_runtimes(config, images.resolve_images(config))
     runtimes = config["runtimes"]
@@ -37,13 +38,16 @@ def test_dry_run_of_the_default_config(tmp_path):
     counts = job_counts(done.stdout)
     n = len(runtimes)
     assert {k: v for k, v in counts.items() if not k.startswith("image")} == {
-        "measure_rep1": 3 * n, "measure_rep2": 2 * n, "measure_rep3": 2 * n, "parse_run": 7 * n,
+        "measure_rep1": 3 * n + 2, "measure_rep2": 2 * n + 2, "measure_rep3": 2 * n + 2, "parse_run": 7 * n + 6,
         "tables": 1, "store_history": 1, "report": 1, "export": 1, "all": 1}
     for runtime in runtimes:
         for ranks in (1, 2):
             for rep in (1, 2, 3):
                 assert f"results/runs/train_{runtime}_tcp-loopback_1x{ranks}_b8_rep{rep}.log" in done.stdout
         assert f"results/runs/netbench_{runtime}_tcp-loopback_1x2_rep1.log" in done.stdout
+    for mode in ("parameter_server", "parameter_server_async"):
+        for rep in (1, 2, 3):
+            assert f"results/runs/train_bare-metal_tcp-loopback_1x2_b8_{mode}_rep{rep}.log" in done.stdout
 
 
 def test_dry_run_of_the_example_site_config(tmp_path):

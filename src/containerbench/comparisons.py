@@ -156,12 +156,18 @@ def modes_table(runs: pd.DataFrame) -> pd.DataFrame:
     faster than the baseline), with Fieller's 95% interval; medians and CVs stand beside it.
     For the `local` mode (no gradient exchange), communication_overhead_percent_of_means
     = 100 * (1 - baseline / local): what exchanging gradients costs, with its interval.
+    Asynchronous parameter servers beside their synchronous rounds at the same point (SYNCHRONOUS_OF):
+    ratio_to_sync_of_means with Fieller's interval, and what asynchrony costs in learning, the mean loss of
+    the final weights after the same images (loss_at_equal_images) and the updates' mean staleness, each side.
     """
     others = Point.columns("mode")
     columns = [*others, "mode", "baseline_mode", "baseline_runs", "mode_runs", "baseline_median", "mode_median",
                "baseline_mean", "mode_mean", "baseline_cv_percent", "mode_cv_percent", "ratio_to_baseline_of_means",
                "ratio_ci95_low", "ratio_ci95_high", "significance", "communication_overhead_percent_of_means",
-               "communication_overhead_ci95_low", "communication_overhead_ci95_high", "note"]
+               "communication_overhead_ci95_low", "communication_overhead_ci95_high", "sync_mode", "sync_runs",
+               "ratio_to_sync_of_means", "ratio_to_sync_ci95_low", "ratio_to_sync_ci95_high", "sync_significance",
+               "mode_loss_at_equal_images", "sync_loss_at_equal_images", "mode_staleness_mean", "sync_staleness_mean",
+               "note"]
     ok = ok_runs(runs)
     rows = []
     for point, group in ok.groupby(others, dropna=False, sort=True):
@@ -171,6 +177,8 @@ def modes_table(runs: pd.DataFrame) -> pd.DataFrame:
         for mode, rates in group[group["mode"] != base_mode].groupby("mode")["images_per_sec"]:
             row = {**dict(zip(others, point)), "mode": mode, "baseline_mode": base_mode, **_basis("mode", rates),
                    "mode_cv_percent": cv_percent(rates)}
+            if (sync_mode := SYNCHRONOUS_OF.get(mode)) and (group["mode"] == sync_mode).any():
+                row |= _against_sync(group[group["mode"] == mode], group[group["mode"] == sync_mode], sync_mode)
             if baseline.empty:
                 rows.append({**row, "note": f"no {base_mode} run at this point"})
                 continue
@@ -182,6 +190,20 @@ def modes_table(runs: pd.DataFrame) -> pd.DataFrame:
                 row |= _overhead_columns("communication_overhead", ratio_interval(baseline, rates, LOCAL_MODE))
             rows.append(row)
     return pd.DataFrame(rows, columns=columns)
+
+
+# A mode whose workers do not wait for each other, and the same mode in synchronous rounds.
+SYNCHRONOUS_OF = {"parameter_server_async": "parameter_server"}
+
+
+def _against_sync(runs: pd.DataFrame, sync: pd.DataFrame, sync_mode: str) -> dict:
+    interval = ratio_interval(runs["images_per_sec"], sync["images_per_sec"], sync_mode)
+    return {"sync_mode": sync_mode, "sync_runs": int(sync["images_per_sec"].count()),
+            "ratio_to_sync_of_means": interval.ratio, "ratio_to_sync_ci95_low": interval.low,
+            "ratio_to_sync_ci95_high": interval.high, "sync_significance": interval.significance(),
+            "mode_loss_at_equal_images": runs["loss_at_equal_images"].mean(),
+            "sync_loss_at_equal_images": sync["loss_at_equal_images"].mean(),
+            "mode_staleness_mean": runs["staleness_mean"].mean(), "sync_staleness_mean": sync["staleness_mean"].mean()}
 
 
 def counterparts(reference: Framework, other: Framework) -> list[tuple[str, str]]:

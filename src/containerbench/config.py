@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import yaml
 
-from containerbench.frameworks import DEFAULT_FRAMEWORK, FRAMEWORKS, PYTORCH
+from containerbench.frameworks import DEFAULT_FRAMEWORK, FRAMEWORKS, PARAMETER_SERVER_MODES, PYTORCH
 from containerbench.frameworks import framework as framework_named
 
 # runtime_label is the point's; named here too for the modules that import it from here (images).
@@ -264,6 +264,8 @@ def plan_runs(config: dict) -> list[RunSpec]:
             bench["batch_sizes"],
         ):
             for mode, data in itertools.product(framework_modes(framework, bench["modes"]), bench["data"]):
+                if not mode_runs_at(bench, framework, mode, runtime, nodes * per_node):
+                    continue
                 runs.append(RunSpec("train", runtime, fabric, nodes, per_node, repetition, batch, mode, data, model,
                                     framework=framework))
     net = config["netbench"]
@@ -277,6 +279,13 @@ def plan_runs(config: dict) -> list[RunSpec]:
                 runs.append(RunSpec("netbench", runtime, fabric, nodes, 2 if nodes == 1 else 1, repetition,
                                     mode=default_mode(framework), mpi_model=model, framework=framework))
     return runs
+
+
+def mode_runs_at(bench: dict, framework: str, mode: str, runtime: str, ranks: int) -> bool:
+    """Each framework's baseline mode runs at every point; the others where benchmark.modes_at puts them."""
+    where = bench.get("modes_at") or {}
+    return mode == default_mode(framework) or (runtime in where.get("runtimes", [runtime])
+                                                and ranks in where.get("ranks", [ranks]))
 
 
 def check_frameworks(config: dict, runs: list[RunSpec]) -> None:
@@ -314,15 +323,23 @@ def check_runs(config: dict, runs: list[RunSpec]) -> None:
         raise ConfigError(f"config: 'scaling.ranks_per_node' has {sharing} ranks per node, and each job asks for "
                           f"'slurm.gpus_per_node' = {gpus_per_node} GPUs: ranks would share a GPU; allowed: at most "
                           f"{gpus_per_node} ranks per node, one per GPU")
+    scaling = config["scaling"]
+    sweep = {"runtimes": config["runtimes"],
+             "ranks": sorted({n * p for n in scaling["nodes"] for p in scaling["ranks_per_node"]})}
+    modes_at = config["benchmark"].get("modes_at") or {}
+    for key, allowed in sweep.items():
+        if stray := [value for value in modes_at.get(key, []) if value not in allowed]:
+            raise ConfigError(f"config: 'benchmark.modes_at.{key}' = {stray} names what the sweep does not run; "
+                              f"allowed: {allowed}")
     servers = config["benchmark"]["parameter_servers"]
-    short = sorted({r.ranks for r in runs if r.mode == "parameter_server" and r.ranks < servers})
+    short = sorted({r.ranks for r in runs if r.mode in PARAMETER_SERVER_MODES and r.ranks < servers})
     if short:
         raise ConfigError(f"config: 'benchmark.parameter_servers' = {servers} needs that many ranks (they live in "
-                          f"worker processes), but the sweep has parameter_server runs on {short} rank(s); "
+                          f"worker processes), but the sweep has parameter-server runs on {short} rank(s); "
                           f"allowed: at most {min(short)}")
-    if config["benchmark"]["xla"] and any(r.mode == "parameter_server" for r in runs):
-        raise ConfigError("config: 'benchmark.xla' = true cannot run mode parameter_server (XLA cannot read "
-                          "variables held on parameter servers); allowed: xla false, or modes without parameter_server")
+    if config["benchmark"]["xla"] and (modes := sorted({r.mode for r in runs} & set(PARAMETER_SERVER_MODES))):
+        raise ConfigError(f"config: 'benchmark.xla' = true cannot run mode {', '.join(modes)} (XLA cannot read "
+                          "variables held on parameter servers); allowed: xla false, or other modes")
     check_frameworks(config, runs)
     ids = [r.run_id for r in runs]
     if len(ids) != len(set(ids)):

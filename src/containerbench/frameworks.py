@@ -19,6 +19,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 LOCAL = "local"  # the mode with no gradient exchange (distribution.LOCAL), which every framework may have
+# TensorFlow's ParameterServerStrategy in synchronous rounds, and with every worker at its own pace
+# (rank/parameterservers.py): the first is the second's baseline in the modes table.
+PARAMETER_SERVER_MODES = ("parameter_server", "parameter_server_async")
 
 
 def _nothing(*_) -> list[str]:
@@ -72,7 +75,7 @@ class Framework:
 def _tensorflow_mode_args(spec, bench: dict) -> list[str]:
     if spec.mode == "collective":
         return ["--collective", bench["collective_implementation"]]
-    if spec.mode == "parameter_server":
+    if spec.mode in PARAMETER_SERVER_MODES:
         return ["--parameter-servers", str(bench["parameter_servers"])]
     return []
 
@@ -100,7 +103,7 @@ def _pytorch_netbench_args(config: dict) -> list[str]:
 
 TENSORFLOW = Framework(
     name="tensorflow", label="TensorFlow", short_label="TF", harness="containerbench.rank.bench",
-    modes=("horovod", "collective", "parameter_server", LOCAL), default_mode="horovod",
+    modes=("horovod", "collective", *PARAMETER_SERVER_MODES, LOCAL), default_mode="horovod",
     planned_settings=("model", "image_size", "precision", "xla", "data_format", "warmup_steps", "steps"),
     bare_metal_key="python", env=None, image_key_prefix="", venv_side="bench",
     import_check="import containerbench.rank.provenance, mpi4py, horovod, tensorflow",

@@ -51,15 +51,13 @@ ADDED_KEYS = {
     "node_mpi": None,  # the host MPI each node of a native run read, library and closure (hostmpi)
     "taken_out": None,  # the nodes Slurm had taken out when a fleet run's allocation was asked for (fleetjobs.not_run)
 }
-# Ranks that averaged their gradients hold the same weights to rounding; ranks
-# that did not drift apart by orders of magnitude more than this.
+# Ranks that averaged their gradients hold the same weights to rounding; others drift apart by far more than this.
 WEIGHT_SPREAD_TOLERANCE = 1e-6
 # What the parser checks against the plan: a run that ran something else is invalid.
 PLANNED_KEYS = ("model", "image_size", "precision", "batch_size", "warmup_steps", "steps", "mode", "data", "framework",
                 "torch_compile")
 
-# The reason of a run whose result was printed but cannot be read back: not a slow run (fleet.py).
-UNREADABLE_RESULT = "result unreadable"
+UNREADABLE_RESULT = "result unreadable"  # a result printed but not readable back: not a slow run (fleet.py)
 log = logging.getLogger(__name__)
 
 
@@ -89,8 +87,7 @@ class LogLines:
             elif found.task_ended is None and (ended := SRUN_TASK_ENDED.match(line)):
                 found.task_ended = (f"Slurm's srun: {ended['which']} {ended['ids']} on {ended['hosts']} ended first: "
                                     f"{ended['how']}")
-        # The result: a line, or parts put back together (markers.py), read where its marker starts on
-        # the line, as output forwarding can put the start of a rank's stderr line before it.
+        # The result: a line, or parts put back together (markers.py), read where its marker starts on the line.
         for result in (item for item in markers.read_payloads(lines) if item.marker == markers.RESULT):
             found.result, found.result_line, found.result_problem = result.payload, result.line, result.problem
         return found
@@ -182,7 +179,7 @@ def judge_against_plan(spec: dict, result: dict, verdict: Verdict) -> None:
 
 def judge_weights(result: dict, verdict: Verdict) -> None:
     """Ranks that averaged their gradients end with the same weights; in mode local (no exchange,
-    each rank its own batches) they must have drifted apart."""
+    each rank its own batches) they must have drifted apart. Parameter servers hold one copy: every worker read it."""
     if result.get("kind") != "train":
         return
     spread = result.get("weights_max_relative_spread", 0.0)
@@ -194,6 +191,9 @@ def judge_weights(result: dict, verdict: Verdict) -> None:
     elif diverged:
         verdict.invalidate(f"ranks ended with different weights (relative spread {spread:.2e}): "
                            "gradients were not averaged, this was not data-parallel training")
+    elif result.get("updates") and (read := len(result["updates"]["worker_weights"])) != result["ranks"]:
+        verdict.invalidate(f"{read} of {result['ranks']} workers read the parameter servers' weights at the end: "
+                           "that they trained one model is not shown")
 
 
 def judge_batches(result: dict, verdict: Verdict) -> None:

@@ -339,7 +339,16 @@ MODE_COLUMNS = {"framework": "framework", "runtime": "runtime", "fabric": "fabri
                 "communication_overhead_percent_of_means": "communication overhead % (of means)",
                 "communication_overhead_ci95_low": "its 95% CI low",
                 "communication_overhead_ci95_high": "its 95% CI high",
+                # Asynchronous parameter servers against their synchronous rounds (comparisons.SYNCHRONOUS_OF)
+                "sync_mode": "synchronous mode", "ratio_to_sync_of_means": "ratio to synchronous (of means)",
+                "ratio_to_sync_ci95_low": "to synchronous: 95% CI low",
+                "ratio_to_sync_ci95_high": "to synchronous: 95% CI high",
+                "sync_significance": "to synchronous: significance",
+                "mode_loss_at_equal_images": "loss at equal images",
+                "sync_loss_at_equal_images": "synchronous loss at equal images",
+                "mode_staleness_mean": "staleness (updates)", "sync_staleness_mean": "synchronous staleness",
                 "note": "note"}
+SYNC_COLUMNS = [name for name in MODE_COLUMNS if "sync" in name or "equal_images" in name or "staleness" in name]
 def framework_columns() -> dict[str, str]:
     """The frameworks table's columns and headings: each framework's side by side (the default first), then
     the ratio of each other one to the default one."""
@@ -416,7 +425,8 @@ def render(table_files, record_paths, out_path: str | Path, skipped: dict | None
         overhead_plot=overhead_plot(tables["overhead"]), timeline_plot=timeline_plot(tables["runs"]),
         fabric_table=html_table(tables["fabrics"], FABRIC_COLUMNS),
         fabric_plot=side_by_side_plot(tables["summary"], "fabric", "Throughput by interconnect"),
-        mode_table=html_table(tables["modes"], MODE_COLUMNS),
+        mode_table=html_table(tables["modes"], {name: heading for name, heading in MODE_COLUMNS.items() if not (
+            name in SYNC_COLUMNS and tables["modes"]["sync_mode"].isna().all())}),
         framework_table=(html_table(tables["frameworks"], framework_columns())
                          if not tables["frameworks"].empty else None),
         mode_plot=side_by_side_plot(tables["summary"], "mode", "Throughput by distribution mode"),

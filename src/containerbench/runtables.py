@@ -26,7 +26,8 @@ SERIES = Point.columns("nodes", "ranks")
 RUN_COLUMNS = ["run_id", "status", "reason", "evidence", "system", *POINT, "repetition", "started_unix",
                "order_in_repetition", "images_per_sec",
                "rank_images_per_sec_min", "rank_images_per_sec_max", "rank_spread_percent", "step_s_median",
-               "peak_host_memory_gib", "peak_gpu_memory_gib", "startup_s", "wall_s", "provenance", "image",
+               "peak_host_memory_gib", "peak_gpu_memory_gib", "staleness_mean", "loss_at_equal_images",
+               "startup_s", "wall_s", "provenance", "image",
                "fabric_check", "transport", "cpu_utilisation_percent", "foreign_cpu_percent", "service_cpu_percent",
                "disturbed", "disturbance_check", "disturbance_reason", "traffic_check", "mpi_model", "mpi_library",
                "binding", "hosts", "log"]
@@ -82,6 +83,7 @@ def train_row(record: dict) -> dict:
     steps = sorted(chain.from_iterable(r["step_s"] for r in per_rank))
     gpu_peaks = [r["peak_gpu_memory_bytes"] for r in per_rank if r.get("peak_gpu_memory_bytes") is not None]
     rate = result.get("images_per_sec", np.nan) if ok else np.nan
+    updates = result.get("updates") or {}
     fabric_check = record["fabric_check"] or {}  # null in a record made before the check
     return {
         "run_id": record["run_id"],
@@ -103,6 +105,10 @@ def train_row(record: dict) -> dict:
         "step_s_median": float(np.median(steps)) if steps else np.nan,  # of an even count: the mean of the middle two
         "peak_host_memory_gib": max((r["peak_host_memory_bytes"] for r in per_rank), default=np.nan) / 2**30,
         "peak_gpu_memory_gib": max(gpu_peaks) / 2**30 if gpu_peaks else np.nan,
+        # Parameter servers' (rank/parameterservers.py): updates applied by others while one was computed, and
+        # the final weights' loss on a fixed batch after (warmup + steps) x workers batches; the sync/async pair.
+        "staleness_mean": updates.get("staleness_mean", np.nan) if ok else np.nan,
+        "loss_at_equal_images": updates.get("loss_at_equal_images", np.nan) if ok else np.nan,
         "startup_s": record["startup_s"],
         "wall_s": record["wall_s"],
         "provenance": (result.get("provenance") or {}).get("hash"),

@@ -307,6 +307,12 @@ def train(tf, np, mode, args, gpu_names: list[str]) -> dict:
                 print(f"  trace: the training step's graph in {traced_s:.2f} s (not measured)", flush=True)
         (mine["warmup_step_s"], mine["step_s"], mine["harness_overhead_fraction"], mine["window"],
          mine["loss"]) = measure(train_step, lambda: source, args, mode.rank, per_step)
+        mine["updates"] = mode.updates(tf, model, mine["window"])  # parameter servers: staleness, final loss
+        if completed := (mine["updates"] or {}).pop("step_s_completed", None):  # asynchronous parameter servers
+            mine["step_s_read"], mine["step_s"] = mine["step_s"], completed
+            print(f"  the {args.steps} measured steps as the servers completed them: {sum(completed):.3f} s, "
+                  f"{per_step * args.steps / sum(completed):.2f} img/s (the lines above: as rank 0 read them)",
+                  flush=True)
         mine["images_per_sec"] = per_step * args.steps / sum(mine["step_s"])
         mine["probe_images_per_sec"] = mine["peak_gpu_memory_bytes"] = mine["batch_digest"] = None
         # One batch of this rank's input, outside the timed steps: the evidence that each rank had its
@@ -330,8 +336,11 @@ def run_result(args, size: int, distribution: dict, ranks: list[dict], gpu_names
     """The run's result, from every rank's part: total = sum of the ranks' rates, weights compared.
     Both frameworks' harnesses (torchbench.py) give the same shape."""
     measured = [r for r in ranks if "step_s" in r]
-    sums = [r["weights"]["sum"] for r in measured]
-    scale = max(max(r["weights"]["abs_sum"] for r in measured), 1e-30)
+    # The parameter servers' one copy, as the coordinator and every worker read it; else each rank's own weights.
+    read = [r["weights"] for r in measured] + [w for r in measured for w in (r.get("updates") or {}).get(
+        "worker_weights", [])]
+    sums = [w["sum"] for w in read]
+    scale = max(max(w["abs_sum"] for w in read), 1e-30)
     return {
         "kind": "train",
         "framework": "tensorflow",
@@ -358,7 +367,9 @@ def run_result(args, size: int, distribution: dict, ranks: list[dict], gpu_names
                       for r in ranks],
         # What one step's gradient all-reduce must move (the traffic check, records.py).
         "parameters": sum(r.get("parameters", 0) for r in measured[:1]),
-        "weights_identical": len({r["weights"]["sha256"] for r in measured}) == 1,  # mode local: must be false
+        # Mode local: false. Parameter servers: every worker read the coordinator's weights.
+        "weights_identical": len({r["weights"]["sha256"] for r in measured}) == 1 and len(set(sums)) == 1,
+        "updates": next((r["updates"] for r in measured if r.get("updates")), None),  # parameter servers'
         # Each rank trained on its own data (digests of one batch each); None where the ranks that
         # measured read no batch themselves (parameter_server: the workers do).
         "batches_distinct": (len({(r["batch_digest"]["images"], r["batch_digest"]["labels"]) for r in measured})
@@ -374,13 +385,15 @@ def run(args) -> dict | None:
     import numpy as np
     import tensorflow as tf
 
-    from containerbench.rank.distribution import mode_for
+    from containerbench.rank.distribution import LOCAL, Collective, Horovod, Local
+    from containerbench.rank.parameterservers import ParameterServer, ParameterServerAsync
 
     mpi_version = mpi_library()
     # Before any mode starts: TF's own modes start servers that fix the thread pools.
     gpu_names = configure_devices(tf, local_rank_hint(), args.threads)
     tf.keras.utils.set_random_seed(args.seed)  # Python, NumPy and TF: the same initial weights on every run
-    mode = mode_for(args)
+    mode = {"horovod": Horovod, "collective": Collective, "parameter_server": ParameterServer,
+            "parameter_server_async": ParameterServerAsync, LOCAL: Local}[args.mode](args)
     ranks = mode.allgather(train(tf, np, mode, args, gpu_names))
     if mode.rank != 0:
         return None

@@ -21,10 +21,11 @@ TRAIN_PATTERN = "train-*-of-*"
 
 
 def synthetic_batch(tf, batch_size: int, shape: tuple, seed: int):
-    """One random batch held in device memory, as Horovod's synthetic benchmark does."""
-    tf.random.set_seed(seed)
-    images = tf.random.uniform((batch_size, *shape))
-    labels = tf.random.uniform((batch_size,), maxval=1000, dtype=tf.int64)
+    """One random batch held in device memory, as Horovod's synthetic benchmark does. Stateless: the same
+    values wherever it is made, eagerly or in a graph (a parameter-server worker's dataset, and the
+    coordinator's fixed batch its final loss is taken on)."""
+    images = tf.random.stateless_uniform((batch_size, *shape), seed=(seed, 0))
+    labels = tf.random.stateless_uniform((batch_size,), seed=(seed, 1), maxval=1000, dtype=tf.int64)
     return images, labels
 
 

@@ -2,9 +2,8 @@
 
 - horovod: ring all-reduce through Horovod (NCCL on GPUs, MPI or Gloo on CPUs);
 - collective: TensorFlow's MultiWorkerMirroredStrategy (ring or NCCL collectives);
-- parameter_server: TensorFlow's ParameterServerStrategy; rank 0 coordinates,
-  every rank is a worker, and the parameter servers run inside worker
-  processes spread over the nodes (co-located, which the CSCS study found faster).
+- parameter_server, parameter_server_async: TensorFlow's ParameterServerStrategy
+  (parameterservers.py), in rounds or with every worker at its own pace.
 - local: no gradient exchange, every rank trains alone on its own batches: the
   compute-only bound (communication overhead = 1 - horovod/local), and the run
   whose ranks' weights must drift apart (the weight checksum is shown to catch it).
@@ -33,7 +32,7 @@ import time
 from containerbench.rank import faults
 
 LOCAL = "local"  # no gradient exchange: each rank trains alone (records and results judge it apart)
-MODES = ("horovod", "collective", "parameter_server", LOCAL)
+MODES = ("horovod", "collective", "parameter_server", "parameter_server_async", LOCAL)
 
 
 class ModeUnsupported(RuntimeError):
@@ -56,7 +55,7 @@ def _scaled_gradients(tape, optimizer, loss, variables, mixed_float16: bool, exc
     return optimizer.get_unscaled_gradients(exchange(tape.gradient(optimizer.get_scaled_loss(loss), variables)))
 
 
-def _gradients_fn(tf, model, optimizer, args, global_batch: int | None = None):
+def gradients_fn(tf, model, optimizer, args, global_batch: int | None = None):
     """Loss and gradients of one replica's batch; XLA-compiled when asked (the update stays
     outside: in TF's own modes it holds the cross-worker aggregation)."""
     mixed = args.precision == "mixed_float16"
@@ -199,6 +198,11 @@ class Mode(abc.ABC):
     def finish(self) -> None:  # noqa: B027 - a hook, as start
         """After the last step, before the results are gathered."""
 
+    def updates(self, tf, model, window: dict) -> dict | None:
+        """After the measured steps, on the coordinator: what the mode knows of its updates that the step times do
+        not say (the parameter servers' staleness, loss and weights as every worker reads them); None here."""
+        return None
+
     @abc.abstractmethod
     def allgather(self, obj) -> list:
         """`obj` from every rank, in rank order, on every rank."""
@@ -299,7 +303,7 @@ class Local(_EveryRankTrains):
         return {"backend": "none: no gradient exchange", "initial_weights": "broadcast from rank 0 over MPI"}
 
 
-class _TensorFlowCluster:
+class TensorFlowCluster:
     """Shared by TF's own modes: ranks through MPI, gRPC addresses exchanged over it."""
 
     def __init__(self):
@@ -317,7 +321,7 @@ class _TensorFlowCluster:
         return self.ranks.allgather(mine)
 
 
-class Collective(_TensorFlowCluster, _EveryRankTrains):
+class Collective(TensorFlowCluster, _EveryRankTrains):
     name = "collective"
 
     def __init__(self, args):
@@ -344,7 +348,7 @@ class Collective(_TensorFlowCluster, _EveryRankTrains):
 
     def make_step(self, tf, model, optimizer, next_batch, args):
         strategy = self.strategy
-        gradients_of = _gradients_fn(tf, model, optimizer, args, global_batch=args.batch_size * self.size)
+        gradients_of = gradients_fn(tf, model, optimizer, args, global_batch=args.batch_size * self.size)
 
         def replica_step(images, labels):
             loss, gradients = gradients_of(images, labels)
@@ -364,102 +368,3 @@ class Collective(_TensorFlowCluster, _EveryRankTrains):
         return {"backend": self.implementation, "cluster": self.cluster, "grpc_host": self.host,
                 "grpc_interface": self.interface, "grpc_host_from": self.host_choice}
 
-
-class ParameterServer(_TensorFlowCluster, Mode):
-    """Rank 0 coordinates (chief); each rank is a worker; `ps` servers live in worker processes.
-
-    A measured step is one batch on every worker: the coordinator schedules one
-    step per worker and waits for them (synchronous rounds, as tf_cnn_benchmarks'
-    parameter_server mode; the variables are updated by each worker's gradients).
-    """
-
-    name = "parameter_server"
-
-    def __init__(self, args):
-        import tensorflow as tf
-
-        if not hasattr(tf.distribute.experimental, "ParameterServerStrategy") or \
-                not hasattr(tf.distribute, "coordinator"):
-            raise ModeUnsupported(f"mode parameter_server is not supported with TF {tf.__version__}")
-        if args.xla:  # XLA cannot reach a variable on another device (TF's XLA "known issues")
-            raise ModeUnsupported("mode parameter_server cannot use XLA: the compiled step would read variables "
-                                  "that live on the parameter servers")
-        super().__init__()
-        hosts = self.allgather(socket.gethostname())
-        nodes = list(dict.fromkeys(hosts))
-        if args.parameter_servers > self.size:
-            raise ModeUnsupported(f"{args.parameter_servers} parameter servers need as many ranks; "
-                                  f"this run has {self.size}")
-        # Parameter server i goes to node i mod N, on that node's next rank: co-located and spread.
-        by_node = {node: [r for r, h in enumerate(hosts) if h == node] for node in nodes}
-        self.ps_ranks = []
-        for i in range(args.parameter_servers):
-            ranks_here = by_node[nodes[i % len(nodes)]]
-            self.ps_ranks.append(ranks_here[(i // len(nodes)) % len(ranks_here)])
-        addresses = self.addresses(3)  # worker, ps, chief port per rank (not all used)
-        self.cluster = {"chief": [addresses[0][2]], "worker": [a[0] for a in addresses],
-                        "ps": [addresses[r][1] for r in self.ps_ranks]}
-        threads = args.threads or len(os.sched_getaffinity(0))
-        config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=threads, inter_op_parallelism_threads=2)
-        spec = tf.train.ClusterSpec(self.cluster)
-        self.servers = [tf.distribute.Server(spec, job_name="worker", task_index=self.rank, protocol="grpc",
-                                             config=config, start=True)]
-        self.servers += [tf.distribute.Server(spec, job_name="ps", task_index=i, protocol="grpc", config=config,
-                                              start=True) for i, r in enumerate(self.ps_ranks) if r == self.rank]
-        self.coordinator = self.rank == 0
-        self.measures_all_ranks = False
-        if self.coordinator:
-            resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
-                spec, task_type="chief", task_id=0, rpc_layer="grpc")
-            self.strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
-            self.cluster_coordinator = tf.distribute.coordinator.ClusterCoordinator(self.strategy)
-
-    def scope(self):
-        return self.strategy.scope()
-
-    def input_source(self, tf, real_data, random_batch):
-        """A per-worker iterator: each worker makes its batches itself, nothing travels from the chief."""
-        if real_data:
-            def make_dataset():
-                return real_data(0, 1)  # every worker reads the whole (shuffled) dataset
-        else:
-            def make_dataset():
-                return tf.data.Dataset.from_tensors(random_batch(1234)).repeat()
-        return next, (iter(self.cluster_coordinator.create_per_worker_dataset(make_dataset)),)
-
-    def make_step(self, tf, model, optimizer, next_batch, args):
-        strategy = self.strategy
-        gradients_of = _gradients_fn(tf, model, optimizer, args)
-
-        def replica_step(images, labels):
-            loss, gradients = gradients_of(images, labels)
-            optimizer.apply_gradients(zip(gradients, model.trainable_variables))
-            return loss
-
-        @tf.function
-        def worker_step(iterator):
-            images, labels = next_batch(iterator)
-            return strategy.run(replica_step, args=(images, labels))
-
-        coordinator = self.cluster_coordinator
-
-        def train_step(iterator):
-            losses = [coordinator.schedule(worker_step, args=(iterator,)) for _ in range(self.size)]
-            coordinator.join()
-            return tf.add_n([loss.fetch() for loss in losses]) / len(losses)
-
-        return train_step
-
-    # No start: one copy of the variables, on the parameter servers.
-
-    def finish(self):
-        self.ranks.wait_all()  # workers serve until the coordinator is done
-
-    def describe(self, gpus: bool) -> dict:
-        return {"backend": "grpc", "cluster": self.cluster, "parameter_server_ranks": self.ps_ranks,
-                "grpc_host": self.host, "grpc_interface": self.interface, "grpc_host_from": self.host_choice}
-
-
-def mode_for(args) -> Mode:
-    return {"horovod": Horovod, "collective": Collective, "parameter_server": ParameterServer,
-            LOCAL: Local}[args.mode](args)
