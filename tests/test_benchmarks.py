@@ -52,6 +52,14 @@ def test_aggregate_times_the_tables(root, tiny_runs, tmp_path):
     assert out.startswith("records: 2000") and re.search(r"^total: .* records/s$", out, re.M)
 
 
+def test_ps_async_sets_asynchronous_parameter_servers_against_synchronous_rounds(root, bench_python):
+    out = run([sys.executable, "benchmarks/ps_async.py", "--quick", "--bench-python", str(bench_python)], root)
+    for mode in ("parameter_server", "parameter_server_async"):
+        assert re.search(rf"^ps-async: 2 workers \(a core per rank\) {mode} +\d+\.\d\d img/s \(CV nan%\), loss at "
+                         r"equal images \d+\.\d{4} \(runs: \d+\.\d{4}\), staleness \d\.\d\d$", out, re.M), out
+    assert re.search(r"^ps-async: 2 workers async/sync \d+\.\d{3} \(nan\.\.nan, Fieller 95%\), n/a", out, re.M), out
+
+
 def test_telemetry_cost_prints_the_samplers_share_of_a_core_and_the_ratio(root, bench_python):
     out = run([sys.executable, "benchmarks/telemetry_cost.py", "--quick", "--bench-python", str(bench_python)], root)
     assert re.search(r"^  every 0\.5 s: \d+\.\d{3}% of one core$", out, re.M)
