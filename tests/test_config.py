@@ -136,7 +136,7 @@ def test_the_default_runs_its_parameter_server_pair_at_one_small_point_beside_ho
     assert others == {("parameter_server", "bare-metal", 2), ("parameter_server_async", "bare-metal", 2)}
     assert {(r.runtime, r.ranks) for r in runs if r.mode == "horovod"} == {
         (runtime, ranks) for runtime in config["runtimes"] for ranks in (1, 2)}
-    cb_config.check_runs(config, cb_config.plan_runs(config))
+    cb_config.check_modes_at(config)
 
 
 @pytest.mark.parametrize(("key", "value", "allowed"), [("runtimes", ["podman-hpc"], "['bare-metal', 'podman', "
@@ -146,7 +146,7 @@ def test_modes_at_a_point_the_sweep_lacks_is_rejected_before_any_run(root, tmp_p
     override.write_text(yaml.safe_dump({"benchmark": {"modes_at": {key: value}}}))
     config = cb_config.load([str(root / "config" / "config.yaml"), str(override)])
     with pytest.raises(cb_config.ConfigError) as refused:
-        cb_config.check_runs(config, cb_config.plan_runs(config))
+        cb_config.check_modes_at(config)
     assert str(refused.value) == (f"config: 'benchmark.modes_at.{key}' = {value} names what the sweep does not run; "
                                   f"allowed: {allowed}")
 

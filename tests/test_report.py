@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import re
 
-from containerbench.report import render
+import pandas as pd
+
+from containerbench.report import MODE_COLUMNS, SYNC_COLUMNS, mode_columns, render
 from containerbench.results import write_tables
 
 
@@ -50,3 +52,12 @@ def test_report_shows_throughput_scaling_network_and_failures(recorded_runs, tmp
     assert provenance in page
     assert "train_failed_example" in page and "exit code 137" in page and "Killed" in page
     assert "1 failed" in page
+
+
+def test_the_modes_table_shows_the_asynchronous_columns_only_where_a_run_has_its_synchronous_rounds():
+    """A modes.csv written before the columns, or one with no asynchronous run, shows the table as it was."""
+    without = {name: heading for name, heading in MODE_COLUMNS.items() if name not in SYNC_COLUMNS}
+    assert mode_columns(pd.DataFrame(columns=["mode", "ratio_to_baseline_of_means"])) == without
+    assert mode_columns(pd.DataFrame({"mode": ["collective"], "sync_mode": [None]})) == without
+    paired = pd.DataFrame({"mode": ["parameter_server_async"], "sync_mode": ["parameter_server"]})
+    assert mode_columns(paired) == MODE_COLUMNS and "sync_runs" in SYNC_COLUMNS

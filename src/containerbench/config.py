@@ -288,6 +288,19 @@ def mode_runs_at(bench: dict, framework: str, mode: str, runtime: str, ranks: in
                                                 and ranks in where.get("ranks", [ranks]))
 
 
+def check_modes_at(config: dict) -> None:
+    """benchmark.modes_at names runtimes and rank counts of the sweep: checked against the config's runtimes before
+    the unusable ones are skipped, so that a runtime missing on this host skips its runs rather than failing here."""
+    scaling = config["scaling"]
+    sweep = {"runtimes": config["runtimes"],
+             "ranks": sorted({n * p for n in scaling["nodes"] for p in scaling["ranks_per_node"]})}
+    modes_at = config["benchmark"].get("modes_at") or {}
+    for key, allowed in sweep.items():
+        if stray := [value for value in modes_at.get(key, []) if value not in allowed]:
+            raise ConfigError(f"config: 'benchmark.modes_at.{key}' = {stray} names what the sweep does not run; "
+                              f"allowed: {allowed}")
+
+
 def check_frameworks(config: dict, runs: list[RunSpec]) -> None:
     """What each framework of the sweep cannot run (a model it lacks, its own checks), refused before any run."""
     bench = config["benchmark"]
@@ -323,14 +336,6 @@ def check_runs(config: dict, runs: list[RunSpec]) -> None:
         raise ConfigError(f"config: 'scaling.ranks_per_node' has {sharing} ranks per node, and each job asks for "
                           f"'slurm.gpus_per_node' = {gpus_per_node} GPUs: ranks would share a GPU; allowed: at most "
                           f"{gpus_per_node} ranks per node, one per GPU")
-    scaling = config["scaling"]
-    sweep = {"runtimes": config["runtimes"],
-             "ranks": sorted({n * p for n in scaling["nodes"] for p in scaling["ranks_per_node"]})}
-    modes_at = config["benchmark"].get("modes_at") or {}
-    for key, allowed in sweep.items():
-        if stray := [value for value in modes_at.get(key, []) if value not in allowed]:
-            raise ConfigError(f"config: 'benchmark.modes_at.{key}' = {stray} names what the sweep does not run; "
-                              f"allowed: {allowed}")
     servers = config["benchmark"]["parameter_servers"]
     short = sorted({r.ranks for r in runs if r.mode in PARAMETER_SERVER_MODES and r.ranks < servers})
     if short:

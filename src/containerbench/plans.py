@@ -318,6 +318,7 @@ def plan_sweep(config: dict, repo: Path, *, probe: bool = True, probed: dict[str
     try:
         artifacts = resolve_images(planned, repo / IMAGES)  # fills in the images the workflow builds
         check_launchers(planned)  # before any probe: an option a runtime does not take is a config error
+        cb_config.check_modes_at(planned)  # before unusable runtimes are skipped
         skipped = select_runtimes(planned, artifacts) if probe else dict(probed or {})  # dropped from runtimes
         planned["runtimes"] = [name for name in planned["runtimes"] if name not in skipped]
         if probe:

@@ -340,7 +340,8 @@ MODE_COLUMNS = {"framework": "framework", "runtime": "runtime", "fabric": "fabri
                 "communication_overhead_ci95_low": "its 95% CI low",
                 "communication_overhead_ci95_high": "its 95% CI high",
                 # Asynchronous parameter servers against their synchronous rounds (comparisons.SYNCHRONOUS_OF)
-                "sync_mode": "synchronous mode", "ratio_to_sync_of_means": "ratio to synchronous (of means)",
+                "sync_mode": "synchronous mode", "sync_runs": "synchronous runs",
+                "ratio_to_sync_of_means": "ratio to synchronous (of means)",
                 "ratio_to_sync_ci95_low": "to synchronous: 95% CI low",
                 "ratio_to_sync_ci95_high": "to synchronous: 95% CI high",
                 "sync_significance": "to synchronous: significance",
@@ -349,6 +350,15 @@ MODE_COLUMNS = {"framework": "framework", "runtime": "runtime", "fabric": "fabri
                 "mode_staleness_mean": "staleness (updates)", "sync_staleness_mean": "synchronous staleness",
                 "note": "note"}
 SYNC_COLUMNS = [name for name in MODE_COLUMNS if "sync" in name or "equal_images" in name or "staleness" in name]
+
+
+def mode_columns(modes: pd.DataFrame) -> dict[str, str]:
+    """The modes table's headings; the asynchronous ones only where a run had its synchronous rounds beside it (a
+    modes.csv written before them has none)."""
+    paired = "sync_mode" in modes and modes["sync_mode"].notna().any()
+    return {name: heading for name, heading in MODE_COLUMNS.items() if paired or name not in SYNC_COLUMNS}
+
+
 def framework_columns() -> dict[str, str]:
     """The frameworks table's columns and headings: each framework's side by side (the default first), then
     the ratio of each other one to the default one."""
@@ -425,8 +435,7 @@ def render(table_files, record_paths, out_path: str | Path, skipped: dict | None
         overhead_plot=overhead_plot(tables["overhead"]), timeline_plot=timeline_plot(tables["runs"]),
         fabric_table=html_table(tables["fabrics"], FABRIC_COLUMNS),
         fabric_plot=side_by_side_plot(tables["summary"], "fabric", "Throughput by interconnect"),
-        mode_table=html_table(tables["modes"], {name: heading for name, heading in MODE_COLUMNS.items() if not (
-            name in SYNC_COLUMNS and tables["modes"]["sync_mode"].isna().all())}),
+        mode_table=html_table(tables["modes"], mode_columns(tables["modes"])),
         framework_table=(html_table(tables["frameworks"], framework_columns())
                          if not tables["frameworks"].empty else None),
         mode_plot=side_by_side_plot(tables["summary"], "mode", "Throughput by distribution mode"),

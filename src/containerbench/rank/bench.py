@@ -51,7 +51,7 @@ def parse_args(argv=None):
                         help="collective mode: TensorFlow's all-reduce implementation")
     parser.add_argument("--pack-bytes", type=int, default=64 * 2**20,
                         help="collective mode: gradients per all-reduce (Horovod's fusion buffer is 64 MiB)")
-    parser.add_argument("--parameter-servers", type=int, default=1, help="parameter_server mode: how many")
+    parser.add_argument("--parameter-servers", type=int, default=1, help="parameter-server modes: how many")
     parser.add_argument("--data-dir", help="ImageNet TFRecords (train-*-of-*); default: synthetic data")
     parser.add_argument("--probe-steps", type=int, default=0,
                         help="after the measured steps, time this many local steps with no communication, "
@@ -172,6 +172,17 @@ def input_source(tf, mode, args, shape):
         return datasets.synthetic_batch(tf, args.batch_size, shape, seed=seed)
 
     return mode.input_source(tf, real_data if args.data_dir else None, random_batch)
+
+
+def fixed_batch(tf, args, shape):
+    """One batch, the same in every run of a point: the synthetic batch the parameter servers' workers train on
+    (stateless: the same values wherever it is made), or the data's first images unaugmented."""
+    from containerbench.rank import datasets
+
+    if args.data_dir:
+        return datasets.fixed_batch(tf, args.data_dir, args.batch_size, args.image_size,
+                                    args.data_format == "channels_first")
+    return datasets.synthetic_batch(tf, args.batch_size, shape, seed=1234)
 
 
 def weights_digest(arrays) -> dict:
@@ -307,7 +318,8 @@ def train(tf, np, mode, args, gpu_names: list[str]) -> dict:
                 print(f"  trace: the training step's graph in {traced_s:.2f} s (not measured)", flush=True)
         (mine["warmup_step_s"], mine["step_s"], mine["harness_overhead_fraction"], mine["window"],
          mine["loss"]) = measure(train_step, lambda: source, args, mode.rank, per_step)
-        mine["updates"] = mode.updates(tf, model, mine["window"])  # parameter servers: staleness, final loss
+        # Parameter servers: staleness, the weights as every worker reads them, the loss at equal images.
+        mine["updates"] = mode.updates(tf, model, mine["window"], fixed_batch(tf, args, shape))
         if completed := (mine["updates"] or {}).pop("step_s_completed", None):  # asynchronous parameter servers
             mine["step_s_read"], mine["step_s"] = mine["step_s"], completed
             print(f"  the {args.steps} measured steps as the servers completed them: {sum(completed):.3f} s, "
@@ -336,9 +348,10 @@ def run_result(args, size: int, distribution: dict, ranks: list[dict], gpu_names
     """The run's result, from every rank's part: total = sum of the ranks' rates, weights compared.
     Both frameworks' harnesses (torchbench.py) give the same shape."""
     measured = [r for r in ranks if "step_s" in r]
-    # The parameter servers' one copy, as the coordinator and every worker read it; else each rank's own weights.
-    read = [r["weights"] for r in measured] + [w for r in measured for w in (r.get("updates") or {}).get(
-        "worker_weights", [])]
+    # The parameter servers' one copy, as the coordinator and every worker read it (the same reduction); else each
+    # rank's own weights.
+    updates = next((r["updates"] for r in measured if r.get("updates")), None)
+    read = [updates["coordinator_weights"], *updates["worker_weights"]] if updates else [r["weights"] for r in measured]
     sums = [w["sum"] for w in read]
     scale = max(max(w["abs_sum"] for w in read), 1e-30)
     return {
@@ -369,7 +382,7 @@ def run_result(args, size: int, distribution: dict, ranks: list[dict], gpu_names
         "parameters": sum(r.get("parameters", 0) for r in measured[:1]),
         # Mode local: false. Parameter servers: every worker read the coordinator's weights.
         "weights_identical": len({r["weights"]["sha256"] for r in measured}) == 1 and len(set(sums)) == 1,
-        "updates": next((r["updates"] for r in measured if r.get("updates")), None),  # parameter servers'
+        "updates": updates,
         # Each rank trained on its own data (digests of one batch each); None where the ranks that
         # measured read no batch themselves (parameter_server: the workers do).
         "batches_distinct": (len({(r["batch_digest"]["images"], r["batch_digest"]["labels"]) for r in measured})

@@ -77,6 +77,21 @@ def imagenet_pipeline(tf, data_dir: str, batch_size: int, image_size: int, rank:
     return dataset.batch(batch_size, drop_remainder=True).prefetch(autotune)
 
 
+def fixed_batch(tf, data_dir: str, batch_size: int, image_size: int, channels_first: bool = False):
+    """The data's first `batch_size` images, read in order from the first file, decoded whole and resized, with no
+    random crop or flip: the same batch in every run (the loss at equal images is taken on it, parameterservers)."""
+    def decode(record):
+        features = tf.io.parse_single_example(record, {
+            "image/encoded": tf.io.FixedLenFeature([], tf.string),
+            "image/class/label": tf.io.FixedLenFeature([], tf.int64, default_value=-1)})
+        image = tf.image.resize(tf.io.decode_jpeg(features["image/encoded"], channels=3), (image_size, image_size))
+        image = (image - 127.5) / 127.5
+        return tf.transpose(image, (2, 0, 1)) if channels_first else image, features["image/class/label"] - 1
+
+    dataset = tf.data.TFRecordDataset(train_files(data_dir)).map(decode).batch(batch_size, drop_remainder=True)
+    return next(iter(dataset))
+
+
 def generate(out_dir: str, images: int = 512, shards: int = 8, size: int = 256, seed: int = 0) -> list[str]:
     """Write `images` random JPEGs (`size` px, quality 90) with random labels into `shards` TFRecords."""
     import numpy as np

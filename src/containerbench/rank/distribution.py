@@ -198,9 +198,10 @@ class Mode(abc.ABC):
     def finish(self) -> None:  # noqa: B027 - a hook, as start
         """After the last step, before the results are gathered."""
 
-    def updates(self, tf, model, window: dict) -> dict | None:
+    def updates(self, tf, model, window: dict, fixed_batch) -> dict | None:
         """After the measured steps, on the coordinator: what the mode knows of its updates that the step times do
-        not say (the parameter servers' staleness, loss and weights as every worker reads them); None here."""
+        not say (the parameter servers' staleness, loss on `fixed_batch` and weights as every worker reads them);
+        None here."""
         return None
 
     @abc.abstractmethod

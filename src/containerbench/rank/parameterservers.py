@@ -9,14 +9,15 @@ servers' weights; nothing is averaged between workers.
 - parameter_server_async: every worker at its own pace, as Keras' Model.fit drives a ClusterCoordinator: the
   run's steps are scheduled up to AHEAD_ROUNDS rounds ahead, a free worker takes the next one, and none waits
   for another. The coordinator reads the rounds' results in order, so rank 0 still prints a line per round;
-  the throughput counts the measured updates that ended inside the measured window, so a worker that was
-  ahead when the window opened is not credited with work it did before.
+  the measured steps are timed by the updates' completions on the workers (completed_steps), not by those
+  reads, which lag behind workers that run ahead.
 
 Both train the same number of batches ((warmup + measured steps) x workers) and record what asynchrony costs:
-- each update's staleness: how many other workers' updates reached the servers between its read of the
-  weights and its own update (a version counter on the servers, read before the forward pass and
-  incremented after the update);
-- the loss of the servers' final weights on one fixed batch: the loss at equal images;
+- each update's staleness: how many other workers' updates were counted on the servers between its read of
+  the weights and its own (a version counter on the servers, read before the forward pass and incremented
+  once the update's gradients exist, just before they are applied; the increment and its read-back are two
+  ops, so another worker's increment landing between them counts once too many);
+- the loss of the servers' final weights on one fixed batch (the harness's): the loss at equal images;
 - the weights as every worker reads them from the servers: one model, whatever each worker's step count.
 """
 
@@ -85,18 +86,13 @@ class ParameterServer(TensorFlowCluster, Mode):
         return self.strategy.scope()
 
     def input_source(self, tf, real_data, random_batch):
-        """A per-worker iterator: each worker makes its batches itself, nothing travels from the chief. The fixed
-        batch the final loss is taken on: the synthetic batch every worker trains on, or the data's first."""
+        """A per-worker iterator: each worker makes its batches itself, nothing travels from the chief."""
         if real_data:
             def make_dataset():
                 return real_data(0, 1)  # every worker reads the whole (shuffled) dataset
-
-            self.fixed_batch = lambda: next(iter(real_data(0, 1)))
         else:
             def make_dataset():
                 return tf.data.Dataset.from_tensors(random_batch(1234)).repeat()
-
-            self.fixed_batch = lambda: random_batch(1234)
         return next, (iter(self.cluster_coordinator.create_per_worker_dataset(make_dataset)),)
 
     def make_step(self, tf, model, optimizer, next_batch, args):
@@ -117,7 +113,8 @@ class ParameterServer(TensorFlowCluster, Mode):
             optimizer.apply_gradients(zip(gradients, model.trainable_variables))
             # Counted once this update's gradients exist: the first layer's come last in the backward pass.
             applied = version.assign_add(after(tf.constant(1, tf.int64), tf.reduce_sum(gradients[0])))
-            return loss, applied - read - 1, after(tf.timestamp(), applied)
+            # The clock read in a branch taken on `applied`: an op without inputs may run at any time.
+            return loss, applied - read - 1, tf.cond(applied >= 0, tf.timestamp, tf.timestamp)
 
         @tf.function
         def worker_step(iterator):
@@ -142,10 +139,11 @@ class ParameterServer(TensorFlowCluster, Mode):
         self.rounds_read.append([(float(loss), int(stale), float(ended)) for loss, stale, ended in updates])
         return sum(update[0] for update in self.rounds_read[-1]) / len(updates)
 
-    def updates(self, tf, model, window: dict) -> dict:
-        """Staleness of the measured updates, every worker's read of the servers' weights, and their loss on the
-        fixed batch (last: training=True moves batch norm's moving averages, which are not among the weights
-        read); asynchronous, also the measured steps as the servers completed them (completed_steps)."""
+    def updates(self, tf, model, window: dict, fixed_batch) -> dict:
+        """Staleness of the measured updates, the servers' weights as the coordinator and every worker read them
+        (one reduction, the same on each), and their loss on `fixed_batch` (last: training=True moves batch
+        norm's moving averages, which are not among the weights read); asynchronous, also the measured steps as
+        the workers completed them (completed_steps)."""
         import numpy as np
 
         self.cluster_coordinator.join()
@@ -160,7 +158,8 @@ class ParameterServer(TensorFlowCluster, Mode):
         # create_per_worker_dataset uses it), as schedule() would send the function to whichever worker is free.
         per_worker = self.cluster_coordinator._create_per_worker_resources(per_variable_sums)
         reads = [np.asarray(value.fetch()) for value in per_worker._values]
-        images, labels = self.fixed_batch()
+        here = np.asarray(per_variable_sums())
+        images, labels = fixed_batch
         return {
             "staleness_mean": float(np.mean(staleness)) if staleness else None,
             "staleness_max": max(staleness, default=None),
@@ -169,6 +168,7 @@ class ParameterServer(TensorFlowCluster, Mode):
             "step_s_completed": self.completed_steps(window),
             # Warmup included: the same in both modes, so their final losses are at equal images.
             "images_trained": self.batch_size * sum(len(round_) for round_ in self.rounds_read),
+            "coordinator_weights": {"sum": float(here.sum()), "abs_sum": float(np.abs(here).sum())},
             "worker_weights": [{"worker": i, "sum": float(sums.sum()), "abs_sum": float(np.abs(sums).sum())}
                                for i, sums in enumerate(reads)],
             "loss_at_equal_images": float(training_loss(tf, model, images, labels)),
@@ -208,11 +208,12 @@ class ParameterServerAsync(ParameterServer):
         return train_step
 
     def completed_steps(self, window: dict) -> list[float]:
-        """The measured steps as the servers completed them: the updates in the order they ended (each update's
-        worker's clock), a step per `size` of them after the first warmup x size; the first starts at the last
-        warmup update's end (or, with no warmup, when the coordinator began). The coordinator reads rounds in
-        order, behind workers that run ahead: its times would count work done during warmup as measured, or,
-        where the workers finished every round before it read the last warmup one, measure nothing."""
+        """The measured steps as the workers completed them: the updates in the order they ended (each update's
+        worker's clock, read once its version was counted; nodes' clocks as synchronised as NTP keeps them), a
+        step per `size` of them after the first warmup x size; the first starts at the last warmup update's end
+        (or, with no warmup, which the workflow never asks, when the coordinator began). The coordinator reads
+        rounds in order, behind workers that run ahead: its times would count work done during warmup as
+        measured, or, where the workers finished every round before it read the last warmup one, nothing."""
         ended = sorted(end for round_ in self.rounds_read for _, _, end in round_)
         first = self.warmup_rounds * self.size
         bounds = [ended[first - 1] if first else window["start_unix"], *ended[first + self.size - 1::self.size]]
