@@ -30,7 +30,8 @@ def sweep_config(results_dir: str, repetitions: int) -> dict:
         "runtimes": ["bare-metal"],
         "runtime_policy": "skip-unusable",
         "benchmark": {"batch_sizes": list(range(1, 11)), "repetitions": repetitions,
-                      "modes": ["horovod", "collective", "parameter_server"], "data": ["synthetic", "real"]},
+                      "modes": ["horovod", "collective", "parameter_server"], "modes_at": None,  # every point
+                      "data": ["synthetic", "real"]},
         "scaling": {"nodes": [1], "ranks_per_node": [1, 2]},
     }
 

@@ -200,7 +200,7 @@ class Mode(abc.ABC):
 
     def updates(self, tf, model, window: dict, fixed_batch) -> dict | None:
         """After the measured steps, on the coordinator: what the mode knows of its updates that the step times do
-        not say (the parameter servers' staleness, loss on `fixed_batch` and weights as every worker reads them);
+        not say (the parameter servers' staleness, loss on `fixed_batch()` and weights as every worker reads them);
         None here."""
         return None
 

@@ -141,7 +141,7 @@ class ParameterServer(TensorFlowCluster, Mode):
 
     def updates(self, tf, model, window: dict, fixed_batch) -> dict:
         """Staleness of the measured updates, the servers' weights as the coordinator and every worker read them
-        (one reduction, the same on each), and their loss on `fixed_batch` (last: training=True moves batch
+        (one reduction, the same on each), and their loss on `fixed_batch()` (last: training=True moves batch
         norm's moving averages, which are not among the weights read); asynchronous, also the measured steps as
         the workers completed them (completed_steps)."""
         import numpy as np
@@ -159,7 +159,7 @@ class ParameterServer(TensorFlowCluster, Mode):
         per_worker = self.cluster_coordinator._create_per_worker_resources(per_variable_sums)
         reads = [np.asarray(value.fetch()) for value in per_worker._values]
         here = np.asarray(per_variable_sums())
-        images, labels = fixed_batch
+        images, labels = fixed_batch()
         return {
             "staleness_mean": float(np.mean(staleness)) if staleness else None,
             "staleness_max": max(staleness, default=None),
