@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 from containerbench.fabrics import SHARED_MEMORY_ONLY
-from containerbench.frameworks import DEFAULT_FRAMEWORK, FRAMEWORKS, Framework, framework
+from containerbench.frameworks import DEFAULT_FRAMEWORK, FRAMEWORKS, SYNCHRONOUS_OF, Framework, framework
 from containerbench.intervals import RatioInterval, paired_ratio_interval, ratio_interval
 from containerbench.point import Point, default_mode
 from containerbench.rank.distribution import LOCAL as LOCAL_MODE
@@ -190,10 +190,6 @@ def modes_table(runs: pd.DataFrame) -> pd.DataFrame:
                 row |= _overhead_columns("communication_overhead", ratio_interval(baseline, rates, LOCAL_MODE))
             rows.append(row)
     return pd.DataFrame(rows, columns=columns)
-
-
-# A mode whose workers do not wait for each other, and the same mode in synchronous rounds.
-SYNCHRONOUS_OF = {"parameter_server_async": "parameter_server"}
 
 
 def _against_sync(runs: pd.DataFrame, sync: pd.DataFrame, sync_mode: str) -> dict:

@@ -22,6 +22,7 @@ LOCAL = "local"  # the mode with no gradient exchange (distribution.LOCAL), whic
 # TensorFlow's ParameterServerStrategy in synchronous rounds, and with every worker at its own pace
 # (rank/parameterservers.py): the first is the second's baseline in the modes table.
 PARAMETER_SERVER_MODES = ("parameter_server", "parameter_server_async")
+SYNCHRONOUS_OF = {"parameter_server_async": "parameter_server"}  # a mode without waits -> the same in rounds
 
 
 def _nothing(*_) -> list[str]:

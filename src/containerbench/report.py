@@ -339,7 +339,7 @@ MODE_COLUMNS = {"framework": "framework", "runtime": "runtime", "fabric": "fabri
                 "communication_overhead_percent_of_means": "communication overhead % (of means)",
                 "communication_overhead_ci95_low": "its 95% CI low",
                 "communication_overhead_ci95_high": "its 95% CI high",
-                # Asynchronous parameter servers against their synchronous rounds (comparisons.SYNCHRONOUS_OF)
+                # Asynchronous parameter servers against their synchronous rounds (frameworks.SYNCHRONOUS_OF)
                 "sync_mode": "synchronous mode", "sync_runs": "synchronous runs",
                 "ratio_to_sync_of_means": "ratio to synchronous (of means)",
                 "ratio_to_sync_ci95_low": "to synchronous: 95% CI low",

@@ -400,15 +400,15 @@ def run(args) -> dict | None:
     import numpy as np
     import tensorflow as tf
 
-    from containerbench.rank.distribution import LOCAL, Collective, Horovod, Local
+    from containerbench.rank.distribution import Collective, Horovod, Local
     from containerbench.rank.parameterservers import ParameterServer, ParameterServerAsync
 
     mpi_version = mpi_library()
     # Before any mode starts: TF's own modes start servers that fix the thread pools.
     gpu_names = configure_devices(tf, local_rank_hint(), args.threads)
     tf.keras.utils.set_random_seed(args.seed)  # Python, NumPy and TF: the same initial weights on every run
-    mode = {"horovod": Horovod, "collective": Collective, "parameter_server": ParameterServer,
-            "parameter_server_async": ParameterServerAsync, LOCAL: Local}[args.mode](args)
+    modes = {each.name: each for each in (Horovod, Collective, ParameterServer, ParameterServerAsync, Local)}
+    mode = modes[args.mode](args)
     ranks = mode.allgather(train(tf, np, mode, args, gpu_names))
     if mode.rank != 0:
         return None

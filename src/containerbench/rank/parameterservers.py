@@ -26,7 +26,6 @@ from __future__ import annotations
 import collections
 import os
 import socket
-from collections import Counter
 
 from containerbench.rank.distribution import Mode, ModeUnsupported, TensorFlowCluster, gradients_fn, training_loss
 
@@ -73,8 +72,8 @@ class ParameterServer(TensorFlowCluster, Mode):
                                               start=True) for i, r in enumerate(self.ps_ranks) if r == self.rank]
         self.coordinator = self.rank == 0
         self.measures_all_ranks = False
-        self.rounds, self.warmup_rounds, self.batch_size = args.warmup_steps + args.steps, args.warmup_steps, \
-            args.batch_size
+        self.rounds, self.warmup_rounds = args.warmup_steps + args.steps, args.warmup_steps
+        self.batch_size = args.batch_size
         self.rounds_read: list[list[tuple[float, int, float]]] = []  # per round: (loss, staleness, ended) per update
         if self.coordinator:
             resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
@@ -163,7 +162,7 @@ class ParameterServer(TensorFlowCluster, Mode):
         return {
             "staleness_mean": float(np.mean(staleness)) if staleness else None,
             "staleness_max": max(staleness, default=None),
-            "staleness_counts": {str(k): n for k, n in sorted(Counter(staleness).items())},
+            "staleness_counts": {str(k): n for k, n in sorted(collections.Counter(staleness).items())},
             "measured_updates": len(measured),
             "step_s_completed": self.completed_steps(window),
             # Warmup included: the same in both modes, so their final losses are at equal images.
