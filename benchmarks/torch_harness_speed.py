@@ -1,19 +1,23 @@
 """Is our PyTorch harness as fast as a plain DDP training loop over the same ResNet-50?
 
-Side by side in one launch per rank count, interleaved round by round (each first in every other
-round) so that a drift of the machine hits both alike, on one model, optimizer and batch per rank:
+Side by side in one launch per rank count, interleaved round by round (the order reversed every other
+round) so that a drift of the machine hits each alike, on one batch per rank:
 
 - ours:      containerbench.rank.torchbench's step and measuring loop (autocast context, GradScaler, a
              loss read back every step, per-step timing, rank 0's line per step);
 - reference: the loop of PyTorch's DDP tutorial, written out below: zero_grad, forward, loss,
-             backward, step, timed over the round with one synchronisation at its end.
+             backward, step, timed over the round with one synchronisation at its end;
+- plain:     at one rank, the same loop on the model without DDP, which one process does not need
+             (DDP's own cost there).
+
+Each method has its own model, built from one seed.
 
 Also the harness overhead: time in our loop outside the timed steps, as a share of step time.
 
     .venv-bench-torch/bin/python benchmarks/torch_harness_speed.py [--quick] [--ranks 1 2]
 
-Prints images/s per method (median of rounds), the ratio ours/reference (median of the per-round
-ratios) and the overhead; asserts nothing.
+Prints images/s per method (median of rounds), the ratios ours/reference and ours/plain (median of the
+per-round ratios) and the overhead; asserts nothing.
 """
 
 from __future__ import annotations
@@ -92,17 +96,27 @@ def worker(args) -> None:
                                         "--warmup-steps", "0", "--steps", str(args.steps),
                                         "--precision", args.precision])
     torchbench.rendezvous(ranks, torch, backend)
-    torch.manual_seed(0)
-    model = torch.nn.parallel.DistributedDataParallel(
-        build("resnet50")[0].to(device, memory_format=torch.channels_last),
-        device_ids=[device.index] if on_gpu else None)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def resnet50():
+        torch.manual_seed(0)  # the same weights in every method's model
+        return build("resnet50")[0].to(device, memory_format=torch.channels_last)
+
+    # Ours wrapped as the harness wraps it; the reference as PyTorch's DDP tutorial does; at one rank also the
+    # tutorial's loop without DDP, which one process does not need (what DDP itself costs there).
+    ours_model = torchbench.data_parallel(torch, resnet50(), device)
+    ours_step = torchbench.make_step(torch, ours_model, torch.optim.SGD(ours_model.parameters(), lr=0.01),
+                                     bench_args, device)
+    models = {"reference": torch.nn.parallel.DistributedDataParallel(resnet50(),
+                                                                     device_ids=[device.index] if on_gpu else None)}
+    if ranks.size == 1:
+        models["plain"] = resnet50()
+    optimizers = {name: torch.optim.SGD(model.parameters(), lr=0.01) for name, model in models.items()}
     batch = torchbench.synthetic_batch(torch, bench_args, device, ranks.rank)
-    ours_step = torchbench.make_step(torch, model, optimizer, bench_args, device)
-    for _ in range(2):  # warmup of both, not measured
+    for _ in range(2):  # warmup of every method, not measured
         ours_step(*batch)
-        reference_round(torch, model, optimizer, *batch, 1, args.precision)
-    rates = {"ours": [], "reference": []}
+        for name, model in models.items():
+            reference_round(torch, model, optimizers[name], *batch, 1, args.precision)
+    rates = {"ours": [], **{name: [] for name in models}}
     ratios, overheads = [], []
     def ours_round():
         with contextlib.redirect_stdout(io.StringIO()):  # rank 0's step lines are part of the cost, not the output
@@ -112,27 +126,23 @@ def worker(args) -> None:
         # The loop's wall time: the steps and what the loop adds between them.
         return args.batch_size * args.steps / (sum(step_s) * (1 + outside))
 
-    def reference_rate():
-        return args.batch_size * args.steps / reference_round(torch, model, optimizer, *batch, args.steps,
-                                                              args.precision)
+    def reference_rate(name):
+        return args.batch_size * args.steps / reference_round(torch, models[name], optimizers[name], *batch,
+                                                              args.steps, args.precision)
 
+    order = ["ours", *models]
     for round_number in range(args.rounds):
-        # Each method first in every other round: whatever the first of a pair pays, both pay alike.
-        if round_number % 2 == 0:
-            ours = ours_round()
-            reference = reference_rate()
-        else:
-            reference = reference_rate()
-            ours = ours_round()
-        rates["ours"].append(ours)
-        rates["reference"].append(reference)
-        ratios.append(ours / reference)
+        # The order reversed in every other round: whatever the first of a round pays, each pays alike.
+        for name in order if round_number % 2 == 0 else order[::-1]:
+            rates[name].append(ours_round() if name == "ours" else reference_rate(name))
+        ratios.append({name: rates["ours"][-1] / rates[name][-1] for name in models})
     everyone = ranks.allgather({"rates": rates, "ratios": ratios, "overheads": overheads})
     torch.distributed.destroy_process_group()
     if ranks.rank == 0:
         total = {name: statistics.median(sum(r["rates"][name][i] for r in everyone) for i in range(args.rounds))
                  for name in rates}
-        ratio = statistics.median(statistics.mean(r["ratios"][i] for r in everyone) for i in range(args.rounds))
+        ratio = {name: statistics.median(statistics.mean(r["ratios"][i][name] for r in everyone)
+                                         for i in range(args.rounds)) for name in models}
         overhead = statistics.median(o for r in everyone for o in r["overheads"])
         print(RESULT_PREFIX + json.dumps({"ranks": ranks.size, "device": device.type, "images_per_sec": total,
                                           "ratio": ratio, "overhead": overhead,
@@ -168,7 +178,11 @@ def main(argv=None) -> int:
         rates = result["images_per_sec"]
         print(f"{ranks} rank(s) on {result['device']}: ours {rates['ours']:.2f} img/s, "
               f"reference DDP loop {rates['reference']:.2f} img/s; "
-              f"ratio ours/reference {result['ratio']:.3f}; harness overhead per step {100 * result['overhead']:.2f}%")
+              f"ratio ours/reference {result['ratio']['reference']:.3f}; harness overhead per step "
+              f"{100 * result['overhead']:.2f}%")
+        if "plain" in rates:
+            print(f"{ranks} rank(s) on {result['device']}: the reference loop without DDP {rates['plain']:.2f} img/s; "
+                  f"ratio ours/plain {result['ratio']['plain']:.3f}")
     return 0
 
 

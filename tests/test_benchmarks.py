@@ -31,11 +31,32 @@ def test_harness_speed_compares_ours_with_horovod_and_keras(root, bench_python):
     assert re.search(r"^2 rank\(s\): ours .* horovod ", out, re.M) and out.count("harness overhead per step") == 2
 
 
+def test_tf_peer_speed_sets_our_harness_against_tf_cnn_benchmarks(root, bench_python):
+    out = run([sys.executable, "benchmarks/tf_peer_speed.py", "--quick", "--causes", "--bench-python",
+               str(bench_python)], root)
+    for method in ("ours", "peer"):  # the peer's rate is the vendored tf_cnn_benchmarks' own "total images/sec"
+        assert re.search(rf"^tf-peer: 1 rank\(s\) \(unbound\) {method} +\d+\.\d\d img/s \(CV nan%; runs: \d+\.\d\d\)$",
+                         out, re.M), out
+    assert re.search(r"^tf-peer: 1 rank\(s\) ours/peer \d\.\d{3} \(nan\.\.nan, Fieller 95%\), n/a: .*; median of "
+                     r"per-round ratios \d\.\d{3}$", out, re.M), out
+    # The rebuilt network is ResNet-50 with the peer's layer choices: each of its 53 convolutions loses its bias
+    # and each of its 53 batch norms its scale, 106 tensors (53,120 weights) fewer than Keras' 214.
+    assert re.search(r"one core: keras +step \d\.\d{3} s \(median\), 214 trainable tensors, 25,636,712 weights$",
+                     out, re.M), out
+    assert re.search(r"one core: peer_layers step \d\.\d{3} s \(median\), 108 trainable tensors, 25,583,592 "
+                     r"weights$", out, re.M), out
+    assert re.search(r"^tf-peer: model definition: Keras' step / the peer's layer choices' \d\.\d{3} \(\d\.\d{3}\.\."
+                     r"\d\.\d{3}, median of 2 paired steps, bootstrap 95%\)$", out, re.M), out
+
+
 def test_torch_harness_speed_compares_ours_with_a_plain_ddp_loop(root, torch_python):
     out = run([str(torch_python), "benchmarks/torch_harness_speed.py", "--quick"], root)
     for ranks in (1, 2):
         assert re.search(rf"^{ranks} rank\(s\) on cpu: ours \d+\.\d\d img/s, reference DDP loop \d+\.\d\d img/s; "
                          r"ratio ours/reference \d\.\d{3}; harness overhead per step \d+\.\d\d%$", out, re.M), out
+    # One process needs no DDP: at one rank the tutorial's loop also runs without it, and only there.
+    assert re.findall(r"^(\d) rank\(s\) on cpu: the reference loop without DDP \d+\.\d\d img/s; ratio ours/plain "
+                      r"\d\.\d{3}$", out, re.M) == ["1"], out
 
 
 def test_dag_speed_plans_a_thousand_run_sweep(root):
