@@ -10,12 +10,13 @@ that a drift of the machine hits both alike, at each rank count:
 Both: ResNet-50 at 224 px (the peer's fixed size), the same batch per rank, fp32, NHWC, synthetic data, plain SGD
 without weight decay (the peer's default adds an L2 term our loss has not), warmup excluded. One rank runs unbound
 (TensorFlow takes both cores), more ranks get a core each. Per method: mean img/s over runs and its CV; then
-ours/peer with Fieller's 95% interval (containerbench.intervals.ratio_interval) and the median of the per-round
-ratios.
+ours/peer over the rounds' pairs (the two runs of a round), with the interval of paired ratios
+(containerbench.intervals.paired_ratio_interval: a drift of the machine between rounds cancels within each pair).
 
---causes then measures the gap's one named cause, the model definition, in one process on one core, step by step
-alternating: our step on Keras' ResNet-50, and on the same network rebuilt with the peer's layer choices
-(convolutions without a bias, which the batch norm after each makes redundant, and batch norms without a scale).
+--causes then measures the one difference of the networks, in one process on one core, step by step alternating:
+our step on Keras' ResNet-50, and on the same network rebuilt as the peer's ResNet-50 builds its layers
+(models/resnet_model.py, convnet_builder.py): convolutions without a bias, which the batch norm after each makes
+redundant. Both have a scale and an offset in every batch norm.
 
     .venv/bin/python benchmarks/tf_peer_speed.py [--quick] [--ranks 1 2] [--rounds 3] [--causes]
 
@@ -29,7 +30,6 @@ import contextlib
 import io
 import json
 import os
-import random
 import re
 import statistics
 import subprocess
@@ -48,7 +48,7 @@ CAUSE_PREFIX = "tf-peer-cause "
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--ranks", type=int, nargs="*", default=[1, 2], help="none: --causes alone")
     parser.add_argument("--rounds", type=int, default=3, help="runs per method and rank count")
     parser.add_argument("--batch-size", type=int, default=8, help="images per rank per step")
     parser.add_argument("--steps", type=int, default=10)
@@ -104,17 +104,17 @@ def launch(method: str, ranks: int, args) -> float:
 
 
 def peer_layer_choices(tf, layer):
-    """The layer as tf_cnn_benchmarks' ResNet builds it: no bias before a batch norm, no scale in the norm."""
+    """The layer as tf_cnn_benchmarks' ResNet builds it: a convolution followed by a batch norm has no bias
+    (convnet_builder.conv with use_batch_norm=True; its batch norms keep their scale, resnet_model's
+    batch_norm_config)."""
     config = layer.get_config()
     if isinstance(layer, tf.keras.layers.Conv2D):
         config["use_bias"] = False
-    elif isinstance(layer, tf.keras.layers.BatchNormalization):
-        config["scale"] = False
     return layer.__class__.from_config(config)
 
 
 def cause_worker(args) -> dict:
-    """In one process on one core: our step on Keras' ResNet-50 and on it rebuilt with the peer's layer choices."""
+    """In one process on one core: our step on Keras' ResNet-50 and on it rebuilt with the peer's convolutions."""
     os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     import tensorflow as tf
 
@@ -153,13 +153,9 @@ def cause_worker(args) -> dict:
             "keras_over_peer_layers": ratios, **{f"{name}_model": w for name, w in weights.items()}}
 
 
-def bootstrap_median_ci(values: list[float], resamples: int = 2000, seed: int = 7) -> tuple[float, float]:
-    rng = random.Random(seed)
-    medians = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(resamples))
-    return medians[int(0.025 * resamples)], medians[int(0.975 * resamples) - 1]
-
-
 def measure_causes(args) -> None:
+    from containerbench.intervals import paired_ratio_interval
+
     argv = [args.bench_python, __file__, "--cause-worker", "--batch-size", str(args.batch_size),
             "--cause-pairs", str(args.cause_pairs)]
     done = subprocess.run([*mpirun(1), *argv], capture_output=True, text=True, timeout=3600,
@@ -169,13 +165,13 @@ def measure_causes(args) -> None:
         raise SystemExit(f"the cause worker failed (exit {done.returncode}): {done.stderr[-2000:]}")
     found = json.loads(lines[0][len(CAUSE_PREFIX):])
     ratios = found["keras_over_peer_layers"]
-    low, high = bootstrap_median_ci(ratios)
+    interval = paired_ratio_interval(ratios, [1.0] * len(ratios))
     for name in ("keras", "peer_layers"):
         model = found[f"{name}_model"]
         print(f"tf-peer: model definition, one core: {name:<11} step {found['step_s'][name]:.3f} s (median), "
               f"{model['trainable_tensors']} trainable tensors, {model['weights']:,} weights", flush=True)
-    print(f"tf-peer: model definition: Keras' step / the peer's layer choices' {statistics.median(ratios):.3f} "
-          f"({low:.3f}..{high:.3f}, median of {len(ratios)} paired steps, bootstrap 95%)", flush=True)
+    print(f"tf-peer: model definition: Keras' step / the peer's layer choices' {interval.ratio:.3f} "
+          f"({interval.low:.3f}..{interval.high:.3f}, {len(ratios)} paired steps, paired 95%)", flush=True)
 
 
 def main(argv=None) -> int:
@@ -183,7 +179,7 @@ def main(argv=None) -> int:
     if args.cause_worker:
         print(CAUSE_PREFIX + json.dumps(cause_worker(args)), flush=True)
         return 0
-    from containerbench.intervals import ratio_interval
+    from containerbench.intervals import paired_ratio_interval
 
     print(f"tf-peer: resnet50 {IMAGE_SIZE}px batch {args.batch_size}/rank fp32, {args.warmup_steps} warmup + "
           f"{args.steps} measured steps, {args.rounds} round(s), synthetic data", flush=True)
@@ -199,10 +195,9 @@ def main(argv=None) -> int:
             spread = statistics.stdev(series) / statistics.mean(series) if len(series) > 1 else float("nan")
             print(f"tf-peer: {ranks} rank(s) ({binding}) {method:<4} {statistics.mean(series):7.2f} img/s "
                   f"(CV {100 * spread:.1f}%; runs: {', '.join(f'{x:.2f}' for x in series)})", flush=True)
-        interval = ratio_interval(rates["ours"], rates["peer"], "tf_cnn_benchmarks")
-        paired = statistics.median(o / p for o, p in zip(rates["ours"], rates["peer"]))
+        interval = paired_ratio_interval(rates["ours"], rates["peer"])
         print(f"tf-peer: {ranks} rank(s) ours/peer {interval.ratio:.3f} ({interval.low:.3f}..{interval.high:.3f}, "
-              f"Fieller 95%), {interval.significance()}; median of per-round ratios {paired:.3f}", flush=True)
+              f"{args.rounds} paired rounds, paired 95%), {interval.significance()}", flush=True)
     if args.causes:
         measure_causes(args)
     return 0

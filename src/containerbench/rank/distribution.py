@@ -247,7 +247,7 @@ class Horovod(_EveryRankTrains):
         """Each gradient averaged over the ranks by an all-reduce of its own, as tf_cnn_benchmarks does it
         (benchmark_cnn.py, "All-reduce gradients using Horovod"), and one rank exchanges nothing, as
         DistributedGradientTape. The tape, by wrapping each all-reduce in a tf.cond on the world size
-        (horovod/tensorflow/__init__.py, _allreduce_cond), made ResNet-50's 161 gradients 161 conditionals:
+        (horovod/tensorflow/__init__.py, _allreduce_cond), made ResNet-50's 214 gradients 214 conditionals:
         6-8 s more to trace in every run, for the same step time (benchmarks/README.md)."""
         if self.size == 1:
             return gradients
@@ -336,7 +336,7 @@ class Collective(TensorFlowCluster, _EveryRankTrains):
             os.environ["TF_CONFIG"] = json.dumps({"cluster": self.cluster,
                                                   "task": {"type": "worker", "index": self.rank}})
         # Gradients packed into few large all-reduces, as Horovod fuses them (its 64 MiB fusion
-        # buffer): unpacked, each of ResNet-50's 161 tensors is a collective of its own.
+        # buffer): unpacked, each of ResNet-50's 214 tensors is a collective of its own.
         options = tf.distribute.experimental.CommunicationOptions(
             bytes_per_pack=args.pack_bytes,
             implementation=getattr(tf.distribute.experimental.CommunicationImplementation, self.implementation.upper()))
