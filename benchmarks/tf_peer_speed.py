@@ -181,8 +181,9 @@ def main(argv=None) -> int:
         return 0
     from containerbench.intervals import paired_ratio_interval
 
-    print(f"tf-peer: resnet50 {IMAGE_SIZE}px batch {args.batch_size}/rank fp32, {args.warmup_steps} warmup + "
-          f"{args.steps} measured steps, {args.rounds} round(s), synthetic data", flush=True)
+    if args.ranks:  # the runs' settings; --causes alone prints its own
+        print(f"tf-peer: resnet50 {IMAGE_SIZE}px batch {args.batch_size}/rank fp32, {args.warmup_steps} warmup + "
+              f"{args.steps} measured steps, {args.rounds} round(s), synthetic data", flush=True)
     methods = ("ours", "peer")
     for ranks in args.ranks:
         rates = {method: [] for method in methods}
