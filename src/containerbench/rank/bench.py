@@ -25,7 +25,7 @@ import socket
 import sys
 import time
 
-from containerbench.rank import faults, markers, telemetry
+from containerbench.rank import faults, markers, stepclocks, telemetry
 from containerbench.rank.distribution import MODES  # no TensorFlow import: parsing stays instant
 
 ENTRY_UNIX_TIME = time.time()  # before TensorFlow's import: start-up cost counts
@@ -57,6 +57,8 @@ def parse_args(argv=None):
                         help="after the measured steps, time this many local steps with no communication, "
                              "per rank: finds a slow node that synchronous training hides")
     parser.add_argument("--threads", type=int, default=0, help="TF intra-op threads; 0 = the CPUs this rank may use")
+    parser.add_argument("--step-clock", choices=stepclocks.CHOICES, default="auto",
+                        help="how steps are timed (stepclocks.py); auto: queued on GPUs, host on CPUs")
     parser.add_argument("--seed", type=int, default=1234,
                         help="initial weights: the same in every runtime, so that loss trajectories can be compared")
     parser.add_argument("--runtime", default=os.environ.get("CONTAINERBENCH_RUNTIME", "bare-metal"))
@@ -68,6 +70,9 @@ def parse_args(argv=None):
     for name in ("batch_size", "image_size", "steps", "warmup_steps", "probe_steps", "parameter_servers"):
         if getattr(args, name) < (0 if name in ("warmup_steps", "probe_steps") else 1):
             parser.error(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    if args.step_clock == stepclocks.QUEUED and args.mode.startswith("parameter_server"):
+        parser.error(f"--step-clock queued: mode {args.mode}'s steps are scheduled by its coordinator; "
+                     "allowed there: auto, host")
     return args
 
 
@@ -223,27 +228,7 @@ def local_compute_rate(tf, model, images, labels, args) -> float:
     return args.batch_size * args.probe_steps / (time.perf_counter() - started)
 
 
-class HostClock:
-    """A step has run when its call returns (the gradient exchange included) and its loss is on the host:
-    both are inside the span timed. TensorFlow's on a GPU too: its device-to-host copy waits for all the
-    compute stream holds (GPUUtil::CopyGPUTensorToCPU), so a loss read after the next step is queued would
-    wait for that step as well; PyTorch's GPU runs use torchbench.CudaClock."""
-    lag = 0
-
-    @staticmethod
-    def mark():
-        return time.perf_counter()
-
-    @staticmethod
-    def hold(loss):
-        return float(loss)
-
-    @staticmethod
-    def seconds(start, end, held) -> float:
-        return end - start
-
-
-def measure(step, next_batch, args, rank: int, images_per_step: int, clock=HostClock):
+def measure(step, next_batch, args, rank: int, images_per_step: int, clock=stepclocks.HostClock):
     """Warmup, then measured steps: `step(*next_batch())` returns a step's loss, which `clock` times (a
     step's wall time includes waiting for its result). Rank 0 prints a line per step. Also the measured
     window (wall clock and this rank's CPU time), for the telemetry."""
@@ -292,8 +277,8 @@ def trace(train_step, source) -> float | None:
     return time.perf_counter() - started
 
 
-def train(tf, np, mode, args, gpu_names: list[str]) -> dict:
-    """This rank's part: build, warm up, time the measured steps, probe, checksum the weights."""
+def train(tf, np, mode, args, gpu_names: list[str], clock) -> dict:
+    """This rank's part: build, warm up, time the measured steps (by `clock`), probe, checksum the weights."""
     mine = {"rank": mode.rank, "local_rank": mode.local_rank, "hostname": socket.gethostname(),
             "entry_unix_time": ENTRY_UNIX_TIME, "cpus": len(os.sched_getaffinity(0)),
             "context": telemetry.rank_context()}
@@ -303,6 +288,8 @@ def train(tf, np, mode, args, gpu_names: list[str]) -> dict:
             optimizer.build(model.trainable_variables)
         next_batch, source = input_source(tf, mode, args, shape)
         train_step = mode.make_step(tf, model, optimizer, next_batch, args)
+        if clock is not stepclocks.HostClock:
+            train_step = stepclocks.loss_to_host(tf, train_step)
         mode.start(model, optimizer)
         # A parameter-server step is one batch on every worker; the other modes time one rank's batch.
         per_step = args.batch_size * (1 if mode.measures_all_ranks else mode.size)
@@ -316,8 +303,9 @@ def train(tf, np, mode, args, gpu_names: list[str]) -> dict:
                   f"{args.warmup_steps} warmup + {args.steps} measured steps", flush=True)
             if traced_s is not None:
                 print(f"  trace: the training step's graph in {traced_s:.2f} s (not measured)", flush=True)
-        (mine["warmup_step_s"], mine["step_s"], mine["harness_overhead_fraction"], mine["window"],
-         mine["loss"]) = measure(train_step, lambda: source, args, mode.rank, per_step)
+        with clock.running():
+            (mine["warmup_step_s"], mine["step_s"], mine["harness_overhead_fraction"], mine["window"],
+             mine["loss"]) = measure(train_step, lambda: source, args, mode.rank, per_step, clock)
         # Parameter servers: staleness, the weights as every worker reads them, the loss at equal images (a key
         # only their records have: the others keep the shape of the recorded runs the fast tests read).
         if (updates := mode.updates(tf, model, mine["window"], lambda: fixed_batch(tf, args, shape))) is not None:
@@ -409,12 +397,16 @@ def run(args) -> dict | None:
     tf.keras.utils.set_random_seed(args.seed)  # Python, NumPy and TF: the same initial weights on every run
     modes = {each.name: each for each in (Horovod, Collective, ParameterServer, ParameterServerAsync, Local)}
     mode = modes[args.mode](args)
-    ranks = mode.allgather(train(tf, np, mode, args, gpu_names))
+    clock = stepclocks.for_tensorflow(tf, args.step_clock, bool(gpu_names), mode.measures_all_ranks)
+    ranks = mode.allgather(train(tf, np, mode, args, gpu_names, clock))
     if mode.rank != 0:
         return None
     versions = {"python": platform.python_version(), "tensorflow": tf.__version__, "horovod": _version("horovod"),
                 "mpi": mpi_version}
-    result = run_result(args, mode.size, mode.describe(bool(gpu_names)), ranks, gpu_names, versions)
+    distribution = mode.describe(bool(gpu_names))
+    if clock is not stepclocks.HostClock:  # a key only such runs have: CPU records keep the recorded runs' shape
+        distribution["step_clock"] = clock.name
+    result = run_result(args, mode.size, distribution, ranks, gpu_names, versions)
     print(total_line(result, result["distribution"]["backend"]), flush=True)
     return result
 

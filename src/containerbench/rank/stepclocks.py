@@ -1,0 +1,102 @@
+"""How a harness times its steps (bench.measure's `clock`): when a step starts, when it has run, and what the
+host waits on to read its loss.
+
+    HostClock    CPUs: a step has run when its call returns and its loss is on the host.
+    QueuedClock  TensorFlow on a GPU: steps queued one ahead, each timed from the last one's completion to its own.
+    CudaClock    PyTorch on a GPU (torchbench.py): CUDA events around each step, its loss read a step later.
+
+A clock has `lag` (how many steps are queued before one is read), `running()` (the context the steps run in),
+`mark()`, `hold(loss)` and `seconds(start, end, held)`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+HOST, QUEUED = "host", "queued"
+CHOICES = ("auto", HOST, QUEUED)
+
+
+class HostClock:
+    """A step has run when its call returns (the gradient exchange included) and its loss is on the host: both are
+    inside the span timed. On a GPU this drains the device at every step: TensorFlow's device-to-host copy waits
+    for all the compute stream holds (GPUUtil::CopyGPUTensorToCPU), so the next step is queued only after the
+    host has read this one; hence QueuedClock and torchbench.CudaClock there."""
+    name = HOST
+    lag = 0
+    running = staticmethod(contextlib.nullcontext)
+
+    @staticmethod
+    def mark():
+        return time.perf_counter()
+
+    @staticmethod
+    def hold(loss):
+        return float(loss)
+
+    @staticmethod
+    def seconds(start, end, held) -> float:
+        return end - start
+
+
+class QueuedClock:
+    """TensorFlow on a GPU, which has no device events. The steps run under eager's asynchronous executor: a step's
+    call returns once it is queued, and the executor (C++, no Python) starts the next step as soon as the last one
+    has completed. The host queues step i+1, then waits for step i's loss, which the step itself copied to the host
+    after its update (`loss_to_host`): reading it waits for step i alone, not for step i+1 queued behind it (a loss
+    left on the device would be copied behind step i+1 and wait for it too). A step's time runs from the previous
+    step's loss reaching the host to its own, so consecutive steps tile the measured window with no gaps, and the
+    device is never left waiting for Python's loop or its per-step line."""
+    name = QUEUED
+    lag = 1
+
+    def __init__(self, tf):
+        self.tf = tf
+        self.previous: float | None = None
+
+    @contextlib.contextmanager
+    def running(self):
+        self.tf.config.experimental.set_synchronous_execution(False)
+        try:
+            yield
+        finally:
+            self.tf.config.experimental.set_synchronous_execution(True)  # waits for everything queued
+
+    @staticmethod
+    def mark():
+        return time.perf_counter()
+
+    @staticmethod
+    def hold(loss):
+        return loss  # a handle: not waited on until seconds()
+
+    def seconds(self, start, end, held) -> float:
+        held.numpy()  # this step's completion (errors of an asynchronous step surface here)
+        now = time.perf_counter()
+        elapsed = now - (start if self.previous is None else self.previous)
+        self.previous = now
+        return elapsed
+
+
+def loss_to_host(tf, step):
+    """`step` whose loss is copied to the host inside the step's own function, once its update is done (the step
+    orders its loss after the update), so reading it never waits for work queued later."""
+
+    @tf.function
+    def step_loss_on_host(*source):
+        loss = step(*source)
+        with tf.device("/CPU:0"):
+            return tf.identity(loss)
+
+    return step_loss_on_host
+
+
+def for_tensorflow(tf, choice: str, gpus: bool, queues: bool):
+    """The clock for a TensorFlow run: `choice` from --step-clock; auto is QueuedClock where the run has GPUs and
+    its mode's step is this rank's own (`queues`; a parameter-server coordinator's steps are scheduled by its
+    ClusterCoordinator; bench.parse_args refuses queued there), else HostClock, whose figures on CPUs are those of
+    every recorded run."""
+    if choice == QUEUED or (choice == "auto" and gpus and queues):
+        return QueuedClock(tf)
+    return HostClock
