@@ -133,19 +133,11 @@ def test_precision_per_minute_reads_a_sweeps_records_and_prints_each_design(root
     assert re.search(r"^sweep, every point above: ran \d+\.\d min, at the target \d+\.\d min$", out, re.M), out
 
 
-def test_tf_step_clock_times_steps_of_known_length_and_leaves_no_gap_for_the_host(root, bench_python):
-    """TensorFlow's GPU clock (stepclocks.QueuedClock), proven on CPUs: steps of 100-240 ms, each stamped by the step's
-    own graph, behind 50 ms of host work before each. The queued clock must time each step as the stamps say and
-    leave the 'device' no idle gap for the host's work; the host clock, as on every CPU run, leaves one each step."""
-    out = run([sys.executable, "benchmarks/tf_step_clock.py", "--quick", "--logic", "--bench-python",
-               str(bench_python)], root)
-    found = json.loads(next(line for line in out.splitlines() if line.startswith("tf-clock-logic "))[15:])
-    for name, clocked in found.items():
-        assert clocked["losses"] == list(range(8)), (name, clocked)  # each step read with its own loss, in order
-        assert len(clocked["measured"]) == len(clocked["true"]) == 6, (name, clocked)
-        # A step misattributed (the next one waited for too, or the last one near zero) is off by 100 ms or more.
-        assert max(abs(m - t) for m, t in zip(clocked["measured"], clocked["true"])) < 0.05, (name, clocked)
-    assert min(found["host"]["gaps"]) >= 0.05, found["host"]  # the device waited for the host's 50 ms every step
-    assert max(found["queued"]["gaps"]) < 0.025, found["queued"]  # it never did: the next step was already queued
-    # The harness itself, both ways, and each record names its clock (the script checks that).
+
+def test_tf_step_clock_sets_the_two_clocks_side_by_side(root, bench_python):
+    """The quick case of benchmarks/tf_step_clock.py's ResNet-50 runs (its --logic is test_stepclocks')."""
+    out = run([sys.executable, "benchmarks/tf_step_clock.py", "--quick", "--bench-python", str(bench_python)], root)
+    for clock in ("host", "queued"):  # each run's record names its clock (the script checks it)
+        assert re.search(rf"^tf-clock: 1 rank\(s\) {clock} +\d+\.\d\d img/s \(CV nan%; runs: \d+\.\d\d\)$", out,
+                         re.M), out
     assert re.search(r"^tf-clock: 1 rank\(s\) queued/host \d\.\d{3} \(nan\.\.nan, 1 paired rounds", out, re.M), out

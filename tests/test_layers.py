@@ -24,8 +24,8 @@ MODULES = sorted(name for name in map(module_name, PACKAGE.rglob("*.py")) if nam
 # Each layer may use the layers before it, never one after it or its own (so no cycle can form).
 # The benchmark side (bench, netbench and what they use) is what the provenance hash covers.
 LAYERS = [
-    ("the words records judge with, the frameworks' registry, the rank side's package (a docstring), its test faults",
-     {"status", "frameworks", "rank", "rank.faults"}),
+    ("the words records judge with, the frameworks' registry, the rank side's package (a docstring), its test faults, "
+     "its step clocks", {"status", "frameworks", "rank", "rank.faults", "rank.stepclocks"}),
     ("model definitions", {"rank.torchmodels"}),
     ("the sweep point", {"point"}),
     ("the layers that pick a network, one class each (fabrics' parts)", {"fabriclayers"}),

@@ -1,7 +1,11 @@
-"""Which clock times a TensorFlow run's steps (rank/stepclocks.py), and what is refused. The clocks themselves are
-timed against steps of known length in test_benchmarks (benchmarks/tf_step_clock.py, in the benchmark venv)."""
+"""Which clock times a TensorFlow run's steps (rank/stepclocks.py), what is refused, and both clocks against steps
+of known length (benchmarks/tf_step_clock.py --logic, in the benchmark venv)."""
 
 from __future__ import annotations
+
+import json
+import subprocess
+import sys
 
 import pytest
 
@@ -33,5 +37,23 @@ def test_a_queued_clock_for_a_parameter_server_mode_is_refused_in_one_line(capsy
 def test_an_unknown_clock_is_refused_with_the_allowed_ones(capsys):
     with pytest.raises(SystemExit):
         bench.parse_args(["--step-clock", "device"])
-    assert "argument --step-clock: invalid choice: 'device' (choose from 'auto', 'host', 'queued')" in (
-        capsys.readouterr().err)
+    refusal = capsys.readouterr().err.splitlines()[-1]
+    assert "argument --step-clock: invalid choice: 'device'" in refusal
+    assert all(f"'{allowed}'" in refusal for allowed in stepclocks.CHOICES)
+
+
+def test_each_clock_reads_every_step_with_its_own_loss_and_times_it_as_it_ran(root, bench_python):
+    """The clocks' bookkeeping on CPUs (what a GPU's streams do is not shown here): 8 steps of 200-360 ms, each
+    stamped by its own graph (tf.timestamp), behind 50 ms of host work before each. A step misattributed (the next
+    one waited for as well, the last one near zero) would be off by 200 ms or more; the bounds are half that and
+    half the host's work, so a busy machine's delays of tens of milliseconds do not decide the test."""
+    done = subprocess.run([sys.executable, "benchmarks/tf_step_clock.py", "--logic", "--ranks", "--bench-python",
+                           str(bench_python)], cwd=root, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-2000:]
+    found = json.loads(next(line for line in done.stdout.splitlines() if line.startswith("tf-clock-logic "))[15:])
+    for name, clocked in found.items():
+        assert clocked["losses"] == list(range(8)), (name, clocked)  # each step read with its own loss, in order
+        assert len(clocked["measured"]) == len(clocked["true"]) == 6, (name, clocked)
+        assert max(abs(m - t) for m, t in zip(clocked["measured"], clocked["true"])) < 0.1, (name, clocked)
+    assert min(found["host"]["gaps"]) >= 0.05, found["host"]  # the 'device' waited for the host's work every step
+    assert max(found["queued"]["gaps"]) < 0.025, found["queued"]  # never: the next step was already queued

@@ -398,6 +398,7 @@ def run(args) -> dict | None:
     modes = {each.name: each for each in (Horovod, Collective, ParameterServer, ParameterServerAsync, Local)}
     mode = modes[args.mode](args)
     clock = stepclocks.for_tensorflow(tf, args.step_clock, bool(gpu_names), mode.measures_all_ranks)
+    args.step_clock = clock.name  # auto resolved: the steps read it (distribution._tape_step)
     ranks = mode.allgather(train(tf, np, mode, args, gpu_names, clock))
     if mode.rank != 0:
         return None

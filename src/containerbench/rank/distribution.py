@@ -29,7 +29,7 @@ import socket
 import struct
 import time
 
-from containerbench.rank import faults
+from containerbench.rank import faults, stepclocks
 
 LOCAL = "local"  # no gradient exchange: each rank trains alone (records and results judge it apart)
 MODES = ("horovod", "collective", "parameter_server", "parameter_server_async", LOCAL)
@@ -79,6 +79,8 @@ def _tape_step(tf, model, optimizer, next_batch, args, exchange):
             loss = training_loss(tf, model, images, labels)
         gradients = _scaled_gradients(tape, optimizer, loss, model.trainable_variables, mixed, exchange)
         update = optimizer.apply_gradients(zip(gradients, model.trainable_variables))
+        if args.step_clock == stepclocks.QUEUED:  # the loss to the host as soon as it exists (stepclocks.QueuedClock)
+            return loss
         # A value ordered after the update makes the host wait for the whole step.
         with tf.control_dependencies([update]):
             return tf.identity(loss)

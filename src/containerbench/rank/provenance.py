@@ -22,8 +22,8 @@ from packaging.utils import canonicalize_name
 # The modules a benchmark run executes; the report and workflow code may change
 # without making old measurements incomparable.
 BENCH_SOURCES = ("bench.py", "datasets.py", "distribution.py", "faults.py", "markers.py", "netbench.py",
-                 "parameterservers.py", "provenance.py", "telemetry.py", "torchbench.py", "torchdata.py",
-                 "torchmodels.py")
+                 "parameterservers.py", "provenance.py", "stepclocks.py", "telemetry.py", "torchbench.py",
+                 "torchdata.py", "torchmodels.py")
 
 # Whichever of these is installed roots the dependency walk (a GPU image holds
 # `tensorflow`, a CPU venv `tensorflow-cpu`).

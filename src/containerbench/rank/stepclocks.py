@@ -21,8 +21,8 @@ CHOICES = ("auto", HOST, QUEUED)
 class HostClock:
     """A step has run when its call returns (the gradient exchange included) and its loss is on the host: both are
     inside the span timed. On a GPU this drains the device at every step: TensorFlow's device-to-host copy waits
-    for all the compute stream holds (GPUUtil::CopyGPUTensorToCPU), so the next step is queued only after the
-    host has read this one; hence QueuedClock and torchbench.CudaClock there."""
+    for all the compute stream holds (GPUUtil::CopyGPUTensorToCPU), and the next step is queued only once Python
+    has read this one and printed its line; hence QueuedClock and torchbench.CudaClock there."""
     name = HOST
     lag = 0
     running = staticmethod(contextlib.nullcontext)
@@ -42,12 +42,17 @@ class HostClock:
 
 class QueuedClock:
     """TensorFlow on a GPU, which has no device events. The steps run under eager's asynchronous executor: a step's
-    call returns once it is queued, and the executor (C++, no Python) starts the next step as soon as the last one
-    has completed. The host queues step i+1, then waits for step i's loss, which the step itself copied to the host
-    after its update (`loss_to_host`): reading it waits for step i alone, not for step i+1 queued behind it (a loss
-    left on the device would be copied behind step i+1 and wait for it too). A step's time runs from the previous
-    step's loss reaching the host to its own, so consecutive steps tile the measured window with no gaps, and the
-    device is never left waiting for Python's loop or its per-step line."""
+    call returns once it is queued, and the executor's thread (C++, no Python) runs the steps one after another,
+    each once the last has completed. A step completes when its kernels are queued on the device and its loss,
+    which the step copies to the host as soon as the loss exists (`loss_to_host`; the step does not order it after
+    its update here), is on the host; its backward pass and update may still be running on the device while the
+    executor queues the next step behind them. Had the copy to wait for the whole step (where TF issues it after the
+    backward kernels, or a mode orders the loss after its update), the device would idle between steps for the
+    executor to queue the next one, and no longer (no Python in the gap). The host queues step i+1, then reads step
+    i's loss: that waits for step i alone (a loss left on the device would be copied behind step i+1 and wait for it
+    too). A step's time runs from the last step's loss reaching the host to its own: the steps tile the measured
+    window, and its period is the steady state's step. The loop's own work overlaps the steps, so
+    harness_overhead_fraction comes out about 0 (a few microseconds below, the last warmup line's print)."""
     name = QUEUED
     lag = 1
 
@@ -57,11 +62,17 @@ class QueuedClock:
 
     @contextlib.contextmanager
     def running(self):
+        self.previous = None
         self.tf.config.experimental.set_synchronous_execution(False)
         try:
             yield
-        finally:
-            self.tf.config.experimental.set_synchronous_execution(True)  # waits for everything queued
+        except BaseException:
+            # The executor keeps an asynchronous step's error and raises it again at every wait: cleared, so the
+            # switch back neither fails nor hides the error being raised.
+            self.tf.experimental.async_clear_error()
+            self.tf.config.experimental.set_synchronous_execution(True)
+            raise
+        self.tf.config.experimental.set_synchronous_execution(True)  # waits for everything queued
 
     @staticmethod
     def mark():
@@ -80,8 +91,9 @@ class QueuedClock:
 
 
 def loss_to_host(tf, step):
-    """`step` whose loss is copied to the host inside the step's own function, once its update is done (the step
-    orders its loss after the update), so reading it never waits for work queued later."""
+    """`step` whose loss is copied to the host inside the step's own function (the inner function is inlined: the
+    copy waits for the loss, not for the whole step, unless the step orders its loss after its update), so reading
+    it never waits for work queued later."""
 
     @tf.function
     def step_loss_on_host(*source):
@@ -96,7 +108,7 @@ def for_tensorflow(tf, choice: str, gpus: bool, queues: bool):
     """The clock for a TensorFlow run: `choice` from --step-clock; auto is QueuedClock where the run has GPUs and
     its mode's step is this rank's own (`queues`; a parameter-server coordinator's steps are scheduled by its
     ClusterCoordinator; bench.parse_args refuses queued there), else HostClock, whose figures on CPUs are those of
-    every recorded run."""
+    every recorded run. bench.run writes the choice's name back to args.step_clock, which the steps read."""
     if choice == QUEUED or (choice == "auto" and gpus and queues):
         return QueuedClock(tf)
     return HostClock
