@@ -87,8 +87,6 @@ def logic_worker() -> dict:
             time.sleep(HOST_SECONDS)
             return (tf.constant(next(indices)),)
 
-        if clock is not stepclocks.HostClock:
-            step = stepclocks.loss_to_host(tf, step)
         args = types.SimpleNamespace(warmup_steps=2, steps=len(STEP_SECONDS) - 2)
         with clock.running():
             _, measured, _, _, losses = bench.measure(step, next_batch, args, 1, 1, clock)

@@ -288,8 +288,6 @@ def train(tf, np, mode, args, gpu_names: list[str], clock) -> dict:
             optimizer.build(model.trainable_variables)
         next_batch, source = input_source(tf, mode, args, shape)
         train_step = mode.make_step(tf, model, optimizer, next_batch, args)
-        if clock is not stepclocks.HostClock:
-            train_step = stepclocks.loss_to_host(tf, train_step)
         mode.start(model, optimizer)
         # A parameter-server step is one batch on every worker; the other modes time one rank's batch.
         per_step = args.batch_size * (1 if mode.measures_all_ranks else mode.size)
@@ -398,7 +396,6 @@ def run(args) -> dict | None:
     modes = {each.name: each for each in (Horovod, Collective, ParameterServer, ParameterServerAsync, Local)}
     mode = modes[args.mode](args)
     clock = stepclocks.for_tensorflow(tf, args.step_clock, bool(gpu_names), mode.measures_all_ranks)
-    args.step_clock = clock.name  # auto resolved: the steps read it (distribution._tape_step)
     ranks = mode.allgather(train(tf, np, mode, args, gpu_names, clock))
     if mode.rank != 0:
         return None

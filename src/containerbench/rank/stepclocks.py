@@ -41,18 +41,18 @@ class HostClock:
 
 
 class QueuedClock:
-    """TensorFlow on a GPU, which has no device events. The steps run under eager's asynchronous executor: a step's
-    call returns once it is queued, and the executor's thread (C++, no Python) runs the steps one after another,
-    each once the last has completed. A step completes when its kernels are queued on the device and its loss,
-    which the step copies to the host as soon as the loss exists (`loss_to_host`; the step does not order it after
-    its update here), is on the host; its backward pass and update may still be running on the device while the
-    executor queues the next step behind them. Had the copy to wait for the whole step (where TF issues it after the
-    backward kernels, or a mode orders the loss after its update), the device would idle between steps for the
-    executor to queue the next one, and no longer (no Python in the gap). The host queues step i+1, then reads step
-    i's loss: that waits for step i alone (a loss left on the device would be copied behind step i+1 and wait for it
-    too). A step's time runs from the last step's loss reaching the host to its own: the steps tile the measured
-    window, and its period is the steady state's step. The loop's own work overlaps the steps, so
-    harness_overhead_fraction comes out about 0 (a few microseconds below, the last warmup line's print)."""
+    """TensorFlow on a GPU, which has no device events. The steps run under eager's asynchronous executor: a call
+    returns once it is queued, and the executor's one thread runs what is queued in order, each item once the last
+    has finished. The host queues step i, then a copy of its loss to the host (`hold`), then step i+1, and only then
+    waits for step i's copy. That copy is queued behind step i and ahead of step i+1, so it waits for step i's
+    kernels alone (TF's device-to-host copy waits for all the compute stream holds when it is issued), and step i+1
+    is started by the executor as soon as the copy is done, with no Python between them: the device idles between
+    steps for the executor to start the next one, no longer. (A loss copied to the host inside the step would not
+    make the step complete earlier: every value a tf.function returns is ordered after its stateful ops, the update
+    among them, by auto_control_deps' mark_as_return; and the returned identity has no device of its own, so the
+    placer may put it back on the GPU.) A step's time runs from the last step's loss reaching the host to its own:
+    the steps tile the measured window. The loop's own work overlaps the steps, so harness_overhead_fraction comes
+    out about 0 (a few microseconds below: the last warmup line's print)."""
     name = QUEUED
     lag = 1
 
@@ -78,9 +78,10 @@ class QueuedClock:
     def mark():
         return time.perf_counter()
 
-    @staticmethod
-    def hold(loss):
-        return loss  # a handle: not waited on until seconds()
+    def hold(self, loss):
+        """The loss copied to the host, queued behind its step: a handle, not waited on until seconds()."""
+        with self.tf.device("/CPU:0"):
+            return self.tf.identity(loss)
 
     def seconds(self, start, end, held) -> float:
         held.numpy()  # this step's completion (errors of an asynchronous step surface here)
@@ -90,25 +91,11 @@ class QueuedClock:
         return elapsed
 
 
-def loss_to_host(tf, step):
-    """`step` whose loss is copied to the host inside the step's own function (the inner function is inlined: the
-    copy waits for the loss, not for the whole step, unless the step orders its loss after its update), so reading
-    it never waits for work queued later."""
-
-    @tf.function
-    def step_loss_on_host(*source):
-        loss = step(*source)
-        with tf.device("/CPU:0"):
-            return tf.identity(loss)
-
-    return step_loss_on_host
-
-
 def for_tensorflow(tf, choice: str, gpus: bool, queues: bool):
     """The clock for a TensorFlow run: `choice` from --step-clock; auto is QueuedClock where the run has GPUs and
     its mode's step is this rank's own (`queues`; a parameter-server coordinator's steps are scheduled by its
     ClusterCoordinator; bench.parse_args refuses queued there), else HostClock, whose figures on CPUs are those of
-    every recorded run. bench.run writes the choice's name back to args.step_clock, which the steps read."""
+    every recorded run."""
     if choice == QUEUED or (choice == "auto" and gpus and queues):
         return QueuedClock(tf)
     return HostClock
