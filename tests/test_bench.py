@@ -81,6 +81,24 @@ def test_one_rank_runs_without_any_launcher(bench_python, tmp_path):
     assert result["launcher"] == "none" and result["ranks"] == 1 and result["images_per_sec"] > 0
 
 
+@pytest.mark.parametrize(("precision", "clock"), [("mixed_float16", "host"), ("mixed_bfloat16", "host"),
+                                                 ("mixed_float16", "queued")])
+def test_mixed_precision_trains(bench_python, precision, clock):
+    """Mixed precision on this machine's CPUs, as a GPU site runs it: float16 through Keras' loss-scale optimizer (its
+    scaled loss taken inside the tape, else no gradient reached a weight and every such run failed), bfloat16
+    without one; and float16 under the GPU's clock (stepclocks.QueuedClock)."""
+    completed = subprocess.run(
+        [str(bench_python), "-m", "containerbench.rank.bench", "--model", SMOKE_MODEL, "--image-size", "32",
+         "--batch-size", "4", "--warmup-steps", "1", "--steps", "2", "--precision", precision, "--step-clock", clock],
+        capture_output=True, text=True, timeout=600, env={"PATH": "/usr/bin:/bin", "TF_CPP_MIN_LOG_LEVEL": "2"},
+    )
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    [result] = markers.payloads_of(completed.stdout.splitlines(), markers.RESULT)
+    [rank] = result["per_rank"]
+    assert result["precision"] == precision and len(rank["step_s"]) == 2 and all(0 < x < 20 for x in rank["loss"])
+    assert result["distribution"].get("step_clock", "host") == clock
+
+
 def test_two_ranks_bound_to_one_core_against_launcher_bind_core_make_a_real_run_invalid(bench_python, tmp_path):
     """Issue 34: ranks bound a core each (launcher.bind core, the default) never share one by accident. Here
     the accident is real: mpirun binds each rank to a core of its own (--bind-to core), then a site's wrapper

@@ -29,7 +29,7 @@ import socket
 import struct
 import time
 
-from containerbench.rank import faults, stepclocks
+from containerbench.rank import faults
 
 LOCAL = "local"  # no gradient exchange: each rank trains alone (records and results judge it apart)
 MODES = ("horovod", "collective", "parameter_server", "parameter_server_async", LOCAL)
@@ -52,7 +52,9 @@ def _scaled_gradients(tape, optimizer, loss, variables, mixed_float16: bool, exc
     """The gradients, through `exchange` (the ranks' all-reduce) before a loss scale is taken off them."""
     if not mixed_float16:
         return exchange(tape.gradient(loss, variables))
-    return optimizer.get_unscaled_gradients(exchange(tape.gradient(optimizer.get_scaled_loss(loss), variables)))
+    with tape:  # the scaling recorded too: scaled outside the tape, the loss had no gradient (no run could train)
+        scaled = optimizer.get_scaled_loss(loss)
+    return optimizer.get_unscaled_gradients(exchange(tape.gradient(scaled, variables)))
 
 
 def gradients_fn(tf, model, optimizer, args, global_batch: int | None = None):
@@ -79,10 +81,9 @@ def _tape_step(tf, model, optimizer, next_batch, args, exchange):
             loss = training_loss(tf, model, images, labels)
         gradients = _scaled_gradients(tape, optimizer, loss, model.trainable_variables, mixed, exchange)
         update = optimizer.apply_gradients(zip(gradients, model.trainable_variables))
-        if args.step_clock == stepclocks.QUEUED:  # the loss to the host as soon as it exists (stepclocks.QueuedClock)
-            return loss
-        # A value ordered after the update makes the host wait for the whole step.
-        with tf.control_dependencies([update]):
+        # A value ordered after the update makes the host wait for the whole step. (Keras' loss-scale optimizer returns
+        # no op; tf.function orders every value it returns after the step's stateful ops all the same: mark_as_return.)
+        with tf.control_dependencies([update] if update is not None else []):
             return tf.identity(loss)
 
     return train_step
