@@ -1,8 +1,9 @@
 """Does the TensorFlow harness's GPU clock time what it claims, and does it move the figures on CPUs?
 
 On a GPU the harness times its steps with stepclocks.QueuedClock: steps queued one ahead under eager's
-asynchronous executor, each loss copied to the host inside its step, each step timed from the last one's
-completion to its own. Every CPU run keeps stepclocks.HostClock. Two checks, on this machine's CPUs:
+asynchronous executor, an eager copy of each loss to the host queued between its step and the next, each step
+timed from the last one's completion to its own. Every CPU run keeps stepclocks.HostClock. Two checks, on this
+machine's CPUs:
 
 --logic: steps of known length (a busy loop of 200-360 ms in the step's graph, which stamps its own start and end
          with tf.timestamp) behind a host that works 50 ms before each step (as a host preparing the next batch).

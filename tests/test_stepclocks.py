@@ -1,5 +1,5 @@
-"""Which clock times a TensorFlow run's steps (rank/stepclocks.py), what is refused, and both clocks against steps
-of known length (benchmarks/tf_step_clock.py --logic, in the benchmark venv)."""
+"""Which clock times a TensorFlow run's steps (rank/stepclocks.py), what is refused (with what else a mode cannot
+do), and both clocks against steps of known length (benchmarks/tf_step_clock.py --logic, in the benchmark venv)."""
 
 from __future__ import annotations
 
@@ -32,6 +32,18 @@ def test_a_queued_clock_for_a_parameter_server_mode_is_refused_in_one_line(capsy
         " error: --step-clock queued: mode parameter_server_async's steps are scheduled by its coordinator; "
         "allowed there: auto, host")
     assert bench.parse_args(["--step-clock", "queued"]).step_clock == "queued"  # horovod, the default mode
+
+
+def test_float16_loss_scaling_under_parameter_servers_is_refused_in_one_line(capsys):
+    """Keras' loss-scale optimizer refuses ParameterServerStrategy (keras/src/mixed_precision/loss_scale_optimizer.py,
+    _raise_if_strategy_unsupported): said before TensorFlow starts, not as a traceback from build_model."""
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--mode", "parameter_server", "--precision", "mixed_float16"])
+    assert capsys.readouterr().err.splitlines()[-1].endswith(
+        " error: --precision mixed_float16: mode parameter_server cannot scale the loss (Keras' loss-scale optimizer "
+        "refuses ParameterServerStrategy); allowed there: fp32, mixed_bfloat16")
+    assert bench.parse_args(["--mode", "parameter_server", "--precision", "mixed_bfloat16"]).precision == (
+        "mixed_bfloat16")
 
 
 def test_an_unknown_clock_is_refused_with_the_allowed_ones(capsys):

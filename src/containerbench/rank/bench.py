@@ -70,9 +70,14 @@ def parse_args(argv=None):
     for name in ("batch_size", "image_size", "steps", "warmup_steps", "probe_steps", "parameter_servers"):
         if getattr(args, name) < (0 if name in ("warmup_steps", "probe_steps") else 1):
             parser.error(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
-    if args.step_clock == stepclocks.QUEUED and args.mode.startswith("parameter_server"):
+    if args.mode.startswith("parameter_server") and args.step_clock == stepclocks.QUEUED:
         parser.error(f"--step-clock queued: mode {args.mode}'s steps are scheduled by its coordinator; "
                      "allowed there: auto, host")
+    if args.mode.startswith("parameter_server") and args.precision == "mixed_float16":
+        # Keras' loss-scale optimizer refuses ParameterServerStrategy
+        # (keras/src/mixed_precision/loss_scale_optimizer.py, _raise_if_strategy_unsupported)
+        parser.error(f"--precision mixed_float16: mode {args.mode} cannot scale the loss (Keras' loss-scale "
+                     "optimizer refuses ParameterServerStrategy); allowed there: fp32, mixed_bfloat16")
     return args
 
 

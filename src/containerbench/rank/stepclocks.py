@@ -21,8 +21,9 @@ CHOICES = ("auto", HOST, QUEUED)
 class HostClock:
     """A step has run when its call returns (the gradient exchange included) and its loss is on the host: both are
     inside the span timed. On a GPU this drains the device at every step: TensorFlow's device-to-host copy waits
-    for all the compute stream holds (GPUUtil::CopyGPUTensorToCPU), and the next step is queued only once Python
-    has read this one and printed its line; hence QueuedClock and torchbench.CudaClock there."""
+    for all the device holds (TensorHandle::CopyToDevice's sync, GPUUtil::CopyGPUTensorToCPU), and the next step is
+    queued only once Python has read this one and printed its line; hence QueuedClock and torchbench.CudaClock
+    there."""
     name = HOST
     lag = 0
     running = staticmethod(contextlib.nullcontext)
@@ -42,17 +43,21 @@ class HostClock:
 
 class QueuedClock:
     """TensorFlow on a GPU, which has no device events. The steps run under eager's asynchronous executor: a call
-    returns once it is queued, and the executor's one thread runs what is queued in order, each item once the last
-    has finished. The host queues step i, then a copy of its loss to the host (`hold`), then step i+1, and only then
-    waits for step i's copy. That copy is queued behind step i and ahead of step i+1, so it waits for step i's
-    kernels alone (TF's device-to-host copy waits for all the compute stream holds when it is issued), and step i+1
-    is started by the executor as soon as the copy is done, with no Python between them: the device idles between
-    steps for the executor to start the next one, no longer. (A loss copied to the host inside the step would not
-    make the step complete earlier: every value a tf.function returns is ordered after its stateful ops, the update
-    among them, by auto_control_deps' mark_as_return; and the returned identity has no device of its own, so the
-    placer may put it back on the GPU.) A step's time runs from the last step's loss reaching the host to its own:
-    the steps tile the measured window. The loop's own work overlaps the steps, so harness_overhead_fraction comes
-    out about 0 (a few microseconds below: the last warmup line's print)."""
+    returns once it is queued, and the executor's one thread runs what is queued in order (a step's function is
+    done there once its kernels are queued on the device). The host queues step i, then an eager copy of its loss
+    to the host (`hold`), then step i+1, and only then waits for step i's copy. The copy blocks the executor's
+    thread until step i has run to its end (TensorHandle::CopyToDevice syncs the source device, and the copy itself
+    waits on the compute stream, GPUUtil::CopyGPUTensorToCPU), so it waits for step i alone, and step i+1 is
+    started as soon as it is done, with no Python between them. The device still empties at every step: it idles
+    for the copy's round trip, the wake-up and the next step's dispatch up to its first kernel, where a loop that
+    reads nothing would queue step i+1 while step i runs; what it no longer waits for is Python's loop, its read
+    and its per-step line. (A copy inside the step would not end the step sooner: every value a tf.function returns
+    is ordered after its stateful ops, the update among them, by auto_control_deps' mark_as_return.) This assumes
+    the step returns its loss on the device: a loss already on the host needs no copy, and its read would not wait
+    for the rest of the step, whose time would fall to the next (the times would still add up to the window). A
+    step's time runs from the last step's loss reaching the host to its own: the steps tile the measured window.
+    The loop's own work overlaps the steps, so harness_overhead_fraction comes out about 0 (a few microseconds
+    below: the last warmup line's print)."""
     name = QUEUED
     lag = 1
 
